@@ -1,0 +1,223 @@
+"""Capture a callable into a CUDA graph once, then call it with new inputs.
+
+What it arranges (all with PyTorch's own ``torch.cuda.graph``): warm-up on a side stream, static input
+buffers that new arguments are copied into, the capture itself (optionally into a shared memory pool, and
+optionally several calls in one graph), and checks that turn silent corruption into clear errors.
+
+Example::
+
+    import torch
+    from cudagraph_kit.capture import capture
+
+    def gelu(x):
+        return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
+
+    x = torch.randn(1, 3, 224, 224, device="cuda")
+    g = capture(gelu, x)            # warm-up, capture
+    y = g(torch.randn_like(x))      # copy into the static input, replay, return the static output
+    torch.testing.assert_close(y, gelu(g.static_inputs[0]))
+
+``y`` lives in the graph's memory: the next call overwrites it. Pass ``clone_outputs=True`` (or clone the
+result yourself) when you keep outputs across calls.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["capture", "GraphedCallable", "shared_pool", "NoCudaError", "CaptureError"]
+
+
+class NoCudaError(RuntimeError):
+    """Raised when a CUDA graph is asked for on a machine without a usable CUDA GPU."""
+
+
+class CaptureError(RuntimeError):
+    """Raised when stream capture fails; the message names the likely cause and the fix."""
+
+
+NO_CUDA_MESSAGE = (
+    "CUDA graphs need an NVIDIA GPU, and torch.cuda.is_available() is False here. "
+    "Fix: run on a machine (or Colab runtime) with a CUDA GPU, or pass eager_fallback=True to run the "
+    "function eagerly; results are then labelled 'eager', never 'graph'."
+)
+
+# (substring of the CUDA/PyTorch error, cause, fix)
+_KNOWN_FAILURES = [
+    ("operation not permitted when stream is capturing",
+     "the function synchronizes with the CPU while being captured (.item(), .cpu(), .tolist(), print of a "
+     "CUDA tensor, torch.nonzero, boolean-mask indexing or another data-dependent shape)",
+     "move that work out of the captured function; run it eagerly once under "
+     "torch.cuda.set_sync_debug_mode('error') to find the line"),
+    ("capture_end", "the capture was invalidated by an operation that is illegal during capture "
+     "(often a synchronization, or work on another stream that was not joined back)",
+     "run the function eagerly under torch.cuda.set_sync_debug_mode('error') to find the synchronizing line; "
+     "join side streams back with current_stream().wait_stream(side)"),
+    ("StreamCaptureInvalidated", "the capture was invalidated by an operation that is illegal during capture",
+     "run the function eagerly under torch.cuda.set_sync_debug_mode('error') to find the synchronizing line"),
+    ("StreamCaptureUnsupported", "the function used an operation that cannot be captured (a synchronizing "
+     "or host-blocking call)", "move that operation out of the captured function"),
+    ("current_seed", "the function reads or sets the RNG seed during capture (torch.manual_seed, "
+     "torch.initial_seed)", "seed before capturing; graphs advance the RNG offset by themselves on each replay"),
+    ("Expected all tensors to be on the same device", "the function mixes a CPU tensor into GPU work",
+     "create constants on the GPU before capturing (a graph cannot copy from pageable CPU memory)"),
+    ("capturable", "an optimizer that cannot be captured", "construct it with capturable=True"),
+]
+
+
+def explain_capture_failure(exc: BaseException) -> str:
+    """Turn an exception raised during capture into 'cause ... fix ...' text."""
+    text = f"{type(exc).__name__}: {exc}"
+    chain = exc.__cause__ or exc.__context__
+    if chain is not None:
+        text += f" (while handling {type(chain).__name__}: {chain})"
+    for needle, cause, fix in _KNOWN_FAILURES:
+        if needle.lower() in text.lower():
+            return f"CUDA graph capture failed: {cause}. Fix: {fix}.\nOriginal error: {text}"
+    return ("CUDA graph capture failed. Fix: check the function runs eagerly, has no CPU synchronization "
+            "(torch.cuda.set_sync_debug_mode('error')) and uses only GPU tensors.\nOriginal error: " + text)
+
+
+def shared_pool():
+    """A memory-pool handle that several ``capture(..., pool=...)`` calls can share (saves memory).
+
+    Graphs sharing a pool must be replayed in the order they were captured if one reads another's output.
+    """
+    return torch.cuda.graph_pool_handle()
+
+
+def _describe(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device}"
+
+
+def _tree_map(fn, obj):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        mapped = [_tree_map(fn, o) for o in obj]
+        return type(obj)(*mapped) if hasattr(obj, "_fields") else type(obj)(mapped)
+    if isinstance(obj, dict):
+        return {k: _tree_map(fn, v) for k, v in obj.items()}
+    return obj
+
+
+class GraphedCallable:
+    """A callable captured once; calling it copies new inputs in and replays. Build it with :func:`capture`.
+
+    Attributes: ``graph`` (``torch.cuda.CUDAGraph``, None in eager mode), ``static_inputs``,
+    ``static_outputs``, ``mode`` ("graph" or "eager"), ``calls_per_graph``, ``pool``.
+    """
+
+    def __init__(self, fn, static_inputs, static_outputs, graph, mode, calls_per_graph, clone_outputs, pool):
+        self.fn = fn
+        self.static_inputs = static_inputs
+        self.static_outputs = static_outputs
+        self.graph = graph
+        self.mode = mode
+        self.calls_per_graph = calls_per_graph
+        self.clone_outputs = clone_outputs
+        self.pool = pool
+        self._specs = tuple((s.shape, s.dtype, s.device) for s in static_inputs)
+
+    def _check(self, args) -> None:
+        if len(args) != len(self.static_inputs):
+            raise TypeError(f"this graph was captured with {len(self.static_inputs)} argument(s), "
+                            f"got {len(args)}. Fix: pass the same arguments as at capture.")
+        for i, (a, (shape, dtype, device)) in enumerate(zip(args, self._specs)):
+            if not (isinstance(a, torch.Tensor) and a.shape == shape and a.dtype == dtype and a.device == device):
+                raise ValueError(
+                    f"argument {i}: the graph was captured for {_describe(self.static_inputs[i])}, "
+                    f"got {_describe(a)}. A graph replays fixed shapes, dtypes and devices; nothing was "
+                    "copied or replayed. Fix: pass a matching tensor (pad a short batch, .to(dtype/device)), "
+                    "or capture one graph per shape.")
+
+    def __call__(self, *args):
+        self._check(args)
+        if self.mode == "eager":
+            out = None
+            for _ in range(self.calls_per_graph):
+                out = self.fn(*args)
+            self.static_outputs = out
+            return out
+        for a, s in zip(args, self.static_inputs):
+            if a is not s:
+                s.copy_(a)
+        self.graph.replay()
+        return _tree_map(torch.clone, self.static_outputs) if self.clone_outputs else self.static_outputs
+
+    def replay(self):
+        """Replay on whatever the static inputs hold now (no copies, no checks); returns the static outputs."""
+        if self.mode == "eager":
+            return self(*self.static_inputs)
+        self.graph.replay()
+        return self.static_outputs
+
+    def __repr__(self):
+        return (f"GraphedCallable({getattr(self.fn, '__name__', self.fn)!r}, mode={self.mode!r}, "
+                f"inputs=[{', '.join(_describe(s) for s in self.static_inputs)}], "
+                f"calls_per_graph={self.calls_per_graph})")
+
+
+def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3, pool=None,
+            calls_per_graph: int = 1, clone_outputs: bool = False, no_grad: bool = True,
+            eager_fallback: bool = False) -> GraphedCallable:
+    """Capture ``fn(*sample_args)`` into a CUDA graph and return a :class:`GraphedCallable`.
+
+    - ``warmup``: eager calls on a side stream before capture (lazy init, cuBLAS handles, autotuning).
+    - ``pool``: a handle from :func:`shared_pool` or another graph's ``graph.pool()`` to share memory.
+    - ``calls_per_graph``: capture ``fn`` that many times in one graph, on the same static inputs, to amortize
+      the graph launch for tiny work; each replay then does ``calls_per_graph`` calls (``timing`` divides by it).
+    - ``clone_outputs``: return clones instead of the graph-owned outputs that the next call overwrites.
+    - ``no_grad``: capture under ``torch.no_grad()`` (inference). For training see ``train_step``/``partial``.
+    - ``eager_fallback``: without CUDA, run ``fn`` eagerly instead of raising ``NoCudaError``
+      (``mode == "eager"``).
+
+    Example::
+
+        g = capture(model, torch.randn(8, 3, 224, 224, device="cuda"))
+        out = g(batch)              # batch must have the captured shape, dtype and device
+    """
+    if calls_per_graph < 1 or warmup < 0:
+        raise ValueError(f"calls_per_graph must be >= 1 and warmup >= 0, got {calls_per_graph} and {warmup}.")
+    for i, a in enumerate(sample_args):
+        if not isinstance(a, torch.Tensor):
+            raise TypeError(
+                f"sample argument {i} is a {type(a).__name__}, not a tensor. A graph replays fixed GPU memory, "
+                "so every argument must be a CUDA tensor. Fix: bind other arguments into the function first, "
+                "e.g. functools.partial(fn, scale=2.0) or a lambda.")
+    cuda = torch.cuda.is_available()
+    if not cuda and not eager_fallback:
+        raise NoCudaError(NO_CUDA_MESSAGE)
+    grad_ctx = torch.no_grad if no_grad else torch.enable_grad
+    static_inputs = tuple(a.detach().clone() for a in sample_args)
+    if not cuda:
+        with grad_ctx():
+            out = fn(*static_inputs)
+        return GraphedCallable(fn, static_inputs, out, None, "eager", calls_per_graph, clone_outputs, None)
+    for i, a in enumerate(sample_args):
+        if not a.is_cuda:
+            raise ValueError(
+                f"sample argument {i} is on {a.device}. A CUDA graph can only read GPU memory. "
+                "Fix: move it to the GPU before capturing, e.g. x.cuda().")
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), grad_ctx():
+        for _ in range(warmup):
+            fn(*static_inputs)
+    torch.cuda.current_stream().wait_stream(side)
+
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with grad_ctx(), torch.cuda.graph(graph, pool=pool):
+            for _ in range(calls_per_graph):
+                out = fn(*static_inputs)
+    except Exception as exc:
+        del graph
+        torch.cuda.synchronize()
+        raise CaptureError(explain_capture_failure(exc)) from exc
+    return GraphedCallable(fn, static_inputs, out, graph, "graph", calls_per_graph, clone_outputs,
+                           graph.pool())

@@ -1,0 +1,112 @@
+"""Partial capture: ``torch.cuda.make_graphed_callables`` with its known traps turned into clear errors.
+
+Graph the parts of a network that are capturable (static shapes, no CPU sync) and leave the rest, the
+optimizer step included, eager. Forward and backward of each part become one graph each.
+
+Traps handled:
+- autocast: capturing under ``torch.autocast`` needs ``cache_enabled=False`` (checked), and a graph captured
+  with autocast on (or off) must be called the same way (checked at each call);
+- sample args: their ``requires_grad`` must match the real inputs (a data batch: False; an activation from an
+  earlier layer: True), and real inputs must have the sample's shape and dtype (checked at each call: the
+  plain API would silently broadcast a smaller tensor into the static input);
+- DDP: a module wrapped in DistributedDataParallel needs 11 warm-up iterations (raised automatically);
+- several modules graphed in one call share one memory pool (pass a tuple).
+
+Example::
+
+    from cudagraph_kit.partial import graph_modules
+    x = torch.randn(32, 128, device="cuda")                       # data: requires_grad False
+    h = torch.randn(32, 256, device="cuda", requires_grad=True)   # activation: True
+    block1, block2 = graph_modules((block1, block2), ((x,), (h,)))
+    loss = loss_fn(block2(block1(x)), y); loss.backward(); optimizer.step()   # optimizer stays eager
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from .capture import NO_CUDA_MESSAGE, NoCudaError
+
+__all__ = ["graph_modules"]
+
+
+def _autocast_enabled() -> bool:
+    try:
+        return torch.is_autocast_enabled("cuda")
+    except TypeError:  # older PyTorch
+        return torch.is_autocast_enabled()
+
+
+def _spec(t):
+    return (tuple(t.shape), t.dtype, t.device, t.requires_grad)
+
+
+def _checked(call, specs, autocast_at_capture, name, module=None):
+    training_at_capture = module.training if module is not None else None
+
+    def checked_call(*args, **kwargs):
+        # a module in another train/eval state than at capture runs its original forward: nothing to check
+        if module is None or module.training == training_at_capture:
+            if len(args) != len(specs):
+                raise TypeError(f"{name} was graphed with {len(specs)} input(s), got {len(args)}.")
+            for i, (a, s) in enumerate(zip(args, specs)):
+                got = _spec(a) if isinstance(a, torch.Tensor) else type(a).__name__
+                if got != s:
+                    raise ValueError(
+                        f"{name}: input {i} is {got}, but the graph was captured for (shape, dtype, device, "
+                        f"requires_grad) = {s}. Nothing was replayed. Fix: pass inputs like the sample args "
+                        "(requires_grad=True only for activations that come from an earlier graphed or "
+                        "trainable layer), or graph again with matching sample args.")
+            if _autocast_enabled() != autocast_at_capture:
+                raise RuntimeError(
+                    f"{name} was graphed with autocast {'on' if autocast_at_capture else 'off'} but is called "
+                    f"with autocast {'on' if not autocast_at_capture else 'off'}; the graph would replay the "
+                    "captured precision silently. Fix: call it under the same autocast state as at capture.")
+        return call(*args, **kwargs)
+    return checked_call
+
+
+def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unused_input: bool = False):
+    """Graph one module/function or a tuple of them with ``torch.cuda.make_graphed_callables``.
+
+    ``sample_args`` is a tuple of tensors for one callable, or a tuple of such tuples for several.
+    Returns what ``make_graphed_callables`` returns (modules keep their type; their graphed ``forward``
+    checks its inputs first). Capture under ``torch.autocast("cuda", dtype, cache_enabled=False)`` for AMP.
+    """
+    if not torch.cuda.is_available():
+        raise NoCudaError(NO_CUDA_MESSAGE)
+    single = not isinstance(modules, tuple)
+    mods = (modules,) if single else modules
+    args = (tuple(sample_args),) if single else tuple(tuple(a) for a in sample_args)
+    if len(mods) != len(args):
+        raise ValueError(f"got {len(mods)} callables but {len(args)} sample-arg tuples; give one tuple each.")
+    for m, a in zip(mods, args):
+        name = type(m).__name__
+        for i, t in enumerate(a):
+            if not isinstance(t, torch.Tensor) or not t.is_cuda:
+                raise ValueError(f"{name}: sample arg {i} must be a CUDA tensor, got "
+                                 f"{getattr(t, 'device', type(t).__name__)}. Fix: move it with .cuda().")
+    autocast_on = _autocast_enabled()
+    if autocast_on and torch.is_autocast_cache_enabled():
+        raise RuntimeError(
+            "make_graphed_callables under autocast needs the autocast cache off, or the graph would keep "
+            "casts of the weights from capture time. Fix: torch.autocast('cuda', dtype=..., cache_enabled=False).")
+    if any(isinstance(m, torch.nn.parallel.DistributedDataParallel) for m in mods):
+        warmup = max(warmup, 11)  # the documented requirement for DDP (NCCL async error handling)
+    kwargs = {"num_warmup_iters": warmup, "allow_unused_input": allow_unused_input}
+    if pool is not None:
+        if "pool" not in inspect.signature(torch.cuda.make_graphed_callables).parameters:
+            raise TypeError("this PyTorch's make_graphed_callables has no pool argument; upgrade PyTorch "
+                            "or graph the modules together in one call (they then share a pool).")
+        kwargs["pool"] = pool
+    graphed = torch.cuda.make_graphed_callables(mods, args, **kwargs)
+    out = []
+    for m, a, g in zip(mods, args, graphed):
+        specs = tuple(_spec(t) for t in a)
+        if isinstance(g, torch.nn.Module):
+            g.forward = _checked(g.forward, specs, autocast_on, type(m).__name__, module=g)
+            out.append(g)
+        else:
+            out.append(_checked(g, specs, autocast_on, getattr(m, "__name__", "callable")))
+    return out[0] if single else tuple(out)
