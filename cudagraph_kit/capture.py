@@ -121,6 +121,11 @@ class GraphedCallable:
         self.clone_outputs = clone_outputs
         self.pool = pool
         self._specs = tuple((s.shape, s.dtype, s.device) for s in static_inputs)
+        # hot-path shortcuts for __call__
+        graphed_one = graph is not None and len(static_inputs) == 1
+        self._single = static_inputs[0] if graphed_one else None
+        self._spec0 = self._specs[0] if graphed_one else None
+        self._replay = graph.replay if graph is not None else None
 
     def _check(self, args) -> None:
         if len(args) != len(self.static_inputs):
@@ -135,18 +140,43 @@ class GraphedCallable:
                     "or capture one graph per shape.")
 
     def __call__(self, *args):
-        self._check(args)
-        if self.mode == "eager":
-            out = None
-            for _ in range(self.calls_per_graph):
-                out = self.fn(*args)
-            self.static_outputs = out
-            return out
-        for a, s in zip(args, self.static_inputs):
-            if a is not s:
-                s.copy_(a)
-        self.graph.replay()
+        # Hot path, kept lean on purpose: the kit must cost < 1 µs over a hand-written copy_ + replay.
+        # Every argument is checked before anything is copied, so a bad call never touches the graph.
+        if len(args) == 1 and self._single is not None:  # the common case: one tensor in
+            a = args[0]
+            shape, dtype, device = self._spec0
+            try:
+                ok = a.shape == shape and a.dtype == dtype and a.device == device
+            except AttributeError:
+                ok = False
+            if not ok:
+                self._check(args)
+            if a is not self._single:
+                self._single.copy_(a)
+            self._replay()
+        elif len(args) == len(self.static_inputs) and self.graph is not None:
+            for a, (shape, dtype, device) in zip(args, self._specs):
+                try:
+                    ok = a.shape == shape and a.dtype == dtype and a.device == device
+                except AttributeError:
+                    ok = False
+                if not ok:
+                    self._check(args)
+            for a, s in zip(args, self.static_inputs):
+                if a is not s:
+                    s.copy_(a)
+            self._replay()
+        else:
+            return self._slow_call(args)
         return _tree_map(torch.clone, self.static_outputs) if self.clone_outputs else self.static_outputs
+
+    def _slow_call(self, args):
+        self._check(args)  # raises on a wrong argument count
+        out = None
+        for _ in range(self.calls_per_graph):  # eager mode
+            out = self.fn(*args)
+        self.static_outputs = out
+        return out
 
     def replay(self):
         """Replay on whatever the static inputs hold now (no copies, no checks); returns the static outputs."""

@@ -1,0 +1,160 @@
+"""capture(): errors on CPU; equality with eager, several calls per graph, shared pools on the GPU."""
+import pytest
+import torch
+
+from cudagraph_kit import CaptureError, NoCudaError, capture, shared_pool
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def gelu(x):
+    return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
+
+
+# ---------------------------------------------------------------- any machine
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-CUDA path")
+def test_no_cuda_raises_clear_error():
+    with pytest.raises(NoCudaError, match="need an NVIDIA GPU.*eager_fallback=True"):
+        capture(gelu, torch.randn(4))
+
+
+def test_non_tensor_sample_argument_is_rejected():
+    with pytest.raises(TypeError, match=r"sample argument 1 is a float.*functools.partial"):
+        capture(lambda x, s: x * s, torch.randn(4), 2.0, eager_fallback=True)
+
+
+def test_bad_options_rejected():
+    with pytest.raises(ValueError, match="calls_per_graph must be >= 1"):
+        capture(gelu, torch.randn(4), calls_per_graph=0, eager_fallback=True)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-CUDA path")
+def test_eager_fallback_is_labelled_and_correct():
+    g = capture(gelu, torch.randn(2, 3), eager_fallback=True)
+    assert g.mode == "eager" and g.graph is None and "mode='eager'" in repr(g)
+    y = torch.randn(2, 3)
+    torch.testing.assert_close(g(y), gelu(y))
+    torch.testing.assert_close(g.replay(), gelu(g.static_inputs[0]))
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-CUDA path")
+def test_eager_fallback_validates_shapes_like_a_graph():
+    g = capture(gelu, torch.randn(2, 3), eager_fallback=True)
+    with pytest.raises(ValueError, match=r"captured for shape \(2, 3\) float32.*got shape \(4, 3\)"):
+        g(torch.randn(4, 3))
+    with pytest.raises(TypeError, match="captured with 1 argument"):
+        g(torch.randn(2, 3), torch.randn(2, 3))
+
+
+# ---------------------------------------------------------------- GPU
+gpu = pytest.mark.gpu
+
+
+class WithBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 32)
+        self.bn = torch.nn.BatchNorm1d(32)
+        self.register_buffer("offset", torch.randn(32))
+
+    def forward(self, x):
+        return self.bn(self.lin(x)) + self.offset
+
+
+def _two_outputs(a, b):
+    return a @ b, (a.sum(0), {"max": b.amax()})
+
+
+@gpu
+@pytest.mark.parametrize("make", [
+    lambda: (gelu, (torch.randn(1, 3, 224, 224, device="cuda"),)),
+    lambda: (torch.matmul, (torch.randn(128, 64, device="cuda"), torch.randn(64, 32, device="cuda"))),
+    lambda: (WithBuffer().cuda().eval(), (torch.randn(16, 64, device="cuda"),)),
+    lambda: (_two_outputs, (torch.randn(32, 16, device="cuda"), torch.randn(16, 8, device="cuda"))),
+], ids=["elementwise", "matmul", "module_with_buffers", "multiple_outputs"])
+def test_graph_matches_eager_on_new_inputs(make):
+    fn, sample = make()
+    g = capture(fn, *sample)
+    assert g.mode == "graph" and isinstance(g.graph, torch.cuda.CUDAGraph)
+    for _ in range(3):
+        new = tuple(torch.randn_like(s) for s in sample)
+        with torch.no_grad():
+            expected = fn(*new)
+        torch.testing.assert_close(g(*new), expected)
+
+
+@gpu
+def test_outputs_are_graph_memory_unless_cloned():
+    x = torch.randn(8, device="cuda")
+    g = capture(gelu, x)
+    first = g(torch.ones(8, device="cuda"))
+    g(torch.zeros(8, device="cuda"))
+    torch.testing.assert_close(first, gelu(torch.zeros(8, device="cuda")))  # overwritten, as documented
+    gc = capture(gelu, x, clone_outputs=True)
+    kept = gc(torch.ones(8, device="cuda"))
+    gc(torch.zeros(8, device="cuda"))
+    torch.testing.assert_close(kept, gelu(torch.ones(8, device="cuda")))
+
+
+@gpu
+def test_several_calls_per_graph():
+    x = torch.zeros(1000, device="cuda")
+    g = capture(lambda t: t.add_(1.0), x, calls_per_graph=10)
+    g.static_inputs[0].zero_()
+    g.replay()
+    assert g.calls_per_graph == 10
+    torch.testing.assert_close(g.static_inputs[0], torch.full_like(x, 10.0))
+
+
+@gpu
+def test_shared_pool_two_graphs_stay_correct():
+    pool = shared_pool()
+    x = torch.randn(256, 256, device="cuda")
+    g1 = capture(gelu, x, pool=pool)
+    g2 = capture(torch.tanh, x, pool=pool)
+    g3 = capture(torch.sigmoid, x, pool=g1.graph.pool())
+    for _ in range(2):
+        new = torch.randn_like(x)
+        y1, y2, y3 = g1(new), g2(new), g3(new)
+        torch.testing.assert_close(y1, gelu(new))
+        torch.testing.assert_close(y2, torch.tanh(new))
+        torch.testing.assert_close(y3, torch.sigmoid(new))
+
+
+@gpu
+@pytest.mark.parametrize("bad, match", [
+    (lambda: torch.randn(2, 8, device="cuda"), r"captured for shape \(4, 8\) float32 on cuda:0, got shape \(2, 8\)"),
+    (lambda: torch.randn(4, 8, device="cuda", dtype=torch.float16), r"got shape \(4, 8\) float16"),
+    (lambda: torch.randn(4, 8), r"got shape \(4, 8\) float32 on cpu"),
+    (lambda: [1.0] * 8, "got list"),
+], ids=["shape", "dtype", "device", "non_tensor"])
+def test_mismatched_call_is_refused_before_touching_the_graph(bad, match):
+    x = torch.randn(4, 8, device="cuda")
+    g = capture(gelu, x)
+    before = g.static_inputs[0].clone()
+    with pytest.raises(ValueError, match=match):
+        g(bad())
+    torch.testing.assert_close(g.static_inputs[0], before)  # nothing was copied
+
+
+@gpu
+def test_cpu_sample_argument_rejected_on_gpu_machine():
+    with pytest.raises(ValueError, match=r"on cpu.*x.cuda\(\)"):
+        capture(gelu, torch.randn(4))
+
+
+@gpu
+def test_failed_capture_explains_and_process_keeps_working():
+    def syncs(x):
+        y = x * 2
+        if y.sum().item() > 0:  # .item() synchronizes: illegal during capture
+            y = y + 1
+        return y
+
+    x = torch.randn(64, device="cuda")
+    with pytest.raises(CaptureError, match="synchronizes with the CPU|invalidated"):
+        capture(syncs, x)
+    # the process (and CUDA context) still works: eager work and a fresh capture succeed
+    torch.testing.assert_close(gelu(x).cpu(), gelu(x.cpu()), rtol=1e-5, atol=1e-5)
+    g = capture(gelu, x)
+    torch.testing.assert_close(g(x), gelu(x))
