@@ -181,7 +181,7 @@ def compare(variants: dict, *args, case: str = "", calls: int = 100, samples: in
     Columns: case, variant, executed_as, median_us, iqr_us, min_us, max_us, speedup (first variant's median
     over this one's), floor_us (GPU-busy per call), kernels_per_call, vs_floor (median / floor), clock.
     ``executed_as`` comes from the profiler (a cudaGraphLaunch was seen or not), never from the name; a
-    variant whose callable fell back to eager is renamed "<name> (eager fallback)".
+    variant named "...graph..." that ran eagerly (no GPU, or an eager fallback) becomes "<name> (eager fallback)".
 
     Example::
 
@@ -196,8 +196,8 @@ def compare(variants: dict, *args, case: str = "", calls: int = 100, samples: in
         t = timeit(fn, *args, calls=calls, samples=samples, warmup=warmup)
         g = gpu_time(fn, *args, calls=min(calls, 50), warmup=1) if floor else None
         executed_as = _executed_as(fn, g)
-        owner = getattr(fn, "__self__", fn)
-        label = f"{name} (eager fallback)" if getattr(owner, "mode", None) == "eager" else name
+        # never let an eager run carry a graph's name unqualified
+        label = f"{name} (eager fallback)" if executed_as == "eager" and "graph" in name.lower() else name
         rows.append({
             "case": case, "variant": label, "executed_as": executed_as,
             "median_us": t.median_us, "iqr_us": t.iqr_us, "min_us": t.min_us, "max_us": t.max_us,
