@@ -121,11 +121,11 @@ class GraphedCallable:
         self.clone_outputs = clone_outputs
         self.pool = pool
         self._specs = tuple((s.shape, s.dtype, s.device) for s in static_inputs)
-        # hot-path shortcuts for __call__
-        graphed_one = graph is not None and len(static_inputs) == 1
-        self._single = static_inputs[0] if graphed_one else None
-        self._spec0 = self._specs[0] if graphed_one else None
-        self._replay = graph.replay if graph is not None else None
+        # hot-path shortcut for __call__: graph mode, one tensor input, outputs returned as they are
+        self._fast = None
+        if graph is not None and len(static_inputs) == 1 and not clone_outputs:
+            s0 = static_inputs[0]
+            self._fast = (s0, s0.shape, s0.dtype, s0.get_device(), graph.replay, static_outputs)
 
     def _check(self, args) -> None:
         if len(args) != len(self.static_inputs):
@@ -142,32 +142,27 @@ class GraphedCallable:
     def __call__(self, *args):
         # Hot path, kept lean on purpose: the kit must cost < 1 µs over a hand-written copy_ + replay.
         # Every argument is checked before anything is copied, so a bad call never touches the graph.
-        if len(args) == 1 and self._single is not None:  # the common case: one tensor in
+        fast = self._fast
+        if fast is not None and len(args) == 1:  # the common case: one tensor in, graph outputs back
+            static, shape, dtype, device_index, replay, outputs = fast
             a = args[0]
-            shape, dtype, device = self._spec0
             try:
-                ok = a.shape == shape and a.dtype == dtype and a.device == device
+                ok = a.shape == shape and a.dtype is dtype and a.get_device() == device_index
             except AttributeError:
                 ok = False
             if not ok:
                 self._check(args)
-            if a is not self._single:
-                self._single.copy_(a)
-            self._replay()
-        elif len(args) == len(self.static_inputs) and self.graph is not None:
-            for a, (shape, dtype, device) in zip(args, self._specs):
-                try:
-                    ok = a.shape == shape and a.dtype == dtype and a.device == device
-                except AttributeError:
-                    ok = False
-                if not ok:
-                    self._check(args)
-            for a, s in zip(args, self.static_inputs):
-                if a is not s:
-                    s.copy_(a)
-            self._replay()
-        else:
+            if a is not static:
+                static.copy_(a)
+            replay()
+            return outputs
+        if len(args) != len(self.static_inputs) or self.graph is None:
             return self._slow_call(args)
+        self._check(args)
+        for a, s in zip(args, self.static_inputs):
+            if a is not s:
+                s.copy_(a)
+        self.graph.replay()
         return _tree_map(torch.clone, self.static_outputs) if self.clone_outputs else self.static_outputs
 
     def _slow_call(self, args):
