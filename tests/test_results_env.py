@@ -55,3 +55,19 @@ def test_describe_and_cli(capsys):
     assert "torch" in env_table(info)
     assert main(["env"]) == 0
     assert "python" in capsys.readouterr().out
+
+
+@pytest.mark.notebook
+def test_reproduce_without_cuda_leaves_recorded_gpu_results_alone(tmp_path, capsys):
+    import torch
+    from cudagraph_kit.reproduce import PROJECT_ROOT
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU reproduce refreshes figures/ on purpose")
+    recorded = PROJECT_ROOT / "figures" / "01_gelu" / "results.csv"
+    before = recorded.read_bytes() if recorded.exists() else None
+    assert main(["reproduce", "01", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "CUDA graphs need an NVIDIA GPU" in out and "[1/1] 01_gelu.py done" in out
+    assert (tmp_path / "01_gelu.ipynb").is_file()
+    assert (PROJECT_ROOT / "build" / "figures" / "01_gelu" / "results.csv").is_file()
+    assert (recorded.read_bytes() if recorded.exists() else None) == before
