@@ -71,3 +71,12 @@ def test_reproduce_without_cuda_leaves_recorded_gpu_results_alone(tmp_path, caps
     assert (tmp_path / "01_gelu.ipynb").is_file()
     assert (PROJECT_ROOT / "build" / "figures" / "01_gelu" / "results.csv").is_file()
     assert (recorded.read_bytes() if recorded.exists() else None) == before
+
+
+def test_readme_results_are_generated_from_recorded_runs():
+    import subprocess
+    import sys
+    from cudagraph_kit.reproduce import PROJECT_ROOT
+    r = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "update_readme.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
