@@ -101,8 +101,10 @@ class GraphedTrainStep:
 
     Attributes:
         mode: ``"graph"`` (CUDA graph once captured) or ``"eager"`` (``eager_fallback`` without CUDA).
-        state: ``"warmup"`` until the graph is captured, then ``"captured"``.
-        eager_steps: how many steps ran eagerly because their batch shape differs from the captured one.
+        state: ``"warmup"`` until the graph is captured, then ``"captured"`` (stays ``"warmup"`` in eager mode,
+            where nothing is ever captured).
+        eager_steps: how many steps ran eagerly because their batch shape differs from ``sample_batch``
+            (counted in both modes, so a CPU run reports what a GPU run would do).
         graph: the ``torch.cuda.CUDAGraph`` (None before capture and in eager mode).
         static_batch: the tensors each batch is copied into (inputs..., target).
         static_loss: the loss tensor the graph writes on each replay (None before capture).
@@ -122,6 +124,7 @@ class GraphedTrainStep:
         self.eager_steps = 0
         self.warmup_steps = 0
         self.graph = None
+        self._static_grads = []
         self.static_loss = None
         self.static_batch = tuple(t.detach().clone() for t in sample_batch)
         self.device = self.static_batch[0].device
@@ -176,6 +179,7 @@ class GraphedTrainStep:
         """Run one training step on ``batch`` = (inputs..., target); return the loss (a detached tensor)."""
         fits = self._check(batch)
         if self.mode == "eager":
+            self.eager_steps += not fits
             return self._eager_step(batch, set_to_none=True)
         if not fits:
             return self._eager_fallback(batch)
@@ -184,6 +188,7 @@ class GraphedTrainStep:
         if self.state == "warmup":
             self._capture(batch)
         else:
+            self._check_grads_still_static()
             for b, s in zip(batch, self.static_batch):
                 if b is not s:
                     s.copy_(b)
@@ -209,6 +214,17 @@ class GraphedTrainStep:
         self.eager_steps += 1
         return self._eager_step(batch, set_to_none=self.state == "warmup")
 
+    def _check_grads_still_static(self):
+        # The graph writes gradients into the .grad tensors that existed at capture. If they were replaced
+        # (typically by an habitual optimizer.zero_grad(), which sets them to None), the optimizer would step
+        # on stale or missing gradients and training would silently stop: refuse instead.
+        for p, g in self._static_grads:
+            if p.grad is not g:
+                raise RuntimeError(
+                    "a parameter's .grad is no longer the tensor the graph writes into (was optimizer.zero_grad() "
+                    "or model.zero_grad() called, or .grad reassigned, after capture?). Nothing was run. Fix: "
+                    "remove zero_grad() from the loop: each replay overwrites the gradients by itself.")
+
     def _capture(self, batch):
         for b, s in zip(batch, self.static_batch):
             s.copy_(b)
@@ -229,6 +245,7 @@ class GraphedTrainStep:
                 "indexing), data-dependent shapes, or CPU tensors. Fix: run one eager step under "
                 "torch.cuda.set_sync_debug_mode('error') to find the line.") from exc
         self.graph = graph
+        self._static_grads = [(p, p.grad) for g in self.optimizer.param_groups for p in g["params"]]
         self.static_loss = loss.detach()
         self.state = "captured"
         graph.replay()  # capture only recorded the work; this runs this call's training step

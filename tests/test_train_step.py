@@ -305,3 +305,20 @@ def test_graphedtrainstep_exported():
     import cudagraph_kit
     assert cudagraph_kit.capture_train_step is capture_train_step
     assert cudagraph_kit.GraphedTrainStep is GraphedTrainStep
+
+
+@gpu
+def test_habitual_zero_grad_after_capture_is_refused_not_silently_ignored():
+    model = make_model("cuda")
+    opt = make_opt("sgd", model.parameters())
+    batches = make_batches(6, device="cuda")
+    step = capture_train_step(model, opt, torch.nn.functional.mse_loss, batches[0], warmup=2)
+    for x, y in batches[:4]:
+        step(x, y)
+    assert step.state == "captured"
+    opt.zero_grad()  # sets .grad to None: the graph would keep writing the old buffers
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="remove zero_grad"):
+        step(*batches[4])
+    for p, b in zip(model.parameters(), before):
+        torch.testing.assert_close(p, b)  # nothing ran
