@@ -48,7 +48,7 @@ elif (Path.cwd().parent / "cudagraph_kit").is_dir():  # a checkout: use its kit,
     sys.path.insert(0, str(Path.cwd().parent))
 
 # %% tags=["parameters"]
-SMOKE = None           # tiny run (CI / tests): few sizes, few calls; None: read $CGK_SMOKE ("1" = on)
+SMOKE = None           # tiny run (CI / tests): few sizes and calls; None reads $CGK_SMOKE (1 means on)
 SAMPLES = 7            # timing samples per measurement; the median is reported
 CALLS_SMALL = 2000     # calls per sample for launch-bound work
 SWEEP_MIN_EXP = 12     # size sweep from 2**12 (4 K) elements ...

@@ -40,10 +40,14 @@
 # **How long**: about 1–2 minutes on a T4; under a minute on a CPU.
 
 # %%
-import sys, subprocess
-if "google.colab" in sys.modules:  # Colab: install the kit (elsewhere it is imported from this checkout)
+import subprocess, sys
+from pathlib import Path
+
+if "google.colab" in sys.modules:  # Colab: install the kit
     subprocess.run([sys.executable, "-m", "pip", "install", "-q",
                     "git+https://github.com/cudagraph-kit/cudagraph-kit"], check=True)
+elif (Path.cwd().parent / "cudagraph_kit").is_dir():  # a checkout: use its kit, installed or not
+    sys.path.insert(0, str(Path.cwd().parent))
 
 # %% tags=["parameters"]
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
