@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -140,13 +141,16 @@ def gpu_time(fn, *args, calls: int = 20, warmup: int = 3, units_per_call: int | 
     for _ in range(warmup):
         fn(*args)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn(*args)
-        torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the profiler's notes on event cycles; irrelevant here
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn(*args)
+            torch.cuda.synchronize()
+        events = prof.events()
     intervals, kernels, copies, launches = [], 0, 0, 0
     per_name = defaultdict(float)
-    for e in prof.events():
+    for e in events:
         if e.device_type == DeviceType.CUDA:
             intervals.append((e.time_range.start, e.time_range.end))
             per_name[e.name] += e.time_range.elapsed_us()
@@ -179,7 +183,8 @@ def compare(variants: dict, *args, case: str = "", calls: int = 100, samples: in
     """Time each ``{name: fn}`` (called as ``fn(*args)``) and return a pandas DataFrame, one row per variant.
 
     Columns: case, variant, executed_as, median_us, iqr_us, min_us, max_us, speedup (first variant's median
-    over this one's), floor_us (GPU-busy per call), kernels_per_call, vs_floor (median / floor), clock.
+    over this one's), floor_us (GPU-busy per call), kernels_per_call, copies_per_call (memcpy/memset),
+    vs_floor (median / floor), clock.
     ``executed_as`` comes from the profiler (a cudaGraphLaunch was seen or not), never from the name; a
     variant named "...graph..." that ran eagerly (no GPU, or an eager fallback) becomes "<name> (eager fallback)".
 
@@ -202,6 +207,7 @@ def compare(variants: dict, *args, case: str = "", calls: int = 100, samples: in
             "case": case, "variant": label, "executed_as": executed_as,
             "median_us": t.median_us, "iqr_us": t.iqr_us, "min_us": t.min_us, "max_us": t.max_us,
             "floor_us": g.busy_us if g else float("nan"), "kernels_per_call": g.kernels if g else float("nan"),
+            "copies_per_call": g.copies if g else float("nan"),
             "clock": t.clock,
         })
     df = pd.DataFrame(rows)

@@ -55,6 +55,7 @@ import warnings
 from collections import defaultdict
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter
 import pandas as pd
 import torch
 
@@ -331,7 +332,8 @@ def runtime_calls(fn, x, calls=50):
             fn(x)
     counts = defaultdict(int)
     for e in prof.events():
-        if e.device_type == DeviceType.CPU and e.name.startswith("cuda") and "GetDevice" not in e.name:
+        if (e.device_type == DeviceType.CPU and e.name.startswith("cu")  # runtime (cuda*) and driver (cu*) API
+                and not any(k in e.name for k in ("GetDevice", "IsCapturing"))):
             counts[e.name] += 1
     return ", ".join(f"{k} {v / calls:g}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]) if v >= calls / 2)
 
@@ -362,8 +364,8 @@ def bucket(filename, funcname):
                        ("cudagraph_kit", "cudagraph_kit (GraphedCallable)")):
         if key in f:
             return label
-    if "/torch/" in f:
-        return "other torch Python (" + f.split("/torch/")[1].split("/")[0] + ")"
+    if "site-packages/torch/" in f:
+        return "other torch Python (torch/" + f.rsplit("site-packages/torch/", 1)[1].split("/")[0] + ")"
     if "/lib/python" in f and "site-packages" not in f:
         return "Python standard library"
     return "this notebook / other"
@@ -418,8 +420,9 @@ else:
 #   inference every call already starts a new generation, so expect no gain here; in training, or whenever
 #   the heuristic is wrong, it is what keeps replays on the fast path.)
 # - **Keep the input where the graph reads it**: if your data is produced into the same tensor every
-#   iteration (a preallocated batch buffer, a KV cache), mark it with `torch._dynamo.mark_static_address`; the
-#   graph should then read it in place instead of copying it. And consume or `.clone()` each output before
+#   iteration (a preallocated batch buffer, a KV cache), mark it with
+#   `torch._dynamo.mark_static_address(buf, guard=True)`; the graph should then read it in place instead of
+#   copying it. And consume or `.clone()` each output before
 #   the next call. The kernels and runtime calls below show whether the copy really went away on your version.
 
 # %%
@@ -439,7 +442,10 @@ if CUDA and COMPILE_CASES:
         errors[case]["reduce-overhead + mark_step_begin"] = max_abs_err(marked, case)
 
         buf = inputs[case].clone()                 # the buffer your pipeline writes each new input into
-        torch._dynamo.mark_static_address(buf)     # before the first call, so the graph is built for it
+        # Before the first call, so the graph is built for it. guard=True makes Dynamo guard the address (a new
+        # address recompiles). With the default guard=False, PyTorch 2.11 kept copying the input on our H200
+        # whenever the compiled graph came from the compile cache (the static-input marking was lost).
+        torch._dynamo.mark_static_address(buf, guard=True)
         in_place = with_mark_step(ro_static)
         for _ in range(3):
             in_place(buf)
@@ -505,6 +511,7 @@ def plot(df):
             ax.legend(loc="lower right", fontsize=8)
         ax.set_yticks(list(y), [f"{v} ({e})" for v, e in zip(d["variant"], d["executed_as"])], fontsize=8)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # no overlapping minor labels
         ax.set_xlabel("time per call, µs (log scale)")
         ax.set_title(f"GELU {case} {d['shape'].iloc[0]}")
         for yi, v in zip(y, d["median_us"]):
