@@ -31,7 +31,8 @@
 # **What you need**: an NVIDIA GPU for the graph parts (Colab: Runtime → Change runtime type → T4 GPU).
 # Without one the notebook runs the CPU-possible part small and shows recorded GPU results.
 #
-# **How long**: about 3–5 minutes on a T4 (most of it `torch.compile` compiling); about 1 minute on a CPU.
+# **How long**: 33 s on an NVIDIA H200 (measured by `reproduce`; most of it `torch.compile` compiling); a T4
+# has not been timed yet, expect a few minutes; about 1 minute on a CPU (small sizes).
 
 # %%
 import sys, subprocess

@@ -9,9 +9,9 @@ from cudagraph_kit.reproduce import NOTEBOOKS_DIR, notebook_sources
 SOURCES = notebook_sources()
 
 
-def _code_cells(nb):
+def _cells(nb, kind):
     return [c["source"] if isinstance(c["source"], str) else "".join(c["source"])
-            for c in nb["cells"] if c["cell_type"] == "code" and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+            for c in nb["cells"] if c["cell_type"] == kind and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
 
 
 def test_there_are_notebooks():
@@ -34,9 +34,11 @@ def test_committed_notebook_matches_source_and_was_executed(source):
     if not ipynb.exists():
         pytest.fail(f"{ipynb.name} is missing: run `python -m cudagraph_kit reproduce {source.stem[:2]}` on a GPU")
     executed = json.loads(ipynb.read_text())
-    expected = _code_cells(jupytext.read(source))
-    assert _code_cells(executed) == expected, (
+    source_nb = jupytext.read(source)
+    assert _cells(executed, "code") == _cells(source_nb, "code"), (
         f"{ipynb.name} is stale: its code differs from {source.name}; re-run reproduce on a GPU")
+    assert _cells(executed, "markdown") == _cells(source_nb, "markdown"), (
+        f"{ipynb.name}'s prose differs from {source.name}: run python scripts/sync_markdown.py")
     outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     assert outputs, f"{ipynb.name} has no outputs"
     assert not [o for o in outputs if o.get("output_type") == "error"], f"{ipynb.name} contains an error output"
