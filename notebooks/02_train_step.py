@@ -454,9 +454,9 @@ side_by_side[f"{here} executed as"] = [measured(c, v, "executed_as") for c, v in
 side_by_side.round(2)
 
 # %% [markdown]
-# **Why the numbers differ.** The eager step costs about the same 1 ms on the K80 and on a Hopper GPU: it is
-# the CPU's cost of launching a few hundred kernels through Python and the autograd engine, and CPUs did
-# not get much faster per launch. The GPU time did: on the K80 the small step kept the GPU busy for a good
+# **Why the numbers differ.** The eager step costs the same order of time on the K80 (1.11 ms) and on a
+# Hopper GPU (0.7 to 1.2 ms in our H200 runs): it is the CPU's cost of launching the step's kernels through
+# Python and the autograd engine, and CPUs did not get much faster per launch. The GPU time did: on the K80 the small step kept the GPU busy for a good
 # part of that millisecond, so the graph could only remove the gaps (2.36×, from 10 wall-clock iterations);
 # on a modern GPU the same kernels take tens of microseconds, so the graph's step is close to that floor and
 # the speedup is an order of magnitude. The docs-size network is GPU-bound on a modern GPU (graph ≈ floor),
