@@ -24,7 +24,7 @@ def notebook_sources(notebooks_dir: Path = NOTEBOOKS_DIR) -> list[Path]:
     return sorted(p for p in Path(notebooks_dir).glob("[0-9][0-9]_*.py"))
 
 
-def to_ipynb(source: Path, target: Path, keep_outputs_from: Path | None = None) -> Path:
+def to_ipynb(source: Path, target: Path) -> Path:
     """Write the jupytext ``source`` as a notebook at ``target`` (Python 3 kernel, GPU runtime for Colab)."""
     import jupytext
 

@@ -182,7 +182,8 @@ def compare(variants: dict, *args, case: str = "", calls: int = 100, samples: in
             floor: bool = True):
     """Time each ``{name: fn}`` (called as ``fn(*args)``) and return a pandas DataFrame, one row per variant.
 
-    Columns: case, variant, executed_as, median_us, iqr_us, min_us, max_us, speedup (first variant's median
+    Columns: case, variant, executed_as, median_us (host clock), iqr_us, min_us, max_us, event_median_us (CUDA
+    events around the same calls), speedup (first variant's median
     over this one's), floor_us (GPU-busy per call), kernels_per_call, copies_per_call (memcpy/memset),
     vs_floor (median / floor), clock.
     ``executed_as`` comes from the profiler (a cudaGraphLaunch was seen or not), never from the name; a
@@ -206,6 +207,7 @@ def compare(variants: dict, *args, case: str = "", calls: int = 100, samples: in
         rows.append({
             "case": case, "variant": label, "executed_as": executed_as,
             "median_us": t.median_us, "iqr_us": t.iqr_us, "min_us": t.min_us, "max_us": t.max_us,
+            "event_median_us": t.event_median_us if t.event_median_us is not None else float("nan"),
             "floor_us": g.busy_us if g else float("nan"), "kernels_per_call": g.kernels if g else float("nan"),
             "copies_per_call": g.copies if g else float("nan"),
             "clock": t.clock,
