@@ -1,7 +1,6 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -39,14 +38,41 @@
 # minutes; under a minute on a CPU (small sizes).
 
 # %%
-import subprocess, sys
+# Setup. In a checkout of cudagraph-kit (this folder or one above it has cudagraph_kit/): use its kit. In Colab:
+# first make a shallow clone (the kit and its recorded GPU results), install it, and work in its notebooks/.
+import os, subprocess, sys
 from pathlib import Path
 
-if "google.colab" in sys.modules:  # Colab: install the kit
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "git+https://github.com/cudagraph-kit/cudagraph-kit"], check=True)
-elif (Path.cwd().parent / "cudagraph_kit").is_dir():  # a checkout: use its kit, installed or not
-    sys.path.insert(0, str(Path.cwd().parent))
+REPO_URL = os.environ.get("CGK_REPO_URL", "https://github.com/cudagraph-kit/cudagraph-kit")
+REPO_REF = os.environ.get("CGK_REPO_REF", "main")
+
+
+def setup_run(*command):
+    """Run one setup command; if it fails, raise with the command's own error output."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"setup failed (exit {done.returncode}): {' '.join(command)}\n"
+                           + (done.stderr or done.stdout).strip())
+
+
+try:
+    import google.colab  # noqa: F401  (importable only in Colab)
+    IN_COLAB = True
+except ImportError:
+    IN_COLAB = False
+cwd = Path.cwd().resolve()
+checkout = next((p for p in (cwd, *cwd.parents) if (p / "cudagraph_kit" / "__init__.py").is_file()), None)
+if checkout is None and IN_COLAB:
+    checkout = cwd / "cudagraph-kit"
+    if not checkout.is_dir():
+        setup_run("git", "clone", "--quiet", "--depth", "1", "--branch", REPO_REF, REPO_URL, str(checkout))
+    # --no-deps: Colab's own torch, numpy, pandas and matplotlib stay as they are
+    setup_run(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+              "--editable", str(checkout))
+    os.chdir(checkout / "notebooks")  # where the notebooks run; the recorded results are in ../figures
+    print(f"cudagraph-kit ({REPO_REF}) cloned into {checkout} and installed; working in {Path.cwd()}")
+if checkout is not None and str(checkout) not in sys.path:
+    sys.path.insert(0, str(checkout))
 
 # %% tags=["parameters"]
 SMOKE = None           # tiny run (CI / tests): few sizes and calls; None reads $CGK_SMOKE (1 means on)
