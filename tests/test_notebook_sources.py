@@ -74,6 +74,9 @@ def test_repository_address_and_ref_are_the_same_everywhere():
             assert stem in stems, f"{path.name}: Colab badge for a notebook that does not exist ({stem})"
     for source in SOURCES:
         assert source.stem in badges, f"{source.name} has no Colab badge"
+    for path in [PROJECT_ROOT / "README.md", PROJECT_ROOT / "scripts" / "setup_cell.py", *SOURCES]:
+        for owner, name in re.findall(r"github\.com/([\w.-]+)/([\w-]+)", path.read_text()):
+            assert [owner, name] == owner_name, f"{path.name} names another repository: {owner}/{name}"
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
