@@ -79,18 +79,20 @@ def to_ipynb(source: Path, target: Path) -> Path:
 def _kernel_config():
     """Kernel-manager settings for papermill: encrypted kernel transport where jupyter_client offers it.
 
-    ipykernel >= 7 warns "Kernel is running over TCP without encryption" on every start unless the manager
-    provisions CurveZMQ keys, which jupyter_client >= 8.7 does with ``transport_encryption="auto"`` for
-    kernels that declare support. Older versions neither warn nor have the setting: nothing to do.
+    ipykernel 7 logs "Kernel is running over TCP without encryption" at every kernel start unless the kernel
+    manager provisions CurveZMQ keys, which recent jupyter_client does with ``transport_encryption="auto"``
+    for kernels whose kernelspec declares ``supported_encryption: curve`` (ipykernel 7's does). Versions
+    without that policy setting are left alone (older ipykernels do not warn).
     """
     from traitlets.config import Config
+    config = Config()
     try:
         import zmq
         from jupyter_client.manager import KernelManager
     except ImportError:
-        return Config()
-    config = Config()
-    if KernelManager.class_traits().get("transport_encryption") is not None and zmq.has("curve"):
+        return config
+    trait = KernelManager.class_traits().get("transport_encryption")
+    if trait is not None and "auto" in (getattr(trait, "values", None) or ()) and zmq.has("curve"):
         config.KernelManager.transport_encryption = "auto"
     return config
 

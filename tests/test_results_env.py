@@ -222,3 +222,18 @@ def test_readme_results_are_generated_from_recorded_runs():
     r = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "update_readme.py"), "--check"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_figures_guard_notices_added_changed_and_removed_files(tmp_path):
+    """The session guard in conftest (a test run must leave figures/ as it found it) sees every kind of change."""
+    import conftest
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.csv").write_text("x\n")
+    (tmp_path / "a" / "env.json").write_text("{}\n")
+    before = conftest.figures_snapshot(tmp_path)
+    assert conftest.figures_changes(before, conftest.figures_snapshot(tmp_path)) == []
+    (tmp_path / "a" / "results.csv").write_text("y\n")
+    (tmp_path / "a" / "env.json").unlink()
+    (tmp_path / "b.png").write_bytes(b"png")
+    assert conftest.figures_changes(before, conftest.figures_snapshot(tmp_path)) == ["a/env.json", "a/results.csv",
+                                                                                      "b.png"]
