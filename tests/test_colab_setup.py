@@ -98,7 +98,7 @@ def test_notebook_in_colab_clones_installs_and_shows_the_recorded_results(colab,
     text = _text(nb)
 
     # a shallow clone of the ref, made by the setup cell
-    assert f"cudagraph-kit (main) cloned into {clone} and installed; working in {clone / 'notebooks'}" in text
+    assert f"cudagraph-kit (main) in {clone}, installed; working in {clone / 'notebooks'}" in text
     shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=clone, capture_output=True,
                              text=True)
     assert shallow.stdout.strip() == "true"
@@ -114,6 +114,23 @@ def test_notebook_in_colab_clones_installs_and_shows_the_recorded_results(colab,
     assert (fresh / "results.csv").is_file() and json.loads((fresh / "env.json").read_text())["date"] != MARKER
     for name in ("results.csv", "env.json"):
         assert (clone / "figures" / "01_gelu" / name).read_bytes() == (colab["remote"] / "figures" / "01_gelu" / name).read_bytes()
+
+    # run again in a fresh kernel (a restarted Colab session): the clone and the install are reused, and the
+    # kit imports from the clone
+    import papermill
+    installed_at = direct_url.stat().st_mtime_ns
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout
+    setup = next(c for c in nbformat.read(workdir / "01_gelu.ipynb", as_version=4).cells if "google.colab" in c.source)
+    probe = nbformat.v4.new_notebook(cells=[setup, nbformat.v4.new_code_cell(
+        "import cudagraph_kit, os; print(cudagraph_kit.__file__); print(os.getcwd())")])
+    probe.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Colab stand-in", "language": "python"}
+    nbformat.write(probe, workdir / "again.ipynb")
+    again = papermill.execute_notebook(str(workdir / "again.ipynb"), str(workdir / "again.out.ipynb"),
+                                       cwd=str(workdir), kernel_name=KERNEL, progress_bar=False, config=_kernel_config())
+    printed = again.cells[1].outputs[0].text.splitlines()
+    assert printed == [str(clone / "cudagraph_kit" / "__init__.py"), str(clone / "notebooks")]
+    assert direct_url.stat().st_mtime_ns == installed_at, "pip ran again although the clone was installed"
+    assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout == head
 
 
 def test_failed_setup_step_shows_the_real_error(colab, monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from cudagraph_kit.reproduce import NOTEBOOKS_DIR, PROJECT_ROOT, lab_copies, notebook_sources
+from cudagraph_kit.reproduce import PROJECT_ROOT, lab, lab_copies, notebook_sources
 
 sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
 import sync_setup_cell  # noqa: E402
@@ -129,8 +129,9 @@ def test_lab_working_copies_are_outside_notebooks_and_kept(tmp_path):
     edited = dest / copies[0]
     edited.write_bytes(edited.read_bytes() + b"\n")
     mine = edited.read_bytes()
-    lab_copies(dest)
+    command = lab(dest, start=False)
     assert edited.read_bytes() == mine, "a second `lab` overwrote the learner's working copy"
+    assert command == [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={dest}"]
 
 
 def test_nbval_options_come_from_conftest_so_strict_and_disabled_modes_work():
