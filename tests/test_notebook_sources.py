@@ -27,8 +27,13 @@ def _cells(nb, kind):
 
 
 def _project_urls():
-    import tomllib  # Python 3.11+ (the tests' Python)
-    return tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    text = (PROJECT_ROOT / "pyproject.toml").read_text()
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:  # older Python: the [project.urls] table's `Name = "url"` lines
+        table = text.split("[project.urls]", 1)[1].split("\n[", 1)[0]
+        return dict(re.findall(r'(?m)^(\w+)\s*=\s*"([^"]+)"', table))
+    return tomllib.loads(text)["project"]["urls"]
 
 
 def _setup_constant(name):
