@@ -156,20 +156,22 @@ def test_no_profiler_residue_after_compare():
 
 @pytest.mark.gpu
 def test_compare_speedups_do_not_depend_on_variant_order():
+    """Speedups agree within 10% whichever variant comes first. The two orders alternate in one window: the host's
+    speed drifts within seconds (seen: eager +40% between two calls while replays stayed put), which moves
+    host-bound/GPU-bound ratios whatever the order, so two orders measured at two moments prove nothing."""
     x = torch.randn(1, 3, 224, 224, device="cuda")
     g = capture(gelu, x)
     new = torch.randn_like(x)
     fns = {"eager": lambda: gelu(x), "graph": g.replay, "kit call": lambda: g(new)}
-    forward = compare(fns, samples=9)
-    backward = compare({k: fns[k] for k in ["kit call", "graph", "eager"]}, samples=9)
-    # forward: speedups vs eager; backward: vs the kit call, so eager's row there is eager/kit = 1/speedup
-    fwd = dict(zip(forward.variant, forward.speedup))
-    bwd = dict(zip(backward.variant, backward.speedup))
-    graph_over_kit_fwd = fwd["graph"] / fwd["kit call"]
-    graph_over_kit_bwd = bwd["graph"]
-    eager_fwd = 1 / fwd["kit call"]
-    eager_bwd = bwd["eager"]
-    print(forward[["variant", "median_us", "speedup", "speedup_lo", "speedup_hi"]])
-    print(backward[["variant", "median_us", "speedup", "speedup_lo", "speedup_hi"]])
-    assert graph_over_kit_bwd == pytest.approx(graph_over_kit_fwd, rel=0.10)
-    assert eager_bwd == pytest.approx(eager_fwd, rel=0.10)
+    fwd, bwd = {"graph": [], "kit call": []}, {"graph": [], "kit call": []}
+    for _ in range(4):
+        forward = compare(fns, samples=5, floor=False)
+        backward = compare({k: fns[k] for k in ["kit call", "graph", "eager"]}, samples=5, floor=False)
+        f, b = dict(zip(forward.variant, forward.speedup)), dict(zip(backward.variant, backward.speedup))
+        for k in fwd:  # speedup of k over eager, from each order
+            fwd[k].append(f[k])
+            bwd[k].append(b[k] / b["eager"])
+    for k in fwd:
+        mf, mb = statistics.median(fwd[k]), statistics.median(bwd[k])
+        print(f"{k} over eager: eager first {mf:.2f}x, eager last {mb:.2f}x")
+        assert mb == pytest.approx(mf, rel=0.10), (k, fwd[k], bwd[k])
