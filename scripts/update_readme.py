@@ -66,6 +66,8 @@ def train_step_section():
              "|---|---|---|---|---|---|"]
     for case in timed.case.unique():
         e, g, p = (_row(timed, case, v) for v in ("eager", "whole-step graph", "make_graphed_callables"))
+        if e is None or g is None:  # other timed tables of the notebook (e.g. the parts of an eager step)
+            continue
         part = f"{p.median_us:.0f} µs ({p.speedup:.2f}x)" if p is not None else "-"
         lines.append(f"| {case} | {e.median_us:.0f} µs | {g.median_us:.0f} µs | {g.speedup:.1f}x | "
                      f"{g.vs_floor:.2f} | {part} |")
