@@ -20,18 +20,11 @@ def test_timeit_measures_a_known_sleep():
     assert t.clock == ("wall+sync" if HAS_CUDA else "wall (CPU)")
 
 
-def test_units_per_call_divides():
-    t1 = timeit(time.sleep, 0.001, calls=2, samples=3, warmup=0)
-    t4 = timeit(time.sleep, 0.001, calls=2, samples=3, warmup=0, units_per_call=4)
-    assert t4.median_us < t1.median_us / 2
-
-
-def test_calls_per_sample_are_chosen_by_time():
-    # a 1 ms call in a 20 ms sample: about 20 calls (sleep overshoots, so fewer, never more than 20)
-    n = _calls_for(time.sleep, (0.001,), sample_ms=20.0, warmup_ms=5.0)
-    assert 5 <= n <= 20, n
-    t = timeit(time.sleep, 0.001, samples=2, sample_ms=10.0, warmup_ms=2.0)
-    assert 2 <= t.calls <= 10 and 1000 <= t.median_us < 5000
+@pytest.mark.skipif(HAS_CUDA, reason="a fake host clock cannot stand in for CUDA synchronization")
+def test_units_per_call_divides(clock):
+    t1 = timeit(clock.cost(0.001), calls=2, samples=3, warmup=0)
+    t4 = timeit(clock.cost(0.001), calls=2, samples=3, warmup=0, units_per_call=4)
+    assert t1.median_us == pytest.approx(1000.0) and t4.median_us == pytest.approx(250.0)
 
 
 def test_timeit_rejects_bad_counts():
@@ -55,34 +48,58 @@ def test_compare_interleaves_variants_round_robin_with_rotation():
     assert order == list("abc") + list("bca") + list("cab")
 
 
-def test_speedup_is_the_median_of_per_round_ratios():
-    # a variant whose cost alternates 1 ms / 3 ms against a steady 2 ms baseline: per-round ratios are 2 and 2/3
-    state = {"n": 0}
+class FakeClock:
+    """Stands in for time.perf_counter: each call of a variant advances it by that call's cost, deterministically."""
 
-    def alternating():
-        state["n"] += 1
-        time.sleep(0.001 if state["n"] % 2 else 0.003)
+    def __init__(self):
+        self.t = 0.0
 
-    df = compare({"steady": lambda: time.sleep(0.002), "alternating": alternating}, calls=1, samples=5,
+    def perf_counter(self):
+        return self.t
+
+    def cost(self, seconds_per_call):
+        costs = iter(seconds_per_call) if isinstance(seconds_per_call, list) else None
+
+        def call():
+            self.t += next(costs) if costs is not None else seconds_per_call
+        return call
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    import cudagraph_kit.timing as timing_mod
+    fake = FakeClock()
+    monkeypatch.setattr(timing_mod.time, "perf_counter", fake.perf_counter)
+    return fake
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a fake host clock cannot stand in for CUDA synchronization")
+def test_speedup_is_the_median_of_per_round_ratios(clock):
+    # a variant that costs 1, 3, 1, 3, 1 ms in successive rounds against a steady 2 ms baseline: ratios 2, 2/3, ...
+    df = compare({"steady": clock.cost(0.002), "alternating": clock.cost([0.001, 0.003] * 3)}, calls=1, samples=5,
                  warmup=0, floor=False)
-    row = df.iloc[1]
-    assert df.speedup.iloc[0] == 1.0 and df.speedup_lo.iloc[0] == 1.0
-    assert row.speedup_lo < 1.0 < row.speedup_hi  # the interval shows both regimes
-    # rounds see 1, 3, 1, 3, 1 ms against 2 ms: ratios 2, 2/3, 2, 2/3, 2, median 2 (sleep overshoot aside)
-    assert row.speedup == pytest.approx(2.0, rel=0.3)
+    base, row = df.iloc[0], df.iloc[1]
+    assert base.speedup == 1.0 and base.speedup_lo == 1.0 and base.speedup_hi == 1.0
+    assert row.speedup == pytest.approx(2.0)  # median of [2, 2/3, 2, 2/3, 2]
+    assert row.speedup_lo == pytest.approx(2 / 3) and row.speedup_hi == pytest.approx(2.0)
+    assert row.median_us == pytest.approx(1000.0) and base.median_us == pytest.approx(2000.0)
 
 
-def test_noisy_variant_gets_a_note_and_steady_one_does_not():
-    state = {"n": 0}
-
-    def noisy():
-        state["n"] += 1
-        time.sleep(0.001 * (1 + 3 * (state["n"] % 2)))
-
-    df = compare({"steady": lambda: time.sleep(0.002), "noisy": noisy}, calls=1, samples=6, warmup=0, floor=False)
+@pytest.mark.skipif(HAS_CUDA, reason="a fake host clock cannot stand in for CUDA synchronization")
+def test_noisy_variant_gets_a_note_and_steady_one_does_not(clock):
+    df = compare({"steady": clock.cost(0.002), "noisy": clock.cost([0.001, 0.004] * 3)}, calls=1, samples=6,
+                 warmup=0, floor=False)
     assert df.note.iloc[1].startswith("noisy: IQR")
-    assert "noisy" not in df.note.iloc[0]
-    assert df.spread_pct.iloc[1] > 10 > df.spread_pct.iloc[0]
+    assert df.note.iloc[0] == ""
+    assert df.spread_pct.iloc[0] == pytest.approx(0, abs=1e-6) and df.spread_pct.iloc[1] > 10
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a fake host clock cannot stand in for CUDA synchronization")
+def test_calls_per_sample_fill_the_sample_time(clock):
+    n = _calls_for(clock.cost(0.001), (), sample_ms=20.0, warmup_ms=5.0)
+    assert n == 20
+    t = timeit(clock.cost(0.0005), samples=3, sample_ms=10.0, warmup_ms=2.0)
+    assert t.calls == 20 and t.median_us == pytest.approx(500.0)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="CPU behaviour")
@@ -91,7 +108,7 @@ def test_compare_on_cpu_is_labelled_eager_and_has_no_floor():
                  samples=3, warmup=0)
     assert list(df["variant"]) == ["slow", "graph (eager fallback)"]
     assert (df["executed_as"] == "eager").all()
-    assert df["speedup"].iloc[0] == 1.0 and 1.3 < df["speedup"].iloc[1] < 2.5
+    assert df["speedup"].iloc[0] == 1.0 and df["speedup"].iloc[1] > 1.0  # 2 ms vs 1 ms sleeps
     assert df["floor_us"].isna().all() and df["kernels_per_call"].isna().all()
     assert gpu_time(lambda: None) is None
 
