@@ -291,14 +291,49 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
     if not on_gpu:
         print("reproduce: CUDA graphs need an NVIDIA GPU; the notebooks run their CPU part and show the "
               "recorded GPU results from figures/ (left untouched).", flush=True)
-    done = []
+    done, seconds = [], {}
     for i, src in enumerate(sources, 1):
         t0 = time.perf_counter()
         print(f"[{i}/{len(sources)}] {src.name}: {_forecast(src)}", flush=True)
         params = {"SMOKE": True} if smoke else {}
         done.append(execute_notebook(src, out_dir / f"{src.stem}.ipynb", params, results_dir, progress=True))
-        print(f"[{i}/{len(sources)}] {src.name} done in {time.perf_counter() - t0:.0f} s", flush=True)
+        seconds[src.stem] = round(time.perf_counter() - t0, 1)
+        print(f"[{i}/{len(sources)}] {src.name} done in {seconds[src.stem]:.0f} s", flush=True)
+    _record_times(Path(results_dir), seconds, torch.cuda.get_device_name(0) if on_gpu else None, smoke)
+    if on_gpu and not smoke and (not names or "00" in names):
+        run_benchmarks(results_dir)
     return done
+
+
+BENCHMARKS = ("bench_overhead.py", "crosscheck.py")  # in scripts/; run after the notebooks, on a GPU only
+
+
+def run_benchmarks(results_dir) -> None:
+    """Run the overhead benchmark and the kit-vs-plain-PyTorch cross-check into ``results_dir``.
+
+    They run after the notebooks so that the cross-check can set its numbers beside the notebooks' of the same run.
+    """
+    import subprocess
+
+    env = dict(os.environ, CGK_RESULTS_DIR=str(results_dir), PYTHONUNBUFFERED="1")
+    for script in BENCHMARKS:
+        print(f"[bench] scripts/{script} ...", flush=True)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / script)], env=env, check=True)
+        print(f"[bench] scripts/{script} done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def _record_times(results_dir: Path, seconds: dict, gpu, smoke: bool) -> None:
+    """Add this run's per-notebook wall times to ``<results_dir>/reproduce_times.json`` (the facilitator's guide
+    quotes them)."""
+    path = results_dir / "reproduce_times.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    if data.get("gpu") != gpu or data.get("smoke") != smoke:
+        data = {}
+    data.update({"gpu": gpu, "smoke": smoke, "date": time.strftime("%Y-%m-%d", time.gmtime())})
+    data.setdefault("notebooks", {}).update(seconds)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------ JupyterLab
