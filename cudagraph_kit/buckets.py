@@ -289,9 +289,10 @@ class BucketedGraphs:
             try:
                 with grad(), torch.cuda.graph(graph, pool=self.pool, stream=stream):
                     out = self.fn(*views)
-                    for o, buf in zip(_flatten(out)[0], self.static_outputs):
-                        buf.narrow(self.dim, 0, b).copy_(o)
-                    del out  # its memory goes back to the pool, for the next (smaller) bucket to reuse
+                    leaves = _flatten(out)[0]
+                    for i, buf in enumerate(self.static_outputs):
+                        buf.narrow(self.dim, 0, b).copy_(leaves[i])
+                    del out, leaves  # their memory goes back to the pool, for the next (smaller) bucket to reuse
             except Exception as exc:
                 del graph
                 torch.cuda.synchronize(device)

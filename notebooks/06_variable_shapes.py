@@ -303,9 +303,10 @@ if CUDA:
     print(ledger.table().query("kind == 'graphs'")[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
 # %% [markdown]
-# Reading the ledger: with a shared pool the pool holds about what the largest bucket needs, however many
-# buckets there are; with one pool per graph every bucket keeps its own memory, and the total grows with the
-# sum of the bucket sizes. `device_used_mib` is the growth of the device memory in use while the strategy was
+# Reading the ledger: in a shared pool, each smaller bucket reuses the memory the larger ones freed, so the
+# pool should hold about what the largest bucket needs, however many buckets there are; with one pool per
+# graph every bucket keeps its own memory, so the total grows with the sum of the bucket sizes. The table
+# below gives the measured ratios. `device_used_mib` is the growth of the device memory in use while the strategy was
 # built (`torch.cuda.mem_get_info`): it also sees memory outside the allocator, such as the graphs' own
 # executables, and the allocator's cache.
 
@@ -626,6 +627,8 @@ for name in MODELS:
     planned_row = df.iloc[1]
     checks.append({"model": name, "best fixed ladder": best, "ladder graphs": len(ref),
                    "planned graphs": plan.n_graphs, "ladder / planned time": planned_row["speedup"],
+                   "quartiles": (f"{planned_row['speedup_lo']:.3f} .. {planned_row['speedup_hi']:.3f}"
+                                 if "speedup_lo" in planned_row else "-"),
                    "ladder held MiB": info[name][best]["held_mib"], "planned held MiB": info[name][label]["held_mib"]})
 h2h = pd.DataFrame(head_to_head)
 print(h2h[["case", "variant", "executed_as", "us_per_request", "speedup", "graphs", "held_mib", "pad_fraction",
@@ -758,11 +761,11 @@ pd.DataFrame(side)
 
 # %% [markdown]
 # **Why they differ.** The detector's graphs were large and each private pool kept a whole forward pass's
-# activations, so eleven of them added up; our buckets are small models, and how much sharing saves grows
-# with the number of buckets and with the activations each keeps. Our `reduce-overhead` keeps the speedup
-# it would have on fixed shapes only as far as it has recorded a graph for each size: the stream's first
-# passes pay for compiling and recording (the setup column), and every new size later costs a recording
-# again, while a bucket ladder is captured once.
+# activations, so eleven of them added up; our models are small, and how much sharing saves grows with the
+# number of buckets and with the activations each one keeps. `reduce-overhead` only replays a graph for a
+# size it has already recorded: on this stream the first passes paid for compiling and recording (the setup
+# column), and in service every size not seen before would cost a recording again, while a bucket ladder is
+# captured once, before the first request.
 
 # %% [markdown]
 # ## 15. Recorded GPU results
