@@ -52,7 +52,7 @@ elif (Path.cwd().parent / "cudagraph_kit").is_dir():  # a checkout: use its kit,
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
 MAX_ROWS = None       # largest request the buckets serve (None: 128 on a GPU; 16 in SMOKE or on a CPU)
 REQUESTS = None       # requests in the timed stream (None: 300 on a GPU; 40 in SMOKE; 24 on a CPU)
-HISTORY = None        # request sizes "observed earlier" for the planner, a separate draw (None: 5000 on a GPU; 1000 in SMOKE or on a CPU)
+HISTORY = None        # request sizes seen "earlier", for the planner (None: 5000 on a GPU; 1000 in SMOKE / on a CPU)
 OVERFLOW_SHARE = 0.01 # share of requests larger than MAX_ROWS (they run eagerly, counted)
 SPACINGS = None       # fixed ladders besides exact sizes, pow2 and a single bucket (None: steps of 2..32)
 SAMPLES = None        # timing samples per variant; the median is reported (None: 7; 3 in SMOKE)
@@ -73,8 +73,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cudagraph_kit import capture, capture_train_step, compare, env_table, gpu_time, has_cuda, results, timeit
-from cudagraph_kit.buckets import (MemoryLedger, capture_buckets, evaluate_buckets, interpolate, ladder,
-                                   plan_buckets, pool_usage)
+from cudagraph_kit.buckets import MemoryLedger, capture_buckets, evaluate_buckets, ladder, plan_buckets
 
 STEM = "06_variable_shapes"
 CUDA = has_cuda()
@@ -298,7 +297,8 @@ if CUDA:
 memory = pd.DataFrame([{"model": m, "strategy": k, **v} for m in info for k, v in info[m].items()])
 print(memory.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 if CUDA:
-    cols = ["label", "graphs", "pools", "pool_sharing", "pool_reserved_mib", "pool_allocated_mib", "buffers_mib", "held_mib"]
+    cols = ["label", "graphs", "pools", "pool_sharing", "pool_reserved_mib", "pool_allocated_mib", "buffers_mib",
+            "held_mib"]
     print("\nThe ledger, per strategy (from torch.cuda.memory_snapshot(), grouped by pool):")
     print(ledger.table().query("kind == 'graphs'")[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
@@ -376,7 +376,7 @@ for name in MODELS:
     envelope = np.minimum.accumulate(measured[::-1])[::-1]   # least time measured for b rows or more
     cost_model[name] = dict(zip(PROBES, envelope))
     mem_model[name] = {e["size"]: e["pool_growth_bytes"] for e in exact.capture_log}  # empty without CUDA
-    print(f"{name}: µs per request of b rows (exact graphs):",
+    print(f"{name}: µs per request of b rows ({'exact-size graphs' if CUDA else 'exact sizes, eager'}):",
           ", ".join(f"{b}: {v:.1f}" for b, v in cost_model[name].items()))
 
 
@@ -404,14 +404,15 @@ for name in MODELS:
               f"{ev['pad_fraction']:.1%} rows padded")
 
 # %% [markdown]
-# The planner's curve: the least expected padding time it can reach with `K` graphs (no memory limit), next
-# to the fixed ladders (same cost model, same history). A ladder above the curve spends its graphs where few
-# requests fall.
+# The planner's curve: the fewest padded rows it can reach with `K` graphs (plain row counts, no cost model,
+# no memory limit), on the history. The figure in section 12 puts the fixed ladders next to it: a ladder
+# above the curve spends its graphs where few requests fall.
 
 # %%
 K_MAX = min(len(set(history_sizes)), 12 if small else 40)
-curve = {name: [(k, plan_buckets(history_sizes, max_graphs=k, cost=cost_model[name], max_size=MAX_ROWS))
-                for k in range(1, K_MAX + 1)] for name in MODELS}
+curve = [(k, plan_buckets(history_sizes, max_graphs=k, max_size=MAX_ROWS)) for k in range(1, K_MAX + 1)]
+for k, p in curve[:: max(1, K_MAX // 8)]:
+    print(f"{k:3d} graphs: {p.pad_fraction:6.1%} of computed rows padded, buckets {p.sizes}")
 
 # %% [markdown]
 # ## 7. `torch.compile(mode="reduce-overhead")` on the same stream
@@ -670,9 +671,8 @@ def plot_tradeoff(df):
         ax.legend(fontsize=7)
         ax = axes[row][1]
         ax.plot(buckets.graphs, 100 * buckets.pad_fraction, "o", color="C0", label="on the stream (measured)")
-        ks = [k for k, _ in curve[name]]
-        ax.plot(ks, [100 * p.pad_fraction for _, p in curve[name]], "-", color="C3", lw=1,
-                label="planner, on the history (padded rows)")
+        ax.plot([k for k, _ in curve], [100 * p.pad_fraction for _, p in curve], "-", color="C3", lw=1,
+                label="planner's least padding, on the history")
         ax.set_xscale("log")
         ax.set(xlabel="graphs captured", ylabel="padded rows, % of computed rows", title=f"{name}: padding")
         ax.legend(fontsize=7)
@@ -700,16 +700,16 @@ plt.show()
 # ## 13. Save the results
 #
 # One row per (model, variant) of the stream comparison, the head-to-head rows, the memory ledger rows
-# (`case` ending in "memory") and the planner's curve (`case` ending in "planner curve"), with the machine
+# (`case` ending in "memory") and the planner's curve (`case` "planner curve"), with the machine
 # in `env.json` and the figure as PNG. A run without CUDA writes to `build/figures/` instead.
 
 # %%
 mem_rows = [{"case": f"{m}: memory", "variant": k, "median_us": float("nan"), "speedup": float("nan"), **v}
             for m in info for k, v in info[m].items()]
-curve_rows = [{"case": f"{m}: planner curve", "variant": f"planned, {k} graphs", "median_us": float("nan"),
+curve_rows = [{"case": "planner curve", "variant": f"planned, at most {k} graphs", "median_us": float("nan"),
                "speedup": float("nan"), "graphs": p.n_graphs, "pad_fraction": p.pad_fraction,
-               "expected_waste_us": p.expected_waste, "bucket_sizes": " ".join(map(str, p.sizes))}
-              for m in curve for k, p in curve[m]]
+               "padded_rows_per_request": p.padded_rows_per_request, "bucket_sizes": " ".join(map(str, p.sizes))}
+              for k, p in curve]
 all_rows = pd.concat([results_df, h2h, pd.DataFrame(mem_rows), pd.DataFrame(curve_rows)], ignore_index=True)
 extra = {"max_rows": MAX_ROWS, "requests": REQUESTS, "history": HISTORY, "seed": SEED,
          "evidence": evidence, "planned_vs_best": checks}
