@@ -35,8 +35,8 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs its CPU part small (everything eager, labelled so), says so, and shows the recorded GPU results.
 #
-# **How long**: written to finish in about 3 minutes on an H100 (most of it `torch.compile` compiling;
-# `reproduce` prints the measured time); a T4 has not been timed yet; under a minute on a CPU (small sizes).
+# **How long**: sized for about 3 minutes on an H100 (most of it `torch.compile` compiling; `reproduce`
+# prints the measured time); a T4 has not been timed yet; one to two minutes on a CPU (small sizes).
 
 # %%
 import subprocess, sys
@@ -781,8 +781,9 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # - A CUDA graph serves one shape; a few **buckets** serve them all: pad up to the nearest bucket, replay,
 #   slice the real rows out. That is only correct for functions whose rows do not see each other; check it
 #   with poison padding (`verify`) before you time anything.
-# - Give all buckets **one shared pool** and capture the largest first: the memory held then stays close to
-#   that of the largest bucket alone, while one pool per graph adds up (section 5 measures both).
+# - Give all buckets **one shared pool** and capture the largest first, so each smaller bucket reuses the
+#   memory the larger ones freed; with one pool per graph the memory adds up. Section 5 measures both, and
+#   how close the shared pool stays to the largest bucket alone.
 # - Spacing is a trade-off: finer buckets pad less but take more graphs (capture time); the time a padded
 #   row costs depends on the model and the size, so measure it. A **planner** fed with the sizes you
 #   actually see puts the buckets where the requests are.
