@@ -382,6 +382,12 @@ def test_gpu_ledger_reads_capture_buckets_and_train_step():
 
 
 @gpu
+def test_gpu_cpu_sample_is_refused_on_a_gpu_machine():
+    with pytest.raises(ValueError, match="can only read GPU memory.*x.cuda"):
+        capture_buckets(torch.relu, torch.randn(4, 2), eager_fallback=True)
+
+
+@gpu
 def test_gpu_failed_capture_is_explained_and_the_process_keeps_working():
     def syncs(x):
         return x * x.sum().item()                     # a host sync: illegal during capture
