@@ -620,3 +620,152 @@ def test_habitual_zero_grad_after_capture_is_refused_not_silently_ignored():
         step(*batches[4])
     for p, b in zip(model.parameters(), before):
         torch.testing.assert_close(p, b)  # nothing ran
+
+
+def _schedule_run(kind, n=50, warmup=3):
+    """Eager and graphed training from the same seed with warm-up + cosine: (ref, test, step, eager record, lrs)."""
+    def opt_for(m):
+        if kind == "sgd_fused_momentum":
+            return torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, fused=True)
+        return torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.01, capturable=True)
+
+    ref = make_model("cuda")
+    test = copy.deepcopy(ref)
+    batches = make_batches(n, device="cuda")
+    rec = {}
+    ref_opt = opt_for(ref)
+    ref_losses = eager_train(ref, ref_opt, batches, sched=warmup_cosine(ref_opt, total=n), record=rec)
+    opt = opt_for(test)
+    sched = warmup_cosine(opt, total=n)
+    step = capture_train_step(test, opt, mse, batches[0], warmup=warmup)
+    losses, lrs = [], []
+    for x, y in batches:
+        losses.append(step(x, y))
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    torch.cuda.synchronize()
+    frozen = make_model("cuda")  # the same run at a constant LR, to show the comparison can fail
+    eager_train(frozen, opt_for(frozen), batches)
+    return ref, test, step, rec, lrs, ref_losses, losses, frozen
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["sgd_fused_momentum", "adamw_capturable"])
+def test_lr_schedule_parity_with_eager_over_50_steps(kind, record_property):
+    ref, test, step, rec, lrs, ref_losses, losses, frozen = _schedule_run(kind)
+    assert step.state == "captured" and step.replays == 47 and isinstance(step.graph, torch.cuda.CUDAGraph)
+    assert lrs == rec["lrs"] and len(set(lrs)) > 40
+    assert step._lr_tensors[0].item() == pytest.approx(rec["lrs"][-2], rel=1e-6)  # the LR the last replay read
+    diff = max_param_diff(ref, test)
+    record_property("max_abs_diff", diff)
+    print(f"\n{kind} + warm-up/cosine, 50 steps: max |param diff| = {diff:.3g}, bitwise {bitwise_equal(ref, test)}")
+    torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses), rtol=1e-5, atol=1e-6)
+    assert max_param_diff(frozen, test) > 1e-4  # the schedule mattered
+
+
+@gpu
+def test_scheduler_on_plain_sgd_is_refused_on_gpu():
+    model = make_model("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    warmup_cosine(opt)
+    with pytest.raises(ValueError, match=r"fused=True.*capturable=True"):
+        capture_train_step(model, opt, mse, make_batches(1, device="cuda")[0])
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["sgd_momentum", "adamw"])
+def test_clipping_inside_the_graph_matches_eager(kind):
+    ref = make_model("cuda")
+    test = copy.deepcopy(ref)
+    batches = make_batches(20, device="cuda", last=9)
+    rec = {}
+    eager_train(ref, make_opt(kind, ref.parameters()), batches, max_grad_norm=0.3, record=rec)
+    assert max(rec["norms"]) > 0.3  # clipping is active
+    step = capture_train_step(test, make_opt(kind, test.parameters()), mse, batches[0], max_grad_norm=0.3)
+    norms = []
+    for x, y in batches[:4]:  # warm-up and capture (the capture itself may synchronize)
+        step(x, y)
+        norms.append(step.grad_norm.clone())
+    torch.cuda.set_sync_debug_mode("error")  # no host synchronization may happen inside a replayed step
+    try:
+        for x, y in batches[4:-1]:
+            step(x, y)
+            norms.append(step.grad_norm.clone())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    step(*batches[-1])  # the short batch: an eager step
+    norms.append(step.grad_norm.clone())
+    assert step.state == "captured" and step.replays == 17  # 21 calls - 3 warm-up - 1 short batch
+    assert torch.stack(norms).tolist() == pytest.approx(rec["norms"], rel=1e-5)
+    torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+
+
+@gpu
+def test_gradient_accumulation_graphs_match_eager():
+    ref = make_model("cuda")
+    test = copy.deepcopy(ref)
+    batches = make_batches(10, device="cuda", seed=2) + make_batches(0, device="cuda", last=7) + \
+        make_batches(7, device="cuda", seed=5)
+    ref_losses = eager_train(ref, make_opt("adamw", ref.parameters()), batches, accumulate=3, max_grad_norm=1.0)
+    step = capture_train_step(test, make_opt("adamw", test.parameters()), mse, batches[0], accumulate=3,
+                              max_grad_norm=1.0, warmup=2)
+    losses = [step(x, y) for x, y in batches]
+    torch.cuda.synchronize()
+    assert set(step.graphs) == {"first", "middle", "last"} and step.optimizer_steps == 6 and step.eager_steps == 1
+    assert step.replays == 18 - 6 - 1  # 2 warm-up windows of 3 calls, 1 short batch
+    torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+
+
+@gpu
+def test_fp16_scaler_with_clipping_unscales_first_and_matches_eager():
+    ref = make_model("cuda")
+    test = copy.deepcopy(ref)
+    batches = make_batches(20, device="cuda")
+    opt_ref, scaler_ref = make_opt("adam", ref.parameters()), torch.amp.GradScaler("cuda", growth_interval=4)
+    for x, y in batches:
+        opt_ref.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+            loss = mse(ref(x), y)
+        scaler_ref.scale(loss).backward()
+        scaler_ref.unscale_(opt_ref)
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.3)
+        scaler_ref.step(opt_ref)
+        scaler_ref.update()
+    scaler = torch.amp.GradScaler("cuda", growth_interval=4)
+    step = capture_train_step(test, make_opt("adam", test.parameters()), mse, batches[0], amp_dtype=torch.float16,
+                              scaler=scaler, max_grad_norm=0.3)
+    for x, y in batches:
+        step(x, y)
+    torch.cuda.synchronize()
+    assert step.state == "captured" and scaler.get_scale() == scaler_ref.get_scale()
+    assert step.grad_norm.item() < 100  # the norm of unscaled gradients, not of the scaled ones
+    torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+
+
+@gpu
+def test_step_with_item_raises_capture_error_and_process_keeps_working():
+    def loss_with_item(out, y):
+        loss = mse(out, y)
+        if loss.item() > 1e9:  # a host sync: illegal while capturing
+            loss = loss * 0
+        return loss
+
+    model = make_model("cuda")
+    batches = make_batches(5, device="cuda")
+    step = capture_train_step(model, make_opt("sgd", model.parameters()), loss_with_item, batches[0], warmup=1)
+    step(*batches[0])  # eager warm-up works
+    with pytest.raises(CaptureError, match=r"(?s)Fix:.*Original error"):
+        step(*batches[1])
+    assert step.state == "warmup"
+    # the process and the CUDA context still work: eager training and a fresh graphed step
+    ref = make_model("cuda")
+    test = copy.deepcopy(ref)
+    eager_train(ref, make_opt("sgd", ref.parameters()), batches)
+    good = capture_train_step(test, make_opt("sgd", test.parameters()), mse, batches[0], warmup=1)
+    for x, y in batches:
+        good(x, y)
+    torch.cuda.synchronize()
+    assert good.state == "captured"
+    torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-6, atol=1e-7)
