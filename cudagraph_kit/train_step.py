@@ -63,8 +63,8 @@ from typing import Callable, Sequence
 
 import torch
 
-try:  # inside cudagraph_kit: share the kit's error types and its explanations of capture failures
-    from .capture import CaptureError, NoCudaError, explain_capture_failure
+try:  # inside cudagraph_kit: share the kit's error types
+    from .capture import CaptureError, NoCudaError
 except ImportError:  # copied on its own
     class NoCudaError(RuntimeError):
         """Raised when a CUDA graph is asked for on a machine without a usable CUDA GPU."""
@@ -72,6 +72,9 @@ except ImportError:  # copied on its own
     class CaptureError(RuntimeError):
         """Raised when stream capture fails; the message names the likely cause and the fix."""
 
+try:  # inside cudagraph_kit: the kit's explanations of capture failures (cause and fix)
+    from .capture import explain_capture_failure
+except ImportError:  # copied on its own
     def explain_capture_failure(exc: BaseException) -> str:
         return ("CUDA graph capture failed. Common causes: a CPU synchronization in the model or loss (.item(), "
                 ".cpu(), print of a CUDA tensor, boolean-mask indexing), data-dependent shapes, or CPU tensors. "
@@ -169,7 +172,7 @@ class GraphedTrainStep:
         static_batch: the tensors each batch is copied into (inputs..., target).
         static_loss: the loss tensor the last replayed graph wrote (None before capture).
         grad_norm: total gradient norm before clipping at the last optimizer step (with ``max_grad_norm``;
-            a GPU tensor that the next step overwrites), else None.
+            a GPU tensor that later replays may overwrite: clone it to keep it), else None.
         warmup_steps: optimizer steps run so far as warm-up; ``optimizer_steps``: all optimizer steps so far.
         replays: graph replays so far.
     """

@@ -36,8 +36,8 @@
 # notebook uses fp16 + `GradScaler` there). Without a GPU the notebook runs a tiny eager version on the CPU
 # (ResNet-18 at 32×32, clearly labelled), says so, and shows the recorded GPU results.
 #
-# **How long**: about 4 minutes on an H100 (the budget the sizes below are set for); a T4 has not been timed
-# yet, expect 10 to 15 minutes; under a minute on a CPU (tiny sizes).
+# **How long**: not timed on a GPU yet; the sizes below are set for about 4 minutes on an H100, and a T4 will
+# take several times longer. About a minute on a CPU (tiny sizes).
 
 # %%
 import subprocess, sys
@@ -817,7 +817,7 @@ if CUDA:
     g1 = fp16["graph"].iloc[0]
     stop = fp16["stop"]
     graphs = training[training.variant.str.startswith(GRAPH_TRAIN)]
-    within = graphs[graphs.batch >= 32].vs_floor.max()
+    big = graphs[graphs.batch >= 32]
     b0 = fp16["graph"].index[0]
     e1 = fp16["eager"].iloc[0]
     print(f"Inference at batch {b0}: {g1.speedup:.1f}x here, 1.21x for MXNet on a V100. There the graph still took "
@@ -827,10 +827,15 @@ if CUDA:
           f"of the eager time.")
     print(f"Graphs stop paying (< 10%) from batch {stop} here; MXNet measured 0.3% at 128." if stop is not None else
           f"Graphs still pay more than 10% at batch {INFER_BATCHES[-1]} here; MXNet measured 0.3% at 128.")
-    print(f"Training: every graphed step from batch 32 up is within {within:.2f}x of its GPU-busy floor; the eager "
-          f"step's cost is mostly host launches at small batches, so the gain shrinks as the batch grows, the "
-          f"same shape as pytorch/benchmark's V100 figures (1.77x at batch 1, none from 8), shifted to larger "
-          f"batches because the GPU work per image is much smaller here while the host launch cost is not.")
+    if len(big):
+        print(f"Graphed training steps from batch 32 up are at most {big.vs_floor.max():.2f}x their GPU-busy floor.")
+    t0 = training[(training.dtype == AMP_RUNS[0][0]) & (training.optimizer == "SGD momentum")].sort_values("batch")
+    e0, g0 = t0[t0.variant == "eager"].iloc[0], t0[t0.variant != "eager"].iloc[0]
+    print(f"Training at batch {e0.batch}: the eager SGD step takes {e0.ms_per_step:.1f} ms while the GPU is busy "
+          f"{e0.floor_us / 1e3:.1f} ms of it: the GPU sits idle, waiting for launches, for "
+          f"{1 - e0.floor_us / e0.median_us:.0%} of the eager step; the graph takes {g0.ms_per_step:.1f} ms. pytorch/benchmark saw the same shape on a "
+          f"V100 (1.77x at batch 1, no gain from batch 8), at smaller batches because there the GPU work per image "
+          f"took longer.")
 else:
     print("No GPU: the columns for this machine are eager CPU times of a tiny model; see the recorded GPU run below.")
 
