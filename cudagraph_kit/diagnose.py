@@ -253,7 +253,7 @@ class _Recorder:
         self.waits = []           # (waiter key, source key, source seq, seq at wait)
         self.optimizers = {}      # id -> optimizer
         self.seeding = False      # inside a patched seeding call (ignore the calls it makes)
-        self.literals = []        # 0-dim CPU tensors made from numbers in the code (constants, not state)
+        self.literals = {}        # 0-dim CPU tensors made from numbers in the code (constants, not state)
 
     # where: the innermost frame of user code; for other threads (autograd), the main thread's
     def where(self) -> tuple:
@@ -307,7 +307,7 @@ class _Recorder:
             self._copy(name, args, kwargs, printing)
         elif cuda and cpu:
             for t in cpu:
-                if t.dim() == 0 and any(t is lit for lit in self.literals):
+                if t.dim() == 0 and self.literals.get(id(t)) is t:
                     continue
                 if t.dim() == 0:
                     self.add("CPU tensor", f"aten.{name} reads a 0-dim CPU tensor as a number: a graph keeps the "
@@ -460,7 +460,7 @@ def _make_mode(recorder):
                 recorder.current_op = None
             if getattr(func, "overloadpacket", None) is not None and \
                     func.overloadpacket.__name__ in ("scalar_tensor", "lift_fresh", "lift_fresh_copy"):
-                recorder.literals.append(out)  # a number written in the code (0.0, torch.tensor(3.0)): constant
+                recorder.literals[id(out)] = out  # a number written in the code (0.0, torch.tensor(3.0)): constant
             return out
 
     return _Inspector()
