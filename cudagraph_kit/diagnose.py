@@ -241,8 +241,9 @@ def _stream_key(stream) -> int:
 class _Recorder:
     """Collects raw observations while the user's function runs; :meth:`findings` turns them into a list."""
 
-    def __init__(self, main_thread_id: int):
+    def __init__(self, main_thread_id: int, devices=()):
         self.main = main_thread_id
+        self.devices = set(devices)  # CUDA device indices of the arguments
         self.events = {}          # (kind, where, what) -> Finding
         self.order = []
         self.current_op = None
@@ -252,7 +253,7 @@ class _Recorder:
         self.event_src = {}       # id(event) -> (stream key, seq)
         self.waits = []           # (waiter key, source key, source seq, seq at wait)
         self.optimizers = {}      # id -> optimizer
-        self.seeding = False      # inside a patched seeding call (ignore the calls it makes)
+        self.seeding = False      # inside a patched call that was reported already (ignore what it does)
         self.literals = {}        # 0-dim CPU tensors made from numbers in the code (constants, not state)
 
     # where: the innermost frame of user code; for other threads (autograd), the main thread's
@@ -510,6 +511,18 @@ def _instrumented(recorder):
                 return seeded
             stack.enter_context(_patched(module, name, seed_factory))
         if cuda:
+            # an explicit device synchronize (sync debug mode does not report it everywhere)
+            def sync_factory(original):
+                @functools.wraps(original)
+                def synchronize(*a, **k):
+                    recorder.add("host sync", "torch.cuda.synchronize() waits for the whole GPU")
+                    outer, recorder.seeding = recorder.seeding, True  # silences the sync warning it causes
+                    try:
+                        return original(*a, **k)
+                    finally:
+                        recorder.seeding = outer
+                return synchronize
+            stack.enter_context(_patched(torch.cuda, "synchronize", sync_factory))
             # forks and joins between streams go through Event.record / Event.wait
             def record_factory(original):
                 def record(self, stream=None):
@@ -524,9 +537,8 @@ def _instrumented(recorder):
                 return wait
             stack.enter_context(_patched(torch.cuda.Event, "record", record_factory))
             stack.enter_context(_patched(torch.cuda.Event, "wait", wait_factory))
-            for i in range(torch.cuda.device_count()):
-                if torch.cuda.is_initialized() or i == torch.cuda.current_device():
-                    recorder.entry_streams[i] = _stream_key(torch.cuda.current_stream(i))
+            for i in recorder.devices | {torch.cuda.current_device()}:
+                recorder.entry_streams[i] = _stream_key(torch.cuda.current_stream(i))
             # host synchronizations: PyTorch warns on each one in sync debug mode
             previous = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode("warn")
@@ -537,6 +549,8 @@ def _instrumented(recorder):
 
         def showwarning(message, category, filename, lineno, file=None, line=None):
             if "synchronizing CUDA operation" in str(message):
+                if recorder.seeding:  # inside torch.cuda.synchronize / a seeding call: already reported
+                    return
                 op = recorder.current_op
                 if op is not None:
                     name = op.overloadpacket.__name__ if hasattr(op, "overloadpacket") else str(op)
@@ -725,8 +739,9 @@ def _perturbed(args, seed: int = 1234):
             elif a.is_floating_point() or a.is_complex():
                 noise = torch.randn(a.shape, generator=g, device=a.device, dtype=torch.float32)
                 base = a.detach().float()
-                std = base.std() if a.numel() > 1 else torch.ones((), device=a.device)
-                new = (base.mean() + noise * torch.nan_to_num(std, nan=1.0)).to(a.dtype)
+                std = torch.nan_to_num(base.std(), nan=0.0) if a.numel() > 1 else torch.zeros((), device=a.device)
+                std = torch.where(std > 0, std, torch.ones_like(std))  # a constant input still gets new values
+                new = (base.mean() + noise * std).to(a.dtype)
             else:
                 lo, hi = int(a.min()), int(a.max())
                 new = torch.randint(lo, hi + 1, a.shape, generator=g, device=a.device, dtype=a.dtype)
@@ -761,13 +776,13 @@ def check_capturable(fn: Callable, *args, calls: int = 2) -> CheckReport:
     """
     if calls < 1:
         raise ValueError(f"calls must be >= 1, got {calls}.")
-    recorder = _Recorder(threading.get_ident())
+    cuda_tensors = [a for a in _leaves(args) if isinstance(a, torch.Tensor) and a.is_cuda]
+    recorder = _Recorder(threading.get_ident(), {t.device.index for t in cuda_tensors if t.device.index is not None})
     entry_where = _describe_frame(_user_frame(sys._getframe(1)))
     for i, a in enumerate(args):
         if not isinstance(a, torch.Tensor) and _is_scalar(a):
             recorder.add("Python argument", f"argument {i} is a Python {type(a).__name__} ({a!r}): a graph keeps "
                          "the value it was captured with", where=entry_where)
-    cuda_tensors = [a for a in _leaves(args) if isinstance(a, torch.Tensor) and a.is_cuda]
     on_cuda = torch.cuda.is_available() and bool(cuda_tensors)
     device = str(cuda_tensors[0].device) if cuda_tensors else "cpu"
     notes = []

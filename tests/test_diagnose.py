@@ -52,7 +52,7 @@ def test_boolean_mask_and_changing_output_shape_are_data_dependent():
     def masked(x):
         return x[x > 0]
 
-    report = check_capturable(masked, torch.randn(64))
+    report = check_capturable(masked, torch.ones(64))  # 64 selected; the second call's new values select fewer
     found = _only(report, "data-dependent shape")
     assert all(f.code == "return x[x > 0]" for f in found)
     assert any("output shapes change with the input values" in f.what for f in found)
