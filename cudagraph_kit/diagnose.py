@@ -185,7 +185,9 @@ def _describe_frame(frame) -> tuple:
 
 def _location(filename: str, lineno: int, func: str = "") -> tuple:
     name = filename
-    if not filename.startswith("<"):
+    if "ipykernel_" in filename or filename.startswith("<ipython-input"):
+        name = "cell"  # a notebook cell (the line number is the cell's)
+    elif not filename.startswith("<"):
         try:
             rel = os.path.relpath(filename)
             name = rel if not rel.startswith("..") else os.path.basename(filename)
@@ -253,7 +255,7 @@ class _Recorder:
         self.event_src = {}       # id(event) -> (stream key, seq)
         self.waits = []           # (waiter key, source key, source seq, seq at wait)
         self.optimizers = {}      # id -> optimizer
-        self.seeding = False      # inside a patched call that was reported already (ignore what it does)
+        self.quiet = False        # inside a patched call that was reported already (ignore what it does)
         self.literals = {}        # 0-dim CPU tensors made from numbers in the code (constants, not state)
 
     # where: the innermost frame of user code; for other threads (autograd), the main thread's
@@ -275,6 +277,8 @@ class _Recorder:
     # -- operators (from the dispatch mode) ------------------------------------------------------------------
     def op(self, func, args, kwargs):
         self.seq += 1
+        if self.quiet:
+            return
         name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
         tensors = [t for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         cuda = [t for t in tensors if t.is_cuda]
@@ -434,7 +438,7 @@ class _Recorder:
                      "caches casts of the weights")
 
     def reseed(self, fn_name):
-        if self.seeding:
+        if self.quiet:
             return
         self.add("RNG", f"{fn_name}() inside the function: a graph cannot reseed (capture fails), and replays "
                  "would never reseed")
@@ -503,24 +507,42 @@ def _instrumented(recorder):
                 @functools.wraps(original)
                 def seeded(*a, **k):
                     recorder.reseed(label)
-                    outer, recorder.seeding = recorder.seeding, True
+                    outer, recorder.quiet = recorder.quiet, True
                     try:
                         return original(*a, **k)
                     finally:
-                        recorder.seeding = outer
+                        recorder.quiet = outer
                 return seeded
             stack.enter_context(_patched(module, name, seed_factory))
+        # printing a tensor (print, repr, str): reads its values on the CPU
+        def repr_factory(original):
+            @functools.wraps(original)
+            def __repr__(self, *a, **k):
+                if recorder.quiet:
+                    return original(self, *a, **k)
+                device = "GPU" if self.is_cuda else self.device.type.upper()
+                recorder.add("host sync", f"printing a {device} tensor reads its values on the CPU"
+                             + (", which waits for the GPU" if self.is_cuda else "; a GPU tensor would make the CPU "
+                                "wait for the GPU"),
+                             fix="print after the replay (or every N steps), from the graph's output")
+                outer, recorder.quiet = recorder.quiet, True
+                try:
+                    return original(self, *a, **k)
+                finally:
+                    recorder.quiet = outer
+            return __repr__
+        stack.enter_context(_patched(torch.Tensor, "__repr__", repr_factory))
         if cuda:
             # an explicit device synchronize (sync debug mode does not report it everywhere)
             def sync_factory(original):
                 @functools.wraps(original)
                 def synchronize(*a, **k):
                     recorder.add("host sync", "torch.cuda.synchronize() waits for the whole GPU")
-                    outer, recorder.seeding = recorder.seeding, True  # silences the sync warning it causes
+                    outer, recorder.quiet = recorder.quiet, True  # silences the sync warning it causes
                     try:
                         return original(*a, **k)
                     finally:
-                        recorder.seeding = outer
+                        recorder.quiet = outer
                 return synchronize
             stack.enter_context(_patched(torch.cuda, "synchronize", sync_factory))
             # forks and joins between streams go through Event.record / Event.wait
@@ -549,7 +571,7 @@ def _instrumented(recorder):
 
         def showwarning(message, category, filename, lineno, file=None, line=None):
             if "synchronizing CUDA operation" in str(message):
-                if recorder.seeding:  # inside torch.cuda.synchronize / a seeding call: already reported
+                if recorder.quiet:  # inside torch.cuda.synchronize / a seeding call: already reported
                     return
                 op = recorder.current_op
                 if op is not None:
@@ -787,8 +809,7 @@ def check_capturable(fn: Callable, *args, calls: int = 2) -> CheckReport:
     device = str(cuda_tensors[0].device) if cuda_tensors else "cpu"
     notes = []
     if not on_cuda:
-        notes.append("no CUDA tensors: host syncs, device copies and streams were not checked (they need a GPU); "
-                     "value reads, data-dependent ops, Python state, optimizers, autocast and RNG were")
+        notes.append("no CUDA tensors: host syncs, device copies and streams need a GPU and were not checked")
     if _autocast_on(device) and torch.is_autocast_cache_enabled():
         recorder.add("autocast cache", "called inside an autocast region with cache_enabled=True",
                      where=entry_where)
