@@ -90,6 +90,15 @@ _KNOWN_FAILURES = [
      "the default one", "draw from the default CUDA generator inside a graph"),
     ("unjoined", "work was forked onto another stream and not joined back before the capture ended",
      "make the capturing stream wait for the side stream: torch.cuda.current_stream().wait_stream(side)"),
+    ("not joined to the primary stream", "work was forked onto another stream and not joined back before the "
+     "capture ended", "make the capturing stream wait for the side stream: "
+     "torch.cuda.current_stream().wait_stream(side)"),
+    ("uncaptured work in another stream", "a stream in the capture waited on work that is not part of it (an "
+     "event or stream from outside the capture)", "fork side streams from the capturing stream "
+     "(side.wait_stream(torch.cuda.current_stream())) inside the captured region"),
+    ("legacy stream", "the default (legacy) stream got involved in the capture, e.g. an autograd node created "
+     "during a warm-up on the default stream", "warm up on a side stream and drop references to the warm-up's "
+     "autograd graph (del loss) before capturing"),
     ("hooks registered", "make_graphed_callables refuses modules with hooks registered",
      "remove the module's hooks before graphing it (register them again afterwards)"),
 ]

@@ -1115,7 +1115,8 @@ def verify(graphed: Callable, reference: Callable, *sample_args, steps: int = 3,
         if bad is not None:
             row.update(outputs_equal=False, max_abs_diff=bad["max_abs_diff"])
             if first is None:
-                first = dict(bad, step=step, inputs=kind, what=f"output {bad['path']}",
+                first = dict(bad, step=step, inputs=kind,
+                             what="the output" if bad["path"] == "output" else f"output {bad['path']}",
                              hint=_output_hint(out_g_clone, ref_outputs, statics and poison, rtol, atol))
         for g_side, r_side in pairs:
             for (name, a), (_, b) in zip(_state_tensors(g_side), _state_tensors(r_side)):

@@ -968,7 +968,8 @@ if len(advice):
     hi = max(advice.predicted_speedup.max(), advice.measured_speedup.max()) * 1.25
     ax.fill_between([lo, hi], [lo / 1.5, hi / 1.5], [lo * 1.5, hi * 1.5], color="C2", alpha=0.15, label="within 1.5x")
     ax.plot([lo, hi], [lo, hi], "k--", lw=1)
-    for source, grp in advice.groupby(advice.source.str.split(" ").str[0], sort=False):
+    origin = advice.source.where(advice.source == "this run", advice.source.str.split(" ").str[0] + " (recorded)")
+    for source, grp in advice.groupby(origin, sort=False):
         ax.scatter(grp.measured_speedup, grp.predicted_speedup, label=source, zorder=3)
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured speedup (eager / graph)",
            ylabel="advise: predicted best speedup", title=f"advise vs measured on {torch.cuda.get_device_name(0)}")

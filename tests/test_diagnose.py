@@ -223,7 +223,7 @@ def test_verify_catches_a_stale_static_input():
 
     report = verify(graphed, lambda x: x * 2, static, steps=3, static_inputs=[static])
     assert not report.ok and report.first["step"] == 0
-    assert report.first["what"] == "output output"
+    assert report.first["what"] == "the output"
     assert "not copied into" in report.first["hint"] or "not reaching" in report.first["hint"]
     assert "DIVERGES at step 0" in str(report)
 
