@@ -65,6 +65,11 @@ _KNOWN_FAILURES = [
      "CUDA tensor, torch.nonzero, boolean-mask indexing or another data-dependent shape)",
      "move that work out of the captured function; run it eagerly once under "
      "torch.cuda.set_sync_debug_mode('error') to find the line"),
+    ("previous error during capture", "the capture was invalidated by an earlier illegal operation: a CPU "
+     "synchronization, or an unsafe call (e.g. a memory allocation) from another thread while capturing in "
+     "capture_error_mode='global'",
+     "run the function eagerly under cudagraph_kit.diagnose.check_capturable to find the line; keep other "
+     "threads off the GPU while capturing, or capture with capture_error_mode='thread_local'"),
     ("capture_end", "the capture was invalidated by an operation that is illegal during capture "
      "(often a synchronization, or work on another stream that was not joined back)",
      "run the function eagerly under torch.cuda.set_sync_debug_mode('error') to find the synchronizing line; "
