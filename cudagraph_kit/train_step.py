@@ -443,9 +443,14 @@ class GraphedTrainStep:
         except Exception as exc:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            raise CaptureError(
-                f"capturing the training step ({key}) failed; nothing was trained by this call and the process "
-                f"keeps working. {explain_capture_failure(exc)}") from exc
+            where = (f"capturing the training step ({key}) failed; nothing was trained by this call and the "
+                     "process keeps working. ")
+            if hasattr(CaptureError, "from_exception"):  # the kit's error: .cause, .fix, .original as everywhere
+                err = CaptureError.from_exception(exc)
+                err.args = (where + str(err),)
+            else:
+                err = CaptureError(where + explain_capture_failure(exc))
+            raise err from exc
         if self._pool is None and hasattr(graph, "pool"):
             self._pool = graph.pool()  # later graphs (accumulate > 1) share this graph's memory pool
         self._captured[key] = (graph, loss, norm)
