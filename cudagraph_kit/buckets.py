@@ -41,7 +41,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 try:  # inside cudagraph_kit: share the kit's error types and messages
-    from .capture import NO_CUDA_MESSAGE, CaptureError, NoCudaError, explain_capture_failure
+    from .capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, explain_capture_failure,
+                          recover_from_failed_capture)
 except ImportError:  # pragma: no cover - this file copied on its own
     class NoCudaError(RuntimeError):
         """Raised when a CUDA graph is asked for on a machine without a usable CUDA GPU."""
@@ -55,6 +56,29 @@ except ImportError:  # pragma: no cover - this file copied on its own
     def explain_capture_failure(exc: BaseException) -> str:
         return (f"CUDA graph capture failed: {type(exc).__name__}: {exc}. Fix: check the function runs eagerly, "
                 "has no CPU synchronization (torch.cuda.set_sync_debug_mode('error')) and uses only GPU tensors.")
+
+    def recover_from_failed_capture(device=None) -> None:
+        """Leave the process usable after a capture failed: wait for the GPU, then clear the RNG's capture state.
+
+        A capture that fails before ``capture_end`` finishes leaves PyTorch's default CUDA generator marked as
+        capturing, and every later random op on that GPU raises "Offset increment outside graph capture encountered
+        unexpectedly". One tiny successful capture runs the generator's capture prologue and epilogue again and
+        clears it.
+        """
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:  # a failed capture can leave an error to report; the caller's CaptureError says what
+            pass
+        try:
+            with torch.cuda.device(device):
+                scratch = torch.zeros(1, device="cuda")
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    scratch.add_(1)
+                del graph
+                torch.cuda.synchronize()
+        except Exception:  # nothing more can be done here; the next capture reports its own error
+            pass
 
 __all__ = [
     "BucketedGraphs", "BucketStats", "BucketOverflowWarning", "capture_buckets", "ladder",
@@ -295,7 +319,7 @@ class BucketedGraphs:
                     del out, leaves  # their memory goes back to the pool, for the next (smaller) bucket to reuse
             except Exception as exc:
                 del graph
-                torch.cuda.synchronize(device)
+                recover_from_failed_capture(device)
                 raise CaptureError(f"bucket of {b} rows: " + explain_capture_failure(exc)) from exc
             torch.cuda.synchronize(device)
             self.graphs[b] = graph

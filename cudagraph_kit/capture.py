@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["capture", "GraphedCallable", "shared_pool", "NoCudaError", "CaptureError", "explain_capture_failure"]
+__all__ = ["capture", "GraphedCallable", "shared_pool", "NoCudaError", "CaptureError", "recover_from_failed_capture", "explain_capture_failure"]
 
 
 class NoCudaError(RuntimeError):
@@ -316,7 +316,7 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
                     out = fn(*static_inputs)
         except Exception as exc:
             del graph
-            _synchronize_quietly(device)
+            recover_from_failed_capture(device)
             raise CaptureError.from_exception(exc) from exc
     return GraphedCallable(fn, static_inputs, out, graph, "graph", calls_per_graph, clone_outputs,
                            graph.pool(), no_grad=no_grad)
@@ -334,8 +334,25 @@ def _capture_stream(device: torch.device):
     return _CAPTURE_STREAMS[index]
 
 
-def _synchronize_quietly(device) -> None:
+def recover_from_failed_capture(device=None) -> None:
+    """Leave the process usable after a capture failed: wait for the GPU, then clear the RNG's capture state.
+
+    A capture that fails before ``capture_end`` finishes leaves PyTorch's default CUDA generator marked as
+    capturing, and every later random op on that GPU raises "Offset increment outside graph capture encountered
+    unexpectedly". One tiny successful capture runs the generator's capture prologue and epilogue again and
+    clears it.
+    """
     try:
         torch.cuda.synchronize(device)
-    except Exception:  # a failed capture can leave an error to report; the CaptureError says what happened
+    except Exception:  # a failed capture can leave an error to report; the caller's CaptureError says what
+        pass
+    try:
+        with torch.cuda.device(device):
+            scratch = torch.zeros(1, device="cuda")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                scratch.add_(1)
+            del graph
+            torch.cuda.synchronize()
+    except Exception:  # nothing more can be done here; the next capture reports its own error
         pass

@@ -27,7 +27,7 @@ import inspect
 import torch
 
 try:  # inside cudagraph_kit: share the kit's error types and explanations
-    from .capture import NO_CUDA_MESSAGE, CaptureError, NoCudaError
+    from .capture import NO_CUDA_MESSAGE, CaptureError, NoCudaError, recover_from_failed_capture
 except ImportError:  # this file copied on its own
     NO_CUDA_MESSAGE = ("CUDA graphs need an NVIDIA GPU, and torch.cuda.is_available() is False here. "
                        "Fix: run on a machine (or Colab runtime) with a CUDA GPU.")
@@ -43,6 +43,29 @@ except ImportError:  # this file copied on its own
             return cls("CUDA graph capture failed. Fix: check that the callable runs eagerly, has no CPU "
                        "synchronization (torch.cuda.set_sync_debug_mode('error') finds the line) and uses only "
                        f"GPU tensors.\nOriginal error: {type(exc).__name__}: {exc}")
+
+    def recover_from_failed_capture(device=None) -> None:
+        """Leave the process usable after a capture failed: wait for the GPU, then clear the RNG's capture state.
+
+        A capture that fails before ``capture_end`` finishes leaves PyTorch's default CUDA generator marked as
+        capturing, and every later random op on that GPU raises "Offset increment outside graph capture encountered
+        unexpectedly". One tiny successful capture runs the generator's capture prologue and epilogue again and
+        clears it.
+        """
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:  # a failed capture can leave an error to report; the caller's CaptureError says what
+            pass
+        try:
+            with torch.cuda.device(device):
+                scratch = torch.zeros(1, device="cuda")
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    scratch.add_(1)
+                del graph
+                torch.cuda.synchronize()
+        except Exception:  # nothing more can be done here; the next capture reports its own error
+            pass
 
 __all__ = ["graph_modules"]
 
@@ -135,10 +158,7 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
     try:
         graphed = torch.cuda.make_graphed_callables(mods, args, **kwargs)
     except Exception as exc:
-        try:
-            torch.cuda.synchronize()
-        except Exception:  # the CaptureError below says what went wrong
-            pass
+        recover_from_failed_capture()
         raise CaptureError.from_exception(exc) from exc
     out = []
     for m, a, g in zip(mods, args, graphed):

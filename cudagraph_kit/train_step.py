@@ -72,14 +72,37 @@ except ImportError:  # copied on its own
     class CaptureError(RuntimeError):
         """Raised when stream capture fails; the message names the likely cause and the fix."""
 
-try:  # inside cudagraph_kit: the kit's explanations of capture failures (cause and fix)
-    from .capture import explain_capture_failure
+try:  # inside cudagraph_kit: the kit's explanations of capture failures (cause and fix), and the recovery
+    from .capture import explain_capture_failure, recover_from_failed_capture
 except ImportError:  # copied on its own
     def explain_capture_failure(exc: BaseException) -> str:
         return ("CUDA graph capture failed. Common causes: a CPU synchronization in the model or loss (.item(), "
                 ".cpu(), print of a CUDA tensor, boolean-mask indexing), data-dependent shapes, or CPU tensors. "
                 "Fix: run one eager step under torch.cuda.set_sync_debug_mode('error') to find the line.\n"
                 f"Original error: {type(exc).__name__}: {exc}")
+
+    def recover_from_failed_capture(device=None) -> None:
+        """Leave the process usable after a capture failed: wait for the GPU, then clear the RNG's capture state.
+
+        A capture that fails before ``capture_end`` finishes leaves PyTorch's default CUDA generator marked as
+        capturing, and every later random op on that GPU raises "Offset increment outside graph capture encountered
+        unexpectedly". One tiny successful capture runs the generator's capture prologue and epilogue again and
+        clears it.
+        """
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:  # a failed capture can leave an error to report; the caller's CaptureError says what
+            pass
+        try:
+            with torch.cuda.device(device):
+                scratch = torch.zeros(1, device="cuda")
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    scratch.add_(1)
+                del graph
+                torch.cuda.synchronize()
+        except Exception:  # nothing more can be done here; the next capture reports its own error
+            pass
 
 __all__ = ["capture_train_step", "GraphedTrainStep", "NoCudaError", "CaptureError", "cuda_graph_capture"]
 
@@ -442,7 +465,7 @@ class GraphedTrainStep:
             graph, (loss, norm) = self._capture_fn(work, self._pool, self.device)
         except Exception as exc:
             if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+                recover_from_failed_capture(self.device)
             where = (f"capturing the training step ({key}) failed; nothing was trained by this call and the "
                      "process keeps working. ")
             if hasattr(CaptureError, "from_exception"):  # the kit's error: .cause, .fix, .original as everywhere

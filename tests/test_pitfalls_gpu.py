@@ -98,7 +98,7 @@ FAILING = textwrap.dedent('''
     print(json.dumps(out))
 ''')
 
-FAILURE_KINDS = ["item", "print", "boolean_mask", "cpu_copy", "pageable_copy", "custom_generator", "manual_seed",
+FAILURE_KINDS = ["item", "print", "boolean_mask", "cpu_copy", "pageable_copy", "custom_generator",
                  "synchronize", "unjoined_stream", "adam_capturable_false"]
 
 
@@ -110,6 +110,17 @@ def test_failed_capture_raises_capture_error_and_the_process_keeps_working(kind)
     assert r["returncode"] == 0, r["stderr_tail"]
     assert r["raised"] == "CaptureError", r
     assert "Fix:" in r["message"] and "Original error:" in r["message"]
+    assert r["eager_ok"] and r["graph_ok"]
+
+
+def test_reseeding_inside_a_capture_leaves_the_process_working():
+    """torch.manual_seed inside the captured function: PyTorch 2.11 on an H100 did not refuse it (an earlier guess
+    was a CaptureError), so it is a silent pitfall that check_capturable reports before capture (tested below).
+    Whatever the PyTorch version does, the process must keep working."""
+    r = run_python(FAILING, "manual_seed")
+    print(f"\nmanual_seed: raised {r.get('raised')}; afterwards eager_ok={r.get('eager_ok')} graph_ok={r.get('graph_ok')}")
+    assert r["returncode"] == 0, r["stderr_tail"]
+    assert r["raised"] in (None, "CaptureError"), r
     assert r["eager_ok"] and r["graph_ok"]
 
 
