@@ -13,9 +13,10 @@ Two things make GPU timings lie, and this module guards against both:
   12.6) so that timings taken after it stay clean.
 
 The **floor** (``floor_us``) is the time the GPU spends running a graph's kernels and copies per call: the union
-of their intervals in a ``torch.profiler`` trace of graph replays. It is given for rows that ran as a CUDA graph
-only: the profiler records kernels launched one by one from Python longer than they run (up to several times for
-small kernels), so an eager row's busy time is no floor. ``kernels_per_call`` and ``copies_per_call`` are counted
+of their intervals in a ``torch.profiler`` trace of graph replays. It is given for rows that ran entirely as CUDA
+graph replays (plus copies) only: the profiler records kernels launched one by one from Python longer than they
+run (up to several times for small kernels), so the busy time of an eager row, or of a row that launches some
+kernels outside its graphs (``eager_kernels_per_call``), is no floor. ``kernels_per_call`` and ``copies_per_call`` are counted
 for every row.
 
 Example::
@@ -61,6 +62,7 @@ class GpuTime:
     kernels: float
     copies: float
     graph_launches: float
+    eager_launches: float = 0.0  # kernels launched one by one from the host (not from a graph), per call
     top: list = field(repr=False, default_factory=list)
 
 
@@ -236,7 +238,7 @@ def gpu_time(fn, *args, calls: int = 20, warmup: int = 3, units_per_call: int | 
         events = _profile(fn, args, calls)
         if any(e.device_type == DeviceType.CUDA for e in events):
             break
-    intervals, kernels, copies, launches = [], 0, 0, 0
+    intervals, kernels, copies, launches, eager = [], 0, 0, 0, 0
     per_name = defaultdict(float)
     for e in events:
         if e.device_type == DeviceType.CUDA:
@@ -250,10 +252,15 @@ def gpu_time(fn, *args, calls: int = 20, warmup: int = 3, units_per_call: int | 
                 kernels += 1
         elif "GraphLaunch" in e.name:
             launches += 1
+        elif e.name.startswith(_KERNEL_LAUNCH_CALLS):
+            eager += 1
     n = calls * units
     top = sorted(((k, v / n) for k, v in per_name.items()), key=lambda kv: -kv[1])[:5]
     return GpuTime(busy_us=_busy_union(intervals) / n, kernels=kernels / n, copies=copies / n,
-                   graph_launches=launches / calls, top=top)
+                   graph_launches=launches / calls, eager_launches=eager / n, top=top)
+
+
+_KERNEL_LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel")  # name prefixes
 
 
 _SPIN_CYCLES_PER_US: dict = {}
@@ -322,6 +329,8 @@ def _notes(t: Timing, floor_us: float, gpu: GpuTime | None, executed_as: str) ->
         notes.append("median below floor: profiler timestamps are coarser than this work")
     if gpu is not None and executed_as == "cuda graph" and gpu.kernels + gpu.copies == 0:
         notes.append("profiler saw no GPU work: floor not measured")
+    if gpu is not None and executed_as == "cuda graph" and gpu.eager_launches > 0:
+        notes.append(f"part eager ({gpu.eager_launches:.0f} kernels/call launched outside graphs): no floor")
     return "; ".join(notes)
 
 
@@ -337,8 +346,8 @@ def compare(variants: dict, *args, case: str = "", calls: int | None = None, sam
     Columns: case, variant, executed_as ("cuda graph" when the profiler saw a cudaGraphLaunch, else "eager"),
     median_us, iqr_us, min_us, max_us, spread_pct (IQR / median), speedup (median over rounds of baseline sample /
     variant sample), speedup_lo, speedup_hi (quartiles of those ratios), event_median_us (CUDA events around the
-    same calls), floor_us (GPU-busy time per call, graph rows only), kernels_per_call, copies_per_call (memcpy and
-    memset), vs_floor (median / floor), note (noisy spread, median below floor, ...), calls, clock.
+    same calls), floor_us (GPU-busy time per call, rows that ran entirely as graph replays only), kernels_per_call,
+    copies_per_call (memcpy and memset), eager_kernels_per_call (kernels launched outside any graph), vs_floor (median / floor), note (noisy spread, median below floor, ...), calls, clock.
     A variant named "...graph..." that ran eagerly becomes "<name> (eager fallback)".
 
     Example::
@@ -375,8 +384,8 @@ def compare(variants: dict, *args, case: str = "", calls: int | None = None, sam
         executed_as = _executed_as(fn, g)
         ratios = [b / v for b, v in zip(base, t.samples_us)]
         lo, hi = _quartiles(ratios)
-        floor_us = g.busy_us if g is not None and executed_as == "cuda graph" and g.kernels + g.copies > 0 \
-            else float("nan")
+        pure_graph = g is not None and executed_as == "cuda graph" and g.eager_launches == 0
+        floor_us = g.busy_us if pure_graph and g.kernels + g.copies > 0 else float("nan")
         label = f"{name} (eager fallback)" if executed_as == "eager" and "graph" in name.lower() else name
         rows.append({
             "case": case, "variant": label, "executed_as": executed_as,
@@ -387,6 +396,7 @@ def compare(variants: dict, *args, case: str = "", calls: int | None = None, sam
             "floor_us": floor_us,
             "kernels_per_call": g.kernels if g else float("nan"),
             "copies_per_call": g.copies if g else float("nan"),
+            "eager_kernels_per_call": g.eager_launches if g else float("nan"),
             "vs_floor": t.median_us / floor_us if floor_us == floor_us else float("nan"),
             "note": _notes(t, floor_us, g, executed_as),
             "calls": t.calls, "clock": t.clock,

@@ -128,10 +128,12 @@ def test_gpu_time_counts_gelu_kernels_copies_and_detects_graph():
     eager = gpu_time(gelu, x, calls=10)
     assert eager.kernels == pytest.approx(5, abs=0.01)  # div, erf, add, mul, mul
     assert eager.copies == 0 and eager.graph_launches == 0
+    assert eager.eager_launches == pytest.approx(5, abs=0.01)  # each kernel launched from the host
     g = capture(gelu, x)
     graphed = gpu_time(g.replay, calls=10)
     assert graphed.graph_launches == pytest.approx(1)
     assert graphed.kernels == pytest.approx(5, abs=0.01) and graphed.copies == 0
+    assert graphed.eager_launches == 0  # all five come from the graph
     new = torch.randn_like(x)
     with_copy = gpu_time(g, new, calls=10)  # the kit call copies the input in first: one memcpy
     assert with_copy.copies == pytest.approx(1, abs=0.01) and with_copy.kernels == pytest.approx(5, abs=0.01)
