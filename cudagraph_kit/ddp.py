@@ -54,7 +54,7 @@ __all__ = ["setup_distributed_for_graphs", "ddp_for_graphs", "DistInfo", "StepTi
 
 DDP_MIN_WARMUP = 11  # PyTorch's CUDA-graphs notes: at least 11 DDP-enabled eager iterations before capture
 _ENV_NEW, _ENV_OLD = "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"
-_INIT = {}  # what setup_distributed_for_graphs did: {"async_error_handling": "0", "backend": ...}
+_INIT = {}  # the group setup_distributed_for_graphs created and the async error handling it had
 
 
 def async_error_handling_value(environ=None) -> str | None:
@@ -123,8 +123,8 @@ def setup_distributed_for_graphs(backend: str | None = None, **init_kwargs) -> D
     else:
         device = torch.device("cpu")
     dist.init_process_group(backend, rank=rank, world_size=world, **init_kwargs)
-    _INIT.clear()
-    _INIT.update(async_error_handling=async_error_handling_value(), backend=backend)
+    _INIT.clear()  # what this group was created with (a group created later by hand is not vouched for)
+    _INIT.update(group=dist.distributed_c10d._get_default_group(), async_error_handling=async_error_handling_value())
     return DistInfo(rank, world, local_rank, device, backend)
 
 
@@ -166,7 +166,8 @@ def ddp_for_graphs(module: torch.nn.Module, stream=None, **ddp_kwargs):
     with torch.cuda.stream(stream):
         model = DDP(module, **ddp_kwargs)
     torch.cuda.current_stream(device).wait_stream(stream)  # DDP's broadcast of rank 0's parameters ran on `stream`
-    model._cudagraph_kit = {"stream": stream, "async_error_handling_at_init": _INIT.get("async_error_handling")}
+    at_init = _INIT.get("async_error_handling") if _INIT.get("group") is model.process_group else None
+    model._cudagraph_kit = {"stream": stream, "async_error_handling_at_init": at_init}
     return model
 
 

@@ -24,7 +24,7 @@ NVLink multicast (NVLS) and symmetric-memory multicast stay off.
 from __future__ import annotations
 
 import argparse
-import copy
+import gc
 import json
 import math
 import os
@@ -162,6 +162,7 @@ def parity(args, info, batches, total):
         results[mode] = (torch.stack(losses).float().cpu(), [p.detach().float().clone() for p in model.parameters()],
                          getattr(step, "state", None))
         del model, step
+        gc.collect()
     (le, pe, _), (lg, pg, state) = results["eager"], results["graph"]
     diff = max((a - b).abs().max().item() for a, b in zip(pe, pg))
     rel = ((lg - le).abs() / le.abs().clamp_min(1e-8)).max().item()
@@ -192,6 +193,8 @@ def run_rank(args):
         batches.append((x.to(info.device).contiguous(memory_format=fmt) if x.dim() == 4 else x.to(info.device),
                         y.to(info.device)))
     untimed = max(args.warmup_steps, DDP_MIN_WARMUP + 1 + 5) if args.mode == "graph" else args.warmup_steps
+    if 0 < args.parity_steps < DDP_MIN_WARMUP + 2:  # the parity run must reach the capture and a replay
+        args.parity_steps = DDP_MIN_WARMUP + 2
     total = untimed + args.steps
 
     check = parity(args, info, batches, total) if args.mode == "graph" and args.parity_steps > 0 else {}
@@ -217,6 +220,13 @@ def run_rank(args):
     executed_as = "cuda graph" if graphed and step.eager_steps == 0 else "eager"
     for r, loss in zip(rows, losses):
         r.update(rank=info.rank, loss=loss)
+    kit_step = repr(step) if hasattr(step, "mode") else "eager loop"
+    warmup_before_capture = getattr(step, "warmup_steps", None)
+    eager_steps = getattr(step, "eager_steps", 0)
+    del step, model  # graphs that captured NCCL work go before the process group does
+    gc.collect()
+    if info.device.type == "cuda":
+        torch.cuda.synchronize()
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -225,9 +235,8 @@ def run_rank(args):
         "rank": info.rank, "local_rank": info.local_rank, "device": str(info.device),
         "gpu": torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else None,
         "window_s": timer.window_s, "executed_as": executed_as,
-        "kit_step": repr(step) if hasattr(step, "mode") else "eager loop",
-        "warmup_steps_before_capture": getattr(step, "warmup_steps", None),
-        "eager_steps_during_timing": getattr(step, "eager_steps", 0),
+        "kit_step": kit_step, "warmup_steps_before_capture": warmup_before_capture,
+        "eager_steps_during_timing": eager_steps,
         "first_loss": losses[0], "last_loss": losses[-1], **check,
     }
     gathered = [None] * info.world_size if info.rank == 0 else None
@@ -301,12 +310,15 @@ def launch(nproc: int, script_args: list, timeout_s: int = 600, quiet: bool = Fa
     return proc
 
 
+AMP_LABEL = {"none": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast + GradScaler"}
+
+
 def case_name(run: dict) -> str:
     if run["model"] == "mlp":
         what = f"MLP {'x'.join(map(str, MLP_SIZES))}, batch {run['batch_per_rank']}/rank"
     else:
         what = f"ResNet-50 {run['image_size']}px, batch {run['batch_per_rank']}/rank"
-    return f"{what}, {run['amp']}, {run['world_size']} rank(s)"
+    return f"{what}, {AMP_LABEL[run['amp']]}, {run['world_size']} rank(s)"
 
 
 def variant_name(run: dict) -> str:
@@ -336,7 +348,8 @@ def collect(run_dirs: list):
     table["executed_as"] = [", ".join(by_key[k]["executed_as"]) for k in zip(table.case, table.variant)]
     table["images_per_s"] = [by_key[k]["images_per_s"] for k in zip(table.case, table.variant)]
     table["clock"] = [by_key[k]["clock"] for k in zip(table.case, table.variant)]
-    table["model"] = [by_key[k]["model"] for k in zip(table.case, table.variant)]
+    for col in ("model", "amp", "batch_per_rank", "world_size", "sync_each_step"):
+        table[col] = [by_key[k][col] for k in zip(table.case, table.variant)]
     for col in ("parity_ok", "parity_max_abs_param_diff", "parity_max_rel_loss_diff"):
         table[col] = [by_key[k]["ranks"][0].get(col) for k in zip(table.case, table.variant)]
     table["gpus"] = [", ".join(sorted({str(s["gpu"]) for s in by_key[k]["ranks"]})) for k in zip(table.case, table.variant)]
@@ -432,21 +445,30 @@ def sweep(nproc: int, out: Path, runs_dir: Path | None = None, smoke: bool = Fal
         d = runs_dir / tag
         launch(nproc, ["--model", model, "--mode", mode, *args, *extra, "--out", d])
         dirs.append(d)
-    table, per_rank, steps, meta = collect(dirs)
-    gpus = sorted({s["gpu"] for r in meta for s in r["ranks"]})
-    where = f"{nproc} x {', '.join(map(str, gpus))}"
+    return save_sweep(dirs, out, seconds=time.perf_counter() - t0)
+
+
+def save_sweep(run_dirs: list, out: Path, seconds: float | None = None) -> Path:
+    """Collect finished runs into ``<out>/07_data_parallel/``: results.csv, per_rank.csv, steps.csv, env.json, PNGs."""
+    from cudagraph_kit import results
+
+    table, per_rank, steps, meta = collect(run_dirs)
+    world = meta[0]["world_size"]
+    gpus = sorted({str(s["gpu"]) for r in meta for s in r["ranks"]})
+    where = f"{world} x {', '.join(gpus)}" if meta[0]["backend"] == "nccl" else f"{world} CPU processes (gloo, eager)"
     figs = {"step_time_distributions": plot_step_times(steps, f"Per-rank step time, eager vs CUDA graph, on {where}"),
             "throughput": plot_throughput(table, f"DDP throughput on {where}")}
     folder = results.save(STEM, table, figures=figs, root=out, extra_env={
-        "world_size": nproc, "gpus_per_rank": {s["rank"]: s["gpu"] for s in meta[0]["ranks"]},
-        "nccl": meta[0]["nccl"], "distributed_env": meta[0]["env"], "sweep_seconds": round(time.perf_counter() - t0),
+        "world_size": world, "gpus_per_rank": {s["rank"]: s["gpu"] for s in meta[0]["ranks"]},
+        "nccl": meta[0]["nccl"], "distributed_env": meta[0]["env"],
+        "sweep_seconds": None if seconds is None else round(seconds),
         "runs": [{k: r[k] for k in ("model", "mode", "amp", "batch_per_rank", "steps", "sync_each_step", "clock")}
                  for r in meta]})
     per_rank.to_csv(folder / "per_rank.csv", index=False)
     steps.to_csv(folder / "steps.csv", index=False, float_format="%.2f")
     print(table[["case", "variant", "executed_as", "median_us", "speedup", "images_per_s", "p99_us",
                  "rank_median_spread_us"]].round(1).to_string(index=False))
-    print(f"saved to {folder} in {time.perf_counter() - t0:.0f} s")
+    print(f"saved to {folder}" + ("" if seconds is None else f"; the sweep took {seconds:.0f} s"))
     return folder
 
 

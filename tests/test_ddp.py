@@ -32,11 +32,14 @@ ENV_VARS = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "MAS
 
 @pytest.fixture
 def clean_env(monkeypatch):
+    saved = dict(os.environ)  # the code under test sets variables itself: restore the environment exactly
     for k in ENV_VARS:
         monkeypatch.delenv(k, raising=False)
     yield monkeypatch
     if dist.is_initialized():
         dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture
@@ -229,6 +232,14 @@ def test_script_eager_two_gloo_processes(tmp_path):
     assert row.variant == "eager" and row.executed_as == "eager" and row.speedup == 1.0
     assert row.median_us > 0 and row.images_per_s == run["images_per_s"] and row.ranks == 2
     assert len(per_rank) == 2
+    # ... and what the sweep saves from it (here a CPU run: labelled eager, no GPU in env.json)
+    folder = ddp_train.save_sweep([out], tmp_path / "figures")
+    saved = pd.read_csv(folder / "results.csv")
+    assert saved.executed_as.tolist() == ["eager"] and saved.median_us.iloc[0] == pytest.approx(row.median_us)
+    env = json.loads((folder / "env.json").read_text())
+    assert env["world_size"] == 2 and env["gpu"] is None and env["distributed_env"]["NCCL_NVLS_ENABLE"] == "0"
+    assert len(pd.read_csv(folder / "steps.csv")) == 24 and len(pd.read_csv(folder / "per_rank.csv")) == 2
+    assert (folder / "step_time_distributions.png").stat().st_size > 10_000 and (folder / "throughput.png").is_file()
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the no-CUDA refusal")
