@@ -17,8 +17,8 @@ a whole DDP training step:
 
 This module does 1 and 2 for you (:func:`setup_distributed_for_graphs`, :func:`ddp_for_graphs`);
 ``capture_train_step`` checks 1, raises the warm-up to 11 for a DDP model (3), and warns when it cannot tell
-how the model was constructed (2). With the side effect that this costs: with async error handling off, a
-collective that hangs is not aborted by PyTorch's watchdog (set a timeout in your job scheduler).
+how the model was constructed (2). What rule 1 costs: with async error handling off, PyTorch no longer tears
+the process down when a collective fails or times out (let the job scheduler's time limit catch a hang).
 
 It also measures what data-parallel training is about, step time per rank without a per-step synchronize
 (:class:`StepTimer`), and summarises the spread across steps and across ranks (:func:`jitter_summary`).

@@ -102,7 +102,8 @@ if not CUDA:
 #    reads the variable once, when it is created. The trap: `torchrun` writes
 #    `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` into every worker's environment unless you set it where torchrun
 #    starts, and the new name takes precedence over the old one, so `export NCCL_ASYNC_ERROR_HANDLING=0`
-#    alone does nothing under torchrun. (The price: PyTorch's watchdog no longer aborts a hung collective.)
+#    alone does nothing under torchrun. (The price: PyTorch no longer tears the process down when a
+#    collective fails or times out; a job scheduler's time limit has to catch a hang.)
 # 2. **DDP constructed in a side-stream context.** DDP keeps every parameter's `AccumulateGrad` node, and an
 #    autograd node remembers the stream that was current when it was created. Built on the default stream,
 #    the captured backward would synchronize with the default stream, which invalidates the capture.
@@ -213,9 +214,10 @@ else:
 #
 # Why not `torch.cuda.synchronize()` after every step? A synchronize makes the CPU wait for the GPU, so the
 # CPU can no longer run ahead and queue the next step. In a graphed loop that queue is what hides the CPU's
-# hiccups: a replay takes the CPU a few microseconds, so it stays ahead of the GPU and a late launch rarely
-# leaves the GPU idle. With a synchronize per step (which any loop that calls `loss.item()` every step has)
-# every CPU hiccup and the synchronize itself land in the step time. The sweep runs the MLP both ways.
+# hiccups: a step costs the CPU one graph launch (plus the batch copies) instead of hundreds of kernel
+# launches, so the CPU can stay ahead of the GPU, and a late launch need not leave the GPU idle. With a
+# synchronize per step (which any loop that calls `loss.item()` every step has) every CPU hiccup and the
+# synchronize itself land in the step time. The sweep runs the MLP both ways.
 #
 # On the GPU the spread is reported per rank (median, IQR, p99, max) and across ranks: the difference
 # between the slowest and the fastest rank's median, and, step by step, between the ranks' step times.

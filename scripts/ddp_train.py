@@ -6,7 +6,7 @@ One run (each rank writes ``rank<r>.csv``; rank 0 gathers ``steps.csv`` and ``ru
     torchrun --nproc_per_node=2 scripts/ddp_train.py --model resnet50 --mode eager --amp bf16 --out build/ddp/r50
 
 The sweep (eager and graph, MLP and ResNet-50, back to back; about 5 minutes on two GPUs) writes
-``<out>/07_data_parallel/`` (results.csv, per_rank.csv, steps.csv, env.json, PNGs)::
+``<out>/07_data_parallel/`` (results.csv, per_rank.csv, steps.csv.gz, env.json, PNGs)::
 
     python scripts/ddp_train.py --sweep --nproc 2 --out figures
 
@@ -173,6 +173,18 @@ def parity(args, info, batches, total):
             "parity_rule": "max |param diff| < 1e-4 (fp32 MLP)" if fp32 else "max relative loss diff < 5%"}
 
 
+def graph_launches_per_step(step, batches, start: int, steps: int = 3) -> float:
+    """After the timing: run a few more steps under torch.profiler and count cudaGraphLaunch calls per step."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):  # every rank runs the same steps: their all-reduces pair up
+            step(*batches[(start + i) % len(batches)])
+        torch.cuda.synchronize()
+    return sum("GraphLaunch" in e.name for e in prof.events() if e.device_type != DeviceType.CUDA) / steps
+
+
 def run_rank(args):
     """What one torchrun worker does: set up, check parity (graph mode), time the steps, gather on rank 0."""
     import torch.distributed as dist
@@ -216,8 +228,8 @@ def run_rank(args):
         timer.step_done()
     rows = timer.finish()
     losses = torch.stack(losses).float().cpu().tolist()
-    graphed = getattr(step, "mode", None) == "graph" and getattr(step, "state", None) == "captured"
-    executed_as = "cuda graph" if graphed and step.eager_steps == 0 else "eager"
+    launches = graph_launches_per_step(step, batches, untimed + args.steps) if info.device.type == "cuda" else 0.0
+    executed_as = "cuda graph" if launches >= 1 else "eager"  # from the profiler, never from the mode's name
     for r, loss in zip(rows, losses):
         r.update(rank=info.rank, loss=loss)
     kit_step = repr(step) if hasattr(step, "mode") else "eager loop"
@@ -236,7 +248,7 @@ def run_rank(args):
         "gpu": torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else None,
         "window_s": timer.window_s, "executed_as": executed_as,
         "kit_step": kit_step, "warmup_steps_before_capture": warmup_before_capture,
-        "eager_steps_during_timing": eager_steps,
+        "eager_steps_during_timing": eager_steps, "graph_launches_per_step": launches,
         "first_loss": losses[0], "last_loss": losses[-1], **check,
     }
     gathered = [None] * info.world_size if info.rank == 0 else None
@@ -449,7 +461,7 @@ def sweep(nproc: int, out: Path, runs_dir: Path | None = None, smoke: bool = Fal
 
 
 def save_sweep(run_dirs: list, out: Path, seconds: float | None = None) -> Path:
-    """Collect finished runs into ``<out>/07_data_parallel/``: results.csv, per_rank.csv, steps.csv, env.json, PNGs."""
+    """Collect finished runs into ``<out>/07_data_parallel/``: results.csv, per_rank.csv, steps.csv.gz, env.json, PNGs."""
     from cudagraph_kit import results
 
     table, per_rank, steps, meta = collect(run_dirs)
@@ -465,7 +477,7 @@ def save_sweep(run_dirs: list, out: Path, seconds: float | None = None) -> Path:
         "runs": [{k: r[k] for k in ("model", "mode", "amp", "batch_per_rank", "steps", "sync_each_step", "clock")}
                  for r in meta]})
     per_rank.to_csv(folder / "per_rank.csv", index=False)
-    steps.to_csv(folder / "steps.csv", index=False, float_format="%.2f")
+    steps.drop(columns=["clock"]).to_csv(folder / "steps.csv.gz", index=False, float_format="%.6g")  # every step
     print(table[["case", "variant", "executed_as", "median_us", "speedup", "images_per_s", "p99_us",
                  "rank_median_spread_us"]].round(1).to_string(index=False))
     print(f"saved to {folder}" + ("" if seconds is None else f"; the sweep took {seconds:.0f} s"))

@@ -238,7 +238,7 @@ def test_script_eager_two_gloo_processes(tmp_path):
     assert saved.executed_as.tolist() == ["eager"] and saved.median_us.iloc[0] == pytest.approx(row.median_us)
     env = json.loads((folder / "env.json").read_text())
     assert env["world_size"] == 2 and env["gpu"] is None and env["distributed_env"]["NCCL_NVLS_ENABLE"] == "0"
-    assert len(pd.read_csv(folder / "steps.csv")) == 24 and len(pd.read_csv(folder / "per_rank.csv")) == 2
+    assert len(pd.read_csv(folder / "steps.csv.gz")) == 24 and len(pd.read_csv(folder / "per_rank.csv")) == 2
     assert (folder / "step_time_distributions.png").stat().st_size > 10_000 and (folder / "throughput.png").is_file()
 
 
@@ -320,6 +320,7 @@ def test_gpu_script_graph_mode_end_to_end(tmp_path, model):
     for s in run["ranks"]:
         assert s["parity_ok"] and s["parity_graph_state"] == "captured"
         assert s["warmup_steps_before_capture"] == 11 and s["eager_steps_during_timing"] == 0
+        assert s["graph_launches_per_step"] == 1.0  # seen by the profiler: one cudaGraphLaunch per step
     steps = pd.read_csv(tmp_path / "run" / "steps.csv")
     assert len(steps) == 30 * nproc and (steps.step_us > 0).all() and (steps.clock == "cuda events").all()
     assert run["env"]["NCCL_NVLS_ENABLE"] == "0" and run["async_error_handling_at_init"] == "0"
