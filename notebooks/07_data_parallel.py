@@ -41,7 +41,7 @@
 # every GPU here (at most two), or two CPU processes with the gloo backend.
 #
 # **How long**: not timed yet on a GPU: the local run is two short `torchrun` jobs of a few hundred steps of
-# a small MLP. On a CPU the small run (two gloo processes, eager) takes well under a minute.
+# a small MLP. On a CPU (two gloo processes, eager, small) the whole notebook took about a minute here.
 
 # %%
 import subprocess, sys
@@ -244,9 +244,10 @@ run_dirs = []
 for mode in modes:
     args = ["--model", "mlp", "--mode", mode, "--steps", LOCAL_STEPS, "--warmup-steps", 3 if SMOKE else 20,
             "--batch", 64, "--out", RUNS / mode]
-    cmd = ddp_train.torchrun_command(NPROC, args)  # [python, -m, torch.distributed.run, ...] = torchrun ...
+    port = free_port()
+    cmd = ddp_train.torchrun_command(NPROC, args, port)  # [python, -m, torch.distributed.run, ...] = torchrun ...
     print("torchrun", " ".join(str(a).replace(str(SCRIPT.parent.parent) + os.sep, "") for a in cmd[3:]))
-    ddp_train.launch(NPROC, args, timeout_s=900)
+    ddp_train.launch(NPROC, args, timeout_s=900, port=port)
     run_dirs.append(RUNS / mode)
 local, local_per_rank, local_steps, local_meta = ddp_train.collect(run_dirs)
 local[["case", "variant", "executed_as", "median_us", "speedup", "images_per_s", "iqr_us", "p99_us",

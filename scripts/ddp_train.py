@@ -305,14 +305,15 @@ def torchrun_command(nproc: int, script_args: list, port: int | None = None) -> 
             *map(str, script_args)]
 
 
-def launch(nproc: int, script_args: list, timeout_s: int = 600, quiet: bool = False) -> subprocess.CompletedProcess:
+def launch(nproc: int, script_args: list, timeout_s: int = 600, quiet: bool = False,
+           port: int | None = None) -> subprocess.CompletedProcess:
     """Run one torchrun job and wait for it; raises ``RuntimeError`` with its output if it fails."""
     env = dict(os.environ, **MULTICAST_OFF)
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo and NCCL's bootstrap on the loopback interface
     env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    cmd = torchrun_command(nproc, script_args)
+    cmd = torchrun_command(nproc, script_args, port)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun failed (exit {proc.returncode}): {' '.join(cmd)}\n--- stdout\n"

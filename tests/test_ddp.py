@@ -153,17 +153,13 @@ def test_setup_distributed_for_graphs_too_late(gloo):
 
 
 def test_ddp_for_graphs_on_cpu_is_plain_ddp(gloo):
-    if HAS_CUDA:
-        pytest.skip("CPU behaviour")
     model = ddp_for_graphs(mlp())
     assert isinstance(model, DDP) and not hasattr(model, "_cudagraph_kit")
 
 
 # ---------------------------------------------------------------------------------------------- CPU: measuring
 def test_step_timer_on_cpu_times_every_step():
-    if HAS_CUDA:
-        pytest.skip("CPU behaviour")
-    timer = StepTimer(5)
+    timer = StepTimer(5, device="cpu")
     timer.start()
     for _ in range(5):
         sum(range(20000))
@@ -173,7 +169,7 @@ def test_step_timer_on_cpu_times_every_step():
     assert all(r["step_us"] > 0 and r["step_us"] == r["host_us"] and r["clock"] == "host (CPU)" for r in rows)
     assert timer.window_s * 1e6 >= sum(r["step_us"] for r in rows)
     with pytest.raises(RuntimeError, match="expected 3"):
-        t = StepTimer(3)
+        t = StepTimer(3, device="cpu")
         t.start()
         t.step_done()
         t.finish()
@@ -193,6 +189,28 @@ def test_jitter_summary_on_known_numbers():
     pr = per_rank_summary(steps)
     assert list(pr["rank"]) == [0, 1]
     assert pr.max_us.tolist() == [100.0, 1000.0] and pr.median_us.tolist() == [100.0, 100.0]
+
+
+@pytest.mark.gpu
+def test_step_timer_on_gpu_uses_the_gpu_timeline():
+    """Steps that keep the GPU busy for ~1 ms each while the CPU returns at once: the events see the GPU time."""
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    torch.cuda._sleep(1_000_000)
+    t1.record()
+    torch.cuda.synchronize()
+    busy_us = t0.elapsed_time(t1) * 1e3  # what one step keeps the GPU busy for, measured
+    timer = StepTimer(10)
+    timer.start()
+    for _ in range(10):
+        torch.cuda._sleep(1_000_000)
+        timer.step_done()
+    rows = timer.finish()
+    assert all(r["clock"] == "cuda events" for r in rows)
+    steps = sorted(r["step_us"] for r in rows)
+    assert steps[5] == pytest.approx(busy_us, rel=0.2)
+    assert sorted(r["host_us"] for r in rows)[5] < 0.5 * busy_us  # the CPU ran ahead: no synchronize per step
 
 
 # ---------------------------------------------------------------------------------------------- CPU: the script
@@ -320,7 +338,7 @@ def test_gpu_script_graph_mode_end_to_end(tmp_path, model):
     for s in run["ranks"]:
         assert s["parity_ok"] and s["parity_graph_state"] == "captured"
         assert s["warmup_steps_before_capture"] == 11 and s["eager_steps_during_timing"] == 0
-        assert s["graph_launches_per_step"] == 1.0  # seen by the profiler: one cudaGraphLaunch per step
+        assert s["graph_launches_per_step"] >= 1  # seen by the profiler: a graph launch every step
     steps = pd.read_csv(tmp_path / "run" / "steps.csv")
     assert len(steps) == 30 * nproc and (steps.step_us > 0).all() and (steps.clock == "cuda events").all()
     assert run["env"]["NCCL_NVLS_ENABLE"] == "0" and run["async_error_handling_at_init"] == "0"
