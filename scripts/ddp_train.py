@@ -5,7 +5,8 @@ One run (each rank writes ``rank<r>.csv``; rank 0 gathers ``steps.csv`` and ``ru
     torchrun --nproc_per_node=2 scripts/ddp_train.py --model mlp --mode graph --steps 1000 --out build/ddp/mlp-graph
     torchrun --nproc_per_node=2 scripts/ddp_train.py --model resnet50 --mode eager --amp bf16 --out build/ddp/r50
 
-The sweep (eager and graph, MLP and ResNet-50, back to back; about 5 minutes on two GPUs) writes
+The sweep (eager and graph, MLP and ResNet-50, back to back; sized for a few minutes on two GPUs, env.json records
+how long it took) writes
 ``<out>/07_data_parallel/`` (results.csv, per_rank.csv, steps.csv.gz, env.json, PNGs)::
 
     python scripts/ddp_train.py --sweep --nproc 2 --out figures
