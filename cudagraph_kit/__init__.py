@@ -3,8 +3,9 @@
 One module per idea; each stands alone so a single file can be copied into a project:
 ``env`` (what machine is this), ``capture`` (capture once, call with new inputs), ``train_step`` (whole
 training step as one graph), ``partial`` (make_graphed_callables made safe), ``timing`` (medians, spread,
-GPU-busy floor), ``results`` (save/load a notebook's results and figures), ``ddp`` (DistributedDataParallel
-under graphs, per-rank step timing).
+GPU-busy floor), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledger), ``results``
+(save/load a notebook's results and figures), ``ddp`` (DistributedDataParallel under graphs, per-rank step
+timing).
 """
 from .capture import CaptureError, GraphedCallable, NoCudaError, capture, shared_pool
 from .env import bf16_supported, describe, env_table, has_cuda
@@ -17,6 +18,11 @@ __all__ = [
     "has_cuda", "bf16_supported", "describe", "env_table",
     "graph_modules", "timeit", "gpu_time", "compare", "results",
 ]
+from .buckets import (BucketedGraphs, BucketPlan, MemoryLedger, capture_buckets, evaluate_buckets, ladder,
+                      plan_buckets, pool_usage)
+
+__all__ += ["capture_buckets", "BucketedGraphs", "ladder", "plan_buckets", "BucketPlan", "evaluate_buckets",
+            "MemoryLedger", "pool_usage"]
 try:  # needs torch.distributed (absent from a few PyTorch builds)
     from .ddp import StepTimer, ddp_for_graphs, jitter_summary, setup_distributed_for_graphs  # noqa: F401
     __all__ += ["setup_distributed_for_graphs", "ddp_for_graphs", "StepTimer", "jitter_summary"]

@@ -1,12 +1,17 @@
-"""Save and load a notebook's results: ``figures/<stem>/results.csv``, ``env.json`` and PNG figures.
+"""Save and load a notebook's results: ``<stem>/results.csv``, ``env.json`` and PNG figures.
 
-GPU runs write to the committed ``figures/`` folder; runs without CUDA write to ``build/figures`` so they never
-overwrite recorded GPU results; ``$CGK_RESULTS_DIR`` overrides both (tests use it).
+Recorded and fresh results never share a folder:
+
+- **recorded** results are the committed ``figures/`` of a source checkout (a real GPU run, made by
+  ``python -m cudagraph_kit reproduce``); ``load`` and ``show_recorded`` read them;
+- **fresh** results (a learner's run, a test, a CPU run) go to ``results_root()``: ``$CGK_RESULTS_DIR`` if set,
+  else ``<checkout>/build/figures``, else ``./cudagraph-kit-results`` outside a checkout. ``save`` never
+  writes to ``figures/`` unless it is told to (``reproduce`` on a GPU passes it explicitly).
 
 Example::
 
     from cudagraph_kit import results
-    folder = results.save("01_gelu", df, figures={"speedup": fig})
+    folder = results.save("01_gelu", df, figures={"speedup": fig})   # fresh: build/figures/01_gelu
     rec = results.load("01_gelu")           # the recorded GPU run: rec.df, rec.env, rec.pngs
     results.show_recorded("01_gelu")        # in a notebook: caption + table + figures
 """
@@ -19,24 +24,37 @@ from pathlib import Path
 
 from .env import describe, has_cuda
 
-__all__ = ["save", "load", "show_recorded", "results_root", "recorded_root", "Recorded", "REQUIRED_COLUMNS"]
+__all__ = ["save", "load", "show_recorded", "results_root", "recorded_root", "checkout_root", "Recorded",
+           "REQUIRED_COLUMNS"]
 
 REQUIRED_COLUMNS = ("case", "variant", "median_us", "speedup")
 _PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 
 
-def recorded_root() -> Path:
-    """The committed ``figures/`` folder of a source checkout (else ``./figures``)."""
-    if (_PACKAGE_PARENT / "notebooks").is_dir():
-        return _PACKAGE_PARENT / "figures"
-    return Path.cwd() / "figures"
+def _is_checkout(path: Path) -> bool:
+    return all((path / name).is_dir() for name in ("cudagraph_kit", "notebooks", "figures"))
+
+
+def checkout_root() -> Path | None:
+    """The source checkout in use: the one this kit was imported from, else the one the working directory
+    is in (a notebook running in ``<checkout>/notebooks`` or a Colab clone); None if there is none."""
+    cwd = Path.cwd().resolve()
+    return next((p for p in (_PACKAGE_PARENT, cwd, *cwd.parents) if _is_checkout(p)), None)
+
+
+def recorded_root() -> Path | None:
+    """The committed ``figures/`` folder with the recorded GPU results, or None outside a checkout."""
+    root = checkout_root()
+    return root / "figures" if root is not None else None
 
 
 def results_root() -> Path:
-    """Where ``save`` writes: ``$CGK_RESULTS_DIR``, else ``figures/`` with CUDA, else ``build/figures``."""
+    """Where ``save`` writes fresh results: ``$CGK_RESULTS_DIR``, else ``<checkout>/build/figures``,
+    else ``./cudagraph-kit-results``. Never the recorded ``figures/`` by default, with or without a GPU."""
     if os.environ.get("CGK_RESULTS_DIR"):
         return Path(os.environ["CGK_RESULTS_DIR"])
-    return recorded_root() if has_cuda() else recorded_root().parent / "build" / "figures"
+    root = checkout_root()
+    return root / "build" / "figures" if root is not None else Path.cwd() / "cudagraph-kit-results"
 
 
 @dataclass
@@ -56,7 +74,10 @@ class Recorded:
 
 
 def save(stem: str, df, figures: dict | None = None, root=None, extra_env: dict | None = None) -> Path:
-    """Write ``df`` as ``<root>/<stem>/results.csv`` with ``env.json`` and each figure as ``<name>.png``."""
+    """Write ``df`` as ``<root>/<stem>/results.csv`` with ``env.json`` and each figure as ``<name>.png``.
+
+    ``root`` defaults to ``results_root()`` (fresh results, never the recorded ``figures/``).
+    """
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"results for {stem!r} lack column(s) {missing}; every row needs "
@@ -75,10 +96,13 @@ def save(stem: str, df, figures: dict | None = None, root=None, extra_env: dict 
 
 
 def load(stem: str, root=None) -> Recorded | None:
-    """Read back what ``save`` wrote (default: the committed GPU results); None if nothing is recorded."""
+    """Read back what ``save`` wrote (default: the recorded GPU results); None if there is nothing."""
     import pandas as pd
 
-    folder = Path(root or recorded_root()) / stem
+    root = root if root is not None else recorded_root()
+    if root is None:
+        return None
+    folder = Path(root) / stem
     if not (folder / "results.csv").is_file():
         return None
     env_path = folder / "env.json"
@@ -86,18 +110,39 @@ def load(stem: str, root=None) -> Recorded | None:
     return Recorded(pd.read_csv(folder / "results.csv"), env, folder, sorted(folder.glob("*.png")))
 
 
+def _where_recorded_results_live() -> str:
+    try:
+        from .reproduce import repository_url
+        return f"the figures/ folder of the repository ({repository_url()})"
+    except Exception:  # a copied results.py without the rest of the kit
+        return "the project's figures/ folder"
+
+
 def show_recorded(stem: str, root=None, columns=None) -> Recorded | None:
-    """Display the recorded results of ``stem`` in a notebook (caption, table, figures), or say there are none."""
+    """Display the recorded results of ``stem`` in a notebook (caption, table, figures), or say where it
+    looked and where they are when there are none."""
     rec = load(stem, root)
     if rec is None:
-        print(f"No recorded results for {stem} under {Path(root or recorded_root())}. "
-              "They are committed in the project's figures/ folder (see the README).")
+        if root is None and recorded_root() is None:
+            looked = (f"no source checkout found (looked beside the installed kit, {_PACKAGE_PARENT}, and in "
+                      f"{Path.cwd()} and its parents)")
+        else:
+            looked = f"nothing under {Path(root if root is not None else recorded_root()) / stem}"
+        print(f"No recorded results for {stem}: {looked}. They are in {_where_recorded_results_live()}; "
+              "run the notebook from a clone of it (in Colab the notebook's first cell makes one).")
         return None
     try:
+        from IPython import get_ipython
         from IPython.display import Image, Markdown, display
-    except ImportError:  # plain Python: print the table
+        in_ipython = get_ipython() is not None
+    except ImportError:
+        in_ipython = False
+    if not in_ipython:  # plain Python: print the caption, the table and where the figures are
+        table = rec.df if columns is None else rec.df[[c for c in columns if c in rec.df.columns]]
         print(rec.caption)
-        print(rec.df.to_string(index=False))
+        print(table.to_string(index=False))
+        for png in rec.pngs:
+            print(f"figure: {png}")
         return rec
     display(Markdown(f"**{rec.caption}**"))
     display(rec.df if columns is None else rec.df[[c for c in columns if c in rec.df.columns]])

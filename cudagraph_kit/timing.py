@@ -1,18 +1,32 @@
-"""Trustworthy timings: warm-up, synchronize, many calls per sample, several samples, median and spread.
+"""Trustworthy timings: variants timed round-robin in one window, budgets by time, medians with their spread,
+speedups as the median of per-round ratios, and the GPU-busy floor read from the profiler after all timings.
 
-``timeit`` measures the end-to-end time per call (host clock around N calls plus a synchronize, and CUDA
-events around the same region when a GPU is present). ``gpu_time`` reads ``torch.profiler`` to find how long
-the GPU was actually busy per call and how many kernels it ran: the floor a CUDA graph can approach.
-``compare`` puts several variants side by side in a pandas DataFrame.
+Two things make GPU timings lie, and this module guards against both:
+
+- **Drift.** A shared host's speed drifts by a third within minutes. Host-bound (eager) times move with it; graph
+  replays barely do. So ``compare`` times its variants round-robin, one sample of each per round with the order
+  rotated, and reports each speedup as the median of the per-round ratios with their quartiles: two variants are
+  always compared within the same few milliseconds.
+- **Profiler residue.** A ``torch.profiler`` session leaves CUPTI attached, and every later kernel launch in the
+  process is slower (a third or more) unless CUPTI is torn down. So ``compare`` measures floors only after all
+  its timings, and ``gpu_time`` asks for the teardown (``TEARDOWN_CUPTI=1``, honoured by the profiler from CUDA
+  12.6) so that timings taken after it stay clean.
+
+The **floor** (``floor_us``) is the time the GPU spends running a graph's kernels and copies per call: the union
+of their intervals in a ``torch.profiler`` trace of graph replays. It is given for rows that ran as a CUDA graph
+only: the profiler records kernels launched one by one from Python longer than they run (up to several times for
+small kernels), so an eager row's busy time is no floor. ``kernels_per_call`` and ``copies_per_call`` are counted
+for every row.
 
 Example::
 
     from cudagraph_kit.timing import compare
     df = compare({"eager": lambda: gelu(x), "graph": g.replay}, case="small")
-    print(df[["variant", "median_us", "speedup", "floor_us", "vs_floor"]])
+    print(df[["variant", "median_us", "speedup", "speedup_lo", "speedup_hi", "floor_us", "vs_floor", "note"]])
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import warnings
@@ -21,12 +35,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Timing", "GpuTime", "timeit", "gpu_time", "compare"]
+__all__ = ["Timing", "GpuTime", "timeit", "gpu_time", "compare", "NOISY_SPREAD"]
+
+NOISY_SPREAD = 0.10  # a variant whose IQR exceeds this fraction of its median gets a note in the table
 
 
 @dataclass
 class Timing:
-    """Per-call times in microseconds over ``samples`` samples of ``calls`` calls each."""
+    """Per-call times in microseconds: one entry of ``samples_us`` per sample of ``calls`` calls."""
     median_us: float
     iqr_us: float
     min_us: float
@@ -62,48 +78,91 @@ def _quartiles(xs):
     return q[0], q[2]
 
 
-def timeit(fn, *args, calls: int = 100, samples: int = 7, warmup: int = 10, units_per_call: int | None = None) -> Timing:
-    """Time ``fn(*args)``: median per-call time over ``samples`` samples of ``calls`` calls.
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
-    Each sample starts after a synchronize and ends with one, so queued GPU work is counted. With CUDA the
-    same region is also timed with CUDA events (``event_median_us``). ``units_per_call`` divides the time
-    (default: ``fn.calls_per_graph`` for a graph holding several calls, else 1).
+
+def _calls_for(fn, args, sample_ms: float, warmup_ms: float) -> int:
+    """Warm ``fn`` up for about ``warmup_ms`` (at least 2 calls) and return the calls that fill ``sample_ms``."""
+    n, spent, per_call = 1, 0.0, None
+    while True:
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(*args)
+        _sync()
+        dt = time.perf_counter() - t0
+        spent += dt
+        per_call = dt / n
+        if spent * 1e3 >= warmup_ms and n >= 2:
+            break
+        n = min(n * 2, 1_000_000)
+    return max(1, min(100_000, round(sample_ms * 1e-3 / per_call)))
+
+
+class _Sampler:
+    """Takes one timed sample of ``calls`` calls: host clock with a synchronize, and CUDA events on the same span."""
+
+    def __init__(self, fn, args, calls, units):
+        self.fn, self.args, self.calls, self.units = fn, args, calls, units
+        self.cuda = torch.cuda.is_available()
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.wall, self.events = [], []
+
+    def sample(self):
+        fn, args = self.fn, self.args
+        _sync()
+        if self.cuda:
+            self.start.record()
+        t0 = time.perf_counter()
+        for _ in range(self.calls):
+            fn(*args)
+        if self.cuda:
+            self.end.record()
+        _sync()
+        t1 = time.perf_counter()
+        n = self.calls * self.units
+        self.wall.append((t1 - t0) * 1e6 / n)
+        if self.cuda:
+            self.events.append(self.start.elapsed_time(self.end) * 1e3 / n)
+
+    def timing(self) -> Timing:
+        q1, q3 = _quartiles(self.wall)
+        return Timing(median_us=statistics.median(self.wall), iqr_us=q3 - q1, min_us=min(self.wall),
+                      max_us=max(self.wall), samples_us=list(self.wall),
+                      clock="wall+sync" if self.cuda else "wall (CPU)",
+                      event_median_us=statistics.median(self.events) if self.events else None,
+                      calls=self.calls, units_per_call=self.units)
+
+
+def timeit(fn, *args, calls: int | None = None, samples: int = 7, warmup: int | None = None,
+           sample_ms: float = 20.0, warmup_ms: float = 50.0, units_per_call: int | None = None) -> Timing:
+    """Time ``fn(*args)``: the median per-call time over ``samples`` samples.
+
+    Each sample is ``calls`` back-to-back calls between two synchronizes (CUDA events time the same span:
+    ``event_median_us``). With ``calls=None`` the calls per sample are chosen so that a sample lasts about
+    ``sample_ms``, after a warm-up of about ``warmup_ms`` (or exactly ``warmup`` calls when given).
+    ``units_per_call`` divides the time (default: ``fn.calls_per_graph`` for a graph holding several calls).
 
     Example::
 
-        t = timeit(torch.relu, x, calls=1000)
-        print(f"{t.median_us:.1f} µs ± {t.iqr_us:.1f} (IQR), clock={t.clock}")
+        t = timeit(torch.relu, x)
+        print(f"{t.median_us:.1f} µs ± {t.iqr_us:.1f} (IQR) over {t.calls} calls per sample")
     """
-    if calls < 1 or samples < 1:
+    if (calls is not None and calls < 1) or samples < 1:
         raise ValueError(f"calls and samples must be >= 1, got calls={calls}, samples={samples}.")
     units = _units(fn, units_per_call)
-    cuda = torch.cuda.is_available()
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    for _ in range(warmup):
-        fn(*args)
-    sync()
-    wall, events = [], []
-    if cuda:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(samples):
-        if cuda:
-            start.record()
-        t0 = time.perf_counter()
-        for _ in range(calls):
+    if warmup is not None:
+        for _ in range(warmup):
             fn(*args)
-        if cuda:
-            end.record()
-        sync()
-        t1 = time.perf_counter()
-        wall.append((t1 - t0) * 1e6 / (calls * units))
-        if cuda:
-            events.append(start.elapsed_time(end) * 1e3 / (calls * units))
-    q1, q3 = _quartiles(wall)
-    return Timing(
-        median_us=statistics.median(wall), iqr_us=q3 - q1, min_us=min(wall), max_us=max(wall),
-        samples_us=wall, clock="wall+sync" if cuda else "wall (CPU)",
-        event_median_us=statistics.median(events) if events else None, calls=calls, units_per_call=units,
-    )
+    if calls is None:
+        calls = _calls_for(fn, args, sample_ms, warmup_ms if warmup is None else 0.0)
+    sampler = _Sampler(fn, args, calls, units)
+    for _ in range(samples):
+        sampler.sample()
+    return sampler.timing()
 
 
 def _busy_union(intervals):
@@ -120,38 +179,69 @@ def _busy_union(intervals):
     return total
 
 
-def gpu_time(fn, *args, calls: int = 20, warmup: int = 3, units_per_call: int | None = None) -> GpuTime | None:
-    """GPU-busy time and kernel count per call, read from ``torch.profiler`` (None without CUDA).
+def _cupti_teardown_supported() -> bool:
+    """True when tearing CUPTI down after a profiler session is safe with CUDA graphs alive (CUDA >= 12.6)."""
+    try:
+        major, minor = (int(p) for p in (torch.version.cuda or "0.0").split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (12, 6)
 
-    Busy time is the union of the intervals in which a kernel, memcpy or memset ran: the floor that
-    removing all launch overhead (a CUDA graph) could approach. ``graph_launches`` counts cudaGraphLaunch
-    calls, so a table can say truthfully whether a variant ran as a graph.
 
-    Example::
-
-        g = gpu_time(lambda: gelu(x))
-        print(g.kernels, "kernels,", g.busy_us, "µs busy per call")
-    """
-    if not torch.cuda.is_available():
-        return None
-    from torch.autograd import DeviceType
+def _profile(fn, args, calls):
     from torch.profiler import ProfilerActivity, profile
 
-    units = _units(fn, units_per_call)
-    for _ in range(warmup):
-        fn(*args)
-    torch.cuda.synchronize()
+    if _cupti_teardown_supported():
+        # Without teardown, CUPTI stays attached after the session and slows every later launch in the process.
+        # Read by the profiler at the end of each session; a value the user set is respected.
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")
+    if hasattr(torch.cuda, "_sleep"):
+        # Keep the GPU busy while the session starts: the calls then queue up behind this spin kernel and run
+        # back to back. (Seen on an H100 with CUPTI teardown on: a session that starts on an idle GPU right after
+        # another session can record no GPU activity at all.)
+        torch.cuda._sleep(20_000_000)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the profiler's notes on event cycles; irrelevant here
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(calls):
                 fn(*args)
             torch.cuda.synchronize()
-        events = prof.events()
+        return prof.events()
+
+
+def gpu_time(fn, *args, calls: int = 20, warmup: int = 3, units_per_call: int | None = None) -> GpuTime | None:
+    """GPU-busy time and kernel/copy counts per call, read from ``torch.profiler`` (None without CUDA).
+
+    Busy time is the union of the intervals in which a kernel, memcpy or memset ran. For graph replays that is
+    the floor a graph can approach; kernels launched one by one from Python are recorded longer than they run,
+    so their busy time is no floor (``compare`` leaves it out). ``graph_launches`` counts ``cudaGraphLaunch``
+    calls, so a table can say truthfully whether a variant ran as a graph. Call it after your timings: see the
+    module docstring on profiler residue.
+
+    Example::
+
+        g = gpu_time(graphed.replay)
+        print(g.kernels, "kernels,", g.busy_us, "µs busy per call")
+    """
+    if not torch.cuda.is_available():
+        return None
+    from torch.autograd import DeviceType
+
+    units = _units(fn, units_per_call)
+    for _ in range(warmup):
+        fn(*args)
+    torch.cuda.synchronize()
+    events = None
+    for _attempt in range(2):  # a session that saw no GPU activity at all is tried once more
+        events = _profile(fn, args, calls)
+        if any(e.device_type == DeviceType.CUDA for e in events):
+            break
     intervals, kernels, copies, launches = [], 0, 0, 0
     per_name = defaultdict(float)
     for e in events:
         if e.device_type == DeviceType.CUDA:
+            if "spin_kernel" in e.name:  # our own _sleep
+                continue
             intervals.append((e.time_range.start, e.time_range.end))
             per_name[e.name] += e.time_range.elapsed_us()
             if e.name.startswith(("Memcpy", "Memset")):
@@ -178,41 +268,86 @@ def _executed_as(fn, gpu: GpuTime | None) -> str:
     return "unknown"
 
 
-def compare(variants: dict, *args, case: str = "", calls: int = 100, samples: int = 7, warmup: int = 10,
-            floor: bool = True):
-    """Time each ``{name: fn}`` (called as ``fn(*args)``) and return a pandas DataFrame, one row per variant.
+def _notes(t: Timing, floor_us: float, gpu: GpuTime | None, executed_as: str) -> str:
+    notes = []
+    if t.median_us > 0 and t.iqr_us > NOISY_SPREAD * t.median_us:
+        notes.append(f"noisy: IQR {100 * t.iqr_us / t.median_us:.0f}% of median")
+    if floor_us == floor_us and t.median_us < 0.97 * floor_us:  # not NaN, and clearly below
+        notes.append("median below floor: profiler timestamps are coarser than this work")
+    if gpu is not None and executed_as == "cuda graph" and gpu.kernels + gpu.copies == 0:
+        notes.append("profiler saw no GPU work: floor not measured")
+    return "; ".join(notes)
 
-    Columns: case, variant, executed_as, median_us (host clock), iqr_us, min_us, max_us, event_median_us (CUDA
-    events around the same calls), speedup (first variant's median
-    over this one's), floor_us (GPU-busy per call), kernels_per_call, copies_per_call (memcpy/memset),
-    vs_floor (median / floor), clock.
-    ``executed_as`` comes from the profiler (a cudaGraphLaunch was seen or not), never from the name; a
-    variant named "...graph..." that ran eagerly (no GPU, or an eager fallback) becomes "<name> (eager fallback)".
+
+def compare(variants: dict, *args, case: str = "", calls: int | None = None, samples: int = 15,
+            warmup: int | None = None, sample_ms: float = 20.0, floor: bool = True):
+    """Time each ``{name: fn}`` (called as ``fn(*args)``) round-robin and return a pandas DataFrame, one row each.
+
+    The first variant is the baseline. Every variant is warmed up, then ``samples`` rounds are taken: each round
+    times one sample of every variant, in an order rotated by one each round, so slow drift of the host hits all
+    variants alike. With ``calls=None`` each variant gets as many calls per sample as fill about ``sample_ms``.
+    Floors and kernel counts are read from the profiler only after all timings.
+
+    Columns: case, variant, executed_as ("cuda graph" when the profiler saw a cudaGraphLaunch, else "eager"),
+    median_us, iqr_us, min_us, max_us, spread_pct (IQR / median), speedup (median over rounds of baseline sample /
+    variant sample), speedup_lo, speedup_hi (quartiles of those ratios), event_median_us (CUDA events around the
+    same calls), floor_us (GPU-busy time per call, graph rows only), kernels_per_call, copies_per_call (memcpy and
+    memset), vs_floor (median / floor), note (noisy spread, median below floor, ...), calls, clock.
+    A variant named "...graph..." that ran eagerly becomes "<name> (eager fallback)".
 
     Example::
 
-        df = compare({"eager": lambda: f(x), "graph": g.replay}, case="small", calls=1000)
+        df = compare({"eager": lambda: f(x), "graph": g.replay}, case="small")
     """
     import pandas as pd
 
     if not variants:
         raise ValueError("compare() needs at least one {name: callable}.")
+    if samples < 1 or (calls is not None and calls < 1):
+        raise ValueError(f"calls and samples must be >= 1, got calls={calls}, samples={samples}.")
+    names = list(variants)
+    samplers = {}
+    for name in names:  # warm-up and calibration, one variant after the other
+        fn = variants[name]
+        if warmup is not None:
+            for _ in range(warmup):
+                fn(*args)
+        n = calls if calls is not None else _calls_for(fn, args, sample_ms, 50.0 if warmup is None else 0.0)
+        samplers[name] = _Sampler(fn, args, n, _units(fn, None))
+    for r in range(samples):  # round-robin, order rotated each round
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            samplers[name].sample()
+    timings = {name: s.timing() for name, s in samplers.items()}
+    gpus = {name: gpu_time(variants[name], *args, calls=_profile_calls(timings[name]), warmup=1) if floor else None
+            for name in names}
+
+    base = timings[names[0]].samples_us
     rows = []
-    for name, fn in variants.items():
-        t = timeit(fn, *args, calls=calls, samples=samples, warmup=warmup)
-        g = gpu_time(fn, *args, calls=min(calls, 50), warmup=1) if floor else None
+    for name in names:
+        t, g, fn = timings[name], gpus[name], variants[name]
         executed_as = _executed_as(fn, g)
-        # never let an eager run carry a graph's name unqualified
+        ratios = [b / v for b, v in zip(base, t.samples_us)]
+        lo, hi = _quartiles(ratios)
+        floor_us = g.busy_us if g is not None and executed_as == "cuda graph" and g.kernels + g.copies > 0 \
+            else float("nan")
         label = f"{name} (eager fallback)" if executed_as == "eager" and "graph" in name.lower() else name
         rows.append({
             "case": case, "variant": label, "executed_as": executed_as,
             "median_us": t.median_us, "iqr_us": t.iqr_us, "min_us": t.min_us, "max_us": t.max_us,
+            "spread_pct": 100 * t.iqr_us / t.median_us if t.median_us else float("nan"),
+            "speedup": statistics.median(ratios), "speedup_lo": lo, "speedup_hi": hi,
             "event_median_us": t.event_median_us if t.event_median_us is not None else float("nan"),
-            "floor_us": g.busy_us if g else float("nan"), "kernels_per_call": g.kernels if g else float("nan"),
+            "floor_us": floor_us,
+            "kernels_per_call": g.kernels if g else float("nan"),
             "copies_per_call": g.copies if g else float("nan"),
-            "clock": t.clock,
+            "vs_floor": t.median_us / floor_us if floor_us == floor_us else float("nan"),
+            "note": _notes(t, floor_us, g, executed_as),
+            "calls": t.calls, "clock": t.clock,
         })
-    df = pd.DataFrame(rows)
-    df.insert(df.columns.get_loc("median_us") + 1, "speedup", df["median_us"].iloc[0] / df["median_us"])
-    df["vs_floor"] = df["median_us"] / df["floor_us"]
-    return df
+    return pd.DataFrame(rows)
+
+
+def _profile_calls(t: Timing) -> int:
+    """Enough calls for stable counts, few enough that a profiled run of slow work stays short (~0.2 s)."""
+    return int(max(3, min(50, 2e5 / max(t.median_us * t.units_per_call, 1.0))))

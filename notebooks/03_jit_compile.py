@@ -1,7 +1,6 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -25,7 +24,9 @@
 # - Fusion and graphs solve different problems: fusion cuts the number of kernels (GPU time), a graph cuts
 #   the cost of launching them (CPU time). You usually want both.
 # - How to read "time per call" against the GPU-busy *floor* and the number of kernels per call.
-# - Why `mode="reduce-overhead"` called naively on a tiny function can be *slower* than eager, and how to use it well.
+# - Why `mode="reduce-overhead"` on a single elementwise function is *slower* than eager, and a deeper model
+#   where it wins.
+# - What happens to a `reduce-overhead` output you still hold when the next call replays.
 # - That TorchScript is deprecated: what still works, and what replaces it.
 #
 # **What you need**: an NVIDIA GPU for the graph parts (Colab: Runtime → Change runtime type → T4 GPU).
@@ -35,20 +36,57 @@
 # has not been timed yet, expect a few minutes; about 1 minute on a CPU (small sizes).
 
 # %%
-import sys, subprocess
-if "google.colab" in sys.modules:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "git+https://github.com/cudagraph-kit/cudagraph-kit"], check=True)
+# Setup. In a checkout of cudagraph-kit (this folder or one above it has cudagraph_kit/): use its kit. In Colab:
+# first make a shallow clone (the kit and its recorded GPU results), install it, and work in its notebooks/.
+import importlib.util, os, subprocess, sys
+from pathlib import Path
+
+REPO_URL = os.environ.get("CGK_REPO_URL", "https://github.com/cudagraph-kit/cudagraph-kit")
+REPO_REF = os.environ.get("CGK_REPO_REF", "main")
+
+
+def setup_run(*command):
+    """Run one setup command; if it fails, raise with the command's own error output."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"setup failed (exit {done.returncode}): {' '.join(command)}\n"
+                           + (done.stderr or done.stdout).strip())
+
+
+try:
+    import google.colab  # noqa: F401  (importable only in Colab)
+    IN_COLAB = True
+except ImportError:
+    IN_COLAB = False
+cwd = Path.cwd().resolve()
+checkout = next((p for p in (cwd, *cwd.parents) if (p / "cudagraph_kit" / "__init__.py").is_file()), None)
+if checkout is None and IN_COLAB:
+    checkout = cwd / "cudagraph-kit"
+    if not checkout.is_dir():
+        setup_run("git", "clone", "--quiet", "--depth", "1", "--branch", REPO_REF, REPO_URL, str(checkout))
+    installed = importlib.util.find_spec("cudagraph_kit")
+    if installed is None or checkout not in Path(installed.origin).resolve().parents:
+        # --no-deps: Colab's own torch, numpy, pandas and matplotlib stay as they are
+        setup_run(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                  "--editable", str(checkout))
+    os.chdir(checkout / "notebooks")  # where the notebooks run; the recorded results are in ../figures
+    print(f"cudagraph-kit ({REPO_REF}) in {checkout}, installed; working in {Path.cwd()}")
+if checkout is not None and str(checkout) not in sys.path:
+    sys.path.insert(0, str(checkout))
 
 # %% tags=["parameters"]
 SMOKE = None       # tiny run (CI / tests): fewer calls, one small compile on a CPU; None: read $CGK_SMOKE ("1" = on)
-CALLS = None       # calls per timing sample (None: 1000 on a GPU, fewer on a CPU / in SMOKE)
-SAMPLES = None     # timing samples; the median is reported (None: 7, 3 in SMOKE)
+CALLS = None       # calls per timing sample (None: the kit picks the count from a time budget; fixed on a CPU)
+SAMPLES = None     # timing rounds per comparison; medians are reported (None: 7, 3 in SMOKE)
 JIT_WARMUP = 20    # calls before timing/capturing a scripted function: its fuser only fuses after profiling runs
-COMPILE = True     # run the torch.compile part (slow to start: it compiles)
+COMPILE = True     # run the torch.compile parts (slow to start: they compile)
+MLP_LAYERS = 12    # section 6: Linear + ReLU layers of the deeper model
+MLP_WIDTH = 256    # section 6: features per layer
+MLP_BATCH = 8      # section 6: rows per call (small: launch-bound)
 
 # %%
 import cProfile
+import copy
 import os
 import pstats
 import types
@@ -56,7 +94,6 @@ import warnings
 from collections import defaultdict
 
 import matplotlib.pyplot as plt
-from matplotlib.ticker import NullFormatter
 import pandas as pd
 import torch
 
@@ -67,8 +104,8 @@ CUDA = has_cuda()
 DEVICE = "cuda" if CUDA else "cpu"
 if SMOKE is None:
     SMOKE = os.environ.get("CGK_SMOKE", "0") == "1"
-if CALLS is None:
-    CALLS = (200 if SMOKE else 1000) if CUDA else (20 if SMOKE else 200)
+if CALLS is None and (SMOKE or not CUDA):
+    CALLS = 50 if CUDA else 20
 if SAMPLES is None:
     SAMPLES = 3 if SMOKE else 7
 # The blog's shapes on a GPU; much smaller ones on a CPU (the CPU part only shows that things run and agree).
@@ -79,7 +116,7 @@ COMPILE_CASES = [] if not COMPILE else (["small"] if (SMOKE and not CUDA) else l
 
 torch.manual_seed(0)
 print(env_table())
-print(f"\nSMOKE={SMOKE}  CALLS={CALLS}  SAMPLES={SAMPLES}  shapes={SHAPES}  compile cases={COMPILE_CASES}")
+print(f"\nSMOKE={SMOKE}  CALLS={CALLS or 'by time'}  SAMPLES={SAMPLES}  shapes={SHAPES}  compile cases={COMPILE_CASES}")
 if not CUDA:
     print("\nNo CUDA GPU here. CUDA graphs (manual ones and mode='reduce-overhead') need an NVIDIA GPU, so this run\n"
           "only checks that eager, torch.jit.script and torch.compile agree on the CPU, at small sizes.\n"
@@ -89,9 +126,9 @@ if not CUDA:
 # ## 1. The workload
 #
 # GELU written out as five elementwise operations. Run eagerly, every operation is its own CUDA kernel that
-# reads and writes the whole tensor: five launches (CPU cost, several µs each) and five passes over memory
-# (GPU cost). A compiler that *fuses* them does one pass in one kernel; a CUDA graph launches all the kernels
-# it holds with one call.
+# reads and writes whole tensors: five launches (CPU cost, several µs each) and five passes over memory
+# (GPU cost; notebook 01 counts the bytes). A compiler that *fuses* them does one pass in one kernel; a CUDA
+# graph launches all the kernels it holds with one call.
 
 # %%
 def gelu(x):
@@ -127,14 +164,24 @@ for case in SHAPES:
     variants[case]["eager"] = gelu
     errors[case]["eager"] = 0.0
 
+
+def show(df, columns):
+    """The columns of a timing table that this run has."""
+    return df[[c for c in columns if c in df.columns]]
+
+
+TABLE_COLUMNS = ["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo", "speedup_hi", "floor_us",
+                 "kernels_per_call", "copies_per_call", "note"]
+
 # %% [markdown]
 # ## 2. The blog's experiment: eager, CUDA graph, `jit.script`, `jit.script` + graph
 #
 # `cudagraph_kit.capture(fn, x)` does what notebook 01 wrote out by hand: warm-up on a side stream, a static
 # input buffer, `torch.cuda.graph` capture. Calling the result, `g(x)`, copies the new input into the static
 # buffer and replays the graph; the output lives in graph-owned memory that the next call overwrites. That copy
-# is one more launch (and one more pass over memory), so we also time the case where the data is already in
-# the static input ("input in place": only `g.replay()`), as when the previous step wrote it there.
+# is one more launch (a device-to-device memcpy, and one more pass over memory), so we also time the case
+# where the data is already in the static input ("input in place": only `g.replay()`), as when the previous
+# step wrote it there.
 
 # %%
 def add_graph_variants(case, name, g):
@@ -156,16 +203,20 @@ else:
     print("skipped: 'cuda graph' and 'jit.script + graph' need an NVIDIA GPU.")
 
 # %% [markdown]
-# `torch.jit.script` compiles the function to TorchScript. Its executor *profiles* the first calls (shapes,
-# dtypes, devices) and only then hands the elementwise chain to a fuser (NNC on current PyTorch, nvFuser in
-# 2021), so we call it `JIT_WARMUP` times before timing or capturing it. On a CPU this fuser is off by default,
-# so the scripted function runs the same five kernels as eager.
+# `torch.jit.script` compiles the function to TorchScript. Its profiling executor records the first calls
+# (shapes, dtypes, devices) and only then hands the elementwise chain to a fuser, so we call it `JIT_WARMUP`
+# times before timing or capturing it. Which fuser depends on the version: in PyTorch 1.10, the blog's
+# version, TorchScript fused CUDA code with NNC (the TensorExpr fuser; nvFuser was opt-in). nvFuser became the
+# default CUDA fuser in PyTorch 1.12, on Volta and newer GPUs only (so never on the blog's K80); in 2023
+# TorchScript went back to NNC, and nvFuser was later removed from it. The cell below reads the fuser from the
+# optimized graph (`prim::TensorExprGroup` is NNC, `prim::CudaFusionGroup` nvFuser). On a CPU this fuser is
+# off by default, so the scripted function runs the same five kernels as eager.
 #
 # TorchScript is deprecated in recent PyTorch (in favour of `torch.compile` and `torch.export`). We record the
 # warning PyTorch gives, and skip this part cleanly where `torch.jit.script` is gone or fails.
 
 # %%
-scripted, JIT_STATUS = None, ""
+scripted, JIT_STATUS, FUSER = None, "", "none"
 if not hasattr(torch, "jit") or not hasattr(torch.jit, "script"):
     JIT_STATUS = f"torch.jit.script does not exist in PyTorch {torch.__version__}: TorchScript rows skipped."
 else:
@@ -191,12 +242,17 @@ if scripted is not None:
         if CUDA:
             gs = capture(scripted, inputs[case], warmup=JIT_WARMUP)  # warm up (no_grad, side stream), capture
             add_graph_variants(case, "jit.script + graph", gs)
-    if CUDA:
-        try:
-            print("\nThe optimized TorchScript graph (look for a fusion group):")
-            print(scripted.graph_for(inputs["small"]))
-        except Exception as exc:  # noqa: BLE001 - only a printout
-            print(f"(graph_for unavailable: {exc})")
+    try:
+        optimized = str(scripted.graph_for(inputs["small"]))
+        FUSER = ("NNC (prim::TensorExprGroup)" if "TensorExprGroup" in optimized else
+                 "nvFuser (prim::CudaFusionGroup)" if "CudaFusionGroup" in optimized else
+                 "legacy fuser (prim::FusionGroup)" if "FusionGroup" in optimized else "none (no fusion group)")
+        if CUDA:
+            print("\nThe optimized TorchScript graph:")
+            print(optimized)
+    except Exception as exc:  # noqa: BLE001 - only a printout
+        FUSER = f"unknown (graph_for unavailable: {exc})"
+    print(f"TorchScript fuser used here: {FUSER}")
 
 # %% [markdown]
 # ## 3. The modern path: `torch.compile`, and a manual graph of the compiled function
@@ -235,16 +291,16 @@ else:
 #    buffers and tensors marked with `torch._dynamo.mark_static_address`) is copied into the graph's static
 #    input buffer: one more copy per call.
 # 3. **Output bookkeeping**: outputs live in the graph's memory pool, which the next replay overwrites. The
-#    tree checks which earlier outputs are still alive, rebuilds the output tensors, and when a new
-#    *generation* (iteration) starts it invalidates (newer PyTorch versions may instead copy out) outputs you
-#    still hold. By default every call of the compiled function starts a new generation (in inference);
+#    tree tracks which outputs it handed out, and when a new *generation* (iteration) starts it invalidates
+#    the ones you still hold: reading one afterwards is an error (a cell below tries it).
+#    By default every call of the compiled function starts a new generation (in inference);
 #    `torch.compiler.cudagraph_mark_step_begin()` marks the boundary explicitly and is required whenever the
 #    heuristic is wrong (e.g. training with a pending backward). Once you call it, call it every iteration:
 #    from then on the tree counts generations only by your marks.
 #
-# We measure three ways of calling it. First the "naive" loops, `y = f(x)` (the output stays alive until
-# the next call) and a loop that drops the output at once. The `mark_step_begin` variants come later
-# (section 5) because the first call to it changes how generations are counted for the rest of the process.
+# We measure two "naive" loops first: `y = f(x)` (the output stays alive until the next call) and a loop
+# that drops the output at once. The `mark_step_begin` variants come later (section 5) because the first
+# call to it changes how generations are counted for the rest of the process.
 
 # %%
 ro = ro_static = None
@@ -275,6 +331,39 @@ else:
           "(on a CPU it would only run the default compiled code).")
 
 # %% [markdown]
+# **Reading an output after the next call.** `y1 = f(x1); y2 = f(x2)`: the second call replays into the
+# memory that holds `y1`. What does PyTorch do when you then read `y1`? The cell tries it and prints what
+# happened on this version, then shows the fix: `.clone()` the outputs you keep (or consume them before the
+# next call).
+
+# %%
+ro_overwrite = None  # what reading a stale reduce-overhead output did on this PyTorch version
+if ro is not None:
+    c0 = COMPILE_CASES[0]
+    x1, x2 = test_inputs[c0], inputs[c0]
+    y1 = ro(x1)
+    y2 = ro(x2)                                   # a new generation: it replays into y1's memory
+    try:
+        same_as_f_x1 = torch.allclose(y1, gelu(x1), atol=1e-5)   # reads y1
+        ro_overwrite = "kept (y1 still holds f(x1))" if same_as_f_x1 else "silently overwritten"
+        print(f"reading y1 after the next call did not raise: y1 was {ro_overwrite}.")
+    except RuntimeError as exc:
+        ro_overwrite = "raises RuntimeError"
+        print("reading y1 after the next call raised RuntimeError:\n ", str(exc).split(" Stack trace")[0])
+    y1 = ro(x1).clone()                           # the fix: clone what you keep
+    y2 = ro(x2)
+    torch.testing.assert_close(y1, gelu(x1))
+    torch.testing.assert_close(y2, gelu(x2))
+    print("with y1 = f(x1).clone(): y1 survives the next call and matches eager.")
+    import torch._inductor.config as inductor_config
+    if hasattr(getattr(inductor_config, "triton", None), "cudagraph_trees_generation_cloning"):
+        print("This PyTorch also offers torch._inductor.config.triton.cudagraph_trees_generation_cloning = "
+              "'user_visible' (clone outputs that stay alive across generations).")
+    del y1, y2
+else:
+    print("skipped: needs an NVIDIA GPU and torch.compile.")
+
+# %% [markdown]
 # ### Correctness first
 #
 # Every variant ran once on fresh data; here is its largest difference from eager. The compiled kernels may
@@ -289,29 +378,220 @@ assert (err_table["max_abs_err"] < 1e-4).all(), "a variant disagrees with eager;
 # %% [markdown]
 # ### Timing, floor and kernels per call
 #
-# `compare()` times each variant (median of `SAMPLES` samples of `CALLS` calls, synchronized) and reads the
-# profiler for the GPU-busy time per call (the *floor*), the kernels per call, and whether a CUDA graph was
-# launched (`executed_as` comes from the profiler, not from the name).
+# `compare()` times all variants of one tensor in one window, round-robin (one sample of each per round), and
+# reports the median time per call and the speedup over eager (median of the per-round ratios, with
+# quartiles). After all timings it reads the profiler for the GPU-busy time per call (the *floor*), the
+# kernels and copies per call, and whether a CUDA graph was launched (`executed_as` comes from the profiler,
+# not from the name). This is **window 1**: everything before the first `mark_step_begin` of the process.
 
 # %%
-def run_compare(case, names):
-    df = compare({n: variants[case][n] for n in names}, inputs[case], case=case, calls=CALLS, samples=SAMPLES,
-                 warmup=10, floor=CUDA)
+def run_compare(case, names, window):
+    df = compare({n: variants[case][n] for n in names}, inputs[case], case=case, samples=SAMPLES, calls=CALLS,
+                 floor=CUDA)
     df.insert(1, "shape", "x".join(map(str, SHAPES[case])))
+    df["window"] = window
     return df
 
 
-frames = [run_compare(case, list(variants[case])) for case in SHAPES]
-print(pd.concat(frames)[["case", "variant", "executed_as", "median_us", "floor_us", "kernels_per_call"]]
-      .to_string(index=False, float_format="%.1f"))
+WINDOW_1, WINDOW_2, WINDOW_3 = "1: before mark_step_begin", "2: after mark_step_begin", "3: deeper MLP"
+frames = [run_compare(case, list(variants[case]), WINDOW_1) for case in SHAPES]
+print(show(pd.concat(frames), TABLE_COLUMNS).to_string(index=False, float_format="%.2f"))
 
 # %% [markdown]
-# ### Where does a naive `reduce-overhead` call spend its time?
+# Reading the table: default `torch.compile` launches one fused kernel but spends tens of µs in Python
+# (Dynamo's frame entry and guards, AOTAutograd's wrapper, Inductor's wrapper) before it. `reduce-overhead`
+# keeps all of that, adds the CUDA graph trees' bookkeeping, and launches two things instead of one: a copy
+# of the input into the graph's static buffer and the graph. On one fused elementwise kernel there is almost
+# nothing left for the graph to save (one kernel launch becomes a graph launch plus a copy), while the Python
+# on top grows. A manual graph of the compiled function skips all the Python: one `copy_` and one `replay()`,
+# or only `replay()` when the input is already in place. The cell below prints this run's numbers (section 7
+# shows where the time of a call goes).
+
+# %%
+w1 = pd.concat(frames, ignore_index=True)
+for case in COMPILE_CASES if CUDA else []:
+    d = w1[w1["case"] == case].set_index("variant")
+    naive = d.loc["reduce-overhead, naive (y = f(x))"]
+    print(f"{case}: eager {d.loc['eager', 'median_us']:.1f} µs; torch.compile {d.loc['torch.compile', 'median_us']:.1f} µs "
+          f"({d.loc['torch.compile', 'kernels_per_call']:g} kernel); reduce-overhead naive {naive.median_us:.1f} µs "
+          f"({naive.speedup:.2f}x eager; {naive.kernels_per_call:g} kernels + {naive.get('copies_per_call', float('nan')):g} "
+          f"memcpy per call); manual graph of the compiled function, input in place "
+          f"{d.loc['torch.compile + graph, input in place', 'median_us']:.1f} µs.")
+
+# %% [markdown]
+# ## 5. Using `reduce-overhead` as documented
 #
-# Two measurements, on the same variants. First, what the GPU does per call and which CUDA runtime calls the
-# CPU makes (profiler): each `cudaLaunchKernel`/`cudaMemcpyAsync` costs the CPU a launch, `cudaGraphLaunch`
+# What the documentation recommends, measured:
+#
+# - **Say where an iteration starts**: `torch.compiler.cudagraph_mark_step_begin()` before each call. (In
+#   inference every call already starts a new generation, so expect no gain here; in training, or whenever
+#   the heuristic is wrong, it is what keeps replays on the fast path.)
+# - **Keep the input where the graph reads it**: if your data is produced into the same tensor every
+#   iteration (a preallocated batch buffer, a KV cache), mark it with
+#   `torch._dynamo.mark_static_address(buf, guard=True)`; the graph should then read it in place instead of
+#   copying it. And consume or `.clone()` each output before the next call. The kernels and copies per call
+#   show whether the copy really went away on your version.
+#
+# The first `mark_step_begin` changes how the process counts generations, so these variants are timed in
+# **window 2**, with eager and the manual graph of the compiled function timed again beside them as
+# references. Speedups are read within a window.
+
+# %%
+def with_mark_step(fn):
+    def call(x):
+        torch.compiler.cudagraph_mark_step_begin()
+        return fn(x)
+    return call
+
+
+late = {case: [] for case in SHAPES}
+late_frames = []
+if CUDA and COMPILE_CASES:
+    ro_static = torch.compile(fresh(gelu), mode="reduce-overhead", dynamic=False)
+    for case in COMPILE_CASES:
+        marked = with_mark_step(ro)
+        variants[case]["reduce-overhead + mark_step_begin"] = marked
+        errors[case]["reduce-overhead + mark_step_begin"] = max_abs_err(marked, case)
+
+        buf = inputs[case].clone()                 # the buffer your pipeline writes each new input into
+        # Before the first call, so the graph is built for it. guard=True makes Dynamo guard the address (a new
+        # address recompiles). With the default guard=False, PyTorch 2.11 kept copying the input on our H200
+        # whenever the compiled graph came from the compile cache (the static-input marking was lost).
+        torch._dynamo.mark_static_address(buf, guard=True)
+        in_place = with_mark_step(ro_static)
+        for _ in range(3):
+            in_place(buf)
+        # timed: the data is already in `buf` (the argument is ignored); checked: new data written into `buf` first
+        variants[case]["reduce-overhead, static input"] = lambda _x, f=in_place, b=buf: f(b)
+        errors[case]["reduce-overhead, static input"] = max_abs_err(
+            variants[case]["reduce-overhead, static input"], case, prepare=buf.copy_)
+        late[case] = ["eager", "torch.compile + graph, input in place", "reduce-overhead + mark_step_begin",
+                      "reduce-overhead, static input"]
+    late_errors = pd.DataFrame([{"case": c, "variant": v, "max_abs_err": errors[c][v]}
+                                for c in SHAPES for v in late[c]])
+    print(late_errors.to_string(index=False))
+    assert (late_errors["max_abs_err"] < 1e-4).all(), "a variant disagrees with eager; do not time it"
+    late_frames = [run_compare(case, late[case], WINDOW_2) for case in COMPILE_CASES]
+    print(show(pd.concat(late_frames), TABLE_COLUMNS).to_string(index=False, float_format="%.2f"))
+    for case in COMPILE_CASES:
+        k = pd.concat(frames + late_frames).query("case == @case").drop_duplicates("variant").set_index("variant")
+        went = k.loc["reduce-overhead, static input", "kernels_per_call"] < k.loc["reduce-overhead, output dropped",
+                                                                                 "kernels_per_call"]
+        print(f"{case}: mark_static_address {'removed' if went else 'did NOT remove'} the input copy on PyTorch "
+              f"{torch.__version__} ({k.loc['reduce-overhead, output dropped', 'kernels_per_call']:g} -> "
+              f"{k.loc['reduce-overhead, static input', 'kernels_per_call']:g} kernels per call).")
+else:
+    print("skipped: needs an NVIDIA GPU.")
+
+# %% [markdown]
+# **Does `reduce-overhead` ever win on this one elementwise function?** The cell below collects every
+# `reduce-overhead` row of windows 1 and 2 and says so plainly, with its best row against eager and against
+# the manual graph of the compiled function from the same window.
+
+# %%
+gelu_rows = pd.concat(frames + late_frames, ignore_index=True)
+ro_rows = gelu_rows[gelu_rows["variant"].str.startswith("reduce-overhead")]
+RO_GELU_VERDICT = "not measured (needs an NVIDIA GPU and torch.compile)"
+if len(ro_rows):
+    best = ro_rows.loc[ro_rows["speedup"].idxmax()]
+    manual = gelu_rows[(gelu_rows["case"] == best["case"]) & (gelu_rows["window"] == best["window"])
+                       & (gelu_rows["variant"] == "torch.compile + graph, input in place")]
+    wins = (ro_rows["speedup"] > 1).sum()
+    if wins == 0:
+        RO_GELU_VERDICT = (f"On this one elementwise function reduce-overhead never beat eager: none of its "
+                           f"{len(ro_rows)} rows did. Its best, '{best['variant']}' on the {best['case']} tensor, "
+                           f"ran at {best['speedup']:.2f}x eager ({best['median_us']:.1f} µs)")
+    else:
+        RO_GELU_VERDICT = (f"reduce-overhead beat eager in {wins} of {len(ro_rows)} rows; its best, "
+                           f"'{best['variant']}' on the {best['case']} tensor, ran at {best['speedup']:.2f}x eager "
+                           f"({best['median_us']:.1f} µs)")
+    if len(manual):
+        RO_GELU_VERDICT += (f", where a manual graph of the compiled function with its input in place took "
+                            f"{manual['median_us'].iloc[0]:.1f} µs ({manual['speedup'].iloc[0]:.2f}x eager).")
+    else:
+        RO_GELU_VERDICT += "."
+print(RO_GELU_VERDICT)
+
+# %% [markdown]
+# ## 6. Where `reduce-overhead` wins: a deeper model
+#
+# `reduce-overhead`'s fixed cost per call (guards, wrappers, the tree's bookkeeping, one input copy, one
+# graph launch) does not grow with the work inside the graph, while eager pays a launch per kernel and default
+# `torch.compile` pays one per generated kernel. So give it a region with many kernels: an MLP of
+# `MLP_LAYERS` × (`Linear` + `ReLU`), `MLP_WIDTH` features, a batch of `MLP_BATCH` rows (inference, no
+# gradients): small matrices, so every kernel is short and the model is launch-bound. Timed in **window 3**:
+# eager, default `torch.compile`, `reduce-overhead` (with `mark_step_begin`, as the process requires by now),
+# and the kit's manual graph of the eager model, `g(x)` and with the input in place.
+
+# %%
+torch.manual_seed(0)
+layers = []
+for _ in range(MLP_LAYERS):
+    layers += [torch.nn.Linear(MLP_WIDTH, MLP_WIDTH), torch.nn.ReLU()]
+mlp = torch.nn.Sequential(*layers).to(DEVICE).requires_grad_(False)
+x_mlp, x_mlp_test = torch.randn(MLP_BATCH, MLP_WIDTH, device=DEVICE), torch.randn(MLP_BATCH, MLP_WIDTH, device=DEVICE)
+
+
+def mlp_forward(x):
+    return mlp(x)
+
+
+mlp_variants = {"eager": mlp}
+if CUDA and COMPILE:
+    mlp_variants["torch.compile"] = torch.compile(fresh(mlp_forward), dynamic=False)
+    mlp_variants["reduce-overhead + mark_step_begin"] = with_mark_step(
+        torch.compile(fresh(mlp_forward), mode="reduce-overhead", dynamic=False))
+if CUDA:
+    g_mlp = capture(mlp, x_mlp)
+    mlp_variants["cuda graph"] = g_mlp
+    mlp_variants["cuda graph, input in place"] = lambda _x, g=g_mlp: g.replay()
+
+ref_mlp = mlp(x_mlp_test)
+mlp_errors = {}
+for name, fn in mlp_variants.items():
+    for _ in range(3):                      # compile, record, replay
+        fn(x_mlp)
+    if name == "cuda graph, input in place":
+        g_mlp.static_inputs[0].copy_(x_mlp_test)
+    out = fn(x_mlp_test)
+    mlp_errors[name] = (out - ref_mlp).abs().max().item()
+rel = {k: v / ref_mlp.abs().max().item() for k, v in mlp_errors.items()}
+print(pd.DataFrame({"max_abs_err": mlp_errors, "relative to max |output|": rel}).to_string(float_format="%.2e"))
+assert max(rel.values()) < 1e-4, "a variant disagrees with eager; do not time it"
+
+MLP_CASE = f"MLP {MLP_LAYERS}x(Linear {MLP_WIDTH}+ReLU), batch {MLP_BATCH}"
+mlp_frame = compare(mlp_variants, x_mlp, case=MLP_CASE, samples=SAMPLES, calls=CALLS, floor=CUDA)
+mlp_frame.insert(1, "shape", f"{MLP_BATCH}x{MLP_WIDTH}")
+mlp_frame["window"] = WINDOW_3
+mlp_frame["max_abs_err"] = [mlp_errors[v.replace(" (eager fallback)", "")] for v in mlp_frame["variant"]]
+print(show(mlp_frame, TABLE_COLUMNS).to_string(index=False, float_format="%.2f"))
+
+# %%
+RO_MLP_VERDICT = "not measured (needs an NVIDIA GPU and torch.compile)"
+m = mlp_frame.set_index("variant")
+if "reduce-overhead + mark_step_begin" in m.index:
+    r, c, e = m.loc["reduce-overhead + mark_step_begin"], m.loc["torch.compile"], m.loc["eager"]
+    vs_compile = c["median_us"] / r["median_us"]
+    RO_MLP_VERDICT = (
+        f"On the {MLP_LAYERS}-layer MLP, reduce-overhead ran at {r['median_us']:.1f} µs per call: "
+        f"{r['speedup']:.2f}x eager ({e['median_us']:.1f} µs, {e['kernels_per_call']:g} kernels) and "
+        f"{vs_compile:.2f}x default torch.compile ({c['median_us']:.1f} µs, {c['kernels_per_call']:g} kernels); "
+        + ("it wins here" if r["speedup"] > 1 and vs_compile > 1 else "it does NOT win here")
+        + f". The kit's manual graph of the eager model took {m.loc['cuda graph', 'median_us']:.1f} µs with the "
+        f"input copy and {m.loc['cuda graph, input in place', 'median_us']:.1f} µs with the input in place; the "
+        f"floor is {m.loc['cuda graph, input in place', 'floor_us']:.1f} µs.")
+print(RO_MLP_VERDICT)
+
+# %% [markdown]
+# ## 7. Where the time of a call goes
+#
+# Two measurements, made after all timings (a profiler session slows every later kernel launch in the
+# process, so it must not run before a timing). First, what the GPU does per call and which CUDA runtime calls
+# the CPU makes (profiler): each `cudaLaunchKernel`/`cudaMemcpyAsync` costs the CPU a launch, `cudaGraphLaunch`
 # is one graph replay. Then where the CPU time goes: Python's `cProfile` over many calls, grouped by the part
-# of PyTorch it was spent in. cProfile slows Python down, so read the *shares*, not the absolute µs.
+# of PyTorch it was spent in. cProfile slows Python down, so read the *shares*, not the absolute µs. The
+# `reduce-overhead` variants here are the ones with `mark_step_begin`: by now the process counts generations
+# only by marks, so a loop without them would no longer behave as it did in window 1.
 
 # %%
 from torch.autograd import DeviceType
@@ -339,14 +619,13 @@ def runtime_calls(fn, x, calls=50):
     return ", ".join(f"{k} {v / calls:g}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]) if v >= calls / 2)
 
 
-def gpu_breakdown(names, cases=None):
+def gpu_breakdown(named):
     rows = []
-    for case in cases or COMPILE_CASES:
-        for n in names:
-            g = gpu_time(variants[case][n], inputs[case], calls=50)
-            rows.append({"case": case, "variant": n, "GPU busy µs": g.busy_us,
-                         "GPU work per call (µs)": "; ".join(f"{short(k)} {v:.1f}" for k, v in g.top[:3]),
-                         "CUDA runtime calls per call": runtime_calls(variants[case][n], inputs[case])})
+    for case, n, fn, x in named:
+        g = gpu_time(fn, x)
+        rows.append({"case": case, "variant": n, "GPU busy µs": getattr(g, "busy_us", float("nan")),
+                     "GPU work per call (µs)": "; ".join(f"{short(k)} {v:.1f}" for k, v in getattr(g, "top", [])[:3]),
+                     "CUDA runtime calls per call": runtime_calls(fn, x)})
     return pd.DataFrame(rows)
 
 
@@ -391,164 +670,108 @@ def cpu_breakdown(fn, x, calls=2000):
 
 
 if CUDA and COMPILE_CASES:
+    c0 = COMPILE_CASES[0]
+    named = [(c0, n, variants[c0][n], inputs[c0]) for n in
+             ["eager", "torch.compile", "torch.compile + graph", "torch.compile + graph, input in place",
+              "reduce-overhead + mark_step_begin", "reduce-overhead, static input"]]
+    named += [(MLP_CASE, n, mlp_variants[n], x_mlp) for n in ["eager", "torch.compile",
+                                                              "reduce-overhead + mark_step_begin"]]
     with pd.option_context("display.max_colwidth", 200, "display.width", 250):
-        print(gpu_breakdown(["eager", "torch.compile", "torch.compile + graph", "torch.compile + graph, input in place",
-                             "reduce-overhead, naive (y = f(x))", "reduce-overhead, output dropped"])
-              .to_string(index=False, float_format="%.2f"))
-    for name in ["torch.compile", "torch.compile + graph", "reduce-overhead, naive (y = f(x))"]:
-        print(f"\nWhere the CPU time of one call goes, {name!r} (small tensor):")
-        print(cpu_breakdown(variants[COMPILE_CASES[0]][name], inputs[COMPILE_CASES[0]])
-              .to_string(index=False, float_format="%.1f"))
+        print(gpu_breakdown(named).to_string(index=False, float_format="%.2f"))
+    for label, fn, x in [("torch.compile", variants[c0]["torch.compile"], inputs[c0]),
+                         ("torch.compile + graph", variants[c0]["torch.compile + graph"], inputs[c0]),
+                         ("reduce-overhead + mark_step_begin", variants[c0]["reduce-overhead + mark_step_begin"],
+                          inputs[c0]),
+                         ("reduce-overhead, static input", variants[c0]["reduce-overhead, static input"], inputs[c0]),
+                         (f"reduce-overhead + mark_step_begin, {MLP_CASE}",
+                          mlp_variants["reduce-overhead + mark_step_begin"], x_mlp)]:
+        print(f"\nWhere the CPU time of one call goes, {label!r}:")
+        print(cpu_breakdown(fn, x).to_string(index=False, float_format="%.1f"))
 else:
     print("skipped: needs an NVIDIA GPU.")
 
 # %% [markdown]
-# Reading the tables: default `torch.compile` launches one fused kernel but spends tens of µs in Python
-# (Dynamo's frame entry and guards, AOTAutograd's wrapper, Inductor's wrapper) before it. `reduce-overhead`
-# keeps all of that, adds the CUDA graph trees' bookkeeping, and launches two things instead of one: the copy
-# of the input into the graph's static buffer (a separate kernel) and the graph. Compared with default
-# `torch.compile` there is nothing left for the graph to save (one fused-kernel launch becomes a graph launch
-# plus a copy) while the Python on top grows, so on this tiny function it is slower than eager; on the large
-# tensor the input copy is also a full extra pass over memory. A manual graph of the compiled function skips all the Python:
-# one `copy_` and one `replay()`, or only `replay()` when the input is already in place.
-
-# %% [markdown]
-# ## 5. Using `reduce-overhead` well
+# ## 8. All results, saved
 #
-# What the documentation recommends, measured:
-#
-# - **Say where an iteration starts**: `torch.compiler.cudagraph_mark_step_begin()` before each call. (In
-#   inference every call already starts a new generation, so expect no gain here; in training, or whenever
-#   the heuristic is wrong, it is what keeps replays on the fast path.)
-# - **Keep the input where the graph reads it**: if your data is produced into the same tensor every
-#   iteration (a preallocated batch buffer, a KV cache), mark it with
-#   `torch._dynamo.mark_static_address(buf, guard=True)`; the graph should then read it in place instead of
-#   copying it. And consume or `.clone()` each output before
-#   the next call. The kernels and runtime calls below show whether the copy really went away on your version.
-
-# %%
-def with_mark_step(fn):
-    def call(x):
-        torch.compiler.cudagraph_mark_step_begin()
-        return fn(x)
-    return call
-
-
-late = {case: [] for case in SHAPES}
-if CUDA and COMPILE_CASES:
-    ro_static = torch.compile(fresh(gelu), mode="reduce-overhead", dynamic=False)
-    for case in COMPILE_CASES:
-        marked = with_mark_step(ro)
-        variants[case]["reduce-overhead + mark_step_begin"] = marked
-        errors[case]["reduce-overhead + mark_step_begin"] = max_abs_err(marked, case)
-
-        buf = inputs[case].clone()                 # the buffer your pipeline writes each new input into
-        # Before the first call, so the graph is built for it. guard=True makes Dynamo guard the address (a new
-        # address recompiles). With the default guard=False, PyTorch 2.11 kept copying the input on our H200
-        # whenever the compiled graph came from the compile cache (the static-input marking was lost).
-        torch._dynamo.mark_static_address(buf, guard=True)
-        in_place = with_mark_step(ro_static)
-        for _ in range(3):
-            in_place(buf)
-        # timed: the data is already in `buf` (the argument is ignored); checked: new data written into `buf` first
-        variants[case]["reduce-overhead, used well"] = lambda _x, f=in_place, b=buf: f(b)
-        errors[case]["reduce-overhead, used well"] = max_abs_err(
-            variants[case]["reduce-overhead, used well"], case, prepare=buf.copy_)
-        late[case] = ["reduce-overhead + mark_step_begin", "reduce-overhead, used well"]
-    late_errors = pd.DataFrame([{"case": c, "variant": v, "max_abs_err": errors[c][v]}
-                                for c in SHAPES for v in late[c]])
-    print(late_errors.to_string(index=False))
-    assert (late_errors["max_abs_err"] < 1e-4).all(), "a variant disagrees with eager; do not time it"
-    late_frames = [run_compare(case, late[case]) for case in COMPILE_CASES]
-    print(pd.concat(late_frames)[["case", "variant", "executed_as", "median_us", "floor_us", "kernels_per_call"]]
-          .to_string(index=False, float_format="%.1f"))
-    with pd.option_context("display.max_colwidth", 200, "display.width", 250):
-        print(gpu_breakdown(late[COMPILE_CASES[0]]).to_string(index=False, float_format="%.2f"))
-    print("\nWhere the CPU time of one call goes, 'reduce-overhead, used well' (small tensor):")
-    print(cpu_breakdown(variants[COMPILE_CASES[0]]["reduce-overhead, used well"], inputs[COMPILE_CASES[0]])
-          .to_string(index=False, float_format="%.1f"))
-    for case in COMPILE_CASES:
-        k = {f.loc[i, "variant"]: f.loc[i, "kernels_per_call"] for f in frames + late_frames for i in f.index
-             if f.loc[i, "case"] == case}
-        same = k["reduce-overhead, used well"] >= k["reduce-overhead, output dropped"]
-        print(f"{case}: mark_static_address {'did NOT remove' if same else 'removed'} the input copy on PyTorch "
-              f"{torch.__version__} ({k['reduce-overhead, output dropped']:g} -> "
-              f"{k['reduce-overhead, used well']:g} kernels per call).")
-else:
-    late_frames = []
-    print("skipped: needs an NVIDIA GPU.")
-
-# %% [markdown]
-# ## 6. All results, saved
-#
-# `speedup` is relative to eager on the same tensor. `floor_us` is the GPU-busy time per call: what a variant
-# would cost if launching were free. Fusion lowers the floor (fewer passes over memory); a graph brings the
-# time per call down *towards* the floor (fewer, cheaper launches).
+# `speedup` is relative to eager on the same tensor in the same window (column `window`). `floor_us` is the
+# GPU-busy time per call: what a variant would cost if launching were free. Fusion lowers the floor (fewer
+# passes over memory); a graph brings the time per call down *towards* the floor (fewer, cheaper launches).
 
 # %%
 df = pd.concat(frames + late_frames, ignore_index=True)
 df["max_abs_err"] = [errors[c][v.replace(" (eager fallback)", "")] for c, v in zip(df["case"], df["variant"])]
-eager_us = df[df["variant"] == "eager"].set_index("case")["median_us"]
-df["speedup"] = df["case"].map(eager_us) / df["median_us"]
+df = pd.concat([df, mlp_frame], ignore_index=True)
 df["device"] = torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)"
-cols = ["case", "shape", "variant", "executed_as", "median_us", "iqr_us", "speedup", "floor_us", "vs_floor",
-        "kernels_per_call", "max_abs_err", "device", "clock"]
-df = df[cols + [c for c in df.columns if c not in cols]]
-print(df[["case", "variant", "executed_as", "median_us", "speedup", "floor_us", "kernels_per_call", "max_abs_err"]]
-      .to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+cols = ["case", "shape", "window", "variant", "executed_as", "median_us", "iqr_us", "speedup", "floor_us",
+        "vs_floor", "kernels_per_call", "copies_per_call", "max_abs_err", "device", "clock"]
+df = df[[c for c in cols if c in df.columns] + [c for c in df.columns if c not in cols]]
+print(show(df, ["case", "window", "variant", "executed_as", "median_us", "speedup", "floor_us", "kernels_per_call",
+                "copies_per_call", "max_abs_err"]).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 # %%
 def plot(df):
+    """One panel per case, a linear time axis each; bars coloured by how the variant ran, floor as a tick."""
     cases = list(dict.fromkeys(df["case"]))
-    fig, axes = plt.subplots(1, len(cases), figsize=(7 * len(cases), 0.42 * df.groupby("case").size().max() + 1.6),
-                             squeeze=False)
+    sizes = df.groupby("case", sort=False).size()
+    fig, axes = plt.subplots(len(cases), 1, figsize=(9, 0.36 * sizes.sum() + 1.2 * len(cases) + 0.6),
+                             gridspec_kw={"height_ratios": list(sizes)}, squeeze=False)
     colors = {"cuda graph": "tab:green", "eager": "tab:blue"}
-    for ax, case in zip(axes[0], cases):
+    for ax, case in zip(axes[:, 0], cases):
         d = df[df["case"] == case].iloc[::-1]
-        y = range(len(d))
-        ax.barh(list(y), d["median_us"], color=[colors.get(e, "tab:gray") for e in d["executed_as"]])
+        y = list(range(len(d)))
+        ax.barh(y, d["median_us"], color=[colors.get(e, "tab:gray") for e in d["executed_as"]], height=0.7)
         if d["floor_us"].notna().any():
-            ax.scatter(d["floor_us"], list(y), marker="|", s=300, color="black", zorder=3, label="GPU-busy floor")
-            ax.legend(loc="lower right", fontsize=8)
-        ax.set_yticks(list(y), [f"{v} ({e})" for v, e in zip(d["variant"], d["executed_as"])], fontsize=8)
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())  # no overlapping minor labels
-        ax.set_xlabel("time per call, µs (log scale)")
-        ax.set_title(f"GELU {case} {d['shape'].iloc[0]}")
+            ax.scatter(d["floor_us"], y, marker="|", s=250, color="black", zorder=3)
+        labels = [v.replace(" (eager fallback)", "") + (" †" if w == WINDOW_2 else "")
+                  for v, w in zip(d["variant"], d["window"])]
+        ax.set_yticks(y, labels, fontsize=8)
+        top = d["median_us"].max()
+        ax.set_xlim(0, top * 1.22)  # room for the value labels inside the axes
         for yi, v in zip(y, d["median_us"]):
-            ax.text(v, yi, f" {v:.1f}", va="center", fontsize=7)
+            ax.text(v + top * 0.01, yi, f"{v:.1f}", va="center", fontsize=7)
+        ax.set_xlabel("time per call (µs)")
+        ax.set_title(f"{case} ({d['shape'].iloc[0]})", fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3)
     where = df["device"].iloc[0]
     note = "" if CUDA else " (CPU, eager only: not a GPU result)"
-    fig.suptitle(f"Time per call; green: ran as a CUDA graph, blue: eager launches. {where}, "
-                 f"PyTorch {torch.__version__}{note}", fontsize=10)
-    fig.tight_layout()
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()] + [
+        plt.Line2D([], [], marker="|", color="black", ls="", markersize=12)]
+    fig.legend(handles, ["ran as a CUDA graph", "eager launches", "GPU-busy floor"], loc="upper right", fontsize=8,
+               ncol=3, bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"Time per call on {where}, PyTorch {torch.__version__}{note}\n"
+                 "† timed in window 2 (after the first mark_step_begin), with its own eager row", fontsize=9,
+                 x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.975))
     return fig
 
 
 fig = plot(df)
-folder = results.save(STEM, df, figures={"time_per_call": fig})
+folder = results.save(STEM, df, figures={"time_per_call": fig},
+                      extra_env={"torchscript_fuser": FUSER, "reduce_overhead_stale_output": ro_overwrite,
+                                 "reduce_overhead_gelu": RO_GELU_VERDICT, "reduce_overhead_mlp": RO_MLP_VERDICT})
 print("saved to", folder)
 plt.show()
 
 # %% [markdown]
-# ## 7. Fusion vs graphs, and the published figures
+# ## 9. Fusion vs graphs, and the published figures
 #
 # The blog measured on a Tesla K80 with PyTorch 1.10 (wall clock, 10,000 calls, mean). Our reference is a plain
-# PyTorch run on an H200 (PyTorch 2.11, median of 5 repeats). The last column is this notebook's run.
+# PyTorch run on an H100 (PyTorch 2.11, median of 5 repeats, in a process whose timings no profiler session had
+# slowed down; "-" where it has no figure). The last column is this notebook's run (window 1; the window 2
+# rows with their own eager).
 
 # %%
-# Published graph figures go on the "input in place" rows: the H200 reference's floors (1.2 µs for the fused
+# Published graph figures go on the "input in place" rows: the reference's floors (about 1.4 µs for the fused
 # graphs) show it replayed without copying a new input; the blog does not say.
 IP = ", input in place"
 K80 = {("small", "eager"): 70.9, ("small", "cuda graph" + IP): 64.9, ("small", "jit.script"): 38.9,
        ("small", "jit.script + graph" + IP): 35.6, ("large", "eager"): 1320.0, ("large", "cuda graph" + IP): 1340.0,
        ("large", "jit.script"): 425.0, ("large", "jit.script + graph" + IP): 374.0}
-H200 = {("small", "eager"): 56.4, ("small", "cuda graph" + IP): 11.5, ("small", "jit.script"): 20.4,
-        ("small", "jit.script + graph" + IP): 5.8, ("small", "torch.compile"): 39.5,
-        ("small", "torch.compile + graph" + IP): 5.9, ("small", "reduce-overhead, naive (y = f(x))"): 102.0,
-        ("large", "eager"): 57.8, ("large", "cuda graph" + IP): 50.5, ("large", "jit.script"): 15.2,
-        ("large", "jit.script + graph" + IP): 14.9, ("large", "torch.compile"): 55.1,
-        ("large", "torch.compile + graph" + IP): 8.7, ("large", "reduce-overhead, naive (y = f(x))"): 78.0}
+H100 = {("small", "eager"): 75.8, ("small", "cuda graph" + IP): 8.7, ("small", "jit.script"): 10.9,
+        ("small", "jit.script + graph" + IP): 2.7, ("small", "torch.compile"): 34.2,
+        ("small", "torch.compile + graph" + IP): 3.0, ("small", "reduce-overhead, naive (y = f(x))"): 85.2,
+        ("large", "eager"): 72.4, ("large", "cuda graph" + IP): 66.8, ("large", "jit.script + graph" + IP): 18.5,
+        ("large", "torch.compile + graph" + IP): 11.4}
 
 if CUDA:
     ours, ours_label = df, f"this run: {df['device'].iloc[0]}"
@@ -558,87 +781,95 @@ else:
     ours_label = f"recorded: {rec.env.get('gpu')}" if rec is not None else "this run (needs a GPU)"
 
 
-def fmt(us, eager):
+def fmt(us, speedup):
     if us is None or pd.isna(us):
         return "-"
-    return f"{us:.1f} µs ({eager / us:.2f}x)" if us < 1000 else f"{us / 1000:.3f} ms ({eager / us:.2f}x)"
+    return f"{us:.1f} µs ({speedup:.2f}x)" if us < 1000 else f"{us / 1000:.3f} ms ({speedup:.2f}x)"
+
+
+def published(table, case, v):
+    us = table.get((case, v))
+    return fmt(us, table[(case, "eager")] / us) if us else "-"
 
 
 rows = []
 for case in ("small", "large"):
     for v in ["eager", "cuda graph" + IP, "cuda graph", "jit.script", "jit.script + graph" + IP, "jit.script + graph",
               "torch.compile", "torch.compile + graph" + IP, "torch.compile + graph",
-              "reduce-overhead, naive (y = f(x))", "reduce-overhead + mark_step_begin", "reduce-overhead, used well"]:
-        mine = None
+              "reduce-overhead, naive (y = f(x))", "reduce-overhead + mark_step_begin", "reduce-overhead, static input"]:
+        mine = "-"
         if ours is not None:
             m = ours[(ours["case"] == case) & (ours["variant"] == v)]
-            e = ours[(ours["case"] == case) & (ours["variant"] == "eager")]
-            if len(m) and len(e):
-                mine = fmt(m["median_us"].iloc[0], e["median_us"].iloc[0])
-        rows.append({"case": case, "variant": v,
-                     "K80, blog (PyTorch 1.10)": fmt(K80.get((case, v)), K80[(case, "eager")]),
-                     "H200, reference (PyTorch 2.11)": fmt(H200.get((case, v)), H200[(case, "eager")]),
-                     ours_label: mine or "-"})
+            if len(m):
+                mine = fmt(m["median_us"].iloc[0], m["speedup"].iloc[0])
+        rows.append({"case": case, "variant": v, "K80, blog (PyTorch 1.10)": published(K80, case, v),
+                     "H100, reference (PyTorch 2.11)": published(H100, case, v), ours_label: mine})
 side_by_side = pd.DataFrame(rows)
 side_by_side
 
 # %% [markdown]
 # **Why the ratios differ.** On the K80 the GPU was the bottleneck for both tensors (each kernel ran longer
-# than the CPU took to launch it; the large GELU is five passes over 19 MB at about 240 GB/s), so a graph
-# gained almost nothing and only fusion helped; a Hopper GPU runs the small tensor's kernels in about a µs
-# each, so eager GELU there is almost pure launch overhead and graphs win several-fold, and on the large
-# tensor fusion first shrinks the GPU time until the fused kernel is launch-bound too, so fusion + graph
-# compounds.
+# than the CPU took to launch it; the cell below works out the large GELU's memory traffic at the K80's
+# bandwidth), so a graph gained almost nothing and only fusion helped. A Hopper GPU runs each of the small
+# tensor's kernels in much less time than a launch takes (compare the floor with the eager time per kernel in
+# the table below), so eager GELU there is almost pure launch overhead and graphs win several-fold;
+# on the large tensor fusion first shrinks the GPU time until the fused kernel is launch-bound too, so
+# fusion + graph compounds.
 #
 # The two effects stack: the "kernels per call" column shows fusion going from five kernels to one; the
 # floor shows the GPU time that saves; the graph variants show the CPU launch cost going away.
 
 # %%
+K80_BANDWIDTH = 240e9  # bytes/s per GPU of a Tesla K80 (data sheet)
+large_bytes = 11 * 4 * 32 * 3 * 224 * 224  # 11 tensor passes of float32 (notebook 01, section 1)
+print(f"K80, large GELU: {large_bytes / 1e6:.0f} MB per call / {K80_BANDWIDTH / 1e9:.0f} GB/s = "
+      f"{large_bytes / K80_BANDWIDTH * 1e3:.2f} ms of memory traffic at the data-sheet bandwidth; the blog measured "
+      f"{K80[('large', 'eager')] / 1000:.2f} ms eager and {K80[('large', 'jit.script')] / 1000:.3f} ms fused (one pass "
+      f"in, one out: {2 * 4 * 32 * 3 * 224 * 224 / K80_BANDWIDTH * 1e3:.2f} ms of traffic).")
 if CUDA:
     fusion = df[df["variant"].isin(["eager", "cuda graph" + IP, "jit.script", "jit.script + graph" + IP,
-                                    "torch.compile", "torch.compile + graph" + IP])]
-    print(fusion[["case", "variant", "kernels_per_call", "floor_us", "median_us", "vs_floor"]]
+                                    "torch.compile", "torch.compile + graph" + IP]) & (df["window"] == WINDOW_1)]
+    print(show(fusion, ["case", "variant", "kernels_per_call", "floor_us", "median_us", "vs_floor"])
           .to_string(index=False, float_format="%.1f"))
-    for case in SHAPES:
-        d = df[df["case"] == case].set_index("variant")
-        if "reduce-overhead, naive (y = f(x))" in d.index:
-            print(f"\n{case}: eager {d.loc['eager', 'median_us']:.1f} µs; reduce-overhead naive "
-                  f"{d.loc['reduce-overhead, naive (y = f(x))', 'median_us']:.1f} µs, with mark_step_begin "
-                  f"{d.loc['reduce-overhead + mark_step_begin', 'median_us']:.1f} µs, used well "
-                  f"{d.loc['reduce-overhead, used well', 'median_us']:.1f} µs; manual graph of the compiled "
-                  f"function {d.loc['torch.compile + graph', 'median_us']:.1f} µs "
-                  f"(input in place {d.loc['torch.compile + graph, input in place', 'median_us']:.1f} µs); "
-                  f"floor {d.loc['torch.compile + graph, input in place', 'floor_us']:.1f} µs.")
 else:
     print("Kernels per call and the GPU-busy floor come from the CUDA profiler: they need an NVIDIA GPU.\n"
           "Recorded GPU results:")
     results.show_recorded(STEM)
 
 # %% [markdown]
-# ## 8. Summary
+# ## 10. Summary
 #
+# The measured verdicts of this run first:
+
+# %%
+print("-", RO_GELU_VERDICT)
+print("-", RO_MLP_VERDICT)
+print(f"- TorchScript fuser on this PyTorch: {FUSER}")
+print(f"- Reading a reduce-overhead output after the next call: {ro_overwrite or 'not tried (needs a GPU)'}")
+
+# %% [markdown]
 # - **Fusion** (`torch.jit.script`'s fuser, `torch.compile`'s Inductor) turns five kernels into one: less GPU
 #   time (the floor drops) and fewer launches. **Graphs** remove the per-launch CPU cost. On a fast GPU a
 #   small elementwise function is launch-bound, so a graph of the fused function, replayed with its input in
-#   place, is the fastest variant by far. Copying a new input into the graph costs one more launch (and, for a
+#   place, is the fastest variant. Copying a new input into the graph costs one more launch (and, for a
 #   large tensor, one more pass over memory): produce data where the graph reads it when you can.
 # - `torch.jit.script` still runs where it exists, but it is deprecated; `torch.compile` is the replacement, and
 #   capturing a compiled function with `capture()` works the same way as capturing eager code.
-# - `torch.compile(mode="reduce-overhead")` is convenient, but its safety machinery (guards, copying inputs
-#   into static buffers, tracking the outputs it hands out) costs CPU time on every call. For a tiny function
-#   that overhead can exceed what the graph saves. Use it on larger regions (a whole model's forward), call
+# - `torch.compile(mode="reduce-overhead")` pays a fixed CPU cost on every call for its safety machinery
+#   (guards, copying inputs into static buffers, tracking the outputs it hands out). On a single fused
+#   elementwise kernel there is nothing left for its graph to save, so that cost decides (first verdict
+#   above). On a region with many kernels, such as the deeper MLP, the graph saves a launch per kernel and
+#   the fixed cost is paid once (second verdict). Use it on whole model forwards or training steps, call
 #   `torch.compiler.cudagraph_mark_step_begin()` at each iteration boundary, keep inputs in a static buffer
-#   (`torch._dynamo.mark_static_address`) when you can, and consume or clone outputs before the next call.
-#   When every µs counts, a manual graph of the compiled function with its input in place is the floor you
-#   can reach from Python.
+#   when you can, and clone outputs you keep across calls. When every µs counts, a manual graph with its input
+#   in place is the floor you can reach from Python.
 #
 # ## Exercises
 #
 # 1. Capture 10 calls of the compiled GELU in one graph (`capture(compiled, x, calls_per_graph=10)`) and time it
 #    on the small tensor. How close to the floor does it get? (Notebook 01 does this for eager GELU.)
-# 2. Wrap GELU in a 10-layer `nn.Sequential` of `Linear` + GELU and compare `reduce-overhead` with default
-#    `torch.compile`. At what amount of work per call does `reduce-overhead`'s fixed cost stop mattering?
-# 3. In a fresh process, keep two outputs of a `reduce-overhead` function alive: `y1 = f(x); y2 = f(x2); print(y1)`.
-#    What does your PyTorch version do with `y1` (an error, or a copy taken out of the graph's memory)? What
-#    does `y1 = f(x).clone()` change, and what does it cost per call?
+# 2. Change `MLP_LAYERS` (2, 4, 8, 16) and `MLP_BATCH` (8 to 4096). From how many layers does `reduce-overhead`
+#    beat eager and default `torch.compile`, and from what batch does the graph stop mattering?
+# 3. Time `y = f(x).clone()` against `y = f(x)` for the `reduce-overhead` GELU. What does keeping outputs safely
+#    cost per call, small and large tensor?
 # 4. Run `gelu` through `torch.compile(mode="max-autotune-no-cudagraphs")` and compare its floor with default mode.

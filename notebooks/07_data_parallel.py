@@ -1,7 +1,6 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -41,17 +40,46 @@
 # every GPU here (at most two), or two CPU processes with the gloo backend.
 #
 # **How long**: not timed yet on a GPU: the local run is two short `torchrun` jobs of a few hundred steps of
-# a small MLP. On a CPU (two gloo processes, eager, small) the whole notebook took about a minute here.
+# a small MLP. Under a minute on a CPU (two gloo processes, eager, small).
 
 # %%
-import subprocess, sys
+# Setup. In a checkout of cudagraph-kit (this folder or one above it has cudagraph_kit/): use its kit. In Colab:
+# first make a shallow clone (the kit and its recorded GPU results), install it, and work in its notebooks/.
+import importlib.util, os, subprocess, sys
 from pathlib import Path
 
-if "google.colab" in sys.modules:  # Colab: install the kit
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "git+https://github.com/cudagraph-kit/cudagraph-kit"], check=True)
-elif (Path.cwd().parent / "cudagraph_kit").is_dir():  # a checkout: use its kit, installed or not
-    sys.path.insert(0, str(Path.cwd().parent))
+REPO_URL = os.environ.get("CGK_REPO_URL", "https://github.com/cudagraph-kit/cudagraph-kit")
+REPO_REF = os.environ.get("CGK_REPO_REF", "main")
+
+
+def setup_run(*command):
+    """Run one setup command; if it fails, raise with the command's own error output."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"setup failed (exit {done.returncode}): {' '.join(command)}\n"
+                           + (done.stderr or done.stdout).strip())
+
+
+try:
+    import google.colab  # noqa: F401  (importable only in Colab)
+    IN_COLAB = True
+except ImportError:
+    IN_COLAB = False
+cwd = Path.cwd().resolve()
+checkout = next((p for p in (cwd, *cwd.parents) if (p / "cudagraph_kit" / "__init__.py").is_file()), None)
+if checkout is None and IN_COLAB:
+    checkout = cwd / "cudagraph-kit"
+    if not checkout.is_dir():
+        setup_run("git", "clone", "--quiet", "--depth", "1", "--branch", REPO_REF, REPO_URL, str(checkout))
+    installed = importlib.util.find_spec("cudagraph_kit")
+    if installed is None or checkout not in Path(installed.origin).resolve().parents:
+        # --no-deps: Colab's own torch, numpy, pandas and matplotlib stay as they are
+        setup_run(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                  "--editable", str(checkout))
+    os.chdir(checkout / "notebooks")  # where the notebooks run; the recorded results are in ../figures
+    print(f"cudagraph-kit ({REPO_REF}) in {checkout}, installed; working in {Path.cwd()}")
+if checkout is not None and str(checkout) not in sys.path:
+    sys.path.insert(0, str(checkout))
 
 # %% tags=["parameters"]
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
@@ -63,6 +91,7 @@ NPROC = None          # processes of the local run; None: every GPU here (at mos
 import gc
 import importlib.util
 import os
+import tempfile
 import textwrap
 import warnings
 
@@ -75,8 +104,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from cudagraph_kit import capture_train_step, env_table, has_cuda, results
 from cudagraph_kit.ddp import ddp_for_graphs, free_port, setup_distributed_for_graphs
 
-STEM = "07_data_parallel"              # the recorded two-GPU run (scripts/ddp_train.py --sweep)
-LOCAL_STEM = "07_data_parallel_local"  # what this notebook runs on this machine
+STEM = "07_data_parallel"              # what this notebook runs on this machine
+SWEEP_STEM = "07_data_parallel_sweep"  # the recorded two-GPU run (python scripts/ddp_train.py --sweep)
 CUDA = has_cuda()
 if SMOKE is None:
     SMOKE = os.environ.get("CGK_SMOKE", "0") == "1"
@@ -227,18 +256,15 @@ else:
 # command, exactly as the notebook runs it:
 
 # %%
-SCRIPT = Path.cwd().parent / "scripts" / "ddp_train.py"
-if not SCRIPT.exists() and "google.colab" in sys.modules:  # Colab installs the package, not the scripts
-    subprocess.run(["git", "clone", "-q", "--depth=1", "https://github.com/cudagraph-kit/cudagraph-kit",
-                    "/content/cudagraph-kit"], check=True)
-    SCRIPT = Path("/content/cudagraph-kit/scripts/ddp_train.py")
+SCRIPT = (checkout or Path.cwd().parent) / "scripts" / "ddp_train.py"  # `checkout`: found by the setup cell
+if not SCRIPT.is_file():
+    raise FileNotFoundError(f"{SCRIPT} not found: the local run needs the repository's scripts/. Fix: run this "
+                            "notebook from a clone of the repository (in Colab the first cell makes one).")
 spec = importlib.util.spec_from_file_location("ddp_train", SCRIPT)
 ddp_train = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ddp_train)
 
-# the runs' raw files (one CSV per rank, steps.csv, run.json): under build/, or the test's folder in tests
-RUNS = (Path(os.environ["CGK_RESULTS_DIR"]) if os.environ.get("CGK_RESULTS_DIR") else SCRIPT.parent.parent / "build") \
-    / "ddp_runs_notebook"
+RUNS = Path(tempfile.mkdtemp(prefix="cgk-ddp-runs-"))  # the runs' raw files (a CSV per rank, run.json)
 modes = ["eager", "graph"] if CUDA else ["eager"]
 run_dirs = []
 for mode in modes:
@@ -267,7 +293,7 @@ if not CUDA:
     print("These are CPU timings of the eager path: they show that the measurement works, not how a GPU behaves.")
 
 # %%
-folder = results.save(LOCAL_STEM, local, figures={"step_time_distributions": fig_local},
+folder = results.save(STEM, local, figures={"step_time_distributions": fig_local},
                       extra_env={"world_size": NPROC, "demo_max_param_diff": demo_diff, "demo_mode": demo_mode})
 local_per_rank.to_csv(folder / "per_rank.csv", index=False)
 print("saved to", folder)
@@ -276,14 +302,14 @@ print("saved to", folder)
 # ## 5. The recorded two-GPU run
 # `python scripts/ddp_train.py --sweep --nproc 2 --out figures` runs, back to back on two GPUs: the MLP
 # eager and graphed (with and without a synchronize per step) and ResNet-50 (224 px, batch 64 per rank,
-# bf16, channels-last) eager and graphed, and writes `figures/07_data_parallel/`. Every graphed run first
+# bf16, channels-last) eager and graphed, and writes `figures/07_data_parallel_sweep/`. Every graphed run first
 # trains eager DDP and graphed DDP side by side for 20 steps from the same weights and stops if they differ
 # (`parity_ok`).
 
 # %%
-rec = results.load(STEM)
+rec = results.load(SWEEP_STEM)
 if rec is None:
-    print(f"No recorded two-GPU results under figures/{STEM}/ yet. Make them on a machine with two NVIDIA GPUs:\n"
+    print(f"No recorded two-GPU results under figures/{SWEEP_STEM}/ yet. Make them on a machine with two NVIDIA GPUs:\n"
           f"    python scripts/ddp_train.py --sweep --nproc 2 --out figures\n"
           "and this section shows them.")
 else:

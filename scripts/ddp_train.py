@@ -7,7 +7,7 @@ One run (each rank writes ``rank<r>.csv``; rank 0 gathers ``steps.csv`` and ``ru
 
 The sweep (eager and graph, MLP and ResNet-50, back to back; sized for a few minutes on two GPUs, env.json records
 how long it took) writes
-``<out>/07_data_parallel/`` (results.csv, per_rank.csv, steps.csv.gz, env.json, PNGs)::
+``<out>/07_data_parallel_sweep/`` (results.csv, per_rank.csv, steps.csv.gz, env.json, PNGs)::
 
     python scripts/ddp_train.py --sweep --nproc 2 --out figures
 
@@ -43,7 +43,7 @@ os.environ.update(MULTICAST_OFF)
 
 import torch  # noqa: E402
 
-STEM = "07_data_parallel"
+STEM = "07_data_parallel_sweep"  # notebook 07 saves its own run as 07_data_parallel
 MODELS = ("mlp", "resnet50")
 MLP_SIZES = (256, 512, 512, 512, 10)  # input, hidden x3, classes
 
@@ -439,7 +439,7 @@ SWEEP = [  # (model, mode, extra args); all on the same number of ranks
 
 
 def sweep(nproc: int, out: Path, runs_dir: Path | None = None, smoke: bool = False) -> Path:
-    """Run eager and graph for the MLP and ResNet-50 back to back, then save ``<out>/07_data_parallel/``."""
+    """Run eager and graph for the MLP and ResNet-50 back to back, then save ``<out>/07_data_parallel_sweep/``."""
     from cudagraph_kit import results
     from cudagraph_kit.env import has_cuda
 
@@ -463,7 +463,7 @@ def sweep(nproc: int, out: Path, runs_dir: Path | None = None, smoke: bool = Fal
 
 
 def save_sweep(run_dirs: list, out: Path, seconds: float | None = None) -> Path:
-    """Collect finished runs into ``<out>/07_data_parallel/``: results.csv, per_rank.csv, steps.csv.gz, env.json, PNGs."""
+    """Collect finished runs into ``<out>/07_data_parallel_sweep/``: results.csv, per_rank.csv, steps.csv.gz, env.json, PNGs."""
     from cudagraph_kit import results
 
     table, per_rank, steps, meta = collect(run_dirs)

@@ -1,8 +1,9 @@
-"""capture(): errors on CPU; equality with eager, several calls per graph, shared pools on the GPU."""
+"""capture(): errors on CPU; the call path with a stand-in graph on CPU; equality with eager, several calls
+per graph, shared pools on the GPU."""
 import pytest
 import torch
 
-from cudagraph_kit import CaptureError, NoCudaError, capture, shared_pool
+from cudagraph_kit import CaptureError, GraphedCallable, NoCudaError, capture, shared_pool
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -44,6 +45,107 @@ def test_eager_fallback_validates_shapes_like_a_graph():
         g(torch.randn(4, 3))
     with pytest.raises(TypeError, match="captured with 1 argument"):
         g(torch.randn(2, 3), torch.randn(2, 3))
+
+
+# ---------------------------------------------------------------- the call path, with a stand-in graph (CPU)
+class StandInGraph:
+    """Replaces torch.cuda.CUDAGraph on a CPU: replay() recomputes the captured function into the static
+    outputs in place, as a graph replay would, and counts replays."""
+
+    def __init__(self, fn, static_inputs, static_outputs):
+        self.fn, self.static_inputs, self.static_outputs = fn, static_inputs, static_outputs
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+        result = self.fn(*self.static_inputs)
+        for out, new in zip(_flat(self.static_outputs), _flat(result)):
+            out.copy_(new)
+
+    def pool(self):
+        return ("stand-in pool", id(self))
+
+
+def _flat(obj):
+    return list(obj) if isinstance(obj, (tuple, list)) else [obj]
+
+
+def _graphed(fn, *samples, clone_outputs=False):
+    static_inputs = tuple(s.clone() for s in samples)
+    static_outputs = fn(*static_inputs)
+    graph = StandInGraph(fn, static_inputs, static_outputs)
+    g = GraphedCallable(fn=fn, static_inputs=static_inputs, static_outputs=static_outputs, graph=graph,
+                        mode="graph", calls_per_graph=1, clone_outputs=clone_outputs, pool=graph.pool())
+    return g, graph
+
+
+def test_fast_path_copies_in_replays_once_and_returns_the_static_output():
+    g, graph = _graphed(gelu, torch.randn(4, 8))
+    static = g.static_inputs[0]
+    x = torch.randn(4, 8)
+    out = g(x)
+    assert out is g.static_outputs and graph.replays == 1
+    torch.testing.assert_close(static, x)
+    torch.testing.assert_close(out, gelu(x))
+    second = g(torch.zeros(4, 8))
+    assert second is out  # graph memory: the next call overwrites the previous result
+    torch.testing.assert_close(out, gelu(torch.zeros(4, 8)))
+
+
+def test_fast_path_skips_the_copy_when_given_the_static_input_itself():
+    g, graph = _graphed(gelu, torch.randn(4, 8))
+    static = g.static_inputs[0]
+    version = static._version  # bumped by every in-place write, copy_ included
+    g(static)
+    assert static._version == version and graph.replays == 1
+    g(static.clone())
+    assert static._version == version + 1 and graph.replays == 2
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (lambda: torch.randn(2, 8), ValueError, r"argument 0: the graph was captured for shape \(4, 8\) float32 on cpu, "
+                                            r"got shape \(2, 8\) float32 on cpu"),
+    (lambda: torch.randn(4, 8, dtype=torch.float64), ValueError, r"got shape \(4, 8\) float64"),
+    (lambda: [0.0] * 8, ValueError, r"got list.*nothing was copied or replayed"),
+    (lambda: None, ValueError, r"got NoneType"),
+], ids=["shape", "dtype", "list", "none"])
+def test_fast_path_refuses_a_mismatch_before_touching_the_graph(bad, error, match):
+    g, graph = _graphed(gelu, torch.randn(4, 8))
+    before, version = g.static_inputs[0].clone(), g.static_inputs[0]._version
+    with pytest.raises(error, match=match):
+        g(bad())
+    assert graph.replays == 0 and g.static_inputs[0]._version == version
+    torch.testing.assert_close(g.static_inputs[0], before)
+
+
+def test_wrong_number_of_arguments_is_refused():
+    g, graph = _graphed(gelu, torch.randn(4, 8))
+    with pytest.raises(TypeError, match=r"captured with 1 argument\(s\), got 2"):
+        g(torch.randn(4, 8), torch.randn(4, 8))
+    with pytest.raises(TypeError, match=r"got 0"):
+        g()
+    assert graph.replays == 0
+
+
+def test_general_path_several_inputs_and_cloned_outputs():
+    g, graph = _graphed(torch.matmul, torch.randn(3, 5), torch.randn(5, 2), clone_outputs=True)
+    a, b = torch.randn(3, 5), torch.randn(5, 2)
+    first = g(a, b)
+    assert first is not g.static_outputs and graph.replays == 1
+    torch.testing.assert_close(first, a @ b)
+    g(torch.zeros(3, 5), b)
+    torch.testing.assert_close(first, a @ b)  # a clone survives the next call
+    with pytest.raises(ValueError, match=r"argument 1: .*got shape \(2, 5\)"):
+        g(a, torch.randn(2, 5))
+    assert graph.replays == 2
+
+
+def test_replay_uses_whatever_the_static_inputs_hold():
+    g, graph = _graphed(gelu, torch.randn(4, 8))
+    g.static_inputs[0].fill_(1.0)
+    out = g.replay()
+    assert out is g.static_outputs and graph.replays == 1
+    torch.testing.assert_close(out, gelu(torch.ones(4, 8)))
 
 
 # ---------------------------------------------------------------- GPU

@@ -12,21 +12,33 @@ def test_gelu_notebook_records_correct_and_honest_results(run_notebook):
     folder = run_notebook("01_gelu", SMOKE=True)
     df = pd.read_csv(folder / "results.csv")
     env = json.loads((folder / "env.json").read_text())
-    assert {"case", "variant", "executed_as", "median_us", "speedup", "floor_us"} <= set(df.columns)
+    assert {"case", "variant", "executed_as", "median_us", "speedup", "floor_us", "kernels_per_call",
+            "copies_per_call"} <= set(df.columns)
     assert {"small", "large"} <= set(df.case)
     assert (df.median_us > 0).all()
     # correctness was checked against eager and recorded
     main = df[df.case.isin(["small", "large"])]
     assert (main.max_abs_err < 1e-6).all()
-    # the first variant of every comparison is its own baseline (calls-per-graph rows compare with eager small)
-    firsts = df[df.case != "small, calls per graph"].groupby("case").speedup.first()
-    assert (firsts == 1.0).all()
+    # both ways of calling the graph are in the headline table: replay in place, and g(x) with its input copy
+    assert set(main.variant.str.replace(" (eager fallback)", "", regex=False)) == {
+        "eager", "graph replay", "graph copy+replay"}
+    # every comparison, the calls-per-graph one included, has eager first as its own baseline
+    firsts = df.groupby("case", sort=False).first()
+    assert (firsts.variant == "eager").all() and (firsts.speedup == 1.0).all()
     # the sweep covers several sizes and the calls-per-graph study is there
     assert df.case.str.startswith("sweep").sum() >= 2 * 5
     assert sorted(df.calls_per_graph.dropna().unique()) in ([1, 10], [1, 10, 100])
+    # the headline-vs-sweep check was computed and recorded
+    check = env["headline_vs_sweep"]
+    assert check["small_numel"] > 0 and check["sweep_numel"] > 0 and isinstance(check["agree"], bool)
     if torch.cuda.is_available():
         assert (df[df.variant.str.startswith("graph")].executed_as == "cuda graph").all()
-        assert env["gpu"]
+        # g(x) is the replay plus one memcpy into the static input, not one more kernel
+        copy = main[main.variant == "graph copy+replay"]
+        replay = main[main.variant == "graph replay"]
+        assert (copy.copies_per_call >= 1).all() and (replay.copies_per_call == 0).all()
+        assert (copy.kernels_per_call.values == replay.kernels_per_call.values).all()
+        assert env["gpu"] and env["copy_bandwidth_TBps"] > 0
     else:  # honest labels: nothing that ran on the CPU is called a graph
         assert (df.executed_as == "eager").all()
         assert df[df.variant.str.contains("graph")].variant.str.endswith("(eager fallback)").all()

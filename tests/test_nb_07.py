@@ -9,7 +9,7 @@ pytestmark = pytest.mark.notebook
 
 
 def test_data_parallel_notebook_records_its_local_run(run_notebook):
-    folder = run_notebook("07_data_parallel", SMOKE=True).parent / "07_data_parallel_local"
+    folder = run_notebook("07_data_parallel", SMOKE=True)
     df = pd.read_csv(folder / "results.csv")
     env = json.loads((folder / "env.json").read_text())
     per_rank = pd.read_csv(folder / "per_rank.csv")

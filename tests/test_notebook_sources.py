@@ -1,12 +1,24 @@
-"""The committed notebooks: each .ipynb is the executed form of its jupytext source, with GPU outputs."""
+"""The notebooks: sources carry the canonical setup cell and one repository address; each committed .ipynb is
+the executed form of its source, from a GPU run, without machine paths; opening and saving them is safe."""
+import hashlib
 import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import jupytext
 import pytest
 
-from cudagraph_kit.reproduce import NOTEBOOKS_DIR, notebook_sources
+from cudagraph_kit.reproduce import PROJECT_ROOT, lab, lab_copies, notebook_sources
+
+sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+import sync_setup_cell  # noqa: E402
 
 SOURCES = notebook_sources()
+BADGE = re.compile(r"https://colab\.research\.google\.com/github/([^/\s)]+)/([^/\s)]+)/blob/([^/\s)]+)/"
+                   r"notebooks/([0-9]{2}_\w+)\.ipynb")
 
 
 def _cells(nb, kind):
@@ -14,22 +26,66 @@ def _cells(nb, kind):
             for c in nb["cells"] if c["cell_type"] == kind and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
 
 
+def _project_urls():
+    text = (PROJECT_ROOT / "pyproject.toml").read_text()
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:  # older Python: the [project.urls] table's `Name = "url"` lines
+        table = text.split("[project.urls]", 1)[1].split("\n[", 1)[0]
+        return dict(re.findall(r'(?m)^(\w+)\s*=\s*"([^"]+)"', table))
+    return tomllib.loads(text)["project"]["urls"]
+
+
+def _setup_constant(name):
+    m = re.search(rf'^{name} = os\.environ\.get\("CGK_\w+", "([^"]+)"\)$', sync_setup_cell.canonical(), re.M)
+    assert m, f"{name} not found in scripts/setup_cell.py"
+    return m.group(1)
+
+
 def test_there_are_notebooks():
     assert SOURCES, "no notebooks/NN_*.py sources found"
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
-def test_source_has_parameters_cell_and_colab_setup(source):
+def test_source_has_parameters_cell_and_the_canonical_setup_cell(source):
     nb = jupytext.read(source)
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, "exactly one cell tagged 'parameters' (papermill)"
-    assert "SMOKE" in tagged[0].source
-    text = source.read_text()
-    assert "colab-badge.svg" in text and "google.colab" in text
+    assert re.search(r"(?m)^SMOKE = ", tagged[0].source)
+    assert sync_setup_cell.setup_cell_of(source) == sync_setup_cell.canonical(), (
+        f"{source.name}'s setup cell differs from scripts/setup_cell.py: run python scripts/sync_setup_cell.py")
+    setup_at = next(i for i, c in enumerate(nb.cells) if "google.colab" in c.source)
+    assert setup_at < nb.cells.index(tagged[0]), "the setup cell comes before the parameters cell"
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
-def test_committed_notebook_matches_source_and_was_executed(source):
+def test_source_is_not_paired_with_its_ipynb(source):
+    """A `formats: ipynb,py:percent` pairing makes a save in JupyterLab rewrite the committed .ipynb."""
+    assert "formats" not in jupytext.read(source).metadata.get("jupytext", {})
+
+
+def test_repository_address_and_ref_are_the_same_everywhere():
+    urls = _project_urls()
+    repo, ref = _setup_constant("REPO_URL"), _setup_constant("REPO_REF")
+    assert urls["Repository"] == repo, "pyproject [project.urls] Repository and the setup cell's REPO_URL differ"
+    assert urls["Notebooks"] == f"{repo}/tree/{ref}/notebooks", "pyproject's Notebooks URL names another ref"
+    owner_name = repo.removeprefix("https://github.com/").split("/")
+    stems = {s.stem for s in SOURCES}
+    badges = []
+    for path in [PROJECT_ROOT / "README.md", *SOURCES]:
+        for owner, name, badge_ref, stem in BADGE.findall(path.read_text()):
+            badges.append(stem)
+            assert [owner, name] == owner_name and badge_ref == ref, f"{path.name}: Colab badge for {stem} points elsewhere"
+            assert stem in stems, f"{path.name}: Colab badge for a notebook that does not exist ({stem})"
+    for source in SOURCES:
+        assert source.stem in badges, f"{source.name} has no Colab badge"
+    for path in [PROJECT_ROOT / "README.md", PROJECT_ROOT / "scripts" / "setup_cell.py", *SOURCES]:
+        for owner, name in re.findall(r"github\.com/([\w.-]+)/([\w-]+)", path.read_text()):
+            assert [owner, name] == owner_name, f"{path.name} names another repository: {owner}/{name}"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
+def test_committed_notebook_matches_source_and_was_executed_on_a_gpu(source):
     ipynb = source.with_suffix(".ipynb")
     if not ipynb.exists():
         pytest.fail(f"{ipynb.name} is missing: run `python -m cudagraph_kit reproduce {source.stem[:2]}` on a GPU")
@@ -40,7 +96,87 @@ def test_committed_notebook_matches_source_and_was_executed(source):
     assert _cells(executed, "markdown") == _cells(source_nb, "markdown"), (
         f"{ipynb.name}'s prose differs from {source.name}: run python scripts/sync_markdown.py")
     outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
-    assert outputs, f"{ipynb.name} has no outputs"
     assert not [o for o in outputs if o.get("output_type") == "error"], f"{ipynb.name} contains an error output"
-    text = json.dumps(executed)
-    assert "NVIDIA" in text, f"{ipynb.name} was not executed on a GPU"
+    # the environment printout (env_table) names the GPU the outputs came from
+    printed = "".join("".join(o.get("text", "")) for o in outputs if o.get("output_type") == "stream")
+    gpu = re.search(r"(?m)^gpu\s+(.+)$", printed)
+    assert gpu, f"{ipynb.name} has no environment printout (env_table)"
+    assert gpu.group(1).strip() not in ("-", "None"), f"{ipynb.name} was not executed on a GPU"
+    # no machine paths: papermill's input/output paths are stripped by reproduce
+    papermill = executed["metadata"].get("papermill", {})
+    assert "input_path" not in papermill and "output_path" not in papermill, (
+        f"{ipynb.name} carries papermill's absolute paths; re-run reproduce (it strips them)")
+
+
+def test_jupyterlab_save_never_rewrites_a_committed_notebook(tmp_path):
+    """Open each source and each notebook in JupyterLab's contents manager (with jupytext) and save it."""
+    jupytext_cm = pytest.importorskip("jupytext").TextFileContentsManager  # needs jupyter_server (jupyterlab)
+    for source in SOURCES:
+        shutil.copy(source, tmp_path)
+        if source.with_suffix(".ipynb").is_file():
+            shutil.copy(source.with_suffix(".ipynb"), tmp_path)
+    before = {p.name: hashlib.sha1(p.read_bytes()).hexdigest() for p in tmp_path.glob("*.ipynb")}
+    cm = jupytext_cm(root_dir=str(tmp_path))
+    for source in SOURCES:
+        cm.save(cm.get(source.name, content=True, type="notebook"), source.name)
+    after = {p.name: hashlib.sha1(p.read_bytes()).hexdigest() for p in tmp_path.glob("*.ipynb")}
+    assert after == before, "saving a source in JupyterLab rewrote (or created) a .ipynb"
+
+
+def test_lab_working_copies_are_outside_notebooks_and_kept(tmp_path):
+    dest = lab_copies(tmp_path / "lab")
+    copies = sorted(p.name for p in dest.glob("*.ipynb"))
+    assert copies == [f"{s.stem}.ipynb" for s in SOURCES]
+    for source in SOURCES:
+        committed = source.with_suffix(".ipynb")
+        if committed.is_file():  # the learner starts from the recorded GPU outputs
+            assert (dest / committed.name).read_bytes() == committed.read_bytes()
+    edited = dest / copies[0]
+    edited.write_bytes(edited.read_bytes() + b"\n")
+    mine = edited.read_bytes()
+    command = lab(dest, start=False)
+    assert edited.read_bytes() == mine, "a second `lab` overwrote the learner's working copy"
+    assert command == [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={dest}"]
+
+
+def test_nbval_options_come_from_conftest_so_strict_and_disabled_modes_work():
+    """`-p no:nbval` must run; the default adds --nbval-lax (notebooks collected); --nbval stays strict."""
+    def collect(*args):
+        return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args,
+                               "tests/test_results_env.py", "notebooks"],
+                              cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    default = collect()
+    assert default.returncode == 0, default.stdout + default.stderr
+    assert "01_gelu.ipynb::Cell 0" in default.stdout
+    disabled = collect("-p", "no:nbval")
+    assert disabled.returncode == 0, disabled.stdout + disabled.stderr
+    assert "01_gelu.ipynb::Cell" not in disabled.stdout and "test_save_load_round_trip" in disabled.stdout
+
+
+def test_conftest_picks_lax_only_when_no_nbval_mode_was_given():
+    from types import SimpleNamespace
+    import conftest
+
+    class PluginManager:
+        def __init__(self, has):
+            self.has = has
+
+        def hasplugin(self, name):
+            return self.has
+
+    def configured(has_nbval=True, argv=(), **option):
+        opt = SimpleNamespace(nbval=False, nbval_lax=False, nbval_sanitize_with=None, nbval_cell_timeout=2000)
+        opt.__dict__.update(option)
+        config = SimpleNamespace(option=opt, pluginmanager=PluginManager(has_nbval),
+                                 invocation_params=SimpleNamespace(args=list(argv)))
+        conftest.configure_nbval(config)
+        return opt
+
+    lax = configured()
+    assert lax.nbval_lax and not lax.nbval and lax.nbval_sanitize_with.endswith("nbval_sanitize.cfg")
+    assert lax.nbval_cell_timeout == conftest.NBVAL_CELL_TIMEOUT_S
+    strict = configured(nbval=True)
+    assert strict.nbval and not strict.nbval_lax
+    assert configured(argv=["--nbval-cell-timeout=5"], nbval_cell_timeout=5.0).nbval_cell_timeout == 5.0
+    untouched = configured(has_nbval=False)  # -p no:nbval: nothing of nbval is set (or needed)
+    assert not untouched.nbval_lax and untouched.nbval_sanitize_with is None

@@ -1,10 +1,12 @@
-"""graph_modules(): make_graphed_callables with its traps turned into clear errors."""
+"""graph_modules(): make_graphed_callables with its traps turned into clear errors. The per-call checks run on
+any machine (called directly); capture and replay need the GPU."""
 import copy
 
 import pytest
 import torch
 
 from cudagraph_kit import NoCudaError, graph_modules
+from cudagraph_kit import partial
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -13,6 +15,64 @@ HAS_CUDA = torch.cuda.is_available()
 def test_no_cuda_raises():
     with pytest.raises(NoCudaError, match="NVIDIA GPU"):
         graph_modules(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+
+
+# ---------------------------------------------------------------- the per-call checks, on any machine
+def _checked_call(*samples, autocast_at_capture=False, module=None):
+    calls = []
+    specs = tuple(partial._spec(t) for t in samples)
+    fn = partial._checked(lambda *a, **k: calls.append((a, k)) or "replayed", specs, autocast_at_capture,
+                          "Block", module=module)
+    return fn, calls
+
+
+def test_checked_call_passes_matching_inputs_through():
+    fn, calls = _checked_call(torch.randn(4, 8), torch.randn(4, 3, requires_grad=True))
+    a, b = torch.randn(4, 8), torch.randn(4, 3, requires_grad=True)
+    assert fn(a, b, scale=2) == "replayed"
+    assert calls == [((a, b), {"scale": 2})]
+
+
+@pytest.mark.parametrize("args, error, match", [
+    (lambda: (torch.randn(4, 8),), TypeError, r"Block was graphed with 2 input\(s\), got 1"),
+    (lambda: (torch.randn(2, 8), torch.randn(4, 3, requires_grad=True)), ValueError,
+     r"Block: input 0 is \(\(2, 8\), torch.float32, device\(type='cpu'\), False\).*Nothing was replayed"),
+    (lambda: (torch.randn(4, 8, requires_grad=True), torch.randn(4, 3, requires_grad=True)), ValueError,
+     r"input 0 is .*True\).*requires_grad=True only for activations"),
+    (lambda: (torch.randn(4, 8), torch.randn(4, 3)), ValueError, r"input 1 is \(\(4, 3\), torch.float32, .*False\)"),
+    (lambda: (torch.randn(4, 8).double(), torch.randn(4, 3, requires_grad=True)), ValueError, r"torch.float64"),
+    (lambda: ([0.0] * 8, torch.randn(4, 3, requires_grad=True)), ValueError, r"input 0 is list"),
+], ids=["count", "shape", "requires_grad_on_data", "requires_grad_off_on_activation", "dtype", "non_tensor"])
+def test_checked_call_refuses_mismatches_before_replaying(args, error, match):
+    fn, calls = _checked_call(torch.randn(4, 8), torch.randn(4, 3, requires_grad=True))
+    with pytest.raises(error, match=match):
+        fn(*args())
+    assert calls == []
+
+
+def test_checked_call_refuses_another_autocast_state(monkeypatch):
+    fn, calls = _checked_call(torch.randn(4, 8), autocast_at_capture=False)
+    monkeypatch.setattr(partial, "_autocast_enabled", lambda: True)  # as if called under torch.autocast("cuda")
+    with pytest.raises(RuntimeError, match="graphed with autocast off but is called with autocast on"):
+        fn(torch.randn(4, 8))
+    on, calls_on = _checked_call(torch.randn(4, 8), autocast_at_capture=True)
+    assert on(torch.randn(4, 8)) == "replayed" and len(calls_on) == 1
+    monkeypatch.setattr(partial, "_autocast_enabled", lambda: False)
+    with pytest.raises(RuntimeError, match="graphed with autocast on but is called with autocast off"):
+        on(torch.randn(4, 8))
+    assert calls == [] and len(calls_on) == 1
+
+
+def test_checked_call_skips_checks_when_the_module_left_its_capture_mode():
+    module = torch.nn.Linear(8, 2)  # graphed in training mode
+    fn, calls = _checked_call(torch.randn(4, 8), module=module)
+    with pytest.raises(ValueError, match="input 0"):
+        fn(torch.randn(3, 8))
+    module.eval()  # make_graphed_callables runs the original forward in eval mode: any shape is fine
+    assert fn(torch.randn(3, 8)) == "replayed" and len(calls) == 1
+    module.train()
+    with pytest.raises(ValueError, match="input 0"):
+        fn(torch.randn(3, 8))
 
 
 def _blocks():

@@ -1,0 +1,837 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · Variable shapes: bucketed graphs, a bucket planner and a memory ledger
+#
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/06_variable_shapes.ipynb)
+#
+# A CUDA graph replays fixed shapes, but an inference server sees a new batch size with almost every request.
+# Serving engines (vLLM, SGLang) capture one graph per batch size from a fixed list of *buckets*, let all of
+# them share one memory pool, and pad each batch up to the nearest captured size.
+# `torch.compile(mode="reduce-overhead")` instead records a new graph for every distinct shape it meets.
+# This notebook measures the trade-off on a seeded stream of requests with random batch sizes, through an
+# MLP and a small transformer block.
+#
+# **What you'll learn**
+# - How to serve any batch size from a few graphs: pad up to a bucket, replay, slice the real rows back out,
+#   and why that is only correct for functions whose rows do not see each other (checked with poison padding).
+# - Why buckets must share one memory pool (captured largest first), measured with a memory ledger that
+#   reads the allocator's own statistics per pool: shared vs one pool per graph.
+# - How bucket spacing trades padded work against the number of graphs (capture time) and memory, and how a
+#   planner picks buckets from the request sizes you observed instead of a fixed ladder.
+# - What `torch.compile(mode="reduce-overhead")` does with a stream of shapes, with and without `dynamic=True`.
+#
+# **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
+# runs its CPU part small (everything eager, labelled so), says so, and shows the recorded GPU results.
+#
+# **How long**: sized for about 3 minutes on an H100 (most of it `torch.compile` compiling; `reproduce`
+# prints the measured time); a T4 has not been timed yet; one to two minutes on a CPU (small sizes).
+
+# %%
+# Setup. In a checkout of cudagraph-kit (this folder or one above it has cudagraph_kit/): use its kit. In Colab:
+# first make a shallow clone (the kit and its recorded GPU results), install it, and work in its notebooks/.
+import importlib.util, os, subprocess, sys
+from pathlib import Path
+
+REPO_URL = os.environ.get("CGK_REPO_URL", "https://github.com/cudagraph-kit/cudagraph-kit")
+REPO_REF = os.environ.get("CGK_REPO_REF", "main")
+
+
+def setup_run(*command):
+    """Run one setup command; if it fails, raise with the command's own error output."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"setup failed (exit {done.returncode}): {' '.join(command)}\n"
+                           + (done.stderr or done.stdout).strip())
+
+
+try:
+    import google.colab  # noqa: F401  (importable only in Colab)
+    IN_COLAB = True
+except ImportError:
+    IN_COLAB = False
+cwd = Path.cwd().resolve()
+checkout = next((p for p in (cwd, *cwd.parents) if (p / "cudagraph_kit" / "__init__.py").is_file()), None)
+if checkout is None and IN_COLAB:
+    checkout = cwd / "cudagraph-kit"
+    if not checkout.is_dir():
+        setup_run("git", "clone", "--quiet", "--depth", "1", "--branch", REPO_REF, REPO_URL, str(checkout))
+    installed = importlib.util.find_spec("cudagraph_kit")
+    if installed is None or checkout not in Path(installed.origin).resolve().parents:
+        # --no-deps: Colab's own torch, numpy, pandas and matplotlib stay as they are
+        setup_run(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                  "--editable", str(checkout))
+    os.chdir(checkout / "notebooks")  # where the notebooks run; the recorded results are in ../figures
+    print(f"cudagraph-kit ({REPO_REF}) in {checkout}, installed; working in {Path.cwd()}")
+if checkout is not None and str(checkout) not in sys.path:
+    sys.path.insert(0, str(checkout))
+
+# %% tags=["parameters"]
+SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
+MAX_ROWS = None       # largest request the buckets serve (None: 128 on a GPU; 16 in SMOKE or on a CPU)
+REQUESTS = None       # requests in the timed stream (None: 300 on a GPU; 40 in SMOKE; 24 on a CPU)
+HISTORY = None        # request sizes seen "earlier", for the planner (None: 5000 on a GPU; 1000 in SMOKE / on a CPU)
+OVERFLOW_SHARE = 0.01 # share of requests larger than MAX_ROWS (they run eagerly, counted)
+SPACINGS = None       # fixed ladders besides exact sizes, pow2 and a single bucket (None: steps of 2..32)
+SAMPLES = None        # timing samples per variant; the median is reported (None: 7; 3 in SMOKE)
+COMPILE = True        # time torch.compile(mode="reduce-overhead") too (GPU only; compiling takes a while)
+SEED = 0
+
+# %%
+import math
+import os
+import time
+import types
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cudagraph_kit import capture, capture_train_step, compare, env_table, gpu_time, has_cuda, results, timeit
+from cudagraph_kit.buckets import MemoryLedger, capture_buckets, evaluate_buckets, ladder, plan_buckets
+
+STEM = "06_variable_shapes"
+CUDA = has_cuda()
+DEVICE = "cuda" if CUDA else "cpu"
+MiB = 2 ** 20
+if SMOKE is None:
+    SMOKE = os.environ.get("CGK_SMOKE", "0") == "1"
+small = SMOKE or not CUDA
+MAX_ROWS = MAX_ROWS or (16 if small else 128)
+REQUESTS = REQUESTS or (300 if not small else (40 if CUDA else 24))
+SAMPLES = SAMPLES or (3 if SMOKE else 7)
+HISTORY = HISTORY or (1000 if small else 5000)
+SPACINGS = SPACINGS or ([4] if small else [2, 4, 8, 16, 32])
+COMPILE = COMPILE and CUDA
+SYNC = torch.cuda.synchronize if CUDA else (lambda: None)
+torch.manual_seed(SEED)
+torch.set_grad_enabled(False)  # inference throughout (the ledger's training-step example turns it back on)
+print(env_table())
+print(f"\nSMOKE={SMOKE}  MAX_ROWS={MAX_ROWS}  REQUESTS={REQUESTS}  HISTORY={HISTORY}  SAMPLES={SAMPLES}  "
+      f"SPACINGS={SPACINGS}  COMPILE={COMPILE}")
+if not CUDA:
+    print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run pads and slices exactly as the GPU run\n"
+          ">>> does but runs every bucket eagerly (labelled 'eager fallback'), at small sizes; it skips\n"
+          ">>> torch.compile's CUDA graphs and the memory ledger. CPU timings are not results; the recorded GPU\n"
+          ">>> results are shown at the end.")
+
+# %% [markdown]
+# ## 1. A stream of requests
+#
+# Each request is a batch of `n` rows; `n` is drawn from a skewed distribution (many small batches, a few
+# large ones) up to `MAX_ROWS`, plus a small share of requests above it, which no bucket covers. The planner
+# later learns from a *separate* draw (`HISTORY` sizes, another seed), as a server would from yesterday's
+# traffic, and is then judged on this stream.
+
+# %%
+def draw_sizes(n, seed):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = 1 + (MAX_ROWS * torch.rand(n, generator=gen) ** 3).floor().long()   # 1 .. MAX_ROWS, skewed small
+    over = torch.rand(n, generator=gen) < OVERFLOW_SHARE
+    big = MAX_ROWS + 1 + (torch.rand(n, generator=gen) * MAX_ROWS / 2).floor().long()
+    return torch.where(over, big, sizes).tolist()
+
+
+stream_sizes = draw_sizes(REQUESTS, SEED)
+if max(stream_sizes) <= MAX_ROWS:  # make sure the overflow path is exercised
+    stream_sizes[len(stream_sizes) // 2] = MAX_ROWS + 1 + MAX_ROWS // 4
+history_sizes = draw_sizes(HISTORY, SEED + 1)
+s = np.array(stream_sizes)
+print(f"stream: {len(s)} requests, {len(set(stream_sizes))} distinct sizes, rows per request: median "
+      f"{np.median(s):.0f}, p90 {np.percentile(s, 90):.0f}, max {s.max()}; {(s > MAX_ROWS).sum()} request(s) "
+      f"above MAX_ROWS={MAX_ROWS}")
+print(f"history: {HISTORY} sizes, {len(set(history_sizes))} distinct")
+
+# %% [markdown]
+# ## 2. Two models whose rows never see each other
+#
+# Padding is correct only if each output row depends on its own input row alone. An MLP is such a function.
+# So is a transformer block whose attention runs over the *sequence* inside each request
+# (`scaled_dot_product_attention` on `(requests, heads, seq, head_dim)`): the batch dimension is the
+# requests, and nothing mixes them. Batch norm in training mode, or attention across the batch dimension,
+# would not be.
+
+# %%
+class Block(nn.Module):
+    """Pre-norm transformer block; x is (requests, seq, d), attention runs within each request."""
+
+    def __init__(self, d, heads, mlp_ratio=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, mlp_ratio * d), nn.GELU(), nn.Linear(mlp_ratio * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v)          # (b, heads, t, head_dim): over the sequence
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+def make_mlp(d, h):
+    return nn.Sequential(nn.Linear(d, h), nn.GELU(), nn.Linear(h, h), nn.GELU(), nn.Linear(h, h), nn.GELU(),
+                         nn.Linear(h, d))
+
+
+D_MLP, H_MLP = (256, 1024) if CUDA else (32, 64)
+SEQ, D_BLOCK, HEADS = (64, 256, 4) if CUDA else (8, 32, 2)
+MODELS = {"MLP": (make_mlp(D_MLP, H_MLP), (D_MLP,)), "transformer block": (Block(D_BLOCK, HEADS), (SEQ, D_BLOCK))}
+
+data, streams = {}, {}
+gen = torch.Generator().manual_seed(SEED + 2)
+offsets = [int(torch.randint(0, 2 * MAX_ROWS - n + 1, (1,), generator=gen)) for n in stream_sizes]
+for name, (model, row_shape) in MODELS.items():
+    model.to(DEVICE).eval()
+    data[name] = torch.randn(2 * MAX_ROWS, *row_shape, device=DEVICE)
+    # every request is a view into one tensor already on the device: no host-to-device copy is timed
+    streams[name] = [data[name][o:o + n] for o, n in zip(offsets, stream_sizes)]
+    print(f"{name}: rows of shape {row_shape}, {sum(p.numel() for p in model.parameters()):,} parameters")
+
+# %% [markdown]
+# ## 3. Buckets by hand: pad, replay, slice
+#
+# Two graphs of the MLP, for 8 rows and for `MAX_ROWS` rows. Both read one static input buffer and write one
+# static output buffer, sized for the largest bucket; each graph works on the first `b` rows. They share one
+# memory pool (`torch.cuda.graph_pool_handle()`), and the largest is captured first so the smaller one can
+# reuse the memory the larger one freed. A request of 5 rows is copied into the first 5 rows, rows 5..7 are
+# padded with zeros, the 8-row graph replays, and the result is the first 5 rows of the output buffer.
+#
+# PyTorch's documentation calls sharing a pool safe for graphs that always replay in the order they were
+# captured and never concurrently. Buckets replay in any order, which is safe here for a narrower reason:
+# everything a bucket's graph reads from the pool it has written earlier in the same replay, and its result
+# is copied into the output buffer, which lives outside the pool. The next call overwrites that buffer, so
+# clone a result you keep.
+
+# %%
+mlp = MODELS["MLP"][0]
+if CUDA:
+    pool = torch.cuda.graph_pool_handle()
+    static_in = torch.zeros(MAX_ROWS, D_MLP, device="cuda")
+    static_out = torch.zeros(MAX_ROWS, D_MLP, device="cuda")
+    side = torch.cuda.Stream()
+    graphs = {}
+    for b in (MAX_ROWS, 8):                                   # largest first
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):                         # warm up on a side stream
+            for _ in range(3):
+                mlp(static_in[:b])
+        torch.cuda.current_stream().wait_stream(side)
+        graphs[b] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[b], pool=pool, stream=side):
+            static_out[:b].copy_(mlp(static_in[:b]))          # the temporaries go back to the shared pool
+
+    x = torch.randn(5, D_MLP, device="cuda")                  # a request of 5 rows
+    static_in[:5].copy_(x)
+    static_in[5:8].zero_()                                    # padding
+    graphs[8].replay()
+    y = static_out[:5]                                        # slice the real rows out
+    torch.testing.assert_close(y, mlp(x), rtol=1e-4, atol=1e-5)
+    print("hand-written bucket == eager on a 5-row request: OK; both graphs share pool", tuple(pool))
+    del graphs, static_in, static_out
+else:
+    print("skipped: capturing CUDA graphs needs an NVIDIA GPU (the kit below runs its eager fallback).")
+
+# %% [markdown]
+# ## 4. The same with the kit, and a poison test
+#
+# `capture_buckets(fn, sample, sizes=...)` does the above for any list of sizes (default: 1, 2, 4, then steps
+# of 8), and checks every call: only the size along the batch dimension may vary. Requests above the largest
+# bucket run eagerly and are **counted** (with a warning the first time), never silently.
+#
+# Correct before fast: `verify(x)` fills the padding rows with NaN, runs the request, and compares it with
+# eager. A row-independent function returns no NaN; a function that mixes rows across the batch (here a
+# normalisation over the batch dimension) lets the poison into every row, and `verify` reports `inf`.
+
+# %%
+sample = data["MLP"][:MAX_ROWS]
+serve = capture_buckets(mlp, sample, eager_fallback=True)
+print(serve)
+odd = next(n for n in range(3, MAX_ROWS) if serve.bucket_for(n) != n)   # a size that gets padded
+x = data["MLP"][:odd]
+print(f"MLP, {odd} rows padded to {serve.bucket_for(odd)}: max |bucketed - eager| with NaN padding = "
+      f"{serve.verify(x):.2e}")
+mixes_rows = capture_buckets(lambda t: t - t.mean(dim=0), sample, eager_fallback=True)
+print(f"x - x.mean(dim=0) (mixes rows): verify -> {mixes_rows.verify(x)}  (the padding leaked: never bucket this)")
+assert serve.verify(x) < 1e-4 and math.isinf(mixes_rows.verify(x))
+del mixes_rows
+
+# %% [markdown]
+# ## 5. Strategies, and what each one holds in memory
+#
+# For each model we build, from the same sample:
+# - **exact sizes**: one graph for every size from 1 to `MAX_ROWS` (no padding at all; the most graphs);
+# - **fixed ladders**: powers of two, steps of 2, 4, 8 (the kit's default), 16, 32, and a **single bucket**
+#   of `MAX_ROWS` rows (everything padded to the largest size);
+# - later, **planned** buckets (section 6) and `torch.compile(mode="reduce-overhead")` (section 7).
+#
+# All buckets of one strategy share one pool. The `MemoryLedger` reads, from
+# `torch.cuda.memory_snapshot()`, the bytes reserved by the pools of each strategy's graphs, and adds the
+# static input and output buffers, which live outside the pools: that is the memory the strategy *holds*.
+# For the default ladder we also capture the same buckets with one pool per graph (PyTorch's default) to see
+# what sharing saves.
+
+# %%
+ledger = MemoryLedger()
+built = {name: {} for name in MODELS}    # model -> {strategy: BucketedGraphs}
+info = {name: {} for name in MODELS}     # model -> {strategy: facts about it}
+FIXED = {"pow2": "pow2", **{f"steps of {s}": s for s in SPACINGS}}
+DEFAULT = next((k for k, v in FIXED.items() if ladder(MAX_ROWS, v) == ladder(MAX_ROWS)), None)
+if DEFAULT is None:
+    FIXED["default ladder"] = "default"
+    DEFAULT = "default ladder"
+FIXED = {(f"{k} (default)" if k == DEFAULT and k != "default ladder" else k): v for k, v in FIXED.items()}
+DEFAULT = next(k for k in FIXED if "default" in k)     # the kit's default ladder, ladder(MAX_ROWS)
+FIXED["single bucket"] = None                           # every request padded to MAX_ROWS
+
+
+def build(model_name, label, sizes, pool="shared"):
+    model, _ = MODELS[model_name]
+    with ledger.measure(f"{model_name}: {label}") as before_after:
+        bg = capture_buckets(model, data[model_name][:MAX_ROWS], sizes=sizes, pool=pool, eager_fallback=True)
+    row = ledger.record(f"{model_name}: {label}", bg)
+    info[model_name][label] = {"graphs": len(bg.sizes), "setup_s": bg.capture_seconds,
+                               "held_mib": row.get("held", float("nan")) / MiB,
+                               "pool_mib": row.get("pool_reserved", float("nan")) / MiB,
+                               "device_used_mib": before_after.get("device_used_delta", float("nan")) / MiB}
+    return bg
+
+
+for name in MODELS:
+    t0 = time.perf_counter()
+    built[name]["exact sizes"] = build(name, "exact sizes", range(1, MAX_ROWS + 1))
+    for label, spacing in FIXED.items():
+        built[name][label] = build(name, label, [MAX_ROWS] if spacing is None else ladder(MAX_ROWS, spacing))
+    private = build(name, "default ladder, one pool per graph", ladder(MAX_ROWS), pool="private")
+    del private  # measured only; its pools are freed below
+    print(f"{name}: built {len(built[name])} strategies in {time.perf_counter() - t0:.1f} s")
+if CUDA:
+    torch.cuda.empty_cache()
+
+memory = pd.DataFrame([{"model": m, "strategy": k, **v} for m in info for k, v in info[m].items()])
+print(memory.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+if CUDA:
+    cols = ["label", "graphs", "pools", "pool_sharing", "pool_reserved_mib", "pool_allocated_mib", "buffers_mib",
+            "held_mib"]
+    print("\nThe ledger, per strategy (from torch.cuda.memory_snapshot(), grouped by pool):")
+    print(ledger.table().query("kind == 'graphs'")[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+
+# %% [markdown]
+# Reading the ledger: in a shared pool, each smaller bucket reuses the memory the larger ones freed, so the
+# pool should hold about what the largest bucket needs, however many buckets there are; with one pool per
+# graph every bucket keeps its own memory, so the total grows with the sum of the bucket sizes. The table
+# below gives the measured ratios. `device_used_mib` is the growth of the device memory in use while the strategy was
+# built (`torch.cuda.mem_get_info`): it also sees memory outside the allocator, such as the graphs' own
+# executables, and the allocator's cache.
+
+# %%
+def held(model_name, label):
+    return info[model_name][label]["held_mib"]
+
+
+evidence = []
+for name in MODELS:
+    if not CUDA:
+        break
+    alone = held(name, "single bucket")
+    for label in ["exact sizes", DEFAULT]:
+        evidence.append({"model": name, "check": f"{label} (shared pool) / largest bucket alone",
+                         "value": held(name, label) / alone, "target": "<= 1.2"})
+    evidence.append({"model": name, "check": "default ladder: one pool per graph / shared pool",
+                     "value": held(name, "default ladder, one pool per graph") / held(name, DEFAULT),
+                     "target": "(how much sharing saves)"})
+if evidence:
+    print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+else:
+    print("Memory held by graphs needs a GPU: on a CPU nothing is captured (see the recorded results at the end).")
+
+# %% [markdown]
+# The ledger reads any graph the kit makes: a `capture()` result, a `BucketedGraphs`, and a
+# `capture_train_step` step (after its warm-up steps, on the call that captures it), each with its pool and
+# its static buffers.
+
+# %%
+demo = MemoryLedger()
+g_one = capture(mlp, data["MLP"][:8], eager_fallback=True)
+demo.record("capture(): MLP, 8 rows", g_one)
+demo.record("capture_buckets(): MLP, default ladder", built["MLP"][DEFAULT])
+with torch.enable_grad():
+    net = make_mlp(D_MLP, H_MLP).to(DEVICE)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    batch = (data["MLP"][:8], data["MLP"][8:16])
+    step = capture_train_step(net, opt, nn.MSELoss(), batch, eager_fallback=True)
+    for _ in range(5):                          # 3 eager warm-up steps, the capture, one replay
+        step(*batch)
+demo.record("capture_train_step(): MLP + SGD, 8 rows", step)
+print(demo.table().drop(columns=["kind"]).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+del g_one, step, net, opt
+
+# %% [markdown]
+# ## 6. A planner instead of a fixed ladder
+#
+# A fixed ladder spends buckets evenly; the requests do not come evenly. `plan_buckets` takes the sizes you
+# observed (here `HISTORY`, a separate draw) and picks the bucket sizes that minimise the expected padded
+# *work*, subject to a maximum number of graphs and a memory budget. It solves this exactly with a dynamic
+# programme over the distinct observed sizes.
+#
+# What is a padded row worth? We measure it: the time of one request of exactly `b` rows (no padding) on the
+# exact-size graphs, for a few sizes, interpolated in between. Noise only ever adds time, and more rows never
+# take less, so we use the lower envelope: the cost of `b` rows is the least time measured for `b` rows or
+# more. The planner then minimises the sum over requests of `cost(bucket) - cost(size)`: the
+# time spent on padding. The memory model is what each bucket added to the shared pool when the exact sizes
+# were captured (the capture log).
+
+# %%
+PROBES = ladder(MAX_ROWS, "pow2") if small else sorted(set(ladder(MAX_ROWS, "pow2")) | set(range(16, MAX_ROWS + 1, 16)))
+cost_model, mem_model = {}, {}
+for name in MODELS:
+    exact = built[name]["exact sizes"]
+    measured = [timeit(exact, data[name][:b], calls=5 if small else 100, samples=3).median_us for b in PROBES]
+    envelope = np.minimum.accumulate(measured[::-1])[::-1]   # least time measured for b rows or more
+    cost_model[name] = dict(zip(PROBES, envelope))
+    mem_model[name] = {e["size"]: e["pool_growth_bytes"] for e in exact.capture_log}  # empty without CUDA
+    print(f"{name}: µs per request of b rows ({'exact-size graphs' if CUDA else 'exact sizes, eager'}):",
+          ", ".join(f"{b}: {v:.1f}" for b, v in cost_model[name].items()))
+
+
+def plan_for(name, max_graphs, reference):
+    """Plan with at most ``max_graphs`` graphs and, on a GPU, no more memory than ``reference`` (a ladder) needs
+    by the same memory model."""
+    if mem_model[name]:
+        budget = sum(mem_model[name].get(b, 0) for b in reference)
+        return plan_buckets(history_sizes, max_graphs=max_graphs, memory_budget=max(budget, 1),
+                            graph_memory=mem_model[name], cost=cost_model[name], max_size=MAX_ROWS)
+    return plan_buckets(history_sizes, max_graphs=max_graphs, cost=cost_model[name], max_size=MAX_ROWS)
+
+
+plans = {}
+for name in MODELS:
+    ref = built[name][DEFAULT].sizes
+    plans[name] = plan_for(name, len(ref), ref)
+    built[name]["planned"] = build(name, "planned", plans[name].sizes)
+    p = plans[name]
+    print(f"{name}: planned {p.n_graphs} buckets {p.sizes}\n    expected padding time {p.expected_waste:.2f} µs "
+          f"per request, {p.pad_fraction:.1%} of computed rows padded (on the history)")
+    for label in FIXED:
+        ev = evaluate_buckets(history_sizes, built[name][label].sizes, cost=cost_model[name])
+        print(f"    {label:22s} {ev['n_graphs']:3d} graphs: expected padding {ev['expected_waste']:7.2f} µs/request, "
+              f"{ev['pad_fraction']:.1%} rows padded")
+
+# %% [markdown]
+# The planner's curve: the fewest padded rows it can reach with `K` graphs (plain row counts, no cost model,
+# no memory limit), on the history. The figure in section 12 puts the fixed ladders next to it: a ladder
+# above the curve spends its graphs where few requests fall.
+
+# %%
+K_MAX = min(len(set(history_sizes)), 12 if small else 40)
+curve = [(k, plan_buckets(history_sizes, max_graphs=k, max_size=MAX_ROWS)) for k in range(1, K_MAX + 1)]
+for k, p in curve[:: max(1, K_MAX // 8)]:
+    print(f"{k:3d} graphs: {p.pad_fraction:6.1%} of computed rows padded, buckets {p.sizes}")
+
+# %% [markdown]
+# ## 7. `torch.compile(mode="reduce-overhead")` on the same stream
+#
+# `reduce-overhead` records CUDA graphs for you (CUDA graph trees), one per distinct input shape. Two ways
+# to call it: the default (`dynamic=None`, which only tries dynamic shapes after the first compilation: the
+# first size is compiled static, the next one triggers a recompile with the batch dimension dynamic), and
+# `dynamic=True` (dynamic from the start). A batch of one row is specialised either way, so it gets a
+# compile of its own. The compiled code is then shared across sizes, but a CUDA graph is not: a new one is
+# recorded for each new batch size, in the graph trees' own memory pool. PyTorch logs a warning once more
+# sizes than `torch._inductor.config.triton.cudagraph_dynamic_shape_warn_limit` have been recorded, and
+# suggests padding inputs to a few fixed shapes; this notebook sets that limit to `None` (no warning) and
+# counts graph launches itself. The first passes over the stream compile and record; we time them as the
+# setup cost and measure with the ledger how much the graph pools grew.
+
+# %%
+def fresh(fn):
+    """A copy of ``fn`` with its own code object, so each compiled variant keeps its own compile cache."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def run_stream(fn, requests):
+    for x in requests:
+        fn(x)
+
+
+compiled = {name: {} for name in MODELS}
+if COMPILE:
+    import torch._inductor.config as inductor_config
+    if hasattr(inductor_config.triton, "cudagraph_dynamic_shape_warn_limit"):
+        inductor_config.triton.cudagraph_dynamic_shape_warn_limit = None
+    for name, (model, _) in MODELS.items():
+        for label, dynamic in (("reduce-overhead", None), ("reduce-overhead, dynamic=True", True)):
+            def call_model(x, model=model):
+                return model(x)
+            fn = torch.compile(fresh(call_model), mode="reduce-overhead", dynamic=dynamic)
+            with ledger.measure(f"{name}: {label}") as before_after:
+                t0 = time.perf_counter()
+                for _ in range(2):       # a new size is run once to warm up, then recorded on its next call
+                    run_stream(fn, streams[name])
+                SYNC()
+                setup_s = time.perf_counter() - t0
+            compiled[name][label] = fn
+            info[name][label] = {"graphs": float("nan"), "setup_s": setup_s,  # one per size it met: not counted here
+                                 "held_mib": before_after["graph_pool_growth"] / MiB, "pool_mib": float("nan"),
+                                 "device_used_mib": before_after["device_used_delta"] / MiB}
+            print(f"{name}, {label}: first two passes over the stream (compile + record) {setup_s:.1f} s; graph "
+                  f"pools grew by {before_after['graph_pool_growth'] / MiB:.1f} MiB")
+else:
+    print("skipped: mode='reduce-overhead' records CUDA graphs and needs an NVIDIA GPU." if not CUDA
+          else "skipped (COMPILE=False).")
+
+# %% [markdown]
+# ## 8. Correctness first: every variant against eager, on the whole stream
+#
+# Each request through each variant, compared with the eager model on the same rows. Different batch sizes
+# may pick different matrix-multiply kernels, which round differently, so we expect differences at the level
+# of float32 rounding (relative 1e-6 to 1e-5); a wrong result (a padding leak, a stale buffer) would be of
+# the order of the values themselves. Overflow requests go through the eager path of each bucketed variant.
+
+# %%
+def variants_of(name):
+    """Every variant of one model as {label: callable(x)}; eager first."""
+    model = MODELS[name][0]
+    out = {"eager": model}
+    for label in ["exact sizes", *FIXED, "planned"]:
+        out[label if CUDA else f"{label} (eager fallback)"] = built[name][label]
+    out.update(compiled[name])
+    return out
+
+
+def strategy(label):
+    return label.replace(" (eager fallback)", "")
+
+
+errors = {}
+for name in MODELS:
+    model = MODELS[name][0]
+    fns = variants_of(name)
+    worst = {label: 0.0 for label in fns}
+    for x in streams[name]:
+        ref = model(x)
+        scale = ref.abs().max().item()
+        for label, fn in fns.items():
+            out = fn(x)
+            assert out.shape == ref.shape, (label, out.shape, ref.shape)
+            worst[label] = max(worst[label], (out - ref).abs().max().item() / scale)
+            del out  # a graph's output is overwritten by its next call: never keep it across calls
+    errors[name] = worst
+err_table = pd.DataFrame(errors)
+print("largest |variant - eager| / max|eager| over the stream:")
+print(err_table.to_string(float_format=lambda v: f"{v:.1e}"))
+assert (err_table < 1e-3).all().all(), "a variant disagrees with eager: do not time it"
+
+# %% [markdown]
+# ## 9. Latency per request and throughput
+#
+# **Latency**: each request alone, timed from the call to a `torch.cuda.synchronize()` after it (so the
+# GPU work is included), all variants taking turns request by request; we report the median (p50) and the
+# 99th percentile (p99). The bucket counters are reset before this pass, so padding and overflows below are
+# for exactly one pass over the stream.
+#
+# **Throughput**: `compare()` times whole passes over the stream (requests back to back, synchronised at the
+# end), all variants of a model interleaved in one window; requests per second follow from the median pass.
+# Its profiler columns give the GPU-busy time per pass (`floor_us`): padding shows up there as extra GPU work.
+
+# %%
+def request_latencies(fns, requests):
+    lat = {label: [] for label in fns}
+    labels = list(fns)
+    for i, x in enumerate(requests):
+        for label in labels[i % len(labels):] + labels[:i % len(labels)]:   # rotate who goes first
+            SYNC()
+            t0 = time.perf_counter()
+            fns[label](x)
+            SYNC()
+            lat[label].append((time.perf_counter() - t0) * 1e6)
+    return lat
+
+
+latency, pad_stats = {}, {}
+for name in MODELS:
+    fns = variants_of(name)
+    for fn in fns.values():
+        if hasattr(fn, "reset_stats"):
+            fn.reset_stats()
+    latency[name] = request_latencies(fns, streams[name])
+    pad_stats[name] = {label: fn.stats for label, fn in fns.items() if hasattr(fn, "stats")}
+
+# %%
+tables = []
+for name in MODELS:
+    fns = variants_of(name)
+    runners = {label: (lambda fn=fn, reqs=streams[name]: run_stream(fn, reqs)) for label, fn in fns.items()}
+    df = compare(runners, case=name, calls=1, samples=SAMPLES, floor=CUDA)
+    tables.append(df)
+    print(df[["case", "variant", "executed_as", "median_us", "speedup", "floor_us"]]
+          .to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+
+
+# %% [markdown]
+# ### Graph launches per request
+#
+# Read from the profiler after all timings (a profiler session slows later launches): how many
+# `cudaGraphLaunch` calls one pass over the stream makes, per request. A bucketed variant launches exactly one
+# graph per request except for the overflow requests; `reduce-overhead` launches one wherever it recorded a
+# graph for that size.
+
+# %%
+launches = {}
+for name in MODELS:
+    for label, fn in variants_of(name).items():
+        g = gpu_time(lambda fn=fn, reqs=streams[name]: run_stream(fn, reqs), calls=1, warmup=1) if CUDA else None
+        launches[(name, label)] = g.graph_launches / REQUESTS if g is not None else float("nan")
+
+# %% [markdown]
+# ## 10. The results table
+
+# %%
+rows = []
+for name, df in zip(MODELS, tables):
+    for r, label in zip(df.to_dict("records"), variants_of(name)):   # compare keeps the order of the variants
+        lat = np.array(latency[name][label])
+        st = pad_stats[name].get(label)
+        facts = info[name].get(strategy(label), {})
+        rows.append({**r, "requests": REQUESTS, "us_per_request": r["median_us"] / REQUESTS,
+                     "requests_per_s": REQUESTS / (r["median_us"] * 1e-6),
+                     "p50_us": np.percentile(lat, 50), "p99_us": np.percentile(lat, 99),
+                     "graphs": facts.get("graphs", 0), "setup_s": facts.get("setup_s", 0.0),
+                     "held_mib": facts.get("held_mib", float("nan")), "pool_mib": facts.get("pool_mib", float("nan")),
+                     "device_used_mib": facts.get("device_used_mib", float("nan")),
+                     "pad_fraction": st.pad_fraction if st else 0.0, "padded_rows": st.padded_rows if st else 0,
+                     "eager_overflows": st.eager_overflows if st else 0,
+                     "bucket_sizes": " ".join(map(str, built[name][strategy(label)].sizes))
+                     if strategy(label) in built[name] else "",
+                     "graph_launches_per_request": launches[(name, label)],
+                     "max_rel_err": errors[name][label]})
+results_df = pd.DataFrame(rows)
+results_df["device"] = torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)"
+show = ["case", "variant", "executed_as", "us_per_request", "speedup", "p50_us", "p99_us", "graphs", "setup_s",
+        "held_mib", "pad_fraction", "eager_overflows", "graph_launches_per_request"]
+print(results_df[show].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+
+# %% [markdown]
+# ## 11. Planned buckets against the best fixed ladder
+#
+# The best fixed ladder of each model is the one with the shortest median pass above. We plan again with
+# its number of graphs and its memory (by the same memory model) as the limits, capture the plan, and time
+# the two in one `compare()` (interleaved), the ladder first: the `speedup` of the planned row is then the
+# median of the per-round ratios ladder / planned, with its quartiles.
+
+# %%
+head_to_head, checks = [], []
+for name in MODELS:
+    timed = results_df[(results_df.case == name) & results_df.variant.map(strategy).isin(FIXED)]
+    best = strategy(timed.sort_values("median_us").variant.iloc[0])
+    ref = built[name][best].sizes
+    plan = plan_for(name, len(ref), ref)
+    label = "planned at the best ladder's limits"
+    built[name][label] = build(name, label, plan.sizes)
+    lab = (lambda s: s if CUDA else f"{s} (eager fallback)")
+    runners = {lab(best): (lambda fn=built[name][best], reqs=streams[name]: run_stream(fn, reqs)),
+               lab(label): (lambda fn=built[name][label], reqs=streams[name]: run_stream(fn, reqs))}
+    df = compare(runners, case=f"{name}: planned vs best fixed ladder", calls=1, samples=SAMPLES, floor=CUDA)
+    for r, lbl in zip(df.to_dict("records"), (best, label)):
+        r.update({"graphs": info[name][lbl]["graphs"], "setup_s": info[name][lbl]["setup_s"],
+                  "held_mib": info[name][lbl]["held_mib"], "pool_mib": info[name][lbl]["pool_mib"],
+                  "requests": REQUESTS, "us_per_request": r["median_us"] / REQUESTS,
+                  "bucket_sizes": " ".join(map(str, built[name][lbl].sizes)),
+                  "pad_fraction": evaluate_buckets(stream_sizes, built[name][lbl].sizes)["pad_fraction"],
+                  "device": results_df["device"].iloc[0]})
+        head_to_head.append(r)
+    planned_row = df.iloc[1]
+    checks.append({"model": name, "best fixed ladder": best, "ladder graphs": len(ref),
+                   "planned graphs": plan.n_graphs, "ladder / planned time": planned_row["speedup"],
+                   "quartiles": (f"{planned_row['speedup_lo']:.3f} .. {planned_row['speedup_hi']:.3f}"
+                                 if "speedup_lo" in planned_row else "-"),
+                   "ladder held MiB": info[name][best]["held_mib"], "planned held MiB": info[name][label]["held_mib"]})
+h2h = pd.DataFrame(head_to_head)
+print(h2h[["case", "variant", "executed_as", "us_per_request", "speedup", "graphs", "held_mib", "pad_fraction",
+           "bucket_sizes"]].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+check_table = pd.DataFrame(checks)
+print(check_table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+if CUDA:
+    for c in checks:
+        fast = c["ladder / planned time"] >= 1.0
+        small_mem = c["planned held MiB"] <= c["ladder held MiB"] + 1e-9
+        print(f"{c['model']}: planned is {'at least as fast as' if fast else 'slower than'} {c['best fixed ladder']} "
+              f"(ratio {c['ladder / planned time']:.3f}) and holds {'no more' if small_mem else 'more'} memory "
+              f"({c['planned held MiB']:.1f} vs {c['ladder held MiB']:.1f} MiB).")
+
+# %% [markdown]
+# ## 12. The trade-off over bucket spacing
+#
+# Left: time per request of each strategy against its number of graphs (log scale), with eager and
+# `reduce-overhead` as lines. Middle: padding, as a share of the rows computed on the stream, and the
+# planner's curve (expected on the history). Right: memory held and setup time (capture, or compile + record).
+
+# %%
+def plot_tradeoff(df):
+    names = list(MODELS)
+    fig, axes = plt.subplots(len(names), 3, figsize=(17, 4.4 * len(names)), squeeze=False)
+    for row, name in enumerate(names):
+        d = df[(df.case == name)].copy()
+        d["strategy"] = d.variant.map(strategy)
+        buckets = d[d.strategy.isin(["exact sizes", *FIXED, "planned"])].sort_values("graphs")
+        ax = axes[row][0]
+        ax.plot(buckets.graphs, buckets.us_per_request, "o", color="C0")
+        for _, r in buckets.iterrows():
+            ax.annotate(r.strategy.replace(" (default)", "*"), (r.graphs, r.us_per_request), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points", color="C3" if r.strategy == "planned" else "k")
+        for i, (_, r) in enumerate(d[~d.strategy.isin(buckets.strategy)].iterrows()):
+            ax.axhline(r.us_per_request, color=f"C{i + 1}", ls="--", lw=1, label=f"{r.strategy} ({r.executed_as})")
+        ax.set_xscale("log")
+        ax.set(xlabel="graphs captured", ylabel="µs per request (median pass / requests)", title=f"{name}: time")
+        ax.legend(fontsize=7)
+        ax = axes[row][1]
+        ax.plot(buckets.graphs, 100 * buckets.pad_fraction, "o", color="C0", label="on the stream (measured)")
+        ax.plot([k for k, _ in curve], [100 * p.pad_fraction for _, p in curve], "-", color="C3", lw=1,
+                label="planner's least padding, on the history")
+        ax.set_xscale("log")
+        ax.set(xlabel="graphs captured", ylabel="padded rows, % of computed rows", title=f"{name}: padding")
+        ax.legend(fontsize=7)
+        ax = axes[row][2]
+        mem = pd.DataFrame([{"strategy": k, **v} for k, v in info[name].items()])
+        y = range(len(mem))
+        ax.barh(list(y), mem.held_mib.fillna(0), color=["C3" if "one pool per graph" in k else "C0" for k in mem.strategy])
+        ax.set_yticks(list(y), [f"{k} ({'one graph per size' if pd.isna(g) else f'{g:.0f} graphs'})"
+                                for k, g in zip(mem.strategy, mem.graphs)], fontsize=7)
+        ax.set(xlabel="memory held, MiB (pools + static buffers)", title=f"{name}: memory and setup time")
+        for yi, (m, s_) in enumerate(zip(mem.held_mib.fillna(0), mem.setup_s)):
+            ax.text(m, yi, f" {m:.0f} MiB, {s_:.2f} s", va="center", fontsize=7)
+    where = results_df["device"].iloc[0]
+    note = "" if CUDA else " (CPU, eager only: not a GPU result)"
+    fig.suptitle(f"Variable batch sizes: buckets, planner, reduce-overhead. {where}, PyTorch {torch.__version__}{note}",
+                 fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+fig = plot_tradeoff(results_df)
+plt.show()
+
+# %% [markdown]
+# ## 13. Save the results
+#
+# One row per (model, variant) of the stream comparison, the head-to-head rows, the memory ledger rows
+# (`case` ending in "memory") and the planner's curve (`case` "planner curve"), with the machine
+# in `env.json` and the figure as PNG. A run without CUDA writes to `build/figures/` instead.
+
+# %%
+mem_rows = [{"case": f"{m}: memory", "variant": k, "median_us": float("nan"), "speedup": float("nan"), **v}
+            for m in info for k, v in info[m].items()]
+curve_rows = [{"case": "planner curve", "variant": f"planned, at most {k} graphs", "median_us": float("nan"),
+               "speedup": float("nan"), "graphs": p.n_graphs, "pad_fraction": p.pad_fraction,
+               "padded_rows_per_request": p.padded_rows_per_request, "bucket_sizes": " ".join(map(str, p.sizes))}
+              for k, p in curve]
+all_rows = pd.concat([results_df, h2h, pd.DataFrame(mem_rows), pd.DataFrame(curve_rows)], ignore_index=True)
+extra = {"max_rows": MAX_ROWS, "requests": REQUESTS, "history": HISTORY, "seed": SEED,
+         "evidence": evidence, "planned_vs_best": checks}
+folder = results.save(STEM, all_rows, figures={"tradeoff": fig}, extra_env=extra)
+print("saved to", folder)
+
+# %% [markdown]
+# ## 14. Side by side with published figures
+#
+# Two published observations this notebook measures again. A detector that captured graphs for 11 input
+# resolutions reserved 38.2 GiB with a pool per graph and 11.4 GiB with one shared pool (roboflow/rf-detr
+# #1490). A user of `reduce-overhead` with dynamically padded inputs saw one graph recorded per distinct
+# length and a 1.5x speedup fall to about none (pytorch/pytorch #188150).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+PUBLISHED = pd.DataFrame({
+    "observation": ["pool per graph / shared pool (memory)", "reduce-overhead speedup with varying shapes"],
+    "published": ["38.2 GiB / 11.4 GiB = 3.35x (11 resolutions)", "1.5x -> about 1x (one graph per length)"],
+})
+print(PUBLISHED.to_string(index=False))
+
+# %%
+if CUDA:
+    ours, where = results_df, results_df["device"].iloc[0]
+    ours_mem = info
+else:
+    rec = results.load(STEM)
+    ours = rec.df[~rec.df.case.str.contains(":")] if rec is not None else None
+    where = f"recorded: {rec.env.get('gpu')}" if rec is not None else "this run (needs a GPU)"
+    ours_mem = None
+    if rec is not None:
+        m = rec.df[rec.df.case.str.endswith(": memory")]
+        ours_mem = {c.split(":")[0]: {r.variant: {"held_mib": r.held_mib} for r in m[m.case == c].itertuples()}
+                    for c in m.case.unique()}
+side = []
+for name in MODELS:
+    row = {"model": name}
+    if ours_mem and name in ours_mem and "default ladder, one pool per graph" in ours_mem[name]:
+        p, s_ = ours_mem[name]["default ladder, one pool per graph"]["held_mib"], ours_mem[name][DEFAULT]["held_mib"]
+        row[f"pool per graph / shared ({where})"] = f"{p:.0f} MiB / {s_:.0f} MiB = {p / s_:.2f}x"
+    if ours is not None and len(ours):
+        d = ours[ours.case == name].set_index("variant")
+        for v in ["reduce-overhead", "reduce-overhead, dynamic=True", DEFAULT]:
+            if v in d.index:
+                row[f"{v} speedup over eager"] = f"{d.loc[v, 'speedup']:.2f}x"
+    side.append(row)
+pd.DataFrame(side)
+
+# %% [markdown]
+# **Why they differ.** The detector's graphs were large and each private pool kept a whole forward pass's
+# activations, so eleven of them added up; our models are small, and how much sharing saves grows with the
+# number of buckets and with the activations each one keeps. `reduce-overhead` only replays a graph for a
+# size it has already recorded: on this stream the first passes paid for compiling and recording (the setup
+# column), and in service every size not seen before would cost a recording again, while a bucket ladder is
+# captured once, before the first request.
+
+# %% [markdown]
+# ## 15. Recorded GPU results
+# The table and figure of the last GPU run committed to this repository (what a reader without a GPU sees).
+
+# %%
+recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as", "us_per_request", "speedup",
+                                                 "p50_us", "p99_us", "graphs", "setup_s", "held_mib", "pad_fraction"])
+
+# %% [markdown]
+# ## Summary
+#
+# - A CUDA graph serves one shape; a few **buckets** serve them all: pad up to the nearest bucket, replay,
+#   slice the real rows out. That is only correct for functions whose rows do not see each other; check it
+#   with poison padding (`verify`) before you time anything.
+# - Give all buckets **one shared pool** and capture the largest first, so each smaller bucket reuses the
+#   memory the larger ones freed; with one pool per graph the memory adds up. Section 5 measures both, and
+#   how close the shared pool stays to the largest bucket alone.
+# - Spacing is a trade-off: finer buckets pad less but take more graphs (capture time); the time a padded
+#   row costs depends on the model and the size, so measure it. A **planner** fed with the sizes you
+#   actually see puts the buckets where the requests are.
+# - `torch.compile(mode="reduce-overhead")` records one graph per distinct size: convenient, but every new
+#   size costs a recording and memory in its pool. Padding to a few sizes before calling it (or using the
+#   kit's buckets) keeps that bounded.
+# - Requests above the largest bucket still work (eagerly), and the kit counts them: watch
+#   `stats.eager_overflows` in production.
+#
+# ## Exercises
+#
+# 1. Make the stream uniform over 1..`MAX_ROWS` instead of skewed. Which fixed ladder wins now, and what does
+#    the planner choose?
+# 2. Set `pad_value=None` in `capture_buckets` (no padding fill: one launch less per padded request). Time it
+#    against the default. Why is it still correct for these two models?
+# 3. Replace the transformer block's attention with attention across the batch dimension. What does
+#    `verify` report, and why must such a model never be padded?
+# 4. Call `torch.compile(model, mode="reduce-overhead", dynamic=False)` on the stream. How many sizes get
+#    compiled before Dynamo's `recompile_limit` sends the rest to eager, and what does that do to the
+#    graph launches per request?
+# 5. Plan with a tight memory budget using a memory model of *private* pools (the ledger's per-graph
+#    numbers with `pool="private"`). How many buckets fit, compared with a shared pool?
