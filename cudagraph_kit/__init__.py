@@ -1,15 +1,17 @@
 """cudagraph_kit: learn, measure and apply CUDA Graphs in PyTorch.
 
-One module per idea; each stands alone so a single file can be copied into a project:
+One module per idea; the helpers stand alone so a single file can be copied into a project (only torch needed):
 ``env`` (what machine is this), ``capture`` (capture once, call with new inputs), ``train_step`` (whole
-training step as one graph), ``partial`` (make_graphed_callables made safe), ``timing`` (medians, spread,
-GPU-busy floor), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledger), ``results``
-(save/load a notebook's results and figures), ``ddp`` (DistributedDataParallel under graphs, per-rank step
-timing).
+training step as one graph), ``partial`` (make_graphed_callables made safe), ``diagnose`` (find what breaks a
+graph before capture, verify a graph against eager, will a graph help?), ``timing`` (medians, spread, GPU-busy
+floor), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledger), ``ddp``
+(DistributedDataParallel under graphs, per-rank step timing). ``results`` (save/load a notebook's results and
+figures) needs ``env`` beside it.
 """
 from .capture import CaptureError, GraphedCallable, NoCudaError, capture, shared_pool
 from .env import bf16_supported, describe, env_table, has_cuda
 from .partial import graph_modules
+from .diagnose import advise, check_capturable, explain, verify
 from .timing import compare, gpu_time, timeit
 from . import results
 
@@ -17,20 +19,19 @@ __all__ = [
     "capture", "GraphedCallable", "shared_pool", "NoCudaError", "CaptureError",
     "has_cuda", "bf16_supported", "describe", "env_table",
     "graph_modules", "timeit", "gpu_time", "compare", "results",
+    "check_capturable", "verify", "advise", "explain",
 ]
 from .buckets import (BucketedGraphs, BucketPlan, MemoryLedger, capture_buckets, evaluate_buckets, ladder,
                       plan_buckets, pool_usage)
 
 __all__ += ["capture_buckets", "BucketedGraphs", "ladder", "plan_buckets", "BucketPlan", "evaluate_buckets",
             "MemoryLedger", "pool_usage"]
+from .train_step import GraphedTrainStep, capture_train_step
+
+__all__ += ["capture_train_step", "GraphedTrainStep"]
 try:  # needs torch.distributed (absent from a few PyTorch builds)
     from .ddp import StepTimer, ddp_for_graphs, jitter_summary, setup_distributed_for_graphs  # noqa: F401
     __all__ += ["setup_distributed_for_graphs", "ddp_for_graphs", "StepTimer", "jitter_summary"]
-except ImportError:  # pragma: no cover
-    pass
-try:  # written alongside; re-exported when present
-    from .train_step import GraphedTrainStep, capture_train_step  # noqa: F401
-    __all__ += ["capture_train_step", "GraphedTrainStep"]
 except ImportError:  # pragma: no cover
     pass
 

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["capture", "GraphedCallable", "shared_pool", "NoCudaError", "CaptureError"]
+__all__ = ["capture", "GraphedCallable", "shared_pool", "NoCudaError", "CaptureError", "explain_capture_failure"]
 
 
 class NoCudaError(RuntimeError):
@@ -34,7 +34,22 @@ class NoCudaError(RuntimeError):
 
 
 class CaptureError(RuntimeError):
-    """Raised when stream capture fails; the message names the likely cause and the fix."""
+    """Raised when stream capture fails; the message names the likely cause and the fix.
+
+    ``CaptureError.from_exception(exc)`` builds one from the error PyTorch raised; its attributes ``cause``,
+    ``fix`` and ``original`` hold the three parts of the message (the message alone is enough to read).
+    """
+
+    cause: str = ""
+    fix: str = ""
+    original: str = ""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> "CaptureError":
+        cause, fix, original = diagnose_capture_failure(exc)
+        err = cls(_format_failure(cause, fix, original))
+        err.cause, err.fix, err.original = cause, fix, original
+        return err
 
 
 NO_CUDA_MESSAGE = (
@@ -50,6 +65,11 @@ _KNOWN_FAILURES = [
      "CUDA tensor, torch.nonzero, boolean-mask indexing or another data-dependent shape)",
      "move that work out of the captured function; run it eagerly once under "
      "torch.cuda.set_sync_debug_mode('error') to find the line"),
+    ("previous error during capture", "the capture was invalidated by an earlier illegal operation: a CPU "
+     "synchronization, or an unsafe call (e.g. a memory allocation) from another thread while capturing in "
+     "capture_error_mode='global'",
+     "run the function eagerly under cudagraph_kit.diagnose.check_capturable to find the line; keep other "
+     "threads off the GPU while capturing, or capture with capture_error_mode='thread_local'"),
     ("capture_end", "the capture was invalidated by an operation that is illegal during capture "
      "(often a synchronization, or work on another stream that was not joined back)",
      "run the function eagerly under torch.cuda.set_sync_debug_mode('error') to find the synchronizing line; "
@@ -63,20 +83,58 @@ _KNOWN_FAILURES = [
     ("Expected all tensors to be on the same device", "the function mixes a CPU tensor into GPU work",
      "create constants on the GPU before capturing (a graph cannot copy from pageable CPU memory)"),
     ("capturable", "an optimizer that cannot be captured", "construct it with capturable=True"),
+    ("CUDAGeneratorImpl", "the function changes or reads the RNG state during capture (manual_seed, "
+     "get_rng_state/set_rng_state, or a torch.Generator the graph does not know)",
+     "seed before capturing and draw from the default generator (a graph advances its offset on every "
+     "replay)"),
+    ("not in capture mode", "the function draws random numbers from a CUDA torch.Generator that is not the "
+     "default one and was not registered with the graph",
+     "draw from the default CUDA generator (or, where this PyTorch has it, call "
+     "graph.register_generator_state(gen) before capture)"),
+    ("unexpected CUDA generator", "the function draws random numbers from a CUDA torch.Generator that is not "
+     "the default one", "draw from the default CUDA generator inside a graph"),
+    ("unjoined", "work was forked onto another stream and not joined back before the capture ended",
+     "make the capturing stream wait for the side stream: torch.cuda.current_stream().wait_stream(side)"),
+    ("not joined to the primary stream", "work was forked onto another stream and not joined back before the "
+     "capture ended", "make the capturing stream wait for the side stream: "
+     "torch.cuda.current_stream().wait_stream(side)"),
+    ("uncaptured work in another stream", "a stream in the capture waited on work that is not part of it (an "
+     "event or stream from outside the capture)", "fork side streams from the capturing stream "
+     "(side.wait_stream(torch.cuda.current_stream())) inside the captured region"),
+    ("legacy stream", "the default (legacy) stream got involved in the capture, e.g. an autograd node created "
+     "during a warm-up on the default stream", "warm up on a side stream and drop references to the warm-up's "
+     "autograd graph (del loss) before capturing"),
+    ("hooks registered", "make_graphed_callables refuses modules with hooks registered",
+     "remove the module's hooks before graphing it (register them again afterwards)"),
 ]
+
+_GENERIC_CAUSE = "the function did something a CUDA graph cannot record"
+_GENERIC_FIX = ("check that the function runs eagerly, has no CPU synchronization "
+                "(torch.cuda.set_sync_debug_mode('error') finds the line) and uses only GPU tensors; "
+                "cudagraph_kit.diagnose.check_capturable(fn, *args) lists what to change")
+
+
+def diagnose_capture_failure(exc: BaseException) -> tuple:
+    """``(cause, fix, original)`` for an exception raised while capturing (``original`` includes its cause)."""
+    original = f"{type(exc).__name__}: {exc}"
+    chain = exc.__cause__ or exc.__context__
+    if chain is not None:
+        original += f" (while handling {type(chain).__name__}: {chain})"
+    for needle, cause, fix in _KNOWN_FAILURES:
+        if needle.lower() in original.lower():
+            return cause, fix, original
+    return _GENERIC_CAUSE, _GENERIC_FIX, original
+
+
+def _format_failure(cause: str, fix: str, original: str) -> str:
+    return f"CUDA graph capture failed: {cause}. Fix: {fix}.\nOriginal error: {original}"
 
 
 def explain_capture_failure(exc: BaseException) -> str:
-    """Turn an exception raised during capture into 'cause ... fix ...' text."""
-    text = f"{type(exc).__name__}: {exc}"
-    chain = exc.__cause__ or exc.__context__
-    if chain is not None:
-        text += f" (while handling {type(chain).__name__}: {chain})"
-    for needle, cause, fix in _KNOWN_FAILURES:
-        if needle.lower() in text.lower():
-            return f"CUDA graph capture failed: {cause}. Fix: {fix}.\nOriginal error: {text}"
-    return ("CUDA graph capture failed. Fix: check the function runs eagerly, has no CPU synchronization "
-            "(torch.cuda.set_sync_debug_mode('error')) and uses only GPU tensors.\nOriginal error: " + text)
+    """Turn an exception raised during capture into 'cause ... fix ... original error' text."""
+    if isinstance(exc, CaptureError) and exc.cause:
+        return str(exc)
+    return _format_failure(*diagnose_capture_failure(exc))
 
 
 def shared_pool():
@@ -111,8 +169,10 @@ class GraphedCallable:
     ``static_outputs``, ``mode`` ("graph" or "eager"), ``calls_per_graph``, ``pool``.
     """
 
-    def __init__(self, fn, static_inputs, static_outputs, graph, mode, calls_per_graph, clone_outputs, pool):
+    def __init__(self, fn, static_inputs, static_outputs, graph, mode, calls_per_graph, clone_outputs, pool,
+                 no_grad: bool = True):
         self.fn = fn
+        self.no_grad = no_grad
         self.static_inputs = static_inputs
         self.static_outputs = static_outputs
         self.graph = graph
@@ -168,8 +228,9 @@ class GraphedCallable:
     def _slow_call(self, args):
         self._check(args)  # raises on a wrong argument count
         out = None
-        for _ in range(self.calls_per_graph):  # eager mode
-            out = self.fn(*args)
+        with torch.no_grad() if self.no_grad else torch.enable_grad():  # same grad mode as a captured graph
+            for _ in range(self.calls_per_graph):  # eager mode
+                out = self.fn(*args)
         self.static_outputs = out
         return out
 
@@ -198,7 +259,11 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
     - ``clone_outputs``: return clones instead of the graph-owned outputs that the next call overwrites.
     - ``no_grad``: capture under ``torch.no_grad()`` (inference). For training see ``train_step``/``partial``.
     - ``eager_fallback``: without CUDA, run ``fn`` eagerly instead of raising ``NoCudaError``
-      (``mode == "eager"``).
+      (``mode == "eager"``; every call then runs under the same grad mode a graph would have captured).
+
+    All sample arguments must be tensors on one device; warm-up and capture run on that GPU, whichever
+    device is current. A failed capture raises :class:`CaptureError` (cause, fix, original error) and leaves
+    the process working.
 
     Example::
 
@@ -213,6 +278,11 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
                 f"sample argument {i} is a {type(a).__name__}, not a tensor. A graph replays fixed GPU memory, "
                 "so every argument must be a CUDA tensor. Fix: bind other arguments into the function first, "
                 "e.g. functools.partial(fn, scale=2.0) or a lambda.")
+    devices = sorted({str(a.device) for a in sample_args})
+    if len(devices) > 1:
+        raise ValueError(
+            f"the sample arguments are on several devices ({', '.join(devices)}). One graph runs on one GPU. "
+            "Fix: move every argument to the same GPU first, e.g. x.to('cuda:0').")
     cuda = torch.cuda.is_available()
     if not cuda and not eager_fallback:
         raise NoCudaError(NO_CUDA_MESSAGE)
@@ -221,28 +291,51 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
     if not cuda:
         with grad_ctx():
             out = fn(*static_inputs)
-        return GraphedCallable(fn, static_inputs, out, None, "eager", calls_per_graph, clone_outputs, None)
+        return GraphedCallable(fn, static_inputs, out, None, "eager", calls_per_graph, clone_outputs, None,
+                               no_grad=no_grad)
     for i, a in enumerate(sample_args):
         if not a.is_cuda:
             raise ValueError(
                 f"sample argument {i} is on {a.device}. A CUDA graph can only read GPU memory. "
                 "Fix: move it to the GPU before capturing, e.g. x.cuda().")
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), grad_ctx():
-        for _ in range(warmup):
-            fn(*static_inputs)
-    torch.cuda.current_stream().wait_stream(side)
+    # warm up and capture on the GPU that holds the inputs, whatever the current device is
+    device = sample_args[0].device if sample_args else torch.device("cuda", torch.cuda.current_device())
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side), grad_ctx():
+            for _ in range(warmup):
+                fn(*static_inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
 
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with grad_ctx(), torch.cuda.graph(graph, pool=pool):
-            for _ in range(calls_per_graph):
-                out = fn(*static_inputs)
-    except Exception as exc:
-        del graph
-        torch.cuda.synchronize()
-        raise CaptureError(explain_capture_failure(exc)) from exc
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with grad_ctx(), torch.cuda.graph(graph, pool=pool, stream=_capture_stream(device)):
+                for _ in range(calls_per_graph):
+                    out = fn(*static_inputs)
+        except Exception as exc:
+            del graph
+            _synchronize_quietly(device)
+            raise CaptureError.from_exception(exc) from exc
     return GraphedCallable(fn, static_inputs, out, graph, "graph", calls_per_graph, clone_outputs,
-                           graph.pool())
+                           graph.pool(), no_grad=no_grad)
+
+
+_CAPTURE_STREAMS: dict = {}
+
+
+def _capture_stream(device: torch.device):
+    """One capture stream per GPU, reused by every capture: graphs that share a pool must be captured on
+    the same stream for the pool's memory to be reused (PyTorch's torch.cuda.graph documentation)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
+    return _CAPTURE_STREAMS[index]
+
+
+def _synchronize_quietly(device) -> None:
+    try:
+        torch.cuda.synchronize(device)
+    except Exception:  # a failed capture can leave an error to report; the CaptureError says what happened
+        pass

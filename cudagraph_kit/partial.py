@@ -26,7 +26,23 @@ import inspect
 
 import torch
 
-from .capture import NO_CUDA_MESSAGE, NoCudaError
+try:  # inside cudagraph_kit: share the kit's error types and explanations
+    from .capture import NO_CUDA_MESSAGE, CaptureError, NoCudaError
+except ImportError:  # this file copied on its own
+    NO_CUDA_MESSAGE = ("CUDA graphs need an NVIDIA GPU, and torch.cuda.is_available() is False here. "
+                       "Fix: run on a machine (or Colab runtime) with a CUDA GPU.")
+
+    class NoCudaError(RuntimeError):
+        """Raised when a CUDA graph is asked for on a machine without a usable CUDA GPU."""
+
+    class CaptureError(RuntimeError):
+        """Raised when capture fails; the message has the cause, the fix and the original error."""
+
+        @classmethod
+        def from_exception(cls, exc):
+            return cls("CUDA graph capture failed. Fix: check that the callable runs eagerly, has no CPU "
+                       "synchronization (torch.cuda.set_sync_debug_mode('error') finds the line) and uses only "
+                       f"GPU tensors.\nOriginal error: {type(exc).__name__}: {exc}")
 
 __all__ = ["graph_modules"]
 
@@ -67,20 +83,36 @@ def _checked(call, specs, autocast_at_capture, name, module=None):
     return checked_call
 
 
+def _as_arg_tuple(args, what: str) -> tuple:
+    if isinstance(args, torch.Tensor):
+        raise TypeError(
+            f"{what} is a bare tensor of shape {tuple(args.shape)}; it would be split into its rows. "
+            "Fix: wrap it in a tuple, e.g. sample_args=(x,) for one module, or ((x,), (h,)) for several.")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"{what} must be a tuple of tensors, got {type(args).__name__}. Fix: e.g. (x,).")
+    return tuple(args)
+
+
 def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unused_input: bool = False):
     """Graph one module/function or a tuple of them with ``torch.cuda.make_graphed_callables``.
 
-    ``sample_args`` is a tuple of tensors for one callable, or a tuple of such tuples for several.
-    Returns what ``make_graphed_callables`` returns (modules keep their type; their graphed ``forward``
-    checks its inputs first). Capture under ``torch.autocast("cuda", dtype, cache_enabled=False)`` for AMP.
+    ``sample_args`` is a tuple of tensors for one callable, or a tuple of such tuples for several (a bare
+    tensor is refused: it would be split into rows). Returns what ``make_graphed_callables`` returns (modules
+    keep their type; their graphed ``forward`` checks its inputs first). Capture under
+    ``torch.autocast("cuda", dtype, cache_enabled=False)`` for AMP. A failed capture raises ``CaptureError``
+    (cause, fix, original error), like ``capture``.
     """
-    if not torch.cuda.is_available():
-        raise NoCudaError(NO_CUDA_MESSAGE)
     single = not isinstance(modules, tuple)
     mods = (modules,) if single else modules
-    args = (tuple(sample_args),) if single else tuple(tuple(a) for a in sample_args)
+    if single:
+        args = (_as_arg_tuple(sample_args, "sample_args"),)
+    else:
+        outer = _as_arg_tuple(sample_args, "sample_args")
+        args = tuple(_as_arg_tuple(a, f"sample_args[{i}]") for i, a in enumerate(outer))
     if len(mods) != len(args):
         raise ValueError(f"got {len(mods)} callables but {len(args)} sample-arg tuples; give one tuple each.")
+    if not torch.cuda.is_available():
+        raise NoCudaError(NO_CUDA_MESSAGE)
     for m, a in zip(mods, args):
         name = type(m).__name__
         for i, t in enumerate(a):
@@ -100,7 +132,14 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
             raise TypeError("this PyTorch's make_graphed_callables has no pool argument; upgrade PyTorch "
                             "or graph the modules together in one call (they then share a pool).")
         kwargs["pool"] = pool
-    graphed = torch.cuda.make_graphed_callables(mods, args, **kwargs)
+    try:
+        graphed = torch.cuda.make_graphed_callables(mods, args, **kwargs)
+    except Exception as exc:
+        try:
+            torch.cuda.synchronize()
+        except Exception:  # the CaptureError below says what went wrong
+            pass
+        raise CaptureError.from_exception(exc) from exc
     out = []
     for m, a, g in zip(mods, args, graphed):
         specs = tuple(_spec(t) for t in a)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Timing", "GpuTime", "timeit", "gpu_time", "compare", "NOISY_SPREAD"]
+__all__ = ["Timing", "GpuTime", "timeit", "gpu_time", "device_time", "compare", "NOISY_SPREAD"]
 
 NOISY_SPREAD = 0.10  # a variant whose IQR exceeds this fraction of its median gets a note in the table
 
@@ -254,6 +254,52 @@ def gpu_time(fn, *args, calls: int = 20, warmup: int = 3, units_per_call: int | 
     top = sorted(((k, v / n) for k, v in per_name.items()), key=lambda kv: -kv[1])[:5]
     return GpuTime(busy_us=_busy_union(intervals) / n, kernels=kernels / n, copies=copies / n,
                    graph_launches=launches / calls, top=top)
+
+
+_SPIN_CYCLES_PER_US: dict = {}
+
+
+def _spin_cycles_per_us() -> float:
+    dev = torch.cuda.current_device()
+    if dev not in _SPIN_CYCLES_PER_US:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(5_000_000)
+        end.record()
+        torch.cuda.synchronize()
+        _SPIN_CYCLES_PER_US[dev] = 5_000_000 / (start.elapsed_time(end) * 1e3)
+    return _SPIN_CYCLES_PER_US[dev]
+
+
+def device_time(fn, *args, calls: int = 10, host_us: float | None = None) -> tuple[float, bool] | None:
+    """GPU time per call with the calls queued back to back, from CUDA events (no profiler): ``(us, queued)``.
+
+    A spin kernel holds the GPU while the host launches ``calls`` calls behind it, so the events measure how long
+    the GPU needs for them without waiting on the host. ``queued`` is False when the host was still launching after
+    the spin ended (then the time includes some host waiting and is an upper bound). For work launched kernel by
+    kernel this includes the GPU's own gap between queued kernels (about a microsecond each); it is what a graph
+    of the same kernels can approach, not the profiler's busy time. None without CUDA.
+
+    Example::
+
+        us, queued = device_time(lambda: gelu(x))
+    """
+    if not torch.cuda.is_available() or not hasattr(torch.cuda, "_sleep"):
+        return None
+    if host_us is None:
+        host_us = timeit(fn, *args, samples=3).median_us
+    fn(*args)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int((2.0 * calls * host_us + 1000.0) * _spin_cycles_per_us()))
+    start.record()
+    for _ in range(calls):
+        fn(*args)
+    end.record()
+    queued = not start.query()  # the GPU had not reached the calls when the host finished launching them
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls, queued
 
 
 def _executed_as(fn, gpu: GpuTime | None) -> str:

@@ -1,15 +1,35 @@
-"""Capture a whole training step (forward, loss, backward, optimizer step) as one CUDA graph.
+"""Capture a whole training step (forward, loss, backward, clipping, optimizer step) as one CUDA graph.
 
-``capture_train_step`` returns a small state machine. Every call is exactly one real training step on the
-batch it is given, so a loop that uses it trains like the eager loop it replaces:
+``capture_train_step`` returns a small state machine. Every call is exactly one real training step (or one
+micro-batch of it, with ``accumulate``) on the batch it is given, so a loop that uses it trains like the eager
+loop it replaces:
 
-1. ``warmup`` calls: ordinary eager steps on a side stream (lazy initialisation, cuBLAS handles, optimizer
-   state), each after ``optimizer.zero_grad(set_to_none=True)``;
-2. the next call: ``zero_grad(set_to_none=True)``, then forward + loss + backward + ``optimizer.step()`` are
-   captured into one ``torch.cuda.CUDAGraph`` over static batch buffers, then replayed once (capturing
-   records the work, it does not run it);
+1. ``warmup`` optimizer steps run eagerly on a side stream (lazy initialisation, cuBLAS handles, optimizer
+   state), each window starting with ``optimizer.zero_grad(set_to_none=True)``;
+2. the next call: ``zero_grad(set_to_none=True)``, then forward + loss + backward (+ clipping) +
+   ``optimizer.step()`` are captured into one ``torch.cuda.CUDAGraph`` over static batch buffers, then replayed
+   once (capturing records the work, it does not run it);
 3. every later call: copy the batch into the static buffers and replay. No ``zero_grad`` is needed: the
    captured backward writes fresh gradients into the same ``.grad`` tensors each replay.
+
+What a real loop needs, and how the graph gets it:
+
+- **LR schedules.** Any ``torch.optim.lr_scheduler`` keeps working: the step keeps each param group's LR in a
+  GPU tensor that the captured optimizer step reads, and copies ``group["lr"]`` into it before each replay
+  (only when it changed). This needs an optimizer that reads a tensor LR on the GPU: ``Adam``/``AdamW`` with
+  ``capturable=True`` (or ``fused=True``) and ``SGD`` with ``fused=True``. Others (plain ``SGD``) read the LR
+  as a Python number, frozen at capture: an attached scheduler, or an LR (or other hyper-parameter) changed
+  after capture, is refused with an error naming the fix, never silently ignored.
+- **Gradient clipping.** ``max_grad_norm=`` clips with ``torch.nn.utils.clip_grad_norm_(...,
+  error_if_nonfinite=False)`` inside the graph (no host synchronization); ``step.grad_norm`` is the total norm
+  before clipping, a GPU tensor.
+- **Gradient accumulation.** ``accumulate=k``: each call is one micro-batch, ``backward`` of ``loss / k``, and
+  every k-th call also clips and steps. One graph per position in the window (first: writes fresh gradients;
+  middle: adds to them; last: adds, clips and steps), captured on first use in one memory pool.
+- **AMP.** ``amp_dtype=torch.bfloat16``, or ``torch.float16`` with a ``GradScaler``: the graph captures forward
+  and ``scaler.scale(loss).backward()``; ``scaler.unscale_`` (when clipping), the clipping, ``scaler.step`` and
+  ``scaler.update`` run eagerly after the replay, because the scaler skips steps with inf/NaN gradients by
+  reading a flag on the CPU, which a graph cannot do.
 
 A batch whose shape was never captured (the short last batch of an epoch) runs an eager step instead, on the
 same parameters, gradients and optimizer state, and the graph keeps working afterwards.
@@ -20,40 +40,56 @@ Example::
     from cudagraph_kit.train_step import capture_train_step
 
     model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16)).cuda()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)   # capturable=True for Adam/AdamW
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)   # capturable=True for Adam/AdamW
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
     x, y = torch.randn(32, 128, device="cuda"), torch.randn(32, 16, device="cuda")
-    step = capture_train_step(model, opt, torch.nn.functional.mse_loss, (x, y))
+    step = capture_train_step(model, opt, torch.nn.functional.mse_loss, (x, y), max_grad_norm=1.0)
     for xb, yb in loader:                      # each batch: (inputs..., target), on the GPU
         loss = step(xb, yb)                    # one training step; loss is a GPU tensor (no sync)
+        sched.step()                           # the next replay trains with the new LR
     print(loss.item())                         # read losses when you need them, not every step
 
-What the graph fixes at capture time: the batch shapes, dtypes and device; the learning rate and other
-optimizer hyper-parameters that are Python numbers (an LR scheduler that changes ``group["lr"]`` has no
-effect on replays unless the lr is a tensor updated in place); the model's train/eval mode; the code path
-(no data-dependent Python control flow). Dropout still draws new masks each replay.
+What the graph fixes at capture time: the batch shapes, dtypes and device; optimizer hyper-parameters other
+than the LR (checked before every replay); the model's train/eval mode; the code path (no data-dependent Python
+control flow). Dropout still draws new masks each replay.
 
 This file stands alone (only ``torch`` is needed) so it can be copied into a project.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Callable, Sequence
 
 import torch
 
-try:  # inside cudagraph_kit: share the kit's error type
-    from .capture import NoCudaError
+try:  # inside cudagraph_kit: share the kit's error types
+    from .capture import CaptureError, NoCudaError
 except ImportError:  # copied on its own
     class NoCudaError(RuntimeError):
         """Raised when a CUDA graph is asked for on a machine without a usable CUDA GPU."""
 
-__all__ = ["capture_train_step", "GraphedTrainStep", "NoCudaError"]
+    class CaptureError(RuntimeError):
+        """Raised when stream capture fails; the message names the likely cause and the fix."""
+
+try:  # inside cudagraph_kit: the kit's explanations of capture failures (cause and fix)
+    from .capture import explain_capture_failure
+except ImportError:  # copied on its own
+    def explain_capture_failure(exc: BaseException) -> str:
+        return ("CUDA graph capture failed. Common causes: a CPU synchronization in the model or loss (.item(), "
+                ".cpu(), print of a CUDA tensor, boolean-mask indexing), data-dependent shapes, or CPU tensors. "
+                "Fix: run one eager step under torch.cuda.set_sync_debug_mode('error') to find the line.\n"
+                f"Original error: {type(exc).__name__}: {exc}")
+
+__all__ = ["capture_train_step", "GraphedTrainStep", "NoCudaError", "CaptureError", "cuda_graph_capture"]
 
 _NO_CUDA = (
     "CUDA graphs need an NVIDIA GPU, and torch.cuda.is_available() is False here. Fix: run on a machine "
     "(or Colab runtime) with a CUDA GPU, or pass eager_fallback=True to run plain eager training steps "
     "(step.mode is then 'eager', never 'graph')."
 )
+_DEVICE_LR_FIX = ("use an optimizer that reads a tensor LR on the GPU inside the graph: torch.optim.SGD(..., "
+                  "fused=True) or torch.optim.Adam/AdamW(..., capturable=True)")
 
 
 def _describe(t) -> str:
@@ -94,8 +130,34 @@ def _check_amp(amp_dtype, scaler, device: torch.device) -> None:
                 f"T4 or V100 use amp_dtype=torch.float16 with scaler=torch.amp.GradScaler('cuda').")
 
 
+def _reads_lr_on_device(optimizer: torch.optim.Optimizer, group: dict) -> bool:
+    """True when this optimizer's captured step reads ``group["lr"]`` from a GPU tensor (not a host number).
+
+    Adam/AdamW with capturable=True (foreach and single-tensor paths: ``_foreach_div_``/``mul_`` by the LR
+    tensor) or fused=True (the fused kernel's tensor-LR overload), and SGD with fused=True (same). SGD's foreach
+    and for-loop paths pass the LR as ``alpha=-lr``, a host number: a tensor LR would be read with ``.item()``.
+    """
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return bool(group.get("capturable") or group.get("fused"))
+    if isinstance(optimizer, torch.optim.SGD):
+        return bool(group.get("fused"))
+    return False
+
+
+def cuda_graph_capture(work: Callable[[], object], pool, device: torch.device):
+    """Capture ``work()`` into a new ``torch.cuda.CUDAGraph``; return ``(graph, what work returned)``.
+
+    The one place where ``GraphedTrainStep`` touches CUDA graphs (its ``capture=`` argument): tests pass a
+    stand-in that records ``work`` and runs it again on ``replay()``, to check the state machine on a CPU.
+    """
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool):
+        out = work()
+    return graph, out
+
+
 class GraphedTrainStep:
-    """One training step per call: eager warm-up, then one captured graph replayed for each batch.
+    """One training step (or micro-batch) per call: eager warm-up, then captured graphs replayed per batch.
 
     Build it with :func:`capture_train_step`; call it as ``loss = step(*inputs, target)``.
 
@@ -103,15 +165,20 @@ class GraphedTrainStep:
         mode: ``"graph"`` (CUDA graph once captured) or ``"eager"`` (``eager_fallback`` without CUDA).
         state: ``"warmup"`` until the graph is captured, then ``"captured"`` (stays ``"warmup"`` in eager mode,
             where nothing is ever captured).
-        eager_steps: how many steps ran eagerly because their batch shape differs from ``sample_batch``
+        eager_steps: how many calls ran eagerly because their batch shape differs from ``sample_batch``
             (counted in both modes, so a CPU run reports what a GPU run would do).
-        graph: the ``torch.cuda.CUDAGraph`` (None before capture and in eager mode).
+        graph: the ``torch.cuda.CUDAGraph`` of a window's first call (with ``accumulate=1`` the only graph;
+            None before capture and in eager mode); ``graphs`` has all of them by position.
         static_batch: the tensors each batch is copied into (inputs..., target).
-        static_loss: the loss tensor the graph writes on each replay (None before capture).
-        warmup_steps: steps run so far as warm-up.
+        static_loss: the loss tensor the last replayed graph wrote (None before capture).
+        grad_norm: total gradient norm before clipping at the last optimizer step (with ``max_grad_norm``;
+            a GPU tensor that later replays may overwrite: clone it to keep it), else None.
+        warmup_steps: optimizer steps run so far as warm-up; ``optimizer_steps``: all optimizer steps so far.
+        replays: graph replays so far.
     """
 
-    def __init__(self, model, optimizer, loss_fn, sample_batch, *, warmup, amp_dtype, scaler, clone_loss, mode):
+    def __init__(self, model, optimizer, loss_fn, sample_batch, *, warmup, amp_dtype, scaler, clone_loss, mode,
+                 max_grad_norm=None, accumulate=1, capture=cuda_graph_capture):
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -120,15 +187,34 @@ class GraphedTrainStep:
         self.scaler = scaler
         self.clone_loss = clone_loss
         self.mode = mode
+        self.max_grad_norm = max_grad_norm
+        self.accumulate = accumulate
         self.state = "warmup"
         self.eager_steps = 0
         self.warmup_steps = 0
-        self.graph = None
+        self.optimizer_steps = 0
+        self.replays = 0
+        self.graphs = {}            # "first"/"middle"/"last" (or "step" when accumulate == 1) -> CUDAGraph
+        self._captured = {}         # same keys -> (graph, static loss, static grad norm or None)
+        self._micro = 0             # position of the next call in its accumulation window
+        self._pool = None
+        self._capture_fn = capture
         self._static_grads = []
+        self._lr_tensors = []       # per param group: the GPU tensor the captured step reads as its LR, or None
+        self._lr_copied = []        # per param group: the host value last copied into that tensor
+        self._frozen = []           # per param group: {key: value} the graph froze (checked before replays)
         self.static_loss = None
+        self.grad_norm = None
+        self._params = [p for g in optimizer.param_groups for p in g["params"]]
         self.static_batch = tuple(t.detach().clone() for t in sample_batch)
         self.device = self.static_batch[0].device
-        self._side_stream = torch.cuda.Stream(self.device) if mode == "graph" else None
+        cuda = mode == "graph" and self.device.type == "cuda"
+        self._side_stream = torch.cuda.Stream(self.device) if cuda else None
+
+    @property
+    def graph(self):
+        entry = self._captured.get("step") or self._captured.get("first")
+        return entry[0] if entry else None
 
     # -- the pieces of a step ------------------------------------------------------------------------------
     def _autocast(self):
@@ -142,21 +228,53 @@ class GraphedTrainStep:
         *inputs, target = batch
         with self._autocast():
             loss = self.loss_fn(self.model(*inputs), target)
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        scaled = loss / self.accumulate if self.accumulate > 1 else loss  # the mean over the window's batches
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return loss
 
-    def _optimizer_step(self):
+    def _clip(self):
+        # error_if_nonfinite=False: the check would read the norm on the CPU (a sync, illegal in a graph)
+        return torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm, error_if_nonfinite=False)
+
+    def _clip_and_step(self):
+        """Clipping and the optimizer step, eagerly (warm-up, short batches, and the scaler's part)."""
         if self.scaler is not None:
+            if self.max_grad_norm is not None:
+                self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+                self.grad_norm = self._clip()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        else:
-            self.optimizer.step()
+            return
+        if self.max_grad_norm is not None:
+            self.grad_norm = self._clip()
+        self.optimizer.step()
 
-    def _eager_step(self, batch, set_to_none: bool):
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+    def _eager_step(self, batch, first: bool, last: bool, set_to_none: bool):
+        if first:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
         loss = self._forward_backward(batch)
-        self._optimizer_step()
+        if last:
+            self._clip_and_step()
         return loss.detach()
+
+    def _captured_work(self, first: bool, last: bool):
+        """What one graph records: forward + backward, and at a window's end clipping + optimizer step."""
+        loss = self._forward_backward(self.static_batch)
+        norm = None
+        if last and self.scaler is None:
+            if self.max_grad_norm is not None:
+                norm = self._clip()
+            swapped = []  # the step reads the LR from the GPU tensors that replays refresh
+            for group, lr in zip(self.optimizer.param_groups, self._lr_tensors):
+                if lr is not None and group["lr"] is not lr:
+                    swapped.append((group, group["lr"]))
+                    group["lr"] = lr
+            try:
+                self.optimizer.step()
+            finally:
+                for group, value in swapped:
+                    group["lr"] = value
+        return loss.detach(), norm
 
     # -- validation -----------------------------------------------------------------------------------------
     def _check(self, batch) -> bool:
@@ -176,43 +294,77 @@ class GraphedTrainStep:
 
     # -- the state machine ------------------------------------------------------------------------------------
     def __call__(self, *batch):
-        """Run one training step on ``batch`` = (inputs..., target); return the loss (a detached tensor)."""
+        """Run one training step (one micro-batch with ``accumulate``) on ``batch`` = (inputs..., target).
+
+        Returns the loss of this batch (a detached GPU tensor; not divided by ``accumulate``).
+        """
         fits = self._check(batch)
+        first, last = self._micro == 0, self._micro == self.accumulate - 1
         if self.mode == "eager":
             self.eager_steps += not fits
-            return self._eager_step(batch, set_to_none=True)
-        if not fits:
-            return self._eager_fallback(batch)
-        if self.state == "warmup" and self.warmup_steps < self.warmup:
-            return self._warmup_step(batch)
-        if self.state == "warmup":
-            self._capture(batch)
+            loss = self._eager_step(batch, first, last, set_to_none=True)
+        elif not fits:
+            loss = self._eager_fallback(batch, first, last)
+        elif self.state == "warmup" and (self.warmup_steps < self.warmup or not first):
+            loss = self._warmup_step(batch, first, last)
         else:
-            self._check_grads_still_static()
-            for b, s in zip(batch, self.static_batch):
-                if b is not s:
-                    s.copy_(b)
-            self.graph.replay()
-        if self.scaler is not None:  # the unscale/inf-check/step and scale update stay eager
-            self._optimizer_step()
-        return self.static_loss.clone() if self.clone_loss else self.static_loss
-
-    def _warmup_step(self, batch):
-        side = self._side_stream
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            loss = self._eager_step(batch, set_to_none=True)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        self.warmup_steps += 1
+            loss = self._replay(batch, first, last)
+        self._micro = (self._micro + 1) % self.accumulate
+        self.optimizer_steps += last
         return loss
 
-    def _eager_fallback(self, batch):
+    def _side(self):
+        if self._side_stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self._side_stream)
+
+    def _warmup_step(self, batch, first, last):
+        if self._side_stream is not None:
+            self._side_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with self._side():
+            loss = self._eager_step(batch, first, last, set_to_none=True)
+        if self._side_stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._side_stream)
+        self.warmup_steps += last
+        return loss
+
+    def _eager_fallback(self, batch, first, last):
         # After capture the parameters' .grad tensors are the graph's static gradient buffers: replays write
         # into exactly those addresses. zero_grad(set_to_none=True) would drop them, the eager backward would
         # allocate new .grad tensors, and the optimizer would read those while every later replay keeps
         # writing the old, now orphaned buffers: training would silently stop. Zeroing in place keeps them.
         self.eager_steps += 1
-        return self._eager_step(batch, set_to_none=self.state == "warmup")
+        return self._eager_step(batch, first, last, set_to_none=self.state == "warmup")
+
+    def _position(self, first, last) -> str:
+        if self.accumulate == 1:
+            return "step"
+        return "first" if first else "last" if last else "middle"
+
+    def _replay(self, batch, first, last):
+        key = self._position(first, last)
+        steps = last and self.scaler is None  # this graph contains the optimizer step
+        if self.state == "captured":
+            self._check_grads_still_static()
+            if steps:
+                self._refuse_frozen_changes()
+        for b, s in zip(batch, self.static_batch):
+            if b is not s:
+                s.copy_(b)
+        if key not in self._captured:
+            self._capture(key, first, last)
+        graph, loss, norm = self._captured[key]
+        if steps:
+            self._copy_lrs()
+        graph.replay()
+        self.replays += 1
+        if last:
+            if self.scaler is not None:  # unscale/clip/inf-check/step and the scale update stay eager
+                self._clip_and_step()
+            else:
+                self.grad_norm = norm
+        self.static_loss = loss
+        return loss.clone() if self.clone_loss else loss
 
     def _check_grads_still_static(self):
         # The graph writes gradients into the .grad tensors that existed at capture. If they were replaced
@@ -225,34 +377,119 @@ class GraphedTrainStep:
                     "or model.zero_grad() called, or .grad reassigned, after capture?). Nothing was run. Fix: "
                     "remove zero_grad() from the loop: each replay overwrites the gradients by itself.")
 
-    def _capture(self, batch):
-        for b, s in zip(batch, self.static_batch):
-            s.copy_(b)
-        # Grads set to None before capture, so the captured backward allocates them from the graph's
-        # private memory pool and each replay refills them (no zero_grad needed inside the graph).
-        self.optimizer.zero_grad(set_to_none=True)
-        graph = torch.cuda.CUDAGraph()
+    # -- learning rate and other hyper-parameters --------------------------------------------------------------
+    def _prepare_hyperparameters(self):
+        """Before capturing the step: a GPU LR tensor per group where the optimizer can read one, else freeze."""
+        _refuse_scheduled_host_lr(self.optimizer)
+        self._lr_tensors, self._lr_copied, self._frozen = [], [], []
+        for group in self.optimizer.param_groups:
+            lr = group["lr"]
+            frozen = {k: group[k] for k in self.optimizer.defaults
+                      if k not in ("lr", "params") and k in group and _is_number(group[k])}
+            if not _reads_lr_on_device(self.optimizer, group):
+                frozen["lr"] = _host_value(lr)
+                self._lr_tensors.append(None)
+            elif isinstance(lr, torch.Tensor) and lr.device == self.device and lr.dtype == torch.float32:
+                self._lr_tensors.append(lr)  # the user's own GPU LR tensor: schedulers update it in place
+            else:
+                self._lr_tensors.append(torch.tensor(_host_value(lr), dtype=torch.float32, device=self.device))
+            self._lr_copied.append(None)
+            self._frozen.append(frozen)
+
+    def _copy_lrs(self):
+        """Copy each group's current LR into the GPU tensor the graph reads (only when it changed)."""
+        for i, (group, lr) in enumerate(zip(self.optimizer.param_groups, self._lr_tensors)):
+            value = group["lr"]
+            if lr is None or value is lr:
+                continue
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                lr.copy_(value)  # a GPU tensor of its own: copy on the device, no sync
+                continue
+            value = _host_value(value)
+            if value != self._lr_copied[i]:
+                lr.fill_(value)
+                self._lr_copied[i] = value
+
+    def _refuse_frozen_changes(self):
+        name = type(self.optimizer).__name__
+        for i, (group, frozen) in enumerate(zip(self.optimizer.param_groups, self._frozen)):
+            for key, value in frozen.items():
+                now = _host_value(group[key]) if key == "lr" else group[key]
+                if now == value:
+                    continue
+                if key == "lr":
+                    raise RuntimeError(
+                        f"param group {i}'s LR changed from {value:g} to {now:g} after capture, but {name} "
+                        f"{'(fused=False) ' if name == 'SGD' else ''}reads the LR as a Python number that the "
+                        f"CUDA graph froze at capture: replays would keep training with {value:g}. Nothing was "
+                        f"run. Fix: {_DEVICE_LR_FIX}; the step then copies each new LR into the graph.")
+                raise RuntimeError(
+                    f"param group {i}'s {key!r} changed from {value} to {now} after capture, but the CUDA graph "
+                    f"froze it at capture (only the LR is refreshed before replays). Nothing was run. Fix: keep "
+                    f"{key!r} fixed while the graph trains (e.g. OneCycleLR(..., cycle_momentum=False)).")
+
+    # -- capture ------------------------------------------------------------------------------------------------
+    def _capture(self, key, first, last):
+        if last and self.scaler is None and not self._frozen:
+            self._prepare_hyperparameters()
+        if not self._captured:
+            # Grads set to None before the first capture, so the captured backward allocates them from the
+            # graph's private memory pool and each replay refills them (no zero_grad needed inside the graph).
+            # Graphs captured later (accumulate > 1) find them allocated and add to them in place.
+            self.optimizer.zero_grad(set_to_none=True)
+        work = functools.partial(self._captured_work, first, last)
         try:
-            with torch.cuda.device(self.device), torch.cuda.graph(graph):
-                loss = self._forward_backward(self.static_batch)
-                if self.scaler is None:
-                    self.optimizer.step()
+            graph, (loss, norm) = self._capture_fn(work, self._pool, self.device)
         except Exception as exc:
-            torch.cuda.synchronize(self.device)
-            raise RuntimeError(
-                f"capturing the training step failed: {type(exc).__name__}: {exc}\nCommon causes: a CPU "
-                "synchronization in the model or loss (.item(), .cpu(), print of a CUDA tensor, boolean-mask "
-                "indexing), data-dependent shapes, or CPU tensors. Fix: run one eager step under "
-                "torch.cuda.set_sync_debug_mode('error') to find the line.") from exc
-        self.graph = graph
-        self._static_grads = [(p, p.grad) for g in self.optimizer.param_groups for p in g["params"]]
-        self.static_loss = loss.detach()
-        self.state = "captured"
-        graph.replay()  # capture only recorded the work; this runs this call's training step
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            where = (f"capturing the training step ({key}) failed; nothing was trained by this call and the "
+                     "process keeps working. ")
+            if hasattr(CaptureError, "from_exception"):  # the kit's error: .cause, .fix, .original as everywhere
+                err = CaptureError.from_exception(exc)
+                err.args = (where + str(err),)
+            else:
+                err = CaptureError(where + explain_capture_failure(exc))
+            raise err from exc
+        if self._pool is None and hasattr(graph, "pool"):
+            self._pool = graph.pool()  # later graphs (accumulate > 1) share this graph's memory pool
+        self._captured[key] = (graph, loss, norm)
+        self.graphs[key] = graph
+        if self.state == "warmup":
+            self._static_grads = [(p, p.grad) for p in self._params]
+            self.state = "captured"
 
     def __repr__(self):
+        acc = f", accumulate={self.accumulate}" if self.accumulate > 1 else ""
         return (f"GraphedTrainStep(mode={self.mode!r}, state={self.state!r}, warmup_steps={self.warmup_steps}, "
-                f"eager_steps={self.eager_steps}, batch=[{', '.join(_describe(s) for s in self.static_batch)}])")
+                f"eager_steps={self.eager_steps}, replays={self.replays}{acc}, "
+                f"batch=[{', '.join(_describe(s) for s in self.static_batch)}])")
+
+
+def _refuse_scheduled_host_lr(optimizer: torch.optim.Optimizer) -> None:
+    """Raise if an LR scheduler drives an optimizer whose captured step would freeze the LR."""
+    step = optimizer.step  # LRScheduler.__init__ wraps it and marks the wrapper
+    if not (getattr(step, "_wrapped_by_lr_sched", False) or getattr(step, "_with_counter", False)):
+        return
+    for group in optimizer.param_groups:
+        if not _reads_lr_on_device(optimizer, group):
+            name = type(optimizer).__name__
+            raise ValueError(
+                f"an LR scheduler is attached to this {name}, but {name}"
+                f"{' (fused=False)' if name == 'SGD' else ''} reads the LR as a Python number, which a CUDA graph "
+                f"freezes at its capture value ({_host_value(group['lr']):g}): the schedule would have no effect "
+                f"on replays. Fix: {_DEVICE_LR_FIX}.")
+
+
+def _is_number(v) -> bool:
+    if isinstance(v, tuple):
+        return all(_is_number(x) for x in v)
+    return isinstance(v, (bool, int, float))
+
+
+def _host_value(v):
+    """A group's LR as a Python number (a CPU tensor is read without a GPU sync)."""
+    return v.item() if isinstance(v, torch.Tensor) else v
 
 
 def _check_ddp(model: torch.nn.Module, warmup: int) -> int:
@@ -306,11 +543,13 @@ def capture_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                        sample_batch: Sequence[torch.Tensor], *, warmup: int = 3,
                        amp_dtype: torch.dtype | None = None, scaler=None, clone_loss: bool = True,
-                       eager_fallback: bool = False) -> GraphedTrainStep:
+                       eager_fallback: bool = False, max_grad_norm: float | None = None,
+                       accumulate: int = 1) -> GraphedTrainStep:
     """Make a training step that is captured as one CUDA graph after ``warmup`` eager steps.
 
-    The step computes ``loss = loss_fn(model(*inputs), target)``, backward and ``optimizer.step()`` for a
-    batch ``(inputs..., target)``. Nothing runs until the first call; each call is one real training step.
+    The step computes ``loss = loss_fn(model(*inputs), target)``, backward, optionally
+    ``clip_grad_norm_`` and ``optimizer.step()`` for a batch ``(inputs..., target)``. Nothing runs until the
+    first call; each call is one real training step (one micro-batch with ``accumulate``).
 
     Args:
         sample_batch: a tuple ``(inputs..., target)`` of tensors with the shapes, dtypes and device of the
@@ -327,17 +566,33 @@ def capture_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             graph's static loss tensor, which the next replay overwrites: a list of those is one tensor N times.
         eager_fallback: without CUDA run plain eager steps (``mode == "eager"``) instead of raising
             ``NoCudaError``.
+        max_grad_norm: clip the gradients' total 2-norm to this value before each optimizer step, with
+            ``torch.nn.utils.clip_grad_norm_(..., error_if_nonfinite=False)`` (inside the graph; with a
+            ``scaler``, eagerly after ``scaler.unscale_``). ``step.grad_norm`` holds the norm before clipping.
+        accumulate: micro-batches per optimizer step: each call backpropagates ``loss / accumulate`` and every
+            ``accumulate``-th call also clips and steps (``warmup`` counts optimizer steps).
 
     Optimizers: SGD (with or without momentum), Adam/AdamW constructed with ``capturable=True``; an optimizer
-    whose ``capturable`` option is False raises ``ValueError``.
+    whose ``capturable`` option is False raises ``ValueError``. LR schedulers need an optimizer that reads a
+    tensor LR on the GPU: Adam/AdamW(capturable=True) or SGD(fused=True); a scheduler attached to another
+    optimizer, or a frozen hyper-parameter changed after capture, raises an error naming the fix.
 
     Example::
 
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        step = capture_train_step(model, opt, torch.nn.MSELoss(), (x, y))
-        losses = [step(xb, yb) for xb, yb in batches]          # GPU tensors; no sync per step
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=1000, cycle_momentum=False)
+        step = capture_train_step(model, opt, torch.nn.MSELoss(), (x, y), max_grad_norm=1.0)
+        losses = []
+        for xb, yb in batches:
+            losses.append(step(xb, yb))                    # GPU tensors; no sync per step
+            sched.step()
         print(torch.stack(losses).tolist())
     """
+    if isinstance(sample_batch, torch.Tensor):
+        raise TypeError(
+            f"sample_batch is a single tensor ({_describe(sample_batch)}); it must be a tuple (inputs..., target) "
+            "like the batches the step is called with (a tensor would be split into its rows). Fix: pass "
+            "sample_batch=(x, y).")
     batch = tuple(sample_batch)
     if len(batch) < 2:
         raise ValueError(f"sample_batch must be a tuple (inputs..., target) of at least 2 tensors, got {len(batch)}.")
@@ -349,6 +604,10 @@ def capture_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         raise ValueError(f"warmup must be >= 1 (eager steps that create the optimizer state and initialise "
                          f"cuBLAS before capture), got {warmup}.")
     warmup = _check_ddp(model, warmup)  # DistributedDataParallel: PyTorch's three rules (checked or applied)
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise ValueError(f"accumulate must be an int >= 1 (micro-batches per optimizer step), got {accumulate!r}.")
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise ValueError(f"max_grad_norm must be None (no clipping) or a number > 0, got {max_grad_norm!r}.")
     params = [p for g in optimizer.param_groups for p in g["params"]]
     devices = {p.device for p in params} | {t.device for t in batch}
     on_cuda = torch.cuda.is_available() and all(d.type == "cuda" for d in devices) and len(devices) == 1
@@ -356,8 +615,11 @@ def capture_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     if not on_cuda and eager_fallback:
         _check_amp(amp_dtype, scaler, batch[0].device)
         return GraphedTrainStep(model, optimizer, loss_fn, batch, warmup=warmup, amp_dtype=amp_dtype,
-                                scaler=scaler, clone_loss=clone_loss, mode="eager")
+                                scaler=scaler, clone_loss=clone_loss, mode="eager", max_grad_norm=max_grad_norm,
+                                accumulate=accumulate)
     _check_capturable(optimizer)
+    if scaler is None:  # with a scaler the optimizer step runs eagerly and reads the LR as usual
+        _refuse_scheduled_host_lr(optimizer)
     if not torch.cuda.is_available():
         raise NoCudaError(_NO_CUDA)
     if not on_cuda:
@@ -366,4 +628,5 @@ def capture_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             f"{sorted(map(str, devices))}. Fix: model.cuda() and batch tensors .cuda() before capture_train_step.")
     _check_amp(amp_dtype, scaler, batch[0].device)
     return GraphedTrainStep(model, optimizer, loss_fn, batch, warmup=warmup, amp_dtype=amp_dtype, scaler=scaler,
-                            clone_loss=clone_loss, mode="graph")
+                            clone_loss=clone_loss, mode="graph", max_grad_norm=max_grad_norm,
+                            accumulate=accumulate)

@@ -154,10 +154,11 @@ if not CUDA:
 #     loss = step(x, y)                                                     # one replay per step
 # ```
 #
-# `scripts/ddp_train.py` is that script, with synthetic data, AMP, an LR schedule and gradient clipping.
-# Two details make the last two work inside a graph: the learning rate is a GPU tensor that the schedule
-# writes in place (a Python float would be baked into the captured optimizer step), and the clipping runs in
-# an optimizer step pre-hook, so it is captured with the step.
+# `scripts/ddp_train.py` is that script, with synthetic data, AMP, an LR schedule (`LambdaLR`: warm-up, then
+# cosine) and gradient clipping. `capture_train_step` makes the last two work inside a graph: with
+# `max_grad_norm=` it clips inside the captured step, and before each replay it copies the scheduler's LR
+# into the GPU tensor that the captured optimizer step reads (AdamW with `capturable=True` reads its LR on
+# the GPU; a Python float would be frozen into the graph).
 #
 # ## 2. The rules in one process: graphed DDP trains like eager DDP
 # A process group of one process is enough to see the mechanics (the all-reduce then has no partner). Correct

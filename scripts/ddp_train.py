@@ -16,9 +16,10 @@ timeline (no synchronize per step; see ``cudagraph_kit.ddp.StepTimer``), the hos
 run: images (samples) per second over a window with one synchronize at each end. ``--sync-each-step`` adds a
 ``torch.cuda.synchronize()`` after every step to show what that does to the time and its spread.
 
-Synthetic data (a few fixed batches per rank, cycled), AMP (bf16, or fp16 with a GradScaler), AdamW with a
-tensor learning rate following a warm-up + cosine schedule (written in place each step, so the graph sees it),
-gradient-norm clipping inside the optimizer step (an optimizer step pre-hook, so it is captured too).
+Synthetic data (a few fixed batches per rank, cycled), AMP (bf16, or fp16 with a GradScaler), AdamW
+(capturable on CUDA) with a LambdaLR warm-up + cosine schedule, gradient-norm clipping: the eager loop does
+these itself; the graphed step gets them from ``capture_train_step`` (``max_grad_norm=``, and it copies the
+scheduler's LR into the GPU tensor the captured optimizer step reads).
 Without CUDA the eager path runs with the gloo backend; ``--mode graph`` is refused with the kit's no-CUDA error.
 NVLink multicast (NVLS) and symmetric-memory multicast stay off.
 """
@@ -76,47 +77,40 @@ def build_model(name: str, image_size: int):
     raise ValueError(f"--model must be one of {MODELS}, got {name!r}")
 
 
-def lr_at(step: int, total: int, base: float, warmup_frac: float) -> float:
-    """Linear warm-up over ``warmup_frac`` of the steps, then cosine decay to 0."""
+def lr_factor(step: int, total: int, warmup_frac: float) -> float:
+    """Linear warm-up over ``warmup_frac`` of the steps, then cosine decay to 0 (a factor of the base LR)."""
     w = max(1, int(total * warmup_frac))
     if step < w:
-        return base * (step + 1) / w
-    return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - w) / max(1, total - w))))
+        return (step + 1) / w
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - w) / max(1, total - w))))
 
 
-def make_optimizer(model, args, device):
-    """AdamW; on CUDA capturable with a tensor lr (an LR schedule writes it in place, so replays see it)."""
-    cuda = device.type == "cuda"
-    lr = torch.tensor(args.lr, device=device) if cuda else args.lr
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, capturable=cuda)
-    if args.clip_grad_norm > 0:
-        params = [p for g in opt.param_groups for p in g["params"]]
-
-        def clip(optimizer, a, kw):  # runs inside optimizer.step(): captured with it, after GradScaler's unscale
-            torch.nn.utils.clip_grad_norm_(params, args.clip_grad_norm, foreach=cuda or None)
-        opt.register_step_pre_hook(clip)
-
-    def set_lr(value: float):
-        for g in opt.param_groups:
-            if isinstance(g["lr"], torch.Tensor):
-                g["lr"].fill_(value)  # in place, no synchronize: the captured optimizer step reads this tensor
-            else:
-                g["lr"] = value
-    return opt, set_lr
+def make_optimizer(model, args, device, total_steps: int):
+    """AdamW (capturable on CUDA, so the graphed step reads its LR on the GPU) and a LambdaLR schedule."""
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, capturable=device.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total_steps, args.lr_warmup_frac))
+    return opt, sched
 
 
-def eager_step(model, opt, loss_fn, amp_dtype, scaler, device):
-    """The ordinary eager training step (what the graph replaces)."""
+def eager_step(model, opt, loss_fn, amp_dtype, scaler, device, max_grad_norm):
+    """The ordinary eager training step (what the graph replaces), with the same clipping."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+
     def run(x, y):
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             loss = loss_fn(model(x), y)
         if scaler is not None:
             scaler.scale(loss).backward()
+            if max_grad_norm:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm, error_if_nonfinite=False)
             scaler.step(opt)
             scaler.update()
         else:
             loss.backward()
+            if max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm, error_if_nonfinite=False)
             opt.step()
         return loss.detach()
     return run
@@ -125,8 +119,8 @@ def eager_step(model, opt, loss_fn, amp_dtype, scaler, device):
 # ----------------------------------------------------------------------------------------------------------------
 # one rank's run
 # ----------------------------------------------------------------------------------------------------------------
-def make_trainer(args, info, mode, batches, seed):
-    """A fresh DDP model (same initial weights on every call) and its step function in ``mode``."""
+def make_trainer(args, info, mode, batches, seed, total_steps):
+    """A fresh DDP model (same initial weights on every call), its step function in ``mode``, its LR schedule."""
     from cudagraph_kit.ddp import ddp_for_graphs
     from cudagraph_kit.train_step import capture_train_step
 
@@ -140,29 +134,31 @@ def make_trainer(args, info, mode, batches, seed):
         model = ddp_for_graphs(net, device_ids=ids)  # rule 2: built on the capture stream
     else:
         model = torch.nn.parallel.DistributedDataParallel(net, device_ids=ids)
-    opt, set_lr = make_optimizer(model, args, info.device)
+    opt, sched = make_optimizer(model, args, info.device, total_steps)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[args.amp]
     scaler = torch.amp.GradScaler("cuda") if args.amp == "fp16" else None
     loss_fn = torch.nn.CrossEntropyLoss()
+    clip = args.clip_grad_norm or None
     if mode == "graph":  # rules 1 and 3 are checked/applied inside (warm-up raised to 11 eager DDP steps)
-        step = capture_train_step(model, opt, loss_fn, batches[0], amp_dtype=amp_dtype, scaler=scaler)
+        step = capture_train_step(model, opt, loss_fn, batches[0], amp_dtype=amp_dtype, scaler=scaler,
+                                  max_grad_norm=clip)
     else:
-        step = eager_step(model, opt, loss_fn, amp_dtype, scaler, info.device)
-    return model, step, set_lr
+        step = eager_step(model, opt, loss_fn, amp_dtype, scaler, info.device, clip)
+    return model, step, sched
 
 
 def parity(args, info, batches, total):
     """Correct before fast: train eager DDP and graphed DDP from the same weights on the same batches."""
     results = {}
     for mode in ("eager", "graph"):
-        model, step, set_lr = make_trainer(args, info, mode, batches, args.seed)
+        model, step, sched = make_trainer(args, info, mode, batches, args.seed, total)
         losses = []
         for i in range(args.parity_steps):
-            set_lr(lr_at(i, total, args.lr, args.lr_warmup_frac))
             losses.append(step(*batches[i % len(batches)]))
+            sched.step()
         results[mode] = (torch.stack(losses).float().cpu(), [p.detach().float().clone() for p in model.parameters()],
                          getattr(step, "state", None))
-        del model, step
+        del model, step, sched
         gc.collect()
     (le, pe, _), (lg, pg, state) = results["eager"], results["graph"]
     diff = max((a - b).abs().max().item() for a, b in zip(pe, pg))
@@ -216,16 +212,16 @@ def run_rank(args):
     if info.device.type == "cuda":
         torch.cuda.empty_cache()
 
-    model, step, set_lr = make_trainer(args, info, args.mode, batches, args.seed)
+    model, step, sched = make_trainer(args, info, args.mode, batches, args.seed, total)
     for i in range(untimed):  # graph mode: 11 eager warm-ups, the capture, then replays
-        set_lr(lr_at(i, total, args.lr, args.lr_warmup_frac))
         step(*batches[i % len(batches)])
+        sched.step()
     timer = StepTimer(args.steps, sync_each_step=args.sync_each_step, device=info.device)
     losses = []
     timer.start()
     for i in range(args.steps):
-        set_lr(lr_at(untimed + i, total, args.lr, args.lr_warmup_frac))
         losses.append(step(*batches[(untimed + i) % len(batches)]))
+        sched.step()  # a Python float per group; the graphed step copies it to the GPU before its next replay
         timer.step_done()
     rows = timer.finish()
     losses = torch.stack(losses).float().cpu().tolist()
@@ -236,7 +232,7 @@ def run_rank(args):
     kit_step = repr(step) if hasattr(step, "mode") else "eager loop"
     warmup_before_capture = getattr(step, "warmup_steps", None)
     eager_steps = getattr(step, "eager_steps", 0)
-    del step, model  # graphs that captured NCCL work go before the process group does
+    del step, model, sched  # graphs that captured NCCL work go before the process group does
     gc.collect()
     if info.device.type == "cuda":
         torch.cuda.synchronize()
@@ -266,8 +262,8 @@ def run_rank(args):
             "world_size": info.world_size, "backend": info.backend,
             "images_per_s": info.world_size * args.batch * args.steps / window, "window_s": window,
             "executed_as": sorted({s["executed_as"] for s in summaries}),
-            "clock": rows[0]["clock"], "lr": args.lr, "lr_schedule": f"linear warm-up {args.lr_warmup_frac:.0%}, cosine",
-            "clip_grad_norm": args.clip_grad_norm, "optimizer": "AdamW" + (" (capturable, tensor lr)" if info.device.type == "cuda" else ""),
+            "clock": rows[0]["clock"], "lr": args.lr, "lr_schedule": f"LambdaLR: linear warm-up {args.lr_warmup_frac:.0%}, cosine",
+            "clip_grad_norm": args.clip_grad_norm, "optimizer": "AdamW" + (" (capturable)" if info.device.type == "cuda" else ""),
             "torch": torch.__version__, "nccl": _nccl_version() if info.backend == "nccl" else None,
             "env": {k: os.environ.get(k) for k in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", *MULTICAST_OFF)},
             "async_error_handling_at_init": async_error_handling_value(),

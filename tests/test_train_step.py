@@ -6,10 +6,11 @@ import shutil
 import pytest
 import torch
 
-from cudagraph_kit.capture import NoCudaError
+from cudagraph_kit.capture import CaptureError, NoCudaError
 from cudagraph_kit.train_step import GraphedTrainStep, capture_train_step
 
 HAS_CUDA = torch.cuda.is_available()
+mse = torch.nn.functional.mse_loss
 
 
 def make_model(device="cpu", dropout=False, seed=0):
@@ -35,19 +36,105 @@ def make_opt(kind, params):
         return torch.optim.Adam(params, lr=1e-3, capturable=True)
     if kind == "adamw":
         return torch.optim.AdamW(params, lr=1e-3, capturable=True)
+    if kind == "adamw_cpu":  # capturable=True is GPU-only; the CPU stand-in tests use a plain AdamW
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
     raise ValueError(kind)
 
 
-def eager_train(model, opt, batches, loss_fn=torch.nn.functional.mse_loss):
-    """The hand-written eager loop every variant is compared with."""
+def eager_train(model, opt, batches, loss_fn=mse, sched=None, max_grad_norm=None, accumulate=1, record=None):
+    """The hand-written eager loop every variant is compared with (schedule, clipping, accumulation optional).
+
+    ``record`` (a dict) collects the LR after each call and the total gradient norm of each optimizer step.
+    """
     losses = []
-    for x, y in batches:
-        opt.zero_grad(set_to_none=True)
+    for i, (x, y) in enumerate(batches):
+        if i % accumulate == 0:
+            opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+        (loss / accumulate if accumulate > 1 else loss).backward()
+        if i % accumulate == accumulate - 1:
+            if max_grad_norm is not None:
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+                if record is not None:
+                    record.setdefault("norms", []).append(norm.item())
+            opt.step()
+            if sched is not None:
+                sched.step()
+        if record is not None:
+            record.setdefault("lrs", []).append(opt.param_groups[0]["lr"])
         losses.append(loss.detach())
     return losses
+
+
+def warmup_cosine(opt, warmup=5, total=50):
+    """Linear warm-up then cosine decay, the schedule of most real training loops."""
+    sched = torch.optim.lr_scheduler
+    return sched.SequentialLR(opt, [sched.LinearLR(opt, start_factor=0.1, total_iters=warmup),
+                                    sched.CosineAnnealingLR(opt, T_max=total - warmup)], milestones=[warmup])
+
+
+class FakeGraph:
+    """What ReplayingCapture returns: replay() runs the recorded work again into the same static outputs."""
+
+    def __init__(self, work, outputs, fresh_grads):
+        self.work, self.outputs, self.fresh_grads, self.replays = work, outputs, fresh_grads, 0
+
+    def replay(self):
+        with torch.no_grad():
+            for g in self.fresh_grads:  # grads that did not exist at capture are written, not added to
+                g.zero_()
+        loss, norm = self.work()
+        with torch.no_grad():
+            self.outputs[0].copy_(loss)
+            if norm is not None:
+                self.outputs[1].copy_(norm)
+        self.replays += 1
+
+
+class ReplayingCapture:
+    """CPU stand-in for ``cuda_graph_capture`` that keeps a CUDA graph's semantics where the step relies on them.
+
+    - Capturing records the work but trains nothing: the recording run's changes to parameters, gradients
+      and optimizer state are undone (a real capture launches no kernels).
+    - Its outputs are static: each replay writes into the tensors returned at capture.
+    - Gradients that were None at capture are allocated by the capture and *overwritten* by each replay
+      (a captured backward into a fresh .grad); gradients that existed at capture are added to.
+    - A replay re-runs the same Python work on whatever the static batch and LR tensors hold then, so a
+      state machine that forgets to copy a batch or an LR in trains differently from eager, and the test fails.
+    """
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer, self.graphs, self.fail_next = model, optimizer, [], None
+
+    def _state(self):
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        tensors = params + [p.grad for p in params if p.grad is not None]
+        for st in self.optimizer.state.values():
+            tensors += [v for v in st.values() if isinstance(v, torch.Tensor)]
+        return params, tensors
+
+    def __call__(self, work, pool, device):
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
+        params, tensors = self._state()
+        unset = [p for p in params if p.grad is None]
+        saved = [t.detach().clone() for t in tensors]
+        outputs = work()
+        with torch.no_grad():
+            for t, v in zip(tensors, saved):
+                t.copy_(v)
+        graph = FakeGraph(work, outputs, [p.grad for p in unset])
+        self.graphs.append(graph)
+        return graph, outputs
+
+
+def fake_graph_step(model, opt, sample_batch, warmup=2, **kw):
+    """A GraphedTrainStep in graph mode on the CPU, capturing through ReplayingCapture."""
+    fake = ReplayingCapture(model, opt)
+    step = GraphedTrainStep(model, opt, kw.pop("loss_fn", mse), sample_batch, warmup=warmup, amp_dtype=None,
+                            scaler=None, clone_loss=True, mode="graph", capture=fake, **kw)
+    return step, fake
 
 
 def max_param_diff(a, b):
@@ -128,12 +215,24 @@ def test_eager_fallback_matches_hand_written_loop(kind):
     assert max_param_diff(ref, make_model(dropout=True)) > 0  # training moved the parameters: the test can fail
 
 
-def test_eager_fallback_bf16_autocast_on_cpu_runs():
-    model = make_model()
-    step = capture_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.MSELoss(),
-                              make_batches(1)[0], amp_dtype=torch.bfloat16, eager_fallback=True)
-    losses = [step(x, y) for x, y in make_batches(3)]
-    assert all(torch.isfinite(l) for l in losses)
+def test_eager_fallback_bf16_autocast_on_cpu_matches_eager_autocast_loop():
+    ref = make_model()
+    test = copy.deepcopy(ref)
+    batches = make_batches(4)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    ref_losses = []
+    for x, y in batches:
+        ref_opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            loss = torch.nn.functional.mse_loss(ref(x), y)
+        loss.backward()
+        ref_opt.step()
+        ref_losses.append(loss.detach())
+    step = capture_train_step(test, torch.optim.SGD(test.parameters(), lr=0.1), torch.nn.MSELoss(),
+                              batches[0], amp_dtype=torch.bfloat16, eager_fallback=True)
+    losses = [step(x, y) for x, y in batches]
+    torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses), rtol=0, atol=0)
+    assert bitwise_equal(ref, test) and max_param_diff(ref, make_model()) > 0
 
 
 def test_module_stands_alone(tmp_path):
@@ -149,6 +248,205 @@ def test_module_stands_alone(tmp_path):
     step = mod.capture_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.MSELoss(),
                                   make_batches(1)[0], eager_fallback=True)
     assert step.mode == "eager"
+
+
+def test_bare_tensor_sample_batch_is_a_clear_error():
+    model = make_model()
+    x, _ = make_batches(1)[0]
+    with pytest.raises(TypeError, match=r"single tensor.*sample_batch=\(x, y\)"):
+        capture_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), mse, x, eager_fallback=True)
+
+
+def test_bad_accumulate_and_max_grad_norm():
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="accumulate"):
+            capture_train_step(model, opt, mse, make_batches(1)[0], accumulate=bad, eager_fallback=True)
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        capture_train_step(model, opt, mse, make_batches(1)[0], max_grad_norm=0.0, eager_fallback=True)
+
+
+# -- the state machine on a CPU, through ReplayingCapture (a stand-in for the CUDA graph) ----------------------
+def test_state_machine_warmup_capture_replay_and_short_batch():
+    ref = make_model()
+    test = copy.deepcopy(ref)
+    batches = make_batches(6, last=5) + make_batches(3, seed=4)  # 6 full, a short one, 3 full
+    ref_losses = eager_train(ref, make_opt("sgd_momentum", ref.parameters()), batches)
+    step, fake = fake_graph_step(test, make_opt("sgd_momentum", test.parameters()), batches[0], warmup=2)
+    states, grads_at_capture = [], None
+    losses = []
+    for x, y in batches:
+        losses.append(step(x, y))
+        states.append(step.state)
+        if step.state == "captured" and grads_at_capture is None:
+            grads_at_capture = [p.grad for p in test.parameters()]
+    assert states == ["warmup"] * 2 + ["captured"] * 8
+    assert len(fake.graphs) == 1 and step.graphs == {"step": fake.graphs[0]} and step.graph is fake.graphs[0]
+    assert fake.graphs[0].replays == step.replays == 7  # 10 calls - 2 warm-up - 1 short batch
+    assert step.eager_steps == 1 and step.warmup_steps == 2 and step.optimizer_steps == 10
+    assert all(p.grad is g for p, g in zip(test.parameters(), grads_at_capture))  # short batch kept them
+    assert bitwise_equal(ref, test), max_param_diff(ref, test)
+    torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses), rtol=0, atol=0)
+    assert max_param_diff(ref, make_model()) > 1e-3  # it trained
+
+
+def test_replay_uses_each_new_batch_and_distinct_losses():
+    model = make_model()
+    batches = make_batches(6)
+    step, fake = fake_graph_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batches[0], warmup=1)
+    losses = torch.stack([step(x, y) for x, y in batches])
+    expected = torch.stack([mse(model(x), y).detach() for x, y in batches])  # lr 0: the model never changes
+    torch.testing.assert_close(losses, expected, rtol=0, atol=0)
+    assert len(set(losses.tolist())) == 6
+
+
+def test_zero_grad_after_capture_is_refused_and_nothing_runs():
+    model = make_model()
+    opt = make_opt("sgd", model.parameters())
+    batches = make_batches(5)
+    step, fake = fake_graph_step(model, opt, batches[0], warmup=1)
+    for x, y in batches[:3]:
+        step(x, y)
+    opt.zero_grad()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="remove zero_grad"):
+        step(*batches[3])
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    assert fake.graphs[0].replays == 2
+
+
+@pytest.mark.parametrize("kind", ["sgd_fused", "sgd_fused_momentum"])
+def test_lr_schedule_reaches_the_graph(kind):
+    """Warm-up + cosine over 50 steps: the graph trains with each new LR, exactly like the eager loop."""
+    momentum = 0.9 if kind.endswith("momentum") else 0.0
+
+    def opt_for(m):
+        return torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum, fused=True)
+
+    ref = make_model()
+    test = copy.deepcopy(ref)
+    batches = make_batches(50)
+    rec = {}
+    ref_losses = eager_train(ref, (ro := opt_for(ref)), batches, sched=warmup_cosine(ro), record=rec)
+    opt = opt_for(test)
+    sched = warmup_cosine(opt)
+    step, fake = fake_graph_step(test, opt, batches[0], warmup=3)
+    losses, lrs, graph_lrs = [], [], []
+    for x, y in batches:
+        losses.append(step(x, y))
+        if step.state == "captured":
+            graph_lrs.append(step._lr_tensors[0].item())  # what the captured step read
+            assert graph_lrs[-1] == pytest.approx(opt.param_groups[0]["lr"], rel=1e-6)
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == rec["lrs"] and len(set(graph_lrs)) > 40  # the LR changed on (nearly) every replay
+    assert step.replays == 47
+    torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses), rtol=1e-6, atol=1e-7)
+    frozen = copy.deepcopy(make_model())  # the same run with the LR frozen after warm-up trains differently
+    eager_train(frozen, opt_for(frozen), batches)
+    assert max_param_diff(frozen, test) > 1e-4
+
+
+def test_scheduler_on_an_optimizer_that_freezes_the_lr_is_refused():
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # foreach: reads the LR on the host
+    warmup_cosine(opt)
+    with pytest.raises(ValueError, match=r"fused=True.*capturable=True"):
+        capture_train_step(model, opt, mse, make_batches(1)[0])  # refused before anything else
+    step, fake = fake_graph_step(model, opt, make_batches(1)[0], warmup=1)
+    batches = make_batches(3)
+    step(*batches[0])  # an eager warm-up step is fine
+    with pytest.raises(ValueError, match="LR scheduler is attached"):
+        step(*batches[1])  # the capture is refused
+    assert fake.graphs == [] and step.state == "warmup"
+
+
+def test_lr_or_momentum_changed_after_capture_is_refused_for_frozen_values():
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    batches = make_batches(6)
+    step, fake = fake_graph_step(model, opt, batches[0], warmup=1)
+    for x, y in batches[:3]:
+        step(x, y)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.param_groups[0]["lr"] = 0.05
+    with pytest.raises(RuntimeError, match=r"LR changed from 0.1 to 0.05.*fused=True"):
+        step(*batches[3])
+    opt.param_groups[0]["lr"] = 0.1
+    opt.param_groups[0]["momentum"] = 0.8
+    with pytest.raises(RuntimeError, match="'momentum' changed from 0.9 to 0.8"):
+        step(*batches[3])
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))  # nothing ran
+    opt.param_groups[0]["momentum"] = 0.9
+    step(*batches[3])  # back to the captured values: it trains on
+    assert fake.graphs[0].replays == 3
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_clipping_matches_eager_clip_grad_norm(mode):
+    ref = make_model()
+    test = copy.deepcopy(ref)
+    batches = make_batches(12, last=5)
+    rec = {}
+    ref_losses = eager_train(ref, make_opt("sgd_momentum", ref.parameters()), batches, max_grad_norm=0.3, record=rec)
+    assert max(rec["norms"]) > 0.3  # clipping is active
+    opt = make_opt("sgd_momentum", test.parameters())
+    if mode == "graph":
+        step, _ = fake_graph_step(test, opt, batches[0], warmup=2, max_grad_norm=0.3)
+    else:
+        step = capture_train_step(test, opt, mse, batches[0], max_grad_norm=0.3, eager_fallback=True)
+    norms, losses = [], []
+    for x, y in batches:
+        losses.append(step(x, y))
+        norms.append(step.grad_norm.item())
+    assert norms == pytest.approx(rec["norms"], rel=1e-6)
+    assert bitwise_equal(ref, test), max_param_diff(ref, test)
+    torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses), rtol=0, atol=0)
+    unclipped = copy.deepcopy(make_model())
+    eager_train(unclipped, make_opt("sgd_momentum", unclipped.parameters()), batches)
+    assert max_param_diff(unclipped, test) > 1e-4  # clipping changed the result: the comparison can fail
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_gradient_accumulation_matches_eager(mode):
+    ref = make_model()
+    test = copy.deepcopy(ref)
+    # windows of 3 micro-batches; the short batch falls in the middle of the 4th window
+    batches = make_batches(10, seed=2) + make_batches(0, last=7) + make_batches(4, seed=5)
+    ref_losses = eager_train(ref, make_opt("adamw_cpu", ref.parameters()), batches, accumulate=3)
+    opt = make_opt("adamw_cpu", test.parameters())
+    if mode == "graph":
+        step, fake = fake_graph_step(test, opt, batches[0], warmup=2, accumulate=3)
+    else:
+        step = capture_train_step(test, opt, mse, batches[0], accumulate=3, eager_fallback=True)
+    losses = [step(x, y) for x, y in batches]
+    assert step.optimizer_steps == 5 and step.eager_steps == 1
+    if mode == "graph":
+        assert set(step.graphs) == {"first", "middle", "last"} and len(fake.graphs) == 3
+        assert step.replays == 15 - 6 - 1  # 2 warm-up windows of 3 calls, 1 short batch
+    torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses), rtol=0, atol=0)
+    assert bitwise_equal(ref, test), max_param_diff(ref, test)
+    assert max_param_diff(ref, make_model()) > 1e-3
+
+
+def test_failed_capture_raises_capture_error_and_the_step_recovers():
+    ref = make_model()
+    test = copy.deepcopy(ref)
+    batches = make_batches(6)
+    step, fake = fake_graph_step(test, make_opt("sgd", test.parameters()), batches[0], warmup=2)
+    fake.fail_next = RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    step(*batches[0])
+    step(*batches[1])
+    with pytest.raises(CaptureError, match=r"(?s)synchronizes with the CPU.*Fix:.*Original error: RuntimeError"):
+        step(*batches[2])
+    assert step.state == "warmup" and step.graph is None
+    for x, y in batches[2:]:  # the same batch again, then the rest: the capture succeeds this time
+        step(x, y)
+    assert step.state == "captured"
+    eager_train(ref, make_opt("sgd", ref.parameters()), batches)
+    assert bitwise_equal(ref, test), max_param_diff(ref, test)
 
 
 # ---------------------------------------------------------------------------------------------- GPU tests
@@ -322,3 +620,152 @@ def test_habitual_zero_grad_after_capture_is_refused_not_silently_ignored():
         step(*batches[4])
     for p, b in zip(model.parameters(), before):
         torch.testing.assert_close(p, b)  # nothing ran
+
+
+def _schedule_run(kind, n=50, warmup=3):
+    """Eager and graphed training from the same seed with warm-up + cosine: (ref, test, step, eager record, lrs)."""
+    def opt_for(m):
+        if kind == "sgd_fused_momentum":
+            return torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, fused=True)
+        return torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.01, capturable=True)
+
+    ref = make_model("cuda")
+    test = copy.deepcopy(ref)
+    batches = make_batches(n, device="cuda")
+    rec = {}
+    ref_opt = opt_for(ref)
+    ref_losses = eager_train(ref, ref_opt, batches, sched=warmup_cosine(ref_opt, total=n), record=rec)
+    opt = opt_for(test)
+    sched = warmup_cosine(opt, total=n)
+    step = capture_train_step(test, opt, mse, batches[0], warmup=warmup)
+    losses, lrs = [], []
+    for x, y in batches:
+        losses.append(step(x, y))
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    torch.cuda.synchronize()
+    frozen = make_model("cuda")  # the same run at a constant LR, to show the comparison can fail
+    eager_train(frozen, opt_for(frozen), batches)
+    return ref, test, step, rec, lrs, ref_losses, losses, frozen
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["sgd_fused_momentum", "adamw_capturable"])
+def test_lr_schedule_parity_with_eager_over_50_steps(kind, record_property):
+    ref, test, step, rec, lrs, ref_losses, losses, frozen = _schedule_run(kind)
+    assert step.state == "captured" and step.replays == 47 and isinstance(step.graph, torch.cuda.CUDAGraph)
+    assert lrs == rec["lrs"] and len(set(lrs)) > 40
+    assert step._lr_tensors[0].item() == pytest.approx(rec["lrs"][-2], rel=1e-6)  # the LR the last replay read
+    diff = max_param_diff(ref, test)
+    record_property("max_abs_diff", diff)
+    print(f"\n{kind} + warm-up/cosine, 50 steps: max |param diff| = {diff:.3g}, bitwise {bitwise_equal(ref, test)}")
+    torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses), rtol=1e-5, atol=1e-6)
+    assert max_param_diff(frozen, test) > 1e-4  # the schedule mattered
+
+
+@gpu
+def test_scheduler_on_plain_sgd_is_refused_on_gpu():
+    model = make_model("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    warmup_cosine(opt)
+    with pytest.raises(ValueError, match=r"fused=True.*capturable=True"):
+        capture_train_step(model, opt, mse, make_batches(1, device="cuda")[0])
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["sgd_momentum", "adamw"])
+def test_clipping_inside_the_graph_matches_eager(kind):
+    ref = make_model("cuda")
+    test = copy.deepcopy(ref)
+    batches = make_batches(20, device="cuda", last=9)
+    rec = {}
+    eager_train(ref, make_opt(kind, ref.parameters()), batches, max_grad_norm=0.3, record=rec)
+    assert max(rec["norms"]) > 0.3  # clipping is active
+    step = capture_train_step(test, make_opt(kind, test.parameters()), mse, batches[0], max_grad_norm=0.3)
+    norms = []
+    for x, y in batches[:4]:  # warm-up and capture (the capture itself may synchronize)
+        step(x, y)
+        norms.append(step.grad_norm.clone())
+    torch.cuda.set_sync_debug_mode("error")  # no host synchronization may happen inside a replayed step
+    try:
+        for x, y in batches[4:-1]:
+            step(x, y)
+            norms.append(step.grad_norm.clone())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    step(*batches[-1])  # the short batch: an eager step
+    norms.append(step.grad_norm.clone())
+    assert step.state == "captured" and step.replays == 17  # 21 calls - 3 warm-up - 1 short batch
+    assert torch.stack(norms).tolist() == pytest.approx(rec["norms"], rel=1e-5)
+    torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+
+
+@gpu
+def test_gradient_accumulation_graphs_match_eager():
+    ref = make_model("cuda")
+    test = copy.deepcopy(ref)
+    batches = make_batches(10, device="cuda", seed=2) + make_batches(0, device="cuda", last=7) + \
+        make_batches(7, device="cuda", seed=5)
+    ref_losses = eager_train(ref, make_opt("adamw", ref.parameters()), batches, accumulate=3, max_grad_norm=1.0)
+    step = capture_train_step(test, make_opt("adamw", test.parameters()), mse, batches[0], accumulate=3,
+                              max_grad_norm=1.0, warmup=2)
+    losses = [step(x, y) for x, y in batches]
+    torch.cuda.synchronize()
+    assert set(step.graphs) == {"first", "middle", "last"} and step.optimizer_steps == 6 and step.eager_steps == 1
+    assert step.replays == 18 - 6 - 1  # 2 warm-up windows of 3 calls, 1 short batch
+    torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+
+
+@gpu
+def test_fp16_scaler_with_clipping_unscales_first_and_matches_eager():
+    ref = make_model("cuda")
+    test = copy.deepcopy(ref)
+    batches = make_batches(20, device="cuda")
+    opt_ref, scaler_ref = make_opt("adam", ref.parameters()), torch.amp.GradScaler("cuda", growth_interval=4)
+    for x, y in batches:
+        opt_ref.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+            loss = mse(ref(x), y)
+        scaler_ref.scale(loss).backward()
+        scaler_ref.unscale_(opt_ref)
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.3)
+        scaler_ref.step(opt_ref)
+        scaler_ref.update()
+    scaler = torch.amp.GradScaler("cuda", growth_interval=4)
+    step = capture_train_step(test, make_opt("adam", test.parameters()), mse, batches[0], amp_dtype=torch.float16,
+                              scaler=scaler, max_grad_norm=0.3)
+    for x, y in batches:
+        step(x, y)
+    torch.cuda.synchronize()
+    assert step.state == "captured" and scaler.get_scale() == scaler_ref.get_scale()
+    assert step.grad_norm.item() < 100  # the norm of unscaled gradients, not of the scaled ones
+    torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+
+
+@gpu
+def test_step_with_item_raises_capture_error_and_process_keeps_working():
+    def loss_with_item(out, y):
+        loss = mse(out, y)
+        if loss.item() > 1e9:  # a host sync: illegal while capturing
+            loss = loss * 0
+        return loss
+
+    model = make_model("cuda")
+    batches = make_batches(5, device="cuda")
+    step = capture_train_step(model, make_opt("sgd", model.parameters()), loss_with_item, batches[0], warmup=1)
+    step(*batches[0])  # eager warm-up works
+    with pytest.raises(CaptureError, match=r"(?s)Fix:.*Original error"):
+        step(*batches[1])
+    assert step.state == "warmup"
+    # the process and the CUDA context still work: eager training and a fresh graphed step
+    ref = make_model("cuda")
+    test = copy.deepcopy(ref)
+    eager_train(ref, make_opt("sgd", ref.parameters()), batches)
+    good = capture_train_step(test, make_opt("sgd", test.parameters()), mse, batches[0], warmup=1)
+    for x, y in batches:
+        good(x, y)
+    torch.cuda.synchronize()
+    assert good.state == "captured"
+    torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-6, atol=1e-7)

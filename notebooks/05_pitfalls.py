@@ -1,0 +1,1103 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · What breaks a CUDA graph, how to find it before it breaks, and how to prove a graph is right
+#
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/05_pitfalls.ipynb)
+#
+# A CUDA graph records GPU work once and replays it. Everything that is *not* GPU work is left behind at
+# capture: Python numbers, `if` decisions, values read on the CPU, tensors that live on the CPU, the shapes
+# of that one call. Some mistakes make the capture fail with a cryptic CUDA error; the worse ones capture
+# fine and then compute the wrong thing, silently.
+#
+# This notebook goes through the classic pitfalls one by one: the mistake, its symptom, what the kit's
+# `cudagraph_kit.diagnose` tools say about it, and the fix.
+#
+# **What you'll learn**
+# - Which mistakes *raise* (and how to read the error) and which are *silently wrong*.
+# - `check_capturable(fn, *args)`: run a function eagerly under inspection, **before** capturing, and get
+#   each problem with the line of your code that causes it.
+# - `verify(graphed, reference, *args)`: replay a graph against eager on fresh and poisoned inputs and get
+#   the first divergence: the tool for the silent failures.
+# - `advise(fn, *args)`: will a graph help at all? (checked against notebooks 01-04).
+# - Memory: private pools vs one shared pool; `torch.compile(mode="reduce-overhead")`'s own pitfalls; and
+#   why a graph replayed after its model was freed can crash the whole process.
+#
+# **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
+# runs the checks that are honest on a CPU (Python state, values read on the CPU, data-dependent shapes,
+# optimizers, seeding), says plainly that CUDA graphs need an NVIDIA GPU, and shows the recorded GPU results.
+#
+# **How long**: not timed on a GPU yet (most of the time goes into compiling and the experiments that run in
+# separate processes); under a minute on a CPU.
+
+# %%
+# Setup. In a checkout of cudagraph-kit (this folder or one above it has cudagraph_kit/): use its kit. In Colab:
+# first make a shallow clone (the kit and its recorded GPU results), install it, and work in its notebooks/.
+import importlib.util, os, subprocess, sys
+from pathlib import Path
+
+REPO_URL = os.environ.get("CGK_REPO_URL", "https://github.com/cudagraph-kit/cudagraph-kit")
+REPO_REF = os.environ.get("CGK_REPO_REF", "main")
+
+
+def setup_run(*command):
+    """Run one setup command; if it fails, raise with the command's own error output."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"setup failed (exit {done.returncode}): {' '.join(command)}\n"
+                           + (done.stderr or done.stdout).strip())
+
+
+try:
+    import google.colab  # noqa: F401  (importable only in Colab)
+    IN_COLAB = True
+except ImportError:
+    IN_COLAB = False
+cwd = Path.cwd().resolve()
+checkout = next((p for p in (cwd, *cwd.parents) if (p / "cudagraph_kit" / "__init__.py").is_file()), None)
+if checkout is None and IN_COLAB:
+    checkout = cwd / "cudagraph-kit"
+    if not checkout.is_dir():
+        setup_run("git", "clone", "--quiet", "--depth", "1", "--branch", REPO_REF, REPO_URL, str(checkout))
+    installed = importlib.util.find_spec("cudagraph_kit")
+    if installed is None or checkout not in Path(installed.origin).resolve().parents:
+        # --no-deps: Colab's own torch, numpy, pandas and matplotlib stay as they are
+        setup_run(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                  "--editable", str(checkout))
+    os.chdir(checkout / "notebooks")  # where the notebooks run; the recorded results are in ../figures
+    print(f"cudagraph-kit ({REPO_REF}) in {checkout}, installed; working in {Path.cwd()}")
+if checkout is not None and str(checkout) not in sys.path:
+    sys.path.insert(0, str(checkout))
+
+# %% tags=["parameters"]
+SMOKE = None                 # tiny run (CI / tests); None reads $CGK_SMOKE (1 means on)
+SAMPLES = 7                  # timing samples per measurement; the median is reported
+TRIES = 3                    # fresh processes per variant of the two-captures experiment (section 11)
+POOL_BATCHES = [1024, 768, 512, 384, 256, 192, 128, 64]   # batch sizes captured in section 9, largest first
+
+# %%
+import json
+import logging
+import os
+import textwrap
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+
+import cudagraph_kit
+from cudagraph_kit import CaptureError, capture, capture_train_step, compare, env_table, has_cuda, results, shared_pool
+from cudagraph_kit.diagnose import advise, check_capturable, explain, measure_replay_cost, predict_graph_time, verify
+
+STEM = "05_pitfalls"
+CUDA = has_cuda()
+if SMOKE is None:
+    SMOKE = os.environ.get("CGK_SMOKE", "0") == "1"
+SMOKE = SMOKE or not CUDA  # without a GPU only the small CPU part runs
+if SMOKE:
+    SAMPLES, TRIES, POOL_BATCHES = 3, 1, [512, 256, 128]
+DEVICE = "cuda" if CUDA else "cpu"
+torch.manual_seed(0)
+print(env_table())
+if not CUDA:
+    print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run only does the checks that are honest on\n"
+          ">>> a CPU (check_capturable on Python state, value reads, data-dependent shapes, optimizers, seeding);\n"
+          ">>> nothing is captured, and the GPU results recorded in figures/ are shown at the end.")
+
+# %% [markdown]
+# ## 0. Two helpers for this notebook
+# Every pitfall below ends with one row in a table: the pitfall, what happens without a fix (it **raises**,
+# it is **silently wrong**, it **warns**, or it **crashes the process**), which tool finds it, the fix, and
+# what this run saw. After each failure we check that the process still works (eager work and a fresh capture,
+# both compared with the CPU). Experiments that could kill the CUDA context run in a separate Python process.
+
+# %%
+def gelu(x):
+    return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
+
+
+PITFALLS = []
+
+
+def record(pitfall, without_fix, found_by, fix, seen, detected, still_works=None):
+    """One row of the summary table; ``detected`` is what this run measured (None: not run here)."""
+    PITFALLS.append({"pitfall": pitfall, "without a fix": without_fix, "found by": found_by, "fix": fix,
+                     "this run saw": seen, "detected": detected, "process still works": still_works})
+
+
+def still_works():
+    """After a failure: eager work and a fresh capture, both compared with the CPU (None: no GPU, no capture)."""
+    if not CUDA:
+        return None
+    x = torch.randn(64, device=DEVICE)
+    g = capture(gelu, x)
+    y = torch.randn_like(x)
+    ok = torch.allclose(gelu(x).cpu(), gelu(x.cpu()), atol=1e-6) and torch.allclose(g(y).cpu(), gelu(y.cpu()), atol=1e-6)
+    return bool(ok)
+
+
+def run_isolated(script, *args, timeout=600):
+    """Run ``script`` in a fresh Python process that can import this kit; return the JSON it printed last."""
+    kit_root = str(Path(cudagraph_kit.__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [kit_root, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    out = json.loads(lines[-1]) if lines else {}
+    out["exit code"] = done.returncode
+    if done.returncode:
+        out["stderr"] = (done.stderr.strip().splitlines() or [""])[-1][:300]
+    return out
+
+
+def first_line(text, n=160):
+    text = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+X = torch.randn(256, device=DEVICE) + 2.0
+
+# %% [markdown]
+# ## 1. A value read on the CPU: `.item()`, `print`, `if tensor:`
+# Reading a GPU value into Python makes the CPU wait for the GPU (a *host synchronization*). During capture
+# nothing has run yet, so there is no value to read: CUDA refuses with *"operation not permitted when stream
+# is capturing"*. `check_capturable` finds every such line before you capture; PyTorch's own sync debug mode
+# (`torch.cuda.set_sync_debug_mode`) is one of the things it uses.
+
+# %%
+def scale_by_mean(x):
+    m = x.mean().item()            # the CPU waits for the GPU: not capturable
+    return x / m
+
+
+def log_while_computing(x):
+    y = torch.tanh(x)
+    print("sum:", y.sum())         # printing a GPU tensor copies it to the CPU
+    return y * 2
+
+
+report_item = check_capturable(scale_by_mean, X)
+print(report_item)
+report_print = check_capturable(log_while_computing, X)
+print(report_print)
+
+# %%
+seen = "not captured (no GPU)"
+if CUDA:
+    try:
+        capture(scale_by_mean, X)
+        seen = "captured without error (unexpected)"
+    except CaptureError as e:
+        print(explain(e))
+        seen = "CaptureError: " + explain(e).cause
+
+
+def scale_by_mean_fixed(x):
+    return x / x.mean()            # the mean stays on the GPU
+
+
+report_fixed = check_capturable(scale_by_mean_fixed, X)
+print(report_fixed)
+if CUDA:
+    g = capture(scale_by_mean_fixed, X)
+    print(verify(g, scale_by_mean_fixed, X))
+record(".item() / print of a GPU tensor in the graph", "raises (capture fails)", "check_capturable: host sync",
+       "keep values on the GPU; read them after the replay", seen,
+       "host sync" in report_item.kinds() and "host sync" in report_print.kinds() and report_fixed.ok, still_works())
+
+# %% [markdown]
+# ## 2. Rebinding a static input instead of copying into it
+# A graph reads the *memory* it was captured with. `static_input = new_batch` only gives the name a new
+# tensor; the graph still reads the old one and happily returns the result for the old data. Nothing raises.
+# The fix is `static_input.copy_(new_batch)` (the kit's `GraphedCallable` does it for you). `verify` catches
+# the mistake: it fills the graph's input buffers with NaN before each call and compares with eager.
+
+# %%
+seen, detected = "needs a GPU", None
+if CUDA:
+    graph_input = torch.randn(256, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gelu(graph_input)                                  # warm-up on a side stream
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_output = gelu(graph_input)
+
+    def replay_rebinding(x):
+        graph_input = x            # the mistake: a new name binding, the graph still reads the captured tensor
+        graph.replay()
+        return graph_output
+
+    def replay_copying(x):
+        graph_input.copy_(x)       # the fix: new data into the memory the graph reads
+        graph.replay()
+        return graph_output
+
+    new = torch.randn(256, device="cuda")
+    print(f"rebinding: max |graph - eager| = {(replay_rebinding(new) - gelu(new)).abs().max().item():.3g}")
+    bad = verify(replay_rebinding, gelu, graph_input, static_inputs=[graph_input])
+    good = verify(replay_copying, gelu, graph_input, static_inputs=[graph_input])
+    print(bad, good, sep="\n")
+    seen, detected = first_line(str(bad)), (not bad.ok) and good.ok
+record("rebinding a static input instead of copy_", "silently wrong", "verify",
+       "static_input.copy_(new) (the kit's g(x) copies for you)", seen, detected, still_works())
+
+# %% [markdown]
+# ## 3. Keeping an output across replays
+# A graph writes its outputs into the same memory at every replay. Keep the tensor a call returned, call
+# again, and the kept tensor now holds the *new* result: a list of losses becomes one loss N times.
+
+# %%
+seen, detected = "needs a GPU", None
+if CUDA:
+    g = capture(gelu, torch.randn(4, device="cuda"))
+    kept = [g(torch.full((4,), v, device="cuda")) for v in (1.0, 2.0, 3.0)]
+    print("three calls, three kept outputs:", [round(k[0].item(), 4) for k in kept],
+          "| eager:", [round(gelu(torch.tensor(v)).item(), 4) for v in (1.0, 2.0, 3.0)])
+    report = verify(g, gelu, g.static_inputs[0])
+    print(report)
+    g_clone = capture(gelu, torch.randn(4, device="cuda"), clone_outputs=True)
+    fixed = verify(g_clone, gelu, g_clone.static_inputs[0])
+    seen, detected = "verify: outputs_reused", report.outputs_reused and not fixed.outputs_reused
+record("keeping an output across replays", "silently wrong", "verify (outputs reused)",
+       "clone what you keep, or capture(..., clone_outputs=True)", seen, detected)
+
+# %% [markdown]
+# ## 4. A changing shape
+# A graph replays the shapes it captured. The kit refuses an input of another shape before touching the graph
+# (a plain `static.copy_(x)` would broadcast a smaller `x` silently); code whose *output* shape depends on the
+# data (`x[mask]`, `nonzero`, `unique`) cannot be captured at all. Fixed-size forms (`torch.where`, masks
+# multiplied in) or one graph per size (notebook 06) are the fixes.
+
+# %%
+def positives(x):
+    return x[x > 0]                # the output's length depends on the values
+
+
+def positives_fixed(x):
+    return torch.where(x > 0, x, 0.0)
+
+
+report_shape = check_capturable(positives, torch.randn(256, device=DEVICE))
+print(report_shape)
+report_shape_fixed = check_capturable(positives_fixed, torch.randn(256, device=DEVICE))
+print(report_shape_fixed)
+seen = "check_capturable: data-dependent shape"
+if CUDA:
+    g = capture(gelu, torch.randn(8, 64, device="cuda"))
+    try:
+        g(torch.randn(5, 64, device="cuda"))
+    except ValueError as e:
+        print("the kit refuses:", first_line(e, 200))
+        seen += "; g(other shape): ValueError"
+record("a changing shape", "raises (kit) / silently wrong (plain copy_ broadcasts)",
+       "check_capturable: data-dependent shape; the kit's shape check",
+       "fixed shapes (pad, torch.where) or one graph per size", seen,
+       "data-dependent shape" in report_shape.kinds() and report_shape_fixed.ok, still_works())
+
+# %% [markdown]
+# ## 5. A Python counter or a learning rate frozen into the graph
+# Python code does not run when a graph replays. A counter incremented in `forward`, a flag, a learning
+# rate that a scheduler changes: the graph keeps the value it saw at capture. `check_capturable` calls the
+# function twice and reports Python values that changed, with the line that changed them.
+
+# %%
+class ScaledByStep(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1             # Python state: frozen in a graph
+        return self.lin(x) / self.step
+
+
+report_counter = check_capturable(ScaledByStep().to(DEVICE), torch.randn(4, 16, device=DEVICE))
+print(report_counter)
+
+model = torch.nn.Linear(16, 1).to(DEVICE)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+
+def train_step_with_schedule(x, y):
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    sched.step()                   # changes opt.param_groups[0]["lr"], a Python float
+    return x
+
+
+report_lr = check_capturable(train_step_with_schedule, torch.randn(8, 16, device=DEVICE), torch.randn(8, 1, device=DEVICE))
+print(report_lr)
+
+# %% [markdown]
+# With a GPU, `verify` shows what the frozen values do. The learning rate: the docs recipe for a whole
+# training step (side-stream warm-up, `zero_grad(set_to_none=True)`, capture) with `Adam(capturable=True)`,
+# a learning rate halved before every step, once as a Python float and once as a GPU tensor updated in place
+# (`Adam` accepts a tensor `lr` with `capturable=True`). The eager reference starts from the same state.
+
+# %%
+def make_mlp(seed=0, dropout=False):
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(64, 128), torch.nn.Dropout(0.2), torch.nn.Linear(128, 8)]
+    return torch.nn.Sequential(*[m for m in layers if dropout or not isinstance(m, torch.nn.Dropout)]).to(DEVICE)
+
+
+def capture_step_by_hand(model, opt, x, y):
+    """The PyTorch docs recipe: warm up on a side stream, grads to None, capture forward + backward + step."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+
+    def step(xb, yb):
+        x.copy_(xb)
+        y.copy_(yb)
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+def eager_step(model, opt):
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+def lr_experiment(lr_as_tensor):
+    lr = (lambda: torch.tensor(1e-2, device="cuda")) if lr_as_tensor else (lambda: 1e-2)
+    model, ref = make_mlp(), make_mlp()
+    opt, ref_opt = (torch.optim.Adam(m.parameters(), lr=lr(), capturable=True) for m in (model, ref))
+    x, y = torch.randn(32, 64, device="cuda"), torch.randn(32, 8, device="cuda")
+    graphed = capture_step_by_hand(model, opt, x, y)
+
+    def halve_lr(step):
+        for o in (opt, ref_opt):
+            group = o.param_groups[0]
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(1e-2 * 0.5 ** step)   # in place: the graph reads this tensor each replay
+            else:
+                group["lr"] = 1e-2 * 0.5 ** step        # a new Python float: the graph never sees it
+
+    return verify(graphed, eager_step(ref, ref_opt), x, y, steps=3, state=[(model, ref), (opt, ref_opt)],
+                  before_step=halve_lr)
+
+
+seen_counter = seen_lr = "needs a GPU"
+detected_counter, detected_lr = "Python state" in report_counter.kinds(), "Python state" in report_lr.kinds()
+if CUDA:
+    m = ScaledByStep().cuda()
+    g = capture(m, torch.randn(4, 16, device="cuda"))
+    frozen = verify(g, m, g.static_inputs[0])
+    print("counter:", frozen)
+    lr_float, lr_tensor = lr_experiment(False), lr_experiment(True)
+    print("lr as a Python float:", lr_float)
+    print("lr as a GPU tensor updated in place:", lr_tensor)
+    seen_counter = first_line(frozen)
+    seen_lr = first_line(lr_float)
+    detected_counter = detected_counter and not frozen.ok
+    detected_lr = detected_lr and not lr_float.ok and lr_tensor.ok
+record("a Python counter frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
+       "keep it in a GPU tensor updated in place", seen_counter, detected_counter)
+record("a learning rate frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
+       "lr as a GPU tensor updated in place (Adam/AdamW with capturable=True)", seen_lr, detected_lr)
+
+# %% [markdown]
+# ## 6. Random numbers
+# Random numbers from PyTorch's **default** CUDA generator are fine in a graph: PyTorch records each random
+# kernel's offset relative to a per-graph base and moves the generator on before every replay, so each replay
+# draws new numbers (notebook 02 explains the mechanism). What breaks is drawing from another `torch.Generator`
+# (capture fails unless it is registered with the graph) and reseeding inside the captured function
+# (`torch.manual_seed` cannot run during capture, and replays would never reseed).
+
+# %%
+def noisy(x):
+    torch.manual_seed(0)           # reseeding inside the function
+    return x + 0.1 * torch.randn_like(x)
+
+
+report_seed = check_capturable(noisy, X)
+print(report_seed)
+seen, detected = "check_capturable: RNG (reseeding)", "RNG" in report_seed.kinds()
+if CUDA:
+    gen = torch.Generator(device="cuda")
+
+    def noisy_own_generator(x):
+        return x + 0.1 * torch.randn(x.shape, device=x.device, generator=gen)
+
+    report_gen = check_capturable(noisy_own_generator, X)
+    print(report_gen)
+    try:
+        capture(noisy_own_generator, X)
+        seen += "; own generator captured without error"
+        detected = False
+    except CaptureError as e:
+        print(explain(e))
+        seen += "; own generator: CaptureError"
+        detected = detected and "RNG" in report_gen.kinds()
+    # the default generator: new numbers at every replay, and the same numbers as eager from the same state
+    dropout = capture(lambda t: torch.nn.functional.dropout(t, 0.5), torch.ones(1000, device="cuda"))
+    a, b = dropout(torch.ones(1000, device="cuda")).clone(), dropout(torch.ones(1000, device="cuda")).clone()
+    print(f"two replays of a graphed dropout: masks differ in {(a != b).sum().item()} of 1000 positions")
+    same_as_eager = verify(dropout, lambda t: torch.nn.functional.dropout(t, 0.5), torch.ones(1000, device="cuda"))
+    print("graphed dropout vs eager dropout from the same RNG state:", same_as_eager)
+    detected = detected and bool((a != b).any()) and same_as_eager.ok
+record("random numbers: reseeding or another generator in the graph", "raises (capture fails)",
+       "check_capturable: RNG", "seed before capture; draw from the default CUDA generator", seen, detected,
+       still_works())
+
+# %% [markdown]
+# ## 7. Warm-up not on a side stream (the AccumulateGrad stream warning)
+# The docs recipe warms up on a side stream. Autograd remembers, for each parameter, the stream its
+# `AccumulateGrad` node was created on. If the warm-up ran on the default stream and its autograd graph is
+# still alive (the `loss` variable of the last warm-up step keeps it), the captured backward must sync with
+# the default stream: PyTorch warns *"The AccumulateGrad node's stream does not match ..."*, and the capture
+# can fail. Three variants, each in a fresh process: warm-up on the default stream with the last loss kept,
+# on a side stream with it kept, on a side stream with `del loss` before capture.
+
+# %%
+WARMUP_SCRIPT = textwrap.dedent('''
+    import json, sys, warnings, torch
+    variant = sys.argv[1]          # "default stream, loss kept" | "side stream, loss kept" | "side stream, loss deleted"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 64, device="cuda"), torch.randn(32, 8, device="cuda")
+    out = {"variant": variant}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(torch.cuda.current_stream() if variant.startswith("default") else side):
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+        torch.cuda.current_stream().wait_stream(side)
+        if variant.endswith("deleted"):
+            del loss
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        try:
+            with torch.cuda.graph(graph):
+                static_loss = torch.nn.functional.mse_loss(model(x), y)
+                static_loss.backward()
+                opt.step()
+            graph.replay()
+            torch.cuda.synchronize()
+            out["capture"] = "ok"
+        except Exception as e:
+            out["capture"] = f"{type(e).__name__}: {str(e)[:200]}"
+    out["AccumulateGrad warning"] = any("AccumulateGrad" in str(w.message) for w in caught)
+    torch.cuda.synchronize()
+    out["eager works after"] = bool(torch.isfinite(model(x)).all())
+    print(json.dumps(out))
+''')
+
+seen, detected = "needs a GPU", None
+if CUDA:
+    warmup = pd.DataFrame([run_isolated(WARMUP_SCRIPT, v) for v in
+                           ("default stream, loss kept", "side stream, loss kept", "side stream, loss deleted")])
+    display_cols = [c for c in ("variant", "capture", "AccumulateGrad warning", "eager works after", "exit code")
+                    if c in warmup]
+    print(warmup[display_cols].to_string(index=False))
+    bad, good = warmup.iloc[0], warmup.iloc[2]
+    detected = bool((bad.get("AccumulateGrad warning") or bad.get("capture") != "ok")
+                    and good.get("capture") == "ok" and not good.get("AccumulateGrad warning"))
+    seen = f"default stream: capture {first_line(bad.get('capture'), 60)}, warning={bad.get('AccumulateGrad warning')}"
+record("warm-up not on a side stream", "warns; the capture can fail", "PyTorch's AccumulateGrad warning",
+       "warm up on a side stream and drop the warm-up's autograd graph (del loss); the kit does both",
+       seen, detected)
+
+# %% [markdown]
+# ## 8. A background thread during capture (`capture_error_mode`)
+# While a capture is under way, CUDA forbids "potentially unsafe" calls such as `cudaMalloc`. In the default
+# mode, `capture_error_mode="global"`, that holds for **every thread** of the process: a data-loading thread
+# that allocates GPU memory at the wrong moment gets an error, and the capture can be invalidated.
+# `"thread_local"` restricts the rule to the capturing thread. (Mode names and meaning: `torch.cuda.graph`'s
+# documentation.) The background thread below allocates a new 300 MiB tensor while the main thread captures.
+
+# %%
+THREAD_SCRIPT = textwrap.dedent('''
+    import json, sys, threading, torch
+    mode = sys.argv[1]
+    x = torch.randn(1024, device="cuda")
+    started, finished, result, capturing = threading.Event(), threading.Event(), {"mode": mode}, [False]
+
+    def background():                      # e.g. a data-loading thread that allocates GPU memory
+        started.wait(30)
+        try:
+            torch.empty(300 * 2**20, dtype=torch.uint8, device="cuda")
+            result["thread"] = "ok"
+        except Exception as e:
+            result["thread"] = f"{type(e).__name__}: {str(e)[:150]}"
+        finished.set()
+
+    def fn(t):
+        y = t * 2
+        if capturing[0]:                   # let the thread run while the capture is under way
+            started.set()
+            finished.wait(30)
+        return y + 1
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(x)
+    torch.cuda.current_stream().wait_stream(side)
+    threading.Thread(target=background, daemon=True).start()
+    capturing[0] = True
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode=mode):
+            out = fn(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        result["capture"] = "ok"
+        result["correct"] = bool(torch.allclose(out, x * 2 + 1))
+    except Exception as e:
+        result["capture"] = f"{type(e).__name__}: {str(e)[:150]}"
+    torch.cuda.synchronize()
+    result["eager works after"] = bool(torch.allclose((x * 2 + 1).cpu(), x.cpu() * 2 + 1))
+    print(json.dumps(result))
+''')
+
+seen, detected = "needs a GPU", None
+if CUDA:
+    threads = pd.DataFrame([run_isolated(THREAD_SCRIPT, mode) for mode in ("global", "thread_local")])
+    print(threads[[c for c in ("mode", "thread", "capture", "correct", "eager works after", "exit code")
+                   if c in threads]].to_string(index=False))
+    strict, local = threads.iloc[0], threads.iloc[1]
+    detected = bool((strict.get("thread") != "ok" or strict.get("capture") != "ok")
+                    and local.get("thread") == "ok" and local.get("capture") == "ok" and local.get("correct"))
+    seen = f"global: thread {first_line(strict.get('thread'), 50)}; capture {first_line(strict.get('capture'), 50)}"
+record("another thread allocating during capture", "raises (in that thread, or at capture end)",
+       "the error; capture_error_mode", "capture_error_mode='thread_local', or keep other threads off the GPU "
+       "while capturing", seen, detected)
+
+# %% [markdown]
+# ## 9. Memory: a private pool per graph vs one shared pool
+# Each capture gets its own private memory pool by default, and memory a graph used for intermediates stays
+# reserved for it. One graph per batch size quickly adds up. Graphs captured into **one shared pool**
+# (`capture(..., pool=shared_pool())`, i.e. `torch.cuda.graph_pool_handle()`) reuse each other's intermediate
+# memory. The rule that comes with it (PyTorch's CUDA graph notes): graphs in one pool must not run
+# concurrently, and if one reads another's output, replay them in the order they were captured. The kit
+# captures every graph of a GPU on one stream, which the pool needs to reuse memory. Measured with
+# `torch.cuda.memory_reserved()`, an MLP forward captured for several batch sizes (largest first):
+
+# %%
+memory_rows = []
+fig_mem = None
+if CUDA:
+    mlp = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+
+    def reserved_for_graphs(pool_of):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
+        graphs = [capture(mlp, torch.randn(n, 1024, device="cuda"), pool=pool_of()) for n in POOL_BATCHES]
+        for gr in graphs:                              # still correct, each of them
+            x = torch.randn_like(gr.static_inputs[0])
+            with torch.no_grad():
+                torch.testing.assert_close(gr(x), mlp(x))
+        used = torch.cuda.memory_reserved() - before
+        del graphs
+        return used
+
+    private = reserved_for_graphs(lambda: None)
+    pool = shared_pool()
+    shared = reserved_for_graphs(lambda: pool)
+    for variant, used in (("private pool per graph", private), ("one shared pool", shared)):
+        memory_rows.append({"case": f"memory: {len(POOL_BATCHES)} graphs (batch {POOL_BATCHES[0]}..{POOL_BATCHES[-1]})",
+                            "variant": variant, "reserved_mib": used / 2**20})
+    memory = pd.DataFrame(memory_rows)
+    print(memory.round(1).to_string(index=False))
+    print(f"private / shared = {private / shared:.2f}x")
+    fig_mem, ax = plt.subplots(figsize=(5.5, 3.4))
+    ax.bar(memory.variant, memory.reserved_mib, color=["C3", "C2"])
+    ax.set(ylabel="memory reserved (MiB)",
+           title=f"{len(POOL_BATCHES)} captured MLP graphs on {torch.cuda.get_device_name(0)}")
+    fig_mem.tight_layout()
+    seen, detected = f"private {private / 2**20:.0f} MiB vs shared {shared / 2**20:.0f} MiB", shared < private
+else:
+    seen, detected = "needs a GPU", None
+record("memory held by one private pool per graph", "wastes memory (can run out)",
+       "torch.cuda.memory_reserved()", "capture into one shared pool: pool=shared_pool()", seen, detected)
+
+# %% [markdown]
+# ## 10. `torch.compile(mode="reduce-overhead")`: skipped graphs and overwritten outputs
+# `reduce-overhead` builds CUDA graphs for you, and has two pitfalls of its own:
+# - When a compiled region cannot be graphed (a CPU tensor, an input it mutates, ...), it **silently runs
+#   without a graph** and only logs *"skipping cudagraphs due to ..."*. Turn the log on with
+#   `TORCH_LOGS="cudagraphs"` (older versions: `"perf_hints"`) or `torch._logging.set_logs(...)`; the count
+#   is in `torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]`.
+# - Its outputs live in the graph's memory. Keep an output, call again, and reading the old one raises
+#   *"accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"*. Clone what you
+#   keep (notebook 03 has the rest of the story: `cudagraph_mark_step_begin`).
+
+# %%
+skip_messages, overwritten_error = [], None
+if CUDA:
+    import inspect
+
+    from torch._dynamo.utils import counters
+
+    class Collect(logging.Handler):
+        def emit(self, rec):
+            if "skipping cudagraphs" in rec.getMessage():
+                skip_messages.append(rec.getMessage())
+
+    handler = Collect()
+    for name in ("torch", "torch._inductor"):       # torch's loggers may not propagate further up
+        logging.getLogger(name).addHandler(handler)
+    artifacts = {a: True for a in ("cudagraphs", "perf_hints") if a in inspect.signature(torch._logging.set_logs).parameters}
+    torch._logging.set_logs(**artifacts)
+    torch._dynamo.reset()
+    skips_before = counters["inductor"]["cudagraph_skips"]
+
+    def with_cpu_tensor(x, c):
+        return x * 2, c + 1                          # c lives on the CPU
+
+    def mutates_input(x, buf):
+        buf.add_(x)                                  # writes into an input
+        return x * 2
+
+    f1 = torch.compile(with_cpu_tensor, mode="reduce-overhead")
+    f2 = torch.compile(mutates_input, mode="reduce-overhead")
+    x, c, buf = torch.randn(64, device="cuda"), torch.randn(64), torch.zeros(64, device="cuda")
+    for _ in range(3):
+        f1(x, c)
+        f2(x, buf)
+    torch._logging.set_logs()                        # logging back to its defaults
+    for name in ("torch", "torch._inductor"):
+        logging.getLogger(name).removeHandler(handler)
+    skips = counters["inductor"]["cudagraph_skips"] - skips_before
+    print(f"cudagraph_skips: {skips}")
+    for msg in dict.fromkeys(skip_messages):
+        print("  ", first_line(msg, 200))
+
+    f3 = torch.compile(lambda t: t * 2 + 1, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):
+            f3(x)
+        y1 = f3(x)
+        y2 = f3(x)                                   # a new run: y1's memory now holds y2
+        try:
+            print(y1 + 1)
+        except RuntimeError as e:
+            overwritten_error = first_line(e, 200)
+            print("RuntimeError:", overwritten_error)
+        y1 = f3(x).clone()                           # the fix: clone what you keep
+        y2 = f3(x)
+        torch.testing.assert_close(y1, x * 2 + 1)
+    seen = f"{skips} skip(s) logged; overwritten output: {'RuntimeError' if overwritten_error else 'no error'}"
+    detected = skips > 0 and overwritten_error is not None and "overwritten" in overwritten_error
+else:
+    seen, detected = "needs a GPU", None
+record("reduce-overhead: skipped graphs, overwritten outputs", "silently slower / raises on reading an old output",
+       "TORCH_LOGS=cudagraphs (perf_hints), the cudagraph_skips counter; the RuntimeError",
+       "keep compiled regions on the GPU without input mutation; clone outputs you keep", seen, detected,
+       still_works())
+
+# %% [markdown]
+# ## 11. Two hand-written captures and "an illegal memory access"
+# A report: the docs recipe for a whole training step, the 640×4096→2048→1024 MLP (with the docs' dropout)
+# and `Adam(capturable=True)`, captured twice (a second model) before the first graph's first replay; the
+# first graph's replay then crashed with *"an illegal memory access was encountered"*, in most tries.
+# Capturing through the kit, which replays right after capture, did not crash.
+#
+# What to check in PyTorch's source: a graph records raw addresses and owns only the memory allocated
+# **during** capture (its private pool). It does not keep alive the tensors it reads that existed before
+# capture: the parameters, the optimizer state, the static inputs. And `torch.cuda.graph` empties the
+# allocator's cache (`torch.cuda.empty_cache()`) when each capture begins, returning freed memory to the
+# driver. So if the first model's objects go out of scope (the usual `model = ...` rebinding in a script or
+# notebook), the second capture's start can unmap memory the first graph still reads, and its replay faults.
+# A hypothesis to rule out: the second capture's `zero_grad(set_to_none=True)` frees gradients the first
+# graph wrote; but those were allocated during capture, in the first graph's private pool, which stays
+# reserved while that graph lives.
+#
+# Each variant runs `TRIES` times, each in a fresh process (an illegal memory access ends the CUDA context).
+# Before replaying, the script looks up where each tensor the first graph reads now lies, with
+# `torch.cuda.memory_snapshot()`: still allocated, free in the allocator's cache, or returned to the driver.
+
+# %%
+TWO_CAPTURES_SCRIPT = textwrap.dedent('''
+    import json, sys, torch
+    variant = sys.argv[1]
+    N, D_IN, H, D_OUT = 640, 4096, 2048, 1024
+
+    def build_and_capture(seed, model=None, opt=None, replay_now=False):
+        torch.manual_seed(seed)
+        if model is None:
+            model = torch.nn.Sequential(torch.nn.Linear(D_IN, H), torch.nn.Dropout(0.2),
+                                        torch.nn.Linear(H, D_OUT), torch.nn.Dropout(0.1)).cuda()
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)
+        x, y = torch.randn(N, D_IN, device="cuda"), torch.randn(N, D_OUT, device="cuda")
+        side = torch.cuda.Stream()                        # the docs recipe
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+        if replay_now:
+            graph.replay()
+        tensors = {"inputs": [x, y], "parameters": list(model.parameters()),
+                   "gradients": [p.grad for p in model.parameters()],
+                   "optimizer state": [v for s in opt.state.values() for v in s.values()]}
+        spans = {k: [(t.data_ptr(), t.untyped_storage().nbytes()) for t in v] for k, v in tensors.items()}
+        return graph, loss, spans, (model, opt, x, y)
+
+    def where_now(spans):
+        segments = torch.cuda.memory_snapshot()
+        counts = {}
+        for kind, items in spans.items():
+            for ptr, size in items:
+                state = "returned to the driver"
+                for seg in segments:
+                    if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
+                        addr = seg["address"]
+                        for block in seg["blocks"]:
+                            if addr <= ptr < addr + block["size"]:
+                                state = "allocated" if block["state"] == "active_allocated" else "free in cache"
+                                break
+                            addr += block["size"]
+                        break
+                counts[f"{kind}: {state}"] = counts.get(f"{kind}: {state}", 0) + 1
+        return counts
+
+    g1, loss1, spans1, owner1 = build_and_capture(0, replay_now=variant == "drop, replay right after capture")
+    out = {"variant": variant}
+    if variant == "same model and optimizer twice":
+        g2, loss2, spans2, owner2 = build_and_capture(1, model=owner1[0], opt=owner1[1])
+    else:
+        if variant != "keep everything":
+            del owner1                   # the first model, optimizer and inputs go out of scope
+        if variant == "drop, empty_cache, no second capture":
+            torch.cuda.empty_cache()
+        else:
+            g2, loss2, spans2, owner2 = build_and_capture(1)
+    out["graph 1 memory"] = where_now(spans1)
+    print(json.dumps(out), flush=True)   # recorded even if the replay kills the process
+    try:
+        g1.replay()
+        torch.cuda.synchronize()
+        out["replay of graph 1"] = "ok"
+        out["loss finite"] = bool(torch.isfinite(loss1).all())
+    except Exception as e:
+        out["replay of graph 1"] = f"{type(e).__name__}: {str(e)[:160]}"
+    print(json.dumps(out), flush=True)
+''')
+
+TWO_CAPTURE_VARIANTS = ["keep everything", "drop", "drop, replay right after capture",
+                        "drop, empty_cache, no second capture", "same model and optimizer twice"]
+two_rows = []
+if CUDA:
+    for variant in TWO_CAPTURE_VARIANTS:
+        for attempt in range(TRIES):
+            r = run_isolated(TWO_CAPTURES_SCRIPT, variant)
+            replay = r.get("replay of graph 1") or f"process died (exit code {r['exit code']}): {r.get('stderr', '')}"
+            memory_states = r.get("graph 1 memory", {})
+            two_rows.append({"variant": variant, "try": attempt + 1, "replay of graph 1": first_line(replay, 90),
+                             "crashed": replay != "ok",
+                             "graph 1 reads freed memory": sum(n for k, n in memory_states.items()
+                                                               if not k.endswith(": allocated")),
+                             "graph 1 memory": "; ".join(f"{k} {n}" for k, n in sorted(memory_states.items()))})
+    two = pd.DataFrame(two_rows)
+    summary_two = two.groupby("variant", sort=False).agg(tries=("try", "size"), crashed=("crashed", "sum"),
+                                                         reads_freed=("graph 1 reads freed memory", "max"))
+    print(summary_two.to_string())
+    print()
+    print(two[["variant", "try", "replay of graph 1", "graph 1 memory"]].to_string(index=False))
+else:
+    print("skipped: needs an NVIDIA GPU (the recorded run is shown at the end)")
+
+# %%
+if CUDA:
+    s = summary_two
+    keep_ok = s.loc["keep everything", "crashed"] == 0 and s.loc["keep everything", "reads_freed"] == 0
+    drop_bad = s.loc["drop", "reads_freed"] > 0
+    same_ok = s.loc["same model and optimizer twice", "crashed"] == 0
+    print(f"keep everything: {s.loc['keep everything', 'crashed']} crash(es) in {s.loc['keep everything', 'tries']}; "
+          f"drop: {s.loc['drop', 'crashed']} crash(es) in {s.loc['drop', 'tries']}, graph 1 then reads "
+          f"{s.loc['drop', 'reads_freed']} tensor(s) it no longer owns; replaying right after capture: "
+          f"{s.loc['drop, replay right after capture', 'crashed']} crash(es); empty_cache alone: "
+          f"{s.loc['drop, empty_cache, no second capture', 'crashed']}; same model twice: "
+          f"{s.loc['same model and optimizer twice', 'crashed']}.")
+    if keep_ok and drop_bad:
+        print("=> The cause: the first graph reads tensors (optimizer state, inputs) that were freed; the next "
+              "capture's empty_cache() hands their memory back to the driver or to new tensors. A graph does not "
+              "own what it reads: keep the model, optimizer and static tensors alive as long as the graph (the "
+              "kit's GraphedCallable and GraphedTrainStep hold them).")
+    if same_ok:
+        print("=> Capturing the same model and optimizer twice did not crash: the gradients the first graph "
+              "writes live in its own private pool, which stays reserved while the graph exists.")
+    detected = bool(keep_ok and drop_bad)
+    seen = f"drop: {s.loc['drop', 'crashed']}/{s.loc['drop', 'tries']} crashed; keep: {s.loc['keep everything', 'crashed']}"
+else:
+    seen, detected = "needs a GPU", None
+record("a graph replayed after what it reads was freed", "silently wrong, or crashes the process",
+       "nothing before the crash: keep references", "keep model, optimizer and static tensors alive as long as "
+       "the graph (the kit's objects hold them)", seen, detected)
+
+# %% [markdown]
+# ## 12. Will a graph help? `advise` before capturing, checked against notebooks 01-04
+# A graph removes launch cost, not GPU work. `advise(fn, *args)` measures the eager time per call, the
+# GPU-busy **floor** and the kernels per call (profiler), measures what a replay costs per graph node and per
+# launch with two tiny graphs, and predicts the best a graph can do:
+# `best graph time = max(floor, nodes × node cost + launch cost)`, `speedup = eager / best graph time`.
+#
+# First on the spot, against speedups measured in this process (GELU from notebook 01, training steps from
+# notebook 02); then the same formula on the eager rows that notebooks 01-04 recorded in `figures/`, against
+# the speedups they measured.
+
+# %%
+advise_rows = []
+node_us = launch_us = float("nan")
+if CUDA:
+    node_us, launch_us = measure_replay_cost()
+    print(f"replay cost on this GPU: {launch_us:.2f} µs per launch + {node_us:.2f} µs per node")
+
+    for case, shape in (("GELU small", (1, 3, 224, 224)), ("GELU large", (32, 3, 224, 224))):
+        x = torch.randn(shape, device="cuda")
+        a = advise(gelu, x, samples=SAMPLES)
+        g = capture(gelu, x)
+        measured = compare({"eager": gelu, "graph": lambda t, g=g: g.replay()}, x, case=case, samples=SAMPLES)
+        advise_rows.append({"source": "this run", "case": case, "eager_us": a.eager_us, "floor_us": a.floor_us,
+                            "nodes": a.kernels_per_call, "predicted_graph_us": a.graph_us,
+                            "predicted_speedup": a.speedup, "measured_speedup": float(measured.speedup.iloc[1]),
+                            "graph_executed_as": measured.executed_as.iloc[1]})
+        print(a)
+
+    for size, (n, d_in, h, d_out) in {"32x128x256x16": (32, 128, 256, 16),
+                                      "640x4096x2048x1024": (640, 4096, 2048, 1024)}.items():
+        for opt_name in ("SGD", "Adam(capturable)"):
+            torch.manual_seed(0)
+            x, y = torch.randn(n, d_in, device="cuda"), torch.randn(n, d_out, device="cuda")
+
+            def make(seed=0):
+                torch.manual_seed(seed)
+                m = torch.nn.Sequential(torch.nn.Linear(d_in, h), torch.nn.Dropout(0.2),
+                                        torch.nn.Linear(h, d_out), torch.nn.Dropout(0.1)).cuda()
+                o = (torch.optim.SGD(m.parameters(), lr=0.1) if opt_name == "SGD"
+                     else torch.optim.Adam(m.parameters(), lr=1e-3, capturable=True))
+                return m, o
+
+            m_e, o_e = make()
+            eager = eager_step(m_e, o_e)
+            a = advise(eager, x, y, samples=SAMPLES)
+            m_g, o_g = make()
+            step = capture_train_step(m_g, o_g, torch.nn.functional.mse_loss, (x, y))
+            for _ in range(5):
+                step(x, y)                              # warm-up, capture, replays
+            measured = compare({"eager": eager, "whole-step graph": step}, x, y, case=size, samples=SAMPLES)
+            advise_rows.append({"source": "this run", "case": f"MLP {size}, {opt_name}", "eager_us": a.eager_us,
+                                "floor_us": a.floor_us, "nodes": a.kernels_per_call,
+                                "predicted_graph_us": a.graph_us, "predicted_speedup": a.speedup,
+                                "measured_speedup": float(measured.speedup.iloc[1]),
+                                "graph_executed_as": measured.executed_as.iloc[1]})
+            print(f"MLP {size}, {opt_name}: {a}")
+            del m_e, o_e, m_g, o_g, step
+
+# %% [markdown]
+# The same prediction from what notebooks 01-04 recorded: their eager row gives eager time, floor and
+# kernels (+ copies) per call; the replay cost is the one measured above on this GPU, which may differ from
+# the GPU those notebooks ran on (both are named in the table).
+
+# %%
+HEADLINES = {
+    "01_gelu": [("small", "eager", "graph replay"), ("large", "eager", "graph replay")],
+    "02_train_step": [(f"MLP {s}, {o}", "eager", "whole-step graph") for s in ("32x128x256x16", "640x4096x2048x1024")
+                      for o in ("SGD", "Adam(capturable)")],
+    "03_jit_compile": [(c, "torch.compile", "torch.compile + graph, input in place") for c in ("small", "large")],
+}
+for folder in sorted(results.recorded_root().glob("04_*")):  # notebook 04, when it has recorded results
+    rec04 = results.load(folder.name)
+    if rec04 is not None and {"case", "variant"} <= set(rec04.df.columns):
+        HEADLINES[folder.name] = [(c, "eager", v) for c, grp in rec04.df.groupby("case", sort=False)
+                                  if "eager" in set(grp.variant)
+                                  for v in [next((v for v in grp.variant if "graph" in str(v)), None)] if v]
+
+
+def from_recorded(stem, case, base_variant, graph_variant):
+    rec = results.load(stem)
+    if rec is None:
+        return None
+    df = rec.df
+    base = df[(df.case == case) & (df.variant == base_variant)]
+    graph = df[(df.case == case) & (df.variant == graph_variant)]
+    if base.empty or graph.empty or base.floor_us.isna().all():
+        return None
+    b, gr = base.iloc[0], graph.iloc[0]
+    nodes = b.get("kernels_per_call", float("nan")) + (b.get("copies_per_call", 0.0) if pd.notna(b.get("copies_per_call", 0.0)) else 0.0)
+    pred_graph = predict_graph_time(b.floor_us, nodes, node_us, launch_us)
+    return {"source": f"{stem} ({rec.env.get('gpu')})", "case": case, "eager_us": b.median_us, "floor_us": b.floor_us,
+            "nodes": nodes, "predicted_graph_us": pred_graph, "predicted_speedup": b.median_us / pred_graph,
+            "measured_speedup": b.median_us / gr.median_us, "graph_executed_as": gr.get("executed_as", "?")}
+
+
+if CUDA:
+    for stem, cases in HEADLINES.items():
+        for case, base_variant, graph_variant in cases:
+            row = from_recorded(stem, case, base_variant, graph_variant)
+            if row is not None:
+                advise_rows.append(row)
+advice = pd.DataFrame(advise_rows)
+if len(advice):
+    advice["predicted / measured"] = advice.predicted_speedup / advice.measured_speedup
+    advice["within 1.5x"] = advice["predicted / measured"].between(1 / 1.5, 1.5)
+    print(f"advise within 1.5x of the measured speedup: {int(advice['within 1.5x'].sum())} of {len(advice)} cases")
+    print(advice[["source", "case", "eager_us", "floor_us", "nodes", "predicted_speedup", "measured_speedup",
+                  "predicted / measured", "within 1.5x"]].round(2).to_string(index=False))
+else:
+    print("skipped: advise measures on an NVIDIA GPU (the recorded comparison is shown at the end)")
+
+# %%
+fig_adv = None
+if len(advice):
+    fig_adv, ax = plt.subplots(figsize=(5.8, 5))
+    lo = min(advice.predicted_speedup.min(), advice.measured_speedup.min()) * 0.8
+    hi = max(advice.predicted_speedup.max(), advice.measured_speedup.max()) * 1.25
+    ax.fill_between([lo, hi], [lo / 1.5, hi / 1.5], [lo * 1.5, hi * 1.5], color="C2", alpha=0.15, label="within 1.5x")
+    ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+    origin = advice.source.where(advice.source == "this run", advice.source.str.split(" ").str[0] + " (recorded)")
+    for source, grp in advice.groupby(origin, sort=False):
+        ax.scatter(grp.measured_speedup, grp.predicted_speedup, label=source, zorder=3)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured speedup (eager / graph)",
+           ylabel="advise: predicted best speedup", title=f"advise vs measured on {torch.cuda.get_device_name(0)}")
+    ax.legend(fontsize=8)
+    fig_adv.tight_layout()
+
+# %% [markdown]
+# ## 13. The pitfalls at a glance
+# What happens without the fix, and what finds it. "detected" is what this run measured (empty: the check
+# needs a GPU and did not run here); "process still works" is the check after a failure (eager work and a
+# fresh capture, compared with the CPU).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+summary = pd.DataFrame(PITFALLS)
+with pd.option_context("display.max_colwidth", 90):
+    display_table = summary[["pitfall", "without a fix", "found by", "fix", "detected", "process still works"]]
+    print(display_table.to_string(index=False))
+
+# %% [markdown]
+# ## 14. Save the results
+# One table for this notebook: a row per pitfall (what this run saw), the memory measurement and the `advise`
+# comparison. A run without CUDA writes to `build/figures/` instead, so it never overwrites the recorded GPU run.
+
+# %%
+rows = []
+for p in PITFALLS:
+    rows.append({"case": f"pitfall: {p['pitfall']}", "variant": p["without a fix"], "median_us": float("nan"),
+                 "speedup": float("nan"), "executed_as": "cuda graph" if CUDA else "eager (checks only)",
+                 "found_by": p["found by"], "fix": p["fix"], "seen": p["this run saw"], "detected": p["detected"],
+                 "process_still_works": p["process still works"]})
+for r in memory_rows:
+    rows.append({"case": r["case"], "variant": r["variant"], "median_us": float("nan"), "speedup": float("nan"),
+                 "executed_as": "cuda graph", "reserved_mib": r["reserved_mib"]})
+for r in advise_rows:
+    rows.append({"case": f"advise: {r['case']}", "variant": f"predicted ({r['source']})",
+                 "median_us": r["predicted_graph_us"], "speedup": r["predicted_speedup"],
+                 "executed_as": r["graph_executed_as"], "floor_us": r["floor_us"], "eager_us": r["eager_us"],
+                 "nodes_per_call": r["nodes"], "measured_speedup": r["measured_speedup"], "node_us": node_us,
+                 "launch_us": launch_us})
+for r in two_rows:
+    rows.append({"case": f"two captures: {r['variant']}", "variant": f"try {r['try']}", "median_us": float("nan"),
+                 "speedup": float("nan"), "executed_as": "cuda graph", "seen": r["replay of graph 1"],
+                 "crashed": r["crashed"], "reads_freed": r["graph 1 reads freed memory"],
+                 "memory": r["graph 1 memory"]})
+all_rows = pd.DataFrame(rows)
+figures = {name: fig for name, fig in (("pool_memory", fig_mem), ("advise", fig_adv)) if fig is not None}
+folder = results.save(STEM, all_rows, figures=figures, extra_env={"tries": TRIES, "pool_batches": POOL_BATCHES})
+print("saved to", folder)
+
+# %% [markdown]
+# ## 15. Side by side with the published figures
+# The one published figure for these pitfalls is about memory: a detector that captured one graph per input
+# resolution, with a private pool per graph and with one shared pool (roboflow/rf-detr #1490).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+PUBLISHED_MEMORY = pd.DataFrame({"source": ["rf-detr #1490, 11 resolutions"], "private_gib": [38.2],
+                                 "shared_gib": [11.4]})
+PUBLISHED_MEMORY["private / shared"] = PUBLISHED_MEMORY.private_gib / PUBLISHED_MEMORY.shared_gib
+print(PUBLISHED_MEMORY.round(2).to_string(index=False))
+
+# %%
+if memory_rows:
+    here = pd.DataFrame(memory_rows).set_index("variant").reserved_mib
+    print(f"this run ({torch.cuda.get_device_name(0)}, {len(POOL_BATCHES)} MLP graphs): private "
+          f"{here['private pool per graph']:.0f} MiB, shared {here['one shared pool']:.0f} MiB, "
+          f"private / shared = {here['private pool per graph'] / here['one shared pool']:.2f}x")
+else:
+    print("this run: no GPU, nothing captured (the recorded run is shown below)")
+
+# %% [markdown]
+# **Why they differ.** The saving depends on how much of each graph's memory is intermediates (shareable)
+# rather than outputs (each graph keeps its own) and on how many graphs there are: a detector's activations
+# are far larger than our MLP's, and more graphs share more.
+
+# %% [markdown]
+# ## 16. Recorded GPU results
+# The table and figures of the last GPU run committed to this repository (what a reader without a GPU sees).
+
+# %%
+recorded = results.show_recorded(STEM, columns=["case", "variant", "detected", "seen", "reserved_mib", "speedup",
+                                                "measured_speedup"])
+
+# %% [markdown]
+# ## Summary
+# - **Raises**: values read on the CPU (`.item()`, `print`, `if tensor:`), data-dependent shapes, reseeding
+#   or a foreign generator, other threads allocating during a `"global"` capture, reading an overwritten
+#   `reduce-overhead` output. The kit turns capture failures into `CaptureError` (cause, fix, original error),
+#   and the process keeps working.
+# - **Silently wrong**: a rebound static input, an output kept across replays, frozen Python state (counters,
+#   learning rates), a graph whose inputs or model were freed. `verify` catches the first three by comparing
+#   with eager on fresh and poisoned inputs; the last one needs references kept alive.
+# - **Before you capture**: `check_capturable(fn, *args)` lists each problem with its line; `advise(fn, *args)`
+#   says whether the graph is worth it.
+#
+# ## Exercises
+# 1. Write a training step with `GradScaler` (fp16 AMP) and run `check_capturable` on it. Which line does it
+#    flag, and why does `capture_train_step` keep `scaler.step` outside the graph?
+# 2. Make the learning rate of section 5 follow a real `torch.optim.lr_scheduler` with a tensor `lr`. Does
+#    your PyTorch's scheduler update the tensor in place (check with `verify`)?
+# 3. Capture the section 9 graphs into a shared pool in the *opposite* order (smallest batch first). How much
+#    memory do they reserve now, and why?

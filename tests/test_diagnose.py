@@ -1,0 +1,347 @@
+"""diagnose: what check_capturable, verify, advise and explain do on any machine (CPU-honest parts).
+
+verify() compares any callable with its eager reference; the CPU tests feed it plain functions that behave
+like the broken graphs (a stale buffer, a frozen number, reused output memory) to test what it reports.
+The same pitfalls with real CUDA graphs are in tests/test_pitfalls_gpu.py.
+"""
+import functools
+
+import pytest
+import torch
+
+from cudagraph_kit import CaptureError, capture
+from cudagraph_kit.diagnose import (Advice, CheckReport, advise, check_capturable, explain, predict_graph_time,
+                                    verify)
+
+HAS_CUDA = torch.cuda.is_available()
+THIS_FILE = "test_diagnose.py"
+
+
+def _only(report, kind):
+    found = [f for f in report.findings if f.kind == kind]
+    assert found, f"no {kind!r} finding in:\n{report}"
+    return found
+
+
+# ------------------------------------------------------------------------------------ check_capturable
+def test_clean_function_looks_capturable_and_says_so():
+    def clean(x, w):
+        return torch.relu(x @ w) * 0.5 + torch.where(x.sum(1, keepdim=True) > 0, 1.0, 0.0)
+
+    report = check_capturable(clean, torch.randn(4, 3), torch.randn(3, 2))
+    assert report.ok and len(report) == 0
+    assert "looks capturable" in str(report)
+
+
+def test_item_is_a_host_sync_at_the_users_line():
+    def syncs(x):
+        y = x * 2
+        if y.sum().item() > 0:  # the line to report
+            y = y + 1
+        return y
+
+    report = check_capturable(syncs, torch.randn(8))
+    (f,) = _only(report, "host sync")
+    assert (THIS_FILE + ":") in f.where and "(syncs)" in f.where
+    assert f.code == "if y.sum().item() > 0:  # the line to report"
+    assert "item" in f.what and f.fix
+    assert not report.ok and "looks capturable" not in str(report)
+
+
+def test_boolean_mask_and_changing_output_shape_are_data_dependent():
+    def masked(x):
+        return x[x > 0]
+
+    report = check_capturable(masked, torch.ones(64))  # 64 selected; the second call's new values select fewer
+    found = _only(report, "data-dependent shape")
+    assert all(f.code == "return x[x > 0]" for f in found)
+    assert any("output shapes change with the input values" in f.what for f in found)
+    assert any("boolean mask" in f.what for f in found)
+
+
+@pytest.mark.parametrize("op", [torch.nonzero, torch.unique, lambda x: torch.masked_select(x, x > 0)],
+                         ids=["nonzero", "unique", "masked_select"])
+def test_data_dependent_ops(op):
+    report = check_capturable(lambda x: op(x), torch.randint(0, 5, (32,)))
+    assert "data-dependent shape" in report.kinds(), str(report)
+
+
+def test_boolean_mask_assignment_of_a_tensor_names_masked_fill():
+    def assign(x, v):
+        x = x.clone()
+        x[x < 0] = v
+        return x
+
+    report = check_capturable(assign, torch.randn(16), torch.zeros(1))
+    (f,) = _only(report, "host sync")
+    assert "masked_fill_" in f.fix and f.code == "x[x < 0] = v"
+
+    def assign_number(x):  # PyTorch turns this into masked_fill_: fixed shapes, nothing to report
+        x = x.clone()
+        x[x < 0] = 0.0
+        return x
+
+    assert check_capturable(assign_number, torch.randn(16)).ok
+
+
+def test_python_counter_global_closure_and_attribute():
+    state = {"calls": 0}
+    scale = 1.0
+
+    def uses_closure(x):
+        nonlocal scale
+        scale = scale * 2            # changes a closure variable
+        state["calls"] += 1          # a dict entry is not a Python number: not tracked
+        return x * scale
+
+    report = check_capturable(uses_closure, torch.randn(4), calls=3)
+    (f,) = _only(report, "Python state")
+    assert "closure variable 'scale' (1.0 -> 2.0 -> 4.0 -> 8.0)" in f.what
+    assert f.code == "scale = scale * 2            # changes a closure variable"
+
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.steps = 0
+
+        def forward(self, x):
+            self.steps += 1
+            return self.lin(x) / self.steps
+
+    report = check_capturable(Counter(), torch.randn(2, 4))
+    (f,) = _only(report, "Python state")
+    assert "Counter.steps (0 -> 1 -> 2)" in f.what and f.code == "self.steps += 1"
+
+
+def test_lr_scheduler_inside_the_step_is_frozen_python_state_and_capturable_false_is_reported():
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    def train_step(x, y):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        sched.step()
+
+    report = check_capturable(train_step, torch.randn(8, 4), torch.randn(8, 1))
+    (state,) = _only(report, "Python state")
+    assert "['lr'] (0.1 -> 0.05 -> 0.025)" in state.what and state.code == "sched.step()"
+    (opt_finding,) = _only(report, "optimizer")
+    assert "capturable=False" in opt_finding.what and opt_finding.code == "opt.step()"
+    assert "capturable=True" in opt_finding.fix
+    # the optimizer's own CPU bookkeeping (.item() of its CPU step count) is not blamed on the user
+    assert "host sync" not in report.kinds(), str(report)
+
+
+def test_sgd_step_without_schedule_looks_capturable():
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def train_step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    report = check_capturable(train_step, torch.randn(8, 4), torch.randn(8, 1))
+    assert report.ok, str(report)
+
+
+def test_reseeding_and_autocast_cache():
+    def reseeds(x):
+        torch.manual_seed(0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return x * torch.rand_like(x)
+
+    report = check_capturable(reseeds, torch.randn(4))
+    (rng,) = _only(report, "RNG")  # one finding, though manual_seed also seeds CUDA internally
+    assert rng.code == "torch.manual_seed(0)"
+    (ac,) = _only(report, "autocast cache")
+    assert "cache_enabled=False" in ac.fix
+
+    def no_cache(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            return x * 2
+
+    assert check_capturable(no_cache, torch.randn(4)).ok
+
+
+def test_python_number_argument():
+    report = check_capturable(lambda x, s: x * s, torch.randn(3), 2.5)
+    (f,) = _only(report, "Python argument")
+    assert "Python float (2.5)" in f.what and (THIS_FILE + ":") in f.where
+
+
+def test_report_table_and_frame():
+    report = check_capturable(lambda x: x[x > 0], torch.randn(16))
+    assert isinstance(report, CheckReport)
+    text = str(report)
+    assert "kind" in text and "where" in text and "fix:" in text
+    df = report.to_frame()
+    assert list(df.columns) == ["kind", "where", "what", "fix", "code", "count"] and len(df) == len(report)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only note")
+def test_cpu_run_says_what_it_could_not_check():
+    report = check_capturable(lambda x: x + 1, torch.randn(3))
+    assert report.ok and any("need a GPU" in n for n in report.notes)
+
+
+def test_first_call_error_propagates_and_state_is_restored():
+    def broken(x):
+        raise ValueError("user bug")
+
+    mode = torch.is_grad_enabled()
+    with pytest.raises(ValueError, match="user bug"):
+        check_capturable(broken, torch.randn(3))
+    assert torch.is_grad_enabled() == mode
+    assert torch.manual_seed.__module__ == "torch.random"  # the seeding hooks are gone
+    assert check_capturable(lambda x: x * 2, torch.randn(3)).ok
+
+
+# ------------------------------------------------------------------------------------------------- verify
+def test_verify_passes_for_an_eager_fallback_graph():
+    def gelu(x):
+        return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
+
+    x = torch.randn(4, 8)
+    g = capture(gelu, x, eager_fallback=True) if not HAS_CUDA else capture(gelu, x.cuda())
+    report = verify(g, gelu, g.static_inputs[0], steps=3)
+    assert report.ok and report.first is None and len(report.rows) == 3
+    assert "matches eager" in str(report)
+    assert [r["inputs"] for r in report.rows] == ["random", "NaN", "random"]
+
+
+def test_verify_catches_a_stale_static_input():
+    static = torch.randn(5)
+
+    def graphed(x):  # like a graph whose input was rebound instead of copied into: reads `static`
+        return static * 2
+
+    report = verify(graphed, lambda x: x * 2, static, steps=3, static_inputs=[static])
+    assert not report.ok and report.first["step"] == 0
+    assert report.first["what"] == "the output"
+    assert "not copied into" in report.first["hint"] or "not reaching" in report.first["hint"]
+    assert "DIVERGES at step 0" in str(report)
+
+
+def test_verify_names_the_step_whose_inputs_a_graph_replayed():
+    last = {}
+
+    def graphed(x):  # computes on the previous call's input, like a buffer updated one step late
+        prev = last.get("x", x)
+        last["x"] = x.clone()
+        return prev + 1
+
+    report = verify(graphed, lambda x: x + 1, torch.randn(6), steps=3, poison=False)
+    assert not report.ok and report.first["step"] == 1
+    assert "computed on step 0's inputs" in report.first["hint"]
+
+
+def test_verify_catches_a_frozen_learning_rate_in_a_training_step():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ref = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    frozen_lr = opt.param_groups[0]["lr"]
+
+    def graphed_step(x, y):  # replays the lr read "at capture", like a graph with a Python-float lr
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= frozen_lr * p.grad
+
+    def eager_step(x, y):
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+
+    def schedule(step):
+        for o in (opt, ref_opt):
+            o.param_groups[0]["lr"] = 0.1 * 0.5 ** step
+
+    report = verify(graphed_step, eager_step, torch.randn(8, 4), torch.randn(8, 1), steps=3,
+                    state=[(model, ref)], before_step=schedule)
+    assert not report.ok and report.first["step"] == 1  # equal while the lr has not changed yet
+    assert report.first["what"].startswith("Linear ") and "frozen" in report.first["hint"]
+
+
+def test_verify_flags_outputs_that_share_memory_across_calls():
+    buf = torch.zeros(3)
+
+    def graphed(x):  # writes into one buffer and returns it, like a graph's static output
+        buf.copy_(x * 3)
+        return buf
+
+    report = verify(graphed, lambda x: x * 3, torch.randn(3), steps=3)
+    assert report.ok and report.outputs_reused
+    assert "overwritten by the next call" in str(report)
+
+
+def test_verify_training_step_with_optimizer_state_and_dropout_rng():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+    opt, ref_opt = (torch.optim.Adam(m.parameters(), lr=1e-2) for m in (net, ref))
+
+    def make_step(m, o):
+        def step(x, y):
+            o.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            o.step()
+            return loss.detach()
+        return step
+
+    make_step(net, opt)(torch.randn(8, 4), torch.randn(8, 1))  # optimizer state exists on the graph side only
+    report = verify(make_step(net, opt), make_step(ref, ref_opt), torch.randn(8, 4), torch.randn(8, 1),
+                    steps=4, state=[(net, ref), (opt, ref_opt)])
+    assert report.ok, str(report)  # same start state, same RNG state for both: dropout masks agree
+    assert all(r["state_equal"] for r in report.rows)
+
+
+def test_verify_rejects_zero_steps():
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        verify(torch.relu, torch.relu, torch.randn(2), steps=0)
+
+
+# ------------------------------------------------------------------------------------------------- advise
+def test_predict_graph_time_is_floor_or_node_replay():
+    assert predict_graph_time(floor_us=50.0, kernels=5, node_us=1.0, launch_us=3.0) == 50.0
+    assert predict_graph_time(floor_us=5.0, kernels=20, node_us=1.0, launch_us=3.0) == 23.0
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-CUDA path")
+def test_advise_without_cuda_says_so():
+    a = advise(torch.relu, torch.randn(4))
+    assert isinstance(a, Advice) and "need an NVIDIA GPU" in str(a)
+
+
+# ------------------------------------------------------------------------------------------------ explain
+def test_explain_splits_cause_fix_original():
+    exc = RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    e = explain(exc)
+    assert "synchronizes with the CPU" in e.cause and "set_sync_debug_mode" in e.fix
+    assert e.original.startswith("RuntimeError: CUDA error: operation not permitted")
+    wrapped = CaptureError.from_exception(exc)
+    assert (explain(wrapped).cause, explain(wrapped).fix) == (e.cause, e.fix)
+    assert str(wrapped).startswith("CUDA graph capture failed: ") and "Original error: RuntimeError" in str(wrapped)
+
+
+def test_explain_kit_errors_use_their_fix():
+    g = capture(torch.relu, torch.randn(2, 3), eager_fallback=True) if not HAS_CUDA else \
+        capture(torch.relu, torch.randn(2, 3, device="cuda"))
+    with pytest.raises(ValueError) as info:
+        g(torch.randn(5, 3, device=g.static_inputs[0].device))
+    e = explain(info.value)
+    assert "captured for shape (2, 3)" in e.cause and e.fix.startswith("pass a matching tensor")
+
+
+def test_explain_unknown_error_points_to_check_capturable():
+    e = explain(KeyError("something else"))
+    assert "check_capturable" in e.fix and "KeyError" in e.original

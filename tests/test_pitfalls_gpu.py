@@ -1,0 +1,636 @@
+"""GPU: every classic pitfall is found by check_capturable or verify, or raises a clear error; after each kind
+of failed capture the same process captures and computes correctly; capture/release cycles leak nothing.
+
+Failures that could damage the CUDA context run in a subprocess, which then checks that it keeps working.
+Run on the GPU machine: ``python -m pytest -m gpu tests/test_pitfalls_gpu.py -s`` (``-s`` prints numbers).
+"""
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from cudagraph_kit import CaptureError, capture, graph_modules, shared_pool
+from cudagraph_kit.diagnose import advise, check_capturable, explain, verify
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def gelu(x):
+    return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
+
+
+def run_python(code: str, *argv, timeout: int = 300) -> dict:
+    """Run ``code`` in a fresh interpreter with the kit importable; return the JSON of its last stdout line."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    result = json.loads(lines[-1]) if lines else {}
+    result["returncode"] = done.returncode
+    result["stderr_tail"] = done.stderr[-1500:]
+    return result
+
+
+# ------------------------------------------------------------------ failed captures: clear error, then recovery
+FAILING = textwrap.dedent('''
+    import json, sys, torch
+    from cudagraph_kit import CaptureError, capture
+    from cudagraph_kit.diagnose import explain
+
+    def gelu(t):
+        return t * 0.5 * (1.0 + torch.erf(t / 1.41421))
+
+    side = torch.cuda.Stream()
+    gen = torch.Generator(device="cuda")
+
+    def unjoined(t):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = t * 2
+        return y                                    # no current_stream().wait_stream(side)
+
+    lin = torch.nn.Linear(64, 64).cuda()
+    adam = torch.optim.Adam(lin.parameters(), lr=1e-3)   # capturable=False
+
+    def adam_step(t):
+        adam.zero_grad(set_to_none=False)
+        lin(t).square().mean().backward()
+        adam.step()
+        return t
+
+    KINDS = {
+        "item": lambda t: t * t.sum().item(),
+        "print": lambda t: (print(t), t * 2)[1],
+        "boolean_mask": lambda t: t[t > 0] * 2,
+        "cpu_copy": lambda t: t.cpu() * 2,
+        "pageable_copy": lambda t: t + torch.ones(t.shape).cuda(),
+        "custom_generator": lambda t: t + torch.randn(t.shape, device="cuda", generator=gen),
+        "manual_seed": lambda t: (torch.manual_seed(0), t * 2)[1],
+        "synchronize": lambda t: (torch.cuda.synchronize(), t * 2)[1],
+        "unjoined_stream": unjoined,
+        "adam_capturable_false": adam_step,
+    }
+    kind = sys.argv[1]
+    x = torch.randn(8, 64, device="cuda")
+    out = {"kind": kind}
+    try:
+        capture(KINDS[kind], x, no_grad=kind != "adam_capturable_false")
+        out["raised"] = None
+    except Exception as e:
+        out["raised"] = type(e).__name__
+        out["cause"] = explain(e).cause
+        out["message"] = str(e)[:600]
+    # the same process keeps working: eager work, then a fresh capture, both checked against the CPU
+    new = torch.randn(8, 64, device="cuda")
+    eager_ok = torch.allclose(gelu(new).cpu(), gelu(new.cpu()), atol=1e-6)
+    g = capture(gelu, x)
+    graph_ok = torch.allclose(g(new).cpu(), gelu(new.cpu()), atol=1e-6)
+    torch.cuda.synchronize()
+    out.update(eager_ok=eager_ok, graph_ok=graph_ok)
+    print(json.dumps(out))
+''')
+
+FAILURE_KINDS = ["item", "print", "boolean_mask", "cpu_copy", "pageable_copy", "custom_generator", "manual_seed",
+                 "synchronize", "unjoined_stream", "adam_capturable_false"]
+
+
+@pytest.mark.parametrize("kind", FAILURE_KINDS)
+def test_failed_capture_raises_capture_error_and_the_process_keeps_working(kind):
+    r = run_python(FAILING, kind)
+    print(f"\n{kind}: raised {r.get('raised')}; cause: {r.get('cause')}; afterwards eager_ok={r.get('eager_ok')} "
+          f"graph_ok={r.get('graph_ok')}")
+    assert r["returncode"] == 0, r["stderr_tail"]
+    assert r["raised"] == "CaptureError", r
+    assert "Fix:" in r["message"] and "Original error:" in r["message"]
+    assert r["eager_ok"] and r["graph_ok"]
+
+
+# The same functions, inspected eagerly before any capture: what check_capturable reports for each.
+def _side_unjoined():
+    side = torch.cuda.Stream()
+
+    def unjoined(t):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = t * 2
+        return y
+    return unjoined
+
+
+def _side_joined():
+    side = torch.cuda.Stream()
+
+    def joined(t):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = t * 2
+        torch.cuda.current_stream().wait_stream(side)
+        return y
+    return joined
+
+
+def _adam_step(capturable):
+    lin = torch.nn.Linear(64, 64).cuda()
+    opt = torch.optim.Adam(lin.parameters(), lr=1e-3, capturable=capturable)
+
+    def step(t):
+        opt.zero_grad(set_to_none=False)
+        lin(t).square().mean().backward()
+        opt.step()
+        return t
+    return step
+
+
+CPU_SCALE = torch.tensor(2.0)
+
+
+def _autocast_cached(t):
+    with torch.autocast("cuda", dtype=torch.float16):   # cache_enabled defaults to True
+        return t * 2
+GEN = None
+
+
+def _custom_gen(t):
+    global GEN
+    GEN = GEN or torch.Generator(device="cuda")
+    return t + torch.randn(t.shape, device="cuda", generator=GEN)
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda: (lambda t: t * t.sum().item()), "host sync"),
+    (lambda: (lambda t: (print(t), t * 2)[1]), "host sync"),
+    (lambda: (lambda t: t[t > 0] * 2), "data-dependent shape"),
+    (lambda: (lambda t: torch.nonzero(t)), "data-dependent shape"),
+    (lambda: (lambda t: t.cpu() * 2), "host sync"),
+    (lambda: (lambda t: t + torch.ones(t.shape).cuda()), "pageable copy"),
+    (lambda: (lambda t: t * CPU_SCALE), "CPU tensor"),
+    (lambda: _custom_gen, "RNG"),
+    (lambda: (lambda t: (torch.manual_seed(0), t * 2)[1]), "RNG"),
+    (lambda: (lambda t: (torch.cuda.synchronize(), t * 2)[1]), "host sync"),
+    (_side_unjoined, "side stream"),
+    (lambda: _adam_step(capturable=False), "optimizer"),
+    (lambda: _autocast_cached, "autocast cache"),
+], ids=["item", "print", "boolean_mask", "nonzero", "cpu_copy", "pageable_copy", "cpu_scalar", "custom_generator",
+        "manual_seed", "synchronize", "unjoined_stream", "adam_capturable_false", "autocast_cache"])
+def test_check_capturable_finds_it_before_capture(make, expected):
+    report = check_capturable(make(), torch.randn(8, 64, device="cuda"))
+    print(f"\n{report}")
+    assert expected in report.kinds()
+    assert all("test_pitfalls_gpu.py:" in f.where for f in report.findings if f.kind == expected)
+
+
+@pytest.mark.parametrize("make", [lambda: gelu, _side_joined, lambda: _adam_step(capturable=True),
+                                  lambda: (lambda t: torch.where(t > 0, t, 0.0) * torch.rand_like(t))],
+                         ids=["gelu", "joined_stream", "adam_capturable", "where_and_default_rng"])
+def test_capturable_functions_look_capturable(make):
+    report = check_capturable(make(), torch.randn(8, 64, device="cuda"))
+    print(f"\n{report}")
+    assert report.ok, str(report)
+
+
+# ------------------------------------------------------------------------------------ the silent failures
+def test_verify_catches_a_rebound_static_input():
+    static_x = torch.randn(256, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gelu(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = gelu(static_x)
+
+    def graphed_rebinding(x):
+        static = x          # the pitfall: a new name for the new data, the graph still reads static_x
+        graph.replay()
+        return static_y
+
+    def graphed_copying(x):
+        static_x.copy_(x)   # the fix
+        graph.replay()
+        return static_y
+
+    bad = verify(graphed_rebinding, gelu, static_x, steps=3, static_inputs=[static_x])
+    print(f"\n{bad}")
+    assert not bad.ok and bad.first["step"] == 0 and "not copied" in bad.first["hint"]
+    good = verify(graphed_copying, gelu, static_x, steps=3, static_inputs=[static_x])
+    assert good.ok and good.outputs_reused  # correct, and it still hands out one output buffer
+
+
+def test_verify_catches_outputs_kept_across_replays():
+    g = capture(gelu, torch.randn(64, device="cuda"))
+    kept = [g(torch.full((64,), float(i), device="cuda")) for i in range(3)]
+    assert all(k is kept[0] for k in kept)  # the pitfall: three names for one buffer
+    report = verify(g, gelu, g.static_inputs[0], steps=3)
+    print(f"\n{report}")
+    assert report.ok and report.outputs_reused
+    cloned = capture(gelu, torch.randn(64, device="cuda"), clone_outputs=True)
+    assert not verify(cloned, gelu, cloned.static_inputs[0], steps=3).outputs_reused
+
+
+def test_verify_catches_a_frozen_python_counter():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return x * self.calls
+
+    m = Scaled()
+    g = capture(m, torch.randn(16, device="cuda"))
+    report = verify(g, m, g.static_inputs[0], steps=3)
+    print(f"\n{report}")
+    assert not report.ok and report.first["step"] == 0  # warm-up and capture already advanced the counter
+    assert "Python state" in check_capturable(Scaled(), torch.randn(16, device="cuda")).kinds()
+
+
+def _docs_mlp(seed=0, dropout=False):
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(64, 128), torch.nn.Dropout(0.2), torch.nn.Linear(128, 8)]
+    return torch.nn.Sequential(*[m for m in layers if dropout or not isinstance(m, torch.nn.Dropout)]).cuda()
+
+
+def _capture_step(model, opt, x, y):
+    """The PyTorch docs recipe: side-stream warm-up, grads to None, capture forward+backward+step."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+    return graph, loss
+
+
+def _eager_step(model, opt):
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+@pytest.mark.parametrize("lr_as_tensor", [False, True], ids=["python_float_lr", "tensor_lr"])
+def test_verify_catches_a_frozen_learning_rate_and_a_tensor_lr_fixes_it(lr_as_tensor):
+    model, ref = _docs_mlp(), _docs_mlp()
+    lr = torch.tensor(1e-2, device="cuda") if lr_as_tensor else 1e-2
+    opt = torch.optim.Adam(model.parameters(), lr=lr, capturable=True)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=torch.tensor(1e-2, device="cuda") if lr_as_tensor else 1e-2,
+                               capturable=True)
+    x, y = torch.randn(32, 64, device="cuda"), torch.randn(32, 8, device="cuda")
+    graph, loss = _capture_step(model, opt, x, y)
+
+    def graphed(xb, yb):
+        x.copy_(xb)
+        y.copy_(yb)
+        graph.replay()
+        return loss.detach().clone()
+
+    def schedule(step):  # halve the learning rate on both sides before every step after the first
+        for o in (opt, ref_opt):
+            group = o.param_groups[0]
+            new = 1e-2 * 0.5 ** step
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(new)   # in place: the graph reads this tensor at every replay
+            else:
+                group["lr"] = new        # a new Python float: the graph never sees it
+
+    report = verify(graphed, _eager_step(ref, ref_opt), x, y, steps=3, state=[(model, ref), (opt, ref_opt)],
+                    before_step=schedule)
+    print(f"\nlr as tensor={lr_as_tensor}: {report}")
+    if lr_as_tensor:
+        assert report.ok, str(report)
+    else:
+        assert not report.ok and report.first["step"] == 1 and "frozen" in report.first["hint"]
+
+
+def test_dropout_inside_a_graph_matches_eager_given_the_same_rng_state():
+    model, ref = _docs_mlp(dropout=True), _docs_mlp(dropout=True)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    x, y = torch.randn(32, 64, device="cuda"), torch.randn(32, 8, device="cuda")
+    graph, loss = _capture_step(model, opt, x, y)
+
+    def graphed(xb, yb):
+        x.copy_(xb)
+        y.copy_(yb)
+        graph.replay()
+        return loss.detach().clone()
+
+    report = verify(graphed, _eager_step(ref, ref_opt), x, y, steps=4, state=[(model, ref), (opt, ref_opt)])
+    print(f"\n{report}")
+    assert report.ok, str(report)
+
+
+def test_changing_shape_is_refused_and_check_capturable_names_it():
+    g = capture(gelu, torch.randn(8, 64, device="cuda"))
+    with pytest.raises(ValueError, match=r"captured for shape \(8, 64\).*got shape \(5, 64\)"):
+        g(torch.randn(5, 64, device="cuda"))
+    report = check_capturable(lambda t: t[: int(t[0, 0] > 0) + 4], torch.randn(8, 64, device="cuda"))
+    assert "host sync" in report.kinds()
+
+
+def test_graph_modules_raises_capture_error_and_recovers():
+    class Syncs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return h * float(h.abs().max())   # a host sync inside a graphed module
+
+    with pytest.raises(CaptureError) as info:
+        graph_modules(Syncs().cuda(), (torch.randn(4, 16, device="cuda"),))
+    print(f"\n{explain(info.value)}")
+    assert explain(info.value).fix
+    lin = torch.nn.Linear(16, 16).cuda()
+    g = graph_modules(lin, (torch.randn(4, 16, device="cuda"),))
+    x = torch.randn(4, 16, device="cuda")
+    torch.testing.assert_close(g(x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+
+
+# ------------------------------------------------------------------------------------ warm-up stream, threads
+WARMUP = textwrap.dedent('''
+    import json, sys, warnings, torch
+    variant = sys.argv[1]      # "default": warm-up on the default stream; "side": on a side stream; "side_keep_loss"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 64, device="cuda"), torch.randn(32, 8, device="cuda")
+    out = {"warmup": variant}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(torch.cuda.current_stream() if variant == "default" else s):
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.mse_loss(model(x), y)   # `loss` keeps the last autograd graph alive
+                loss.backward()
+                opt.step()
+        torch.cuda.current_stream().wait_stream(s)
+        if variant == "side":
+            del loss                                              # drop the warm-up's autograd graph
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        try:
+            with torch.cuda.graph(g):
+                static_loss = torch.nn.functional.mse_loss(model(x), y)
+                static_loss.backward()
+                opt.step()
+            g.replay()
+            torch.cuda.synchronize()
+            out["capture"] = "ok"
+        except Exception as e:
+            out["capture"] = f"{type(e).__name__}: {str(e)[:300]}"
+    out["accumulate_grad_warning"] = any("AccumulateGrad" in str(w.message) for w in caught)
+    out["warnings"] = sorted({str(w.message)[:160] for w in caught})
+    torch.cuda.synchronize()
+    out["eager_ok"] = bool(torch.isfinite(model(x)).all())
+    print(json.dumps(out))
+''')
+
+
+def test_warmup_on_a_side_stream_avoids_the_accumulate_grad_stream_mismatch():
+    side = run_python(WARMUP, "side")
+    kept = run_python(WARMUP, "side_keep_loss")
+    default = run_python(WARMUP, "default")
+    print(f"\nside-stream warm-up: {side}\nside stream, warm-up loss kept: {kept}\ndefault-stream warm-up: {default}")
+    assert side["returncode"] == 0 and side["capture"] == "ok" and not side["accumulate_grad_warning"]
+    assert default["returncode"] == 0 and default["eager_ok"]
+    # warm-up on the default stream: PyTorch warns about the AccumulateGrad stream, or the capture fails
+    assert default["accumulate_grad_warning"] or default["capture"] != "ok"
+
+
+THREAD = textwrap.dedent('''
+    import json, sys, threading, torch
+    mode = sys.argv[1]
+    x = torch.randn(1024, device="cuda")
+    started, finished, result, capturing = threading.Event(), threading.Event(), {}, [False]
+
+    def background():          # e.g. a data-loading thread that allocates GPU memory
+        started.wait(30)
+        try:
+            torch.empty(300 * 2**20, dtype=torch.uint8, device="cuda")   # a new cudaMalloc
+            result["thread"] = "ok"
+        except Exception as e:
+            result["thread"] = f"{type(e).__name__}: {str(e)[:200]}"
+        finished.set()
+
+    def fn(t):
+        y = t * 2
+        if capturing[0]:       # let the thread run while this capture is under way
+            started.set()
+            finished.wait(30)
+        return y + 1
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn(x)
+    torch.cuda.current_stream().wait_stream(s)
+    threading.Thread(target=background, daemon=True).start()
+    capturing[0] = True
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g, capture_error_mode=mode):
+            out = fn(x)
+        g.replay()
+        torch.cuda.synchronize()
+        result["capture"] = "ok"
+        result["correct"] = bool(torch.allclose(out, x * 2 + 1))
+    except Exception as e:
+        result["capture"] = f"{type(e).__name__}: {str(e)[:300]}"
+    torch.cuda.synchronize()
+    result["eager_ok"] = bool(torch.allclose((x * 2 + 1).cpu(), x.cpu() * 2 + 1))
+    print(json.dumps(result))
+''')
+
+
+def test_background_thread_and_capture_error_mode():
+    strict = run_python(THREAD, "global")
+    local = run_python(THREAD, "thread_local")
+    print(f"\nglobal: {strict}\nthread_local: {local}")
+    assert strict["returncode"] == 0 and local["returncode"] == 0
+    assert strict["thread"] != "ok" or strict["capture"] != "ok"  # the other thread's cudaMalloc is refused
+    assert local["thread"] == "ok" and local["capture"] == "ok" and local["correct"]
+    assert strict["eager_ok"] and local["eager_ok"]
+
+
+# ------------------------------------------------------------------------------------------------- memory
+def test_shared_pool_holds_less_than_private_pools():
+    mlp = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+    sizes = [512, 384, 256, 128]   # largest first, as the docs advise for a shared pool
+
+    def reserved_by(pool_of):
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
+        graphs = [capture(mlp, torch.randn(n, 1024, device="cuda"), pool=pool_of()) for n in sizes]
+        for g in graphs:  # still correct
+            x = torch.randn_like(g.static_inputs[0])
+            with torch.no_grad():
+                torch.testing.assert_close(g(x), mlp(x))
+        used = torch.cuda.memory_reserved() - before
+        del graphs
+        return used
+
+    private = reserved_by(lambda: None)
+    pool = shared_pool()
+    shared = reserved_by(lambda: pool)
+    print(f"\n{len(sizes)} graphs: private pools {private / 2**20:.1f} MiB reserved, one shared pool "
+          f"{shared / 2**20:.1f} MiB")
+    assert shared < private
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["captures", "failed_captures"])
+def test_capture_release_cycles_leave_allocated_memory_where_it_started(fails):
+    x = torch.randn(1, 3, 224, 224, device="cuda")
+    fn = (lambda t: t * t.sum().item()) if fails else gelu
+
+    def cycle():
+        try:
+            g = capture(fn, x)
+            g(x)
+            del g
+        except CaptureError:
+            pass
+
+    for _ in range(3):  # first captures create lasting state (cuBLAS, RNG, capture stream)
+        cycle()
+    gc.collect()
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    for _ in range(100):
+        cycle()
+    gc.collect()
+    torch.cuda.synchronize()
+    end = torch.cuda.memory_allocated()
+    print(f"\n100 {'failed ' if fails else ''}capture/release cycles: memory_allocated {start} -> {end} bytes, "
+          f"reserved {torch.cuda.memory_reserved()} bytes")
+    assert end == start
+    g = capture(gelu, x)
+    torch.testing.assert_close(g(x), gelu(x))
+
+
+# ------------------------------------------------------------------------------- two hand-written captures
+TWO_CAPTURES = textwrap.dedent('''
+    import json, sys, torch
+    keep = sys.argv[1] == "keep"
+    N, D_IN, H, D_OUT = 640, 4096, 2048, 1024
+
+    def build_and_capture(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(D_IN, H), torch.nn.Dropout(0.2),
+                                    torch.nn.Linear(H, D_OUT), torch.nn.Dropout(0.1)).cuda()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)
+        x, y = torch.randn(N, D_IN, device="cuda"), torch.randn(N, D_OUT, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+        used = [t for t in [x, y, *model.parameters(), *[v for st in opt.state.values() for v in st.values()]]]
+        spans = [(t.data_ptr(), t.untyped_storage().nbytes()) for t in used]
+        return g, loss, spans, (model, opt, x, y)
+
+    def where_now(spans):
+        segs = torch.cuda.memory_snapshot()
+        counts = {"allocated": 0, "free in cache": 0, "returned to the driver": 0}
+        for ptr, size in spans:
+            state = "returned to the driver"
+            for seg in segs:
+                if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
+                    addr = seg["address"]
+                    for b in seg["blocks"]:
+                        if addr <= ptr < addr + b["size"]:
+                            state = "allocated" if b["state"] == "active_allocated" else "free in cache"
+                            break
+                        addr += b["size"]
+                    break
+            counts[state] += 1
+        return counts
+
+    g1, loss1, spans1, owner1 = build_and_capture(0)
+    if not keep:
+        del owner1             # model, optimizer and inputs of graph 1 go out of scope; graph 1 does not own them
+    g2, loss2, spans2, owner2 = build_and_capture(1)
+    out = {"variant": sys.argv[1], "graph1_memory": where_now(spans1)}
+    print(json.dumps(out), flush=True)
+    try:
+        g1.replay(); g2.replay()
+        torch.cuda.synchronize()
+        out["replay"] = "ok"
+    except Exception as e:
+        out["replay"] = f"{type(e).__name__}: {str(e)[:200]}"
+    print(json.dumps(out), flush=True)
+''')
+
+
+def test_a_graph_does_not_own_what_it_reads():
+    kept = run_python(TWO_CAPTURES, "keep")
+    dropped = run_python(TWO_CAPTURES, "drop")
+    print(f"\nkept alive: {kept}\ndropped: {dropped}")
+    assert kept["returncode"] == 0 and kept["replay"] == "ok"
+    assert kept["graph1_memory"]["allocated"] == sum(kept["graph1_memory"].values())
+    # graph 1's model, optimizer state and inputs were freed: after the second capture (whose
+    # torch.cuda.graph() empties the cache) part of that memory is no longer graph 1's to read
+    assert dropped["graph1_memory"]["returned to the driver"] + dropped["graph1_memory"]["free in cache"] > 0 \
+        or dropped.get("replay") != "ok"
+
+
+# ------------------------------------------------------------------------------------------------- advise
+def test_advise_predicts_the_small_and_large_gelu():
+    rows = []
+    for shape in [(1, 3, 224, 224), (32, 3, 224, 224)]:
+        x = torch.randn(shape, device="cuda")
+        a = advise(gelu, x)
+        g = capture(gelu, x)
+        from cudagraph_kit import compare
+        df = compare({"eager": gelu, "graph": lambda t, g=g: g.replay()}, x, case=str(shape))
+        measured = float(df.speedup.iloc[1])
+        rows.append((shape, a.speedup, measured))
+        print(f"\n{a}\n  measured speedup {measured:.2f}x")
+        assert a.eager_us > 0 and a.floor_us > 0 and a.kernels_per_call >= 5 and a.node_us > 0
+        assert 0.5 < a.speedup / measured < 2.0
+    assert rows[0][1] > rows[1][1]  # the small tensor is launch-bound, the large one is not
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_capture_runs_on_the_inputs_device_not_the_current_one():
+    x = torch.randn(64, device="cuda:1")
+    with torch.cuda.device(0):
+        g = capture(gelu, x)
+        assert g.graph is not None
+        torch.testing.assert_close(g(x), gelu(x))
+    with pytest.raises(ValueError, match="several devices"):
+        capture(torch.add, torch.randn(2, device="cuda:0"), torch.randn(2, device="cuda:1"))
