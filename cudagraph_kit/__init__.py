@@ -4,8 +4,9 @@ One module per idea; the helpers stand alone so a single file can be copied into
 ``env`` (what machine is this), ``capture`` (capture once, call with new inputs), ``train_step`` (whole
 training step as one graph), ``partial`` (make_graphed_callables made safe), ``diagnose`` (find what breaks a
 graph before capture, verify a graph against eager, will a graph help?), ``timing`` (medians, spread, GPU-busy
-floor), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledger). ``results`` (save/load a
-notebook's results and figures) needs ``env`` beside it.
+floor), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledger), ``ddp``
+(DistributedDataParallel under graphs, per-rank step timing). ``results`` (save/load a notebook's results and
+figures) needs ``env`` beside it.
 """
 from .capture import CaptureError, GraphedCallable, NoCudaError, capture, shared_pool
 from .env import bf16_supported, describe, env_table, has_cuda
@@ -28,5 +29,10 @@ __all__ += ["capture_buckets", "BucketedGraphs", "ladder", "plan_buckets", "Buck
 from .train_step import GraphedTrainStep, capture_train_step
 
 __all__ += ["capture_train_step", "GraphedTrainStep"]
+try:  # needs torch.distributed (absent from a few PyTorch builds)
+    from .ddp import StepTimer, ddp_for_graphs, jitter_summary, setup_distributed_for_graphs  # noqa: F401
+    __all__ += ["setup_distributed_for_graphs", "ddp_for_graphs", "StepTimer", "jitter_summary"]
+except ImportError:  # pragma: no cover
+    pass
 
 __version__ = "0.1.0"

@@ -515,6 +515,53 @@ def _host_value(v):
     return v.item() if isinstance(v, torch.Tensor) else v
 
 
+def _check_ddp(model: torch.nn.Module, warmup: int) -> int:
+    """PyTorch's rules for capturing a DistributedDataParallel step; returns the warm-up to use (>= 11 for DDP).
+
+    Rule 1 (NCCL async error handling off when the process group is created) is checked: with the value recorded
+    by ``cudagraph_kit.ddp`` when it created the group, else with the environment now (a variable changed after
+    ``init_process_group`` cannot be detected from Python). Rule 2 (DDP constructed on a side stream) cannot
+    be read back from the model: a warning unless ``ddp_for_graphs`` built it. Rule 3: >= 11 eager warm-ups.
+    """
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return warmup
+    import os
+    import warnings
+
+    kit = getattr(model, "_cudagraph_kit", None) or {}  # written by cudagraph_kit.ddp.ddp_for_graphs
+    backend = str(torch.distributed.get_backend(model.process_group)).lower()
+    on_cuda = any(p.is_cuda for p in model.parameters())
+    if on_cuda and "nccl" not in backend:
+        raise ValueError(f"this DistributedDataParallel model uses the {backend!r} backend; a CUDA graph can capture "
+                         "NCCL collectives only. Fix: init_process_group('nccl') for CUDA models.")
+    if "nccl" in backend:
+        value = kit.get("async_error_handling_at_init") or os.environ.get(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING", os.environ.get("NCCL_ASYNC_ERROR_HANDLING"))
+        try:
+            off = int(str(value).strip()) == 0  # parsed like PyTorch does (std::stoi)
+        except ValueError:
+            off = False
+        if not off:
+            raise RuntimeError(
+                "capturing a DistributedDataParallel step needs NCCL's async error handling off when the process "
+                "group is created (PyTorch's CUDA-graphs notes, 'Usage with DistributedDataParallel'), but "
+                f"TORCH_NCCL_ASYNC_ERROR_HANDLING is {'not set (default: on)' if value is None else repr(value)}. "
+                "torchrun sets it to 1 in every worker unless it is set where torchrun starts, and it takes "
+                "precedence over the old name NCCL_ASYNC_ERROR_HANDLING; setting it after init_process_group() is "
+                "too late (the process group reads it once, when it is created). Nothing was run. Fix: "
+                "os.environ['TORCH_NCCL_ASYNC_ERROR_HANDLING'] = '0' before torch.distributed.init_process_group(), "
+                "or call cudagraph_kit.ddp.setup_distributed_for_graphs() instead of init_process_group().")
+    if on_cuda and kit.get("stream") is None:
+        warnings.warn(
+            "cannot verify that this DistributedDataParallel model was constructed on a side stream, as PyTorch's "
+            "CUDA-graphs notes require: DDP keeps each parameter's AccumulateGrad node, and one created on the "
+            "default stream makes the captured backward synchronize with the default stream, which invalidates "
+            "the capture. Fix: build it with cudagraph_kit.ddp.ddp_for_graphs(model, device_ids=[rank]); if you "
+            "built it inside `with torch.cuda.stream(s):`, set model._cudagraph_kit = {'stream': s} to say so.",
+            UserWarning, stacklevel=3)
+    return max(warmup, 11)
+
+
 def capture_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                        sample_batch: Sequence[torch.Tensor], *, warmup: int = 3,
@@ -530,7 +577,9 @@ def capture_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     Args:
         sample_batch: a tuple ``(inputs..., target)`` of tensors with the shapes, dtypes and device of the
             batches to graph (its values are not trained on).
-        warmup: eager steps (on a side stream) before the capture; at least 1.
+        warmup: eager steps (on a side stream) before the capture; at least 1. For a DistributedDataParallel
+            model at least 11 (raised automatically), and NCCL's async error handling must have been off when
+            the process group was created (checked; see ``cudagraph_kit.ddp``).
         amp_dtype: ``torch.bfloat16`` (Ampere or newer) or ``torch.float16`` (needs ``scaler``) to run the
             forward under ``torch.autocast(cache_enabled=False)``.
         scaler: a ``torch.amp.GradScaler``: the graph captures ``scaler.scale(loss).backward()``; the optimizer
@@ -577,6 +626,7 @@ def capture_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     if warmup < 1:
         raise ValueError(f"warmup must be >= 1 (eager steps that create the optimizer state and initialise "
                          f"cuBLAS before capture), got {warmup}.")
+    warmup = _check_ddp(model, warmup)  # DistributedDataParallel: PyTorch's three rules (checked or applied)
     if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
         raise ValueError(f"accumulate must be an int >= 1 (micro-batches per optimizer step), got {accumulate!r}.")
     if max_grad_norm is not None and not max_grad_norm > 0:
