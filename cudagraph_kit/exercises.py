@@ -630,8 +630,8 @@ def check_compiled_calls_per_graph(report, g10, table):
         else:
             report.right(f"g10 runs the compiled GELU 10 times per call and matches eager (max |diff| {err:.1e})")
     if is_todo(table):
-        report.todo("table = compare({'eager': ..., 'compiled graph, 1 call': ..., "
-                    "'compiled graph, 10 calls': ...}, ...)")
+        report.todo("time them in one compare() with rows 'eager', 'compiled graph, 1 call' and "
+                    "'compiled graph, 10 calls'")
         return
     problem = table_problem(table)
     one = None if problem else row(table, "compiled graph, 1 call")

@@ -46,7 +46,7 @@ def nb01():
     g = capture(gelu, x, eager_fallback=True)
     main_table = compare({"eager": lambda: gelu(x), "graph replay": g.replay}, case="small", samples=SAMPLES,
                          calls=CALLS)
-    exps = (12, 22) if CUDA else (12, 14)
+    exps = (12, 23) if CUDA else (12, 14)
     frames = []
     for e in range(exps[0], exps[1] + 1):
         xs = torch.randn(2 ** e, device=DEVICE)
