@@ -6,19 +6,19 @@ training step as one graph), ``partial`` (make_graphed_callables made safe), ``d
 graph before capture, verify a graph against eager, will a graph help?), ``timing`` (medians, spread, GPU-busy
 floor), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledger), ``ddp``
 (DistributedDataParallel under graphs, per-rank step timing). ``results`` (save/load a notebook's results and
-figures) needs ``env`` beside it.
+figures) needs ``env`` beside it; ``exercises`` holds the checks of the notebooks' exercises.
 """
 from .capture import CaptureError, GraphedCallable, NoCudaError, capture, shared_pool
 from .env import bf16_supported, describe, env_table, has_cuda
 from .partial import graph_modules
 from .diagnose import advise, check_capturable, explain, verify
 from .timing import compare, gpu_time, timeit
-from . import results
+from . import exercises, results
 
 __all__ = [
     "capture", "GraphedCallable", "shared_pool", "NoCudaError", "CaptureError",
     "has_cuda", "bf16_supported", "describe", "env_table",
-    "graph_modules", "timeit", "gpu_time", "compare", "results",
+    "graph_modules", "timeit", "gpu_time", "compare", "results", "exercises",
     "check_capturable", "verify", "advise", "explain",
 ]
 from .buckets import (BucketedGraphs, BucketPlan, MemoryLedger, capture_buckets, evaluate_buckets, ladder,

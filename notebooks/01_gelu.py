@@ -495,13 +495,77 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # - Feeding a graph new data costs a copy into its static input (`g(x)`); produce data where the graph reads
 #   it when you can.
 # - Correct before fast: every graphed result above was compared with eager first.
-#
+
+# %% [markdown]
 # ## Exercises
-# 1. Replace the hand-written GELU with `torch.nn.functional.gelu` (one fused kernel). How do the speedup and
-#    the crossover change? Why?
-# 2. Run the size sweep in `float16`. Does the crossover move to larger or smaller tensors?
-# 3. Call `g(x)` with a CPU tensor `x`: what does the kit say? Then capture a function that itself copies a
-#    host tensor to the GPU, `static.copy_(x_host, non_blocking=True)`, once with `x_host` in pinned memory
-#    (`torch.randn(..., pin_memory=True)`) and once in ordinary pageable memory. Which one captures on your
-#    PyTorch version, and does a replay read new values written into the pinned `x_host`? Why can a graph
-#    safely read pinned host memory at replay time, but not pageable memory?
+# Each exercise extends the experiment above. Fill in its cell (every `...` is a placeholder that runs as it is),
+# then run the check below it: ✔ right, ✘ off (with a hint), … not done yet. Parts that need an NVIDIA GPU say
+# so (⏸); on a CPU a check verifies what it can there, such as correctness against eager and honest labels.
+# Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb01_gelu.py` (try first).
+
+# %%
+from cudagraph_kit.exercises import HOST_COPY_WHY, check_fp16_sweep, check_fused_gelu, check_host_copies
+
+# %% [markdown]
+# ### Exercise 1: one fused kernel instead of five
+# `torch.nn.functional.gelu` computes the same function in **one** kernel (its default, `approximate="none"`, is
+# the erf form used here). Define `fused_gelu`, capture it with `capture(..., eager_fallback=True)`, check it
+# against eager, and time eager against `g.replay` on the small tensor in one `compare`. Predict first: is the
+# graph's speedup larger or smaller than for the hand-written GELU in section 4, and why? (Going further: run the
+# size sweep of section 5 with it. Where is the crossover now?)
+
+# %%
+def fused_gelu(x):
+    ...  # your code: one call
+
+
+fused_table = ...  # compare({"eager": ..., "graph replay": ...}, case="small", samples=SAMPLES, calls=CALLS)
+
+# %%
+check_fused_gelu(fused_gelu, fused_table, reference=main_table)
+
+# %% [markdown]
+# ### Exercise 2: the size sweep in float16
+# Half the bytes per element. Run the sweep of section 5 again with float16 inputs
+# (`torch.randn(n, device=DEVICE, dtype=torch.float16)`), one `compare` per size with `df["numel"] = n` and
+# `df["dtype"] = "float16"`, and find its crossover the same way. Did the crossover move to `"larger"` or
+# `"smaller"` tensors, or stay the `"same"`? Think about which cost float16 changes: the time the GPU needs per
+# call, or the time the CPU needs to launch it?
+
+# %%
+sweep16 = ...      # pd.concat of one compare() per size, each with "numel" and "dtype" columns
+crossover16 = ...  # the smallest numel whose graph row has speedup < 1.10, or None if there is none
+answer = ...       # "larger", "smaller" or "same"
+
+# %%
+check_fp16_sweep(sweep16, crossover16, answer, reference_sweep=sweep)
+
+# %% [markdown]
+# ### Exercise 3: a wrong input, and host memory inside a graph
+# **(a)** Call a kit graph with a tensor it was not captured for and keep the kit's message
+# (`except ValueError as exc`). On a GPU pass a CPU tensor, `graphs["small"](inputs["small"].cpu())`; on a CPU
+# run, where the graph's input lives on the CPU too, pass a float64 one (`.double()`).
+#
+# **(b)** *Needs an NVIDIA GPU.* A graph can also copy from host memory. Write `host_copy_capture(pinned)`:
+# allocate `x_host = torch.randn(shape, pin_memory=pinned)` and a CUDA tensor `static` before the capture, warm
+# up on a side stream (section 2), then capture `static.copy_(x_host, non_blocking=True)` followed by
+# `out = gelu(static)`. A blocking copy (`non_blocking=False`) synchronizes with the GPU, which a capture forbids.
+# If the capture raises, synchronize and return `{"captured": False, "error": str(exc)}`. Otherwise write new
+# values into `x_host`, replay, synchronize, and return `{"captured": True, "replay_reads_new_values": ...}`
+# (does `out` equal `gelu` of the new values?). Which captures on your PyTorch: pinned, pageable, both?
+#
+# **(c)** Why can a graph safely read pinned host memory at replay time? Pick one of the options printed below.
+
+# %%
+kit_message = ...  # try: graphs["small"](bad) / except ValueError as exc: kit_message = str(exc)
+
+
+def host_copy_capture(pinned):
+    ...  # your code (needs an NVIDIA GPU)
+
+
+why = ...  # "a", "b" or "c"
+print("\n".join(f"{key}) {text}" for key, text in HOST_COPY_WHY.items()))
+
+# %%
+check_host_copies(kit_message, host_copy_capture, why)

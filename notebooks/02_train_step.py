@@ -806,14 +806,74 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # - Not captured, by design: anything that needs the CPU during the step (`.item()`, `GradScaler`'s inf
 #   check, data-dependent shapes). The kit runs `scaler.step`/`scaler.update` eagerly after each replay and
 #   runs short batches eagerly.
-#
+
+# %% [markdown]
 # ## Exercises
-# 1. Run the AMP cell with `torch.optim.Adam(..., capturable=True)` instead of SGD. How much of the speedup
-#    remains with fp16 + `GradScaler`, and which part of the step is still eager?
-# 2. Add a learning-rate scheduler to the graphed loop. Does the learning rate change? (Hint: with SGD the lr
-#    is a Python number baked into the captured kernels, and SGD cannot take a tensor lr inside a graph: it
-#    reads the lr on the host. `torch.optim.Adam`/`AdamW` with `capturable=True` accept
-#    `lr=torch.tensor(1e-3, device="cuda")`, which a scheduler can update in place between replays;
-#    notebook 04 shows a learning-rate schedule with a graphed training step.)
-# 3. Set `drop_last=False` batches of several different sizes. How many eager steps does `step.eager_steps`
-#    report, and what does that cost per epoch?
+# Each exercise extends the experiment above. Fill in its cell (every `...` is a placeholder that runs as it is),
+# then run the check below it: ✔ right, ✘ off (with a hint), … not done yet. Parts that need an NVIDIA GPU say
+# so (⏸); on a CPU a check verifies what it can there, such as your reasoning, counts and honest labels.
+# Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb02_train_step.py` (try
+# first).
+
+# %%
+from cudagraph_kit.exercises import STEP_PARTS, check_amp_adam, check_lr_schedule, check_short_batches
+
+# %% [markdown]
+# ### Exercise 1: Adam with fp16 and a `GradScaler`
+# Repeat the fp16 + `GradScaler` case of section 7 with `make_opt("Adam(capturable)", ...)` instead of SGD. First
+# the parity run: one copy of a network without dropout trained by `eager_amp_step`, another by
+# `capture_train_step(..., amp_dtype=torch.float16, scaler=torch.amp.GradScaler("cuda"))`, on
+# `batches[:AMP_STEPS]`; record the largest parameter difference. Then eager against the whole-step graph in one
+# `compare`. How much of the speedup remains, and which parts of the step (names from `STEP_PARTS`, printed
+# below) still run eagerly after each replay? *The parity run and the timing need an NVIDIA GPU; the question
+# does not.*
+
+# %%
+still_eager = ...     # a set of names from STEP_PARTS
+max_param_diff = ...  # graph vs eager AMP Adam after the same steps (GPU)
+amp_adam_table = ...  # compare({"eager": ..., GRAPH: ...}, x, y, case=..., samples=SAMPLES, calls=CALLS) (GPU)
+print("STEP_PARTS:", STEP_PARTS)
+
+# %%
+check_amp_adam(still_eager, amp_adam_table, max_param_diff, reference=amp_timing)
+
+# %% [markdown]
+# ### Exercise 2: a learning-rate schedule in a graphed loop
+# Train the network without dropout twice on `batches`, once through `capture_train_step(...,
+# eager_fallback=True)` and once with an eager loop, each with `torch.optim.lr_scheduler.StepLR(opt,
+# step_size=10, gamma=0.5)` stepped after every training step; record the graphed run's learning rate after each
+# step. Do the two runs end with the same parameters? Start with Adam and a Python-number lr, then fix it.
+#
+# Hint: a graph replays its kernels with the arguments they were captured with, and a Python-number lr is such an
+# argument: the scheduler changes `group["lr"]`, the replays never see it. `torch.optim.Adam`/`AdamW` with
+# `capturable=True` accept `lr=torch.tensor(..., device="cuda")`, and the schedulers update a tensor lr in place,
+# so each replay reads the current value. (SGD's default implementation turns a tensor lr into a Python number
+# at every step, a host synchronization that a capture forbids.) On a CPU both runs are eager, so they agree
+# whatever the lr; the check tells you what only a GPU run can show.
+
+# %%
+graphed_model = ...  # trained through capture_train_step(..., eager_fallback=True), with the scheduler
+eager_model = ...    # the same network, seed and schedule, trained by an eager loop
+optimizer = ...      # the graphed run's optimizer
+lrs = ...            # float(optimizer.param_groups[0]["lr"]) after each step of the graphed run
+
+# %%
+check_lr_schedule(graphed_model, eager_model, optimizer, lrs)
+
+# %% [markdown]
+# ### Exercise 3: short batches, and what they cost
+# A loader with `drop_last=False` ends each epoch with a short batch, and datasets of different sizes end with
+# different ones. Build three epochs of batches of `N` rows from datasets of, say, 1000, 1010 and 990 rows. Before
+# running: how many steps will run eagerly? Then run all of them through a new `capture_train_step(...,
+# eager_fallback=True)` and read `short_step.eager_steps`. What do those eager steps cost, compared with graph
+# replays? Use the `eager` and `whole-step graph` rows of `timing` (section 5, case "MLP 32x128x256x16, SGD"):
+# eager steps × (eager µs − graph µs). How would you avoid that cost?
+
+# %%
+short_batches = ...          # a list of (x, y) batches of several sizes
+predicted_eager_steps = ...  # counted from the sizes, before running
+short_step = ...             # the capture_train_step that all of short_batches ran through
+extra_us = ...               # eager steps x (eager median_us - whole-step graph median_us)
+
+# %%
+check_short_batches(short_batches, predicted_eager_steps, short_step, extra_us, timing)

@@ -863,13 +863,81 @@ print(f"- Reading a reduce-overhead output after the next call: {ro_overwrite or
 #   `torch.compiler.cudagraph_mark_step_begin()` at each iteration boundary, keep inputs in a static buffer
 #   when you can, and clone outputs you keep across calls. When every µs counts, a manual graph with its input
 #   in place is the floor you can reach from Python.
-#
+
+# %% [markdown]
 # ## Exercises
-#
-# 1. Capture 10 calls of the compiled GELU in one graph (`capture(compiled, x, calls_per_graph=10)`) and time it
-#    on the small tensor. How close to the floor does it get? (Notebook 01 does this for eager GELU.)
-# 2. Change `MLP_LAYERS` (2, 4, 8, 16) and `MLP_BATCH` (8 to 4096). From how many layers does `reduce-overhead`
-#    beat eager and default `torch.compile`, and from what batch does the graph stop mattering?
-# 3. Time `y = f(x).clone()` against `y = f(x)` for the `reduce-overhead` GELU. What does keeping outputs safely
-#    cost per call, small and large tensor?
-# 4. Run `gelu` through `torch.compile(mode="max-autotune-no-cudagraphs")` and compare its floor with default mode.
+# Each exercise extends the experiments above. Fill in its cell (every `...` is a placeholder that runs as it
+# is), then run the check below it: ✔ right, ✘ off (with a hint), … not done yet. Parts that need an NVIDIA GPU
+# say so (⏸); on a CPU a check verifies what it can there, such as correctness against eager. Worked solutions,
+# run by the test suite against these checks: `notebooks/solutions/nb03_jit_compile.py` (try first).
+
+# %%
+from cudagraph_kit.exercises import check_clone_cost, check_compiled_calls_per_graph, check_max_autotune, check_mlp_depth
+
+# %% [markdown]
+# ### Exercise 1: ten compiled calls in one graph
+# Capture the compiled GELU twice on the small tensor, once with one call per graph and once with ten
+# (`capture(compiled, x, calls_per_graph=10, eager_fallback=True)`), check the ten-call graph against eager, and
+# time eager, `g1.replay` and `g10.replay` in one `compare` with rows named `"eager"`, `"compiled graph, 1 call"`
+# and `"compiled graph, 10 calls"`. Pass the bound method `g10.replay` itself: `compare` then divides its time by
+# `g10.calls_per_graph`. How close to the floor does each get? (Notebook 01, section 6, does this for eager GELU.)
+
+# %%
+g10 = ...     # capture(compiled, inputs["small"], calls_per_graph=10, eager_fallback=True)
+table1 = ...  # compare({"eager": ..., "compiled graph, 1 call": ..., "compiled graph, 10 calls": ...}, case="small", ...)
+
+# %%
+check_compiled_calls_per_graph(g10, table1)
+
+# %% [markdown]
+# ### Exercise 2: how deep before `reduce-overhead` wins?
+# Write `make_mlp(layers, width)`: section 6's model (`layers` × (`Linear` + `ReLU`), inference, on `DEVICE`).
+# Then, *on an NVIDIA GPU*, time eager, default `torch.compile` and `reduce-overhead` (through `with_mark_step`)
+# at several depths, say 2, 4, 8 and 16 layers: one `compare` per depth with `df["layers"] = layers`, each
+# variant first checked against eager (give each compiled variant its own `fresh` copy of the forward function).
+# From how many layers does `reduce-overhead` beat both? Going further: vary `MLP_BATCH` from 8 to 4096. From what
+# batch does the graph stop mattering?
+
+# %%
+def make_mlp(layers, width):
+    ...  # your code
+
+
+depth_table = ...   # pd.concat of one compare() per depth, each with a "layers" column (GPU)
+ro_wins_from = ...  # the smallest depth where reduce-overhead beats eager and torch.compile, or None (GPU)
+
+# %%
+check_mlp_depth(make_mlp, depth_table, ro_wins_from)
+
+# %% [markdown]
+# ### Exercise 3: what keeping `reduce-overhead` outputs costs
+# Section 4 showed that the next call replays into the memory of the previous output. Write `keep_output(x)`,
+# which returns an output you may keep across calls: on a GPU built on `with_mark_step(ro)`, on a CPU (no
+# `reduce-overhead` graphs there) on `compiled`. Then, *on an NVIDIA GPU*, time `y = f(x)` against
+# `y = f(x).clone()` in one `compare` on the small tensor, rows `"eager"`, `"reduce-overhead, y = f(x)"` and
+# `"reduce-overhead, y = f(x).clone()"`, and read what keeping the output costs per call. Try the large tensor too.
+
+# %%
+keep_output = ...    # a function x -> an output that survives the next call
+clone_table = ...    # compare({"eager": ..., "reduce-overhead, y = f(x)": ..., ...}, inputs["small"], ...) (GPU)
+clone_cost_us = ...  # median_us of the clone row minus that of the plain row (GPU)
+
+# %%
+check_clone_cost(keep_output, clone_table, clone_cost_us, x=inputs["small"])
+
+# %% [markdown]
+# ### Exercise 4: `max-autotune-no-cudagraphs` against the default mode
+# `torch.compile(mode="max-autotune-no-cudagraphs")` compiles longer: it turns on Inductor's `max_autotune` and
+# `coordinate_descent_tuning`, which benchmark kernel choices and launch configurations, and builds no CUDA graphs
+# (`torch._inductor.list_mode_options()` shows what each mode sets on your version). Compile `fresh(gelu)` with it
+# for the small tensor and check it against eager. Then, *on an NVIDIA GPU*, capture it and the default-mode
+# `compiled` with `capture()` and time both replays in one `compare`, rows `"eager"`,
+# `"torch.compile + graph, input in place"` and `"max-autotune + graph, input in place"`. Does the search find a
+# faster kernel for one elementwise function? Compare the floors.
+
+# %%
+autotuned = ...       # torch.compile(fresh(gelu), mode="max-autotune-no-cudagraphs", dynamic=False)
+autotune_table = ...  # compare({"eager": ..., ...: g_default.replay, ...: g_auto.replay}, case="small", ...) (GPU)
+
+# %%
+check_max_autotune(autotuned, autotune_table, x=inputs["small"])

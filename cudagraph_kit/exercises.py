@@ -1,0 +1,812 @@
+"""Checks for the notebooks' exercises: each says what is right, what is off, and gives a hint.
+
+A learner fills in an exercise cell (every ``...`` is a placeholder that runs without error) and runs the check
+cell below it. A check never raises on a wrong answer; it returns a :class:`CheckResult` that prints one line per
+thing it looked at:
+
+- ``✔`` right; ``✘`` off, with a hint; ``…`` not done yet (a ``...`` is still there);
+- ``⏸`` a part that needs an NVIDIA GPU. On a CPU a check verifies only what is honest there (correctness
+  against eager, labels, error messages); timings, floors and kernel counts wait for a GPU run.
+
+Its status is ``correct``, ``CPU part correct`` (everything a CPU can check is right), ``not done yet`` or
+``not right yet``; ``result.ok`` is True for the first two.
+
+Adding exercises to a notebook: write its checks in a section of this module (``@exercise(stem, number, title,
+runs_on)`` above ``@check(...)``), one ``exercise_<k>`` function per exercise in
+``notebooks/solutions/nbNN_<name>.py``, the exercise cells at the end of the notebook, and a test in
+``tests/test_exercises.py`` that runs the solution against its check (``EXERCISES`` lists them all).
+
+Example::
+
+    from cudagraph_kit.exercises import check_fused_gelu
+    check_fused_gelu(fused_gelu, fused_table, reference=main_table)   # in a notebook: prints the result
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+__all__ = ["CheckResult", "Report", "check", "exercise", "is_todo", "Exercise", "EXERCISES", "CORRECT",
+           "CPU_PART_CORRECT", "NOT_DONE", "NOT_RIGHT"]
+
+CORRECT = "correct"
+CPU_PART_CORRECT = "CPU part correct"
+NOT_DONE = "not done yet"
+NOT_RIGHT = "not right yet"
+
+RIGHT, OFF, TODO, GPU, NOTE = "✔", "✘", "…", "⏸", "·"
+
+
+@dataclass
+class Exercise:
+    """One exercise of a notebook: its number, a title, its check and where its solution can be checked.
+
+    ``runs_on``: "cpu" (everything is checked on a CPU), "cpu+gpu" (a CPU checks part of it, a GPU all of it) or
+    "gpu" (only a GPU can check it; on a CPU the check says so).
+    """
+    number: int
+    title: str
+    check: Callable
+    runs_on: str
+
+
+@dataclass
+class CheckResult:
+    """What a check found: ``status``, one ``(mark, text)`` line per finding, and ``ok``."""
+    exercise: str
+    status: str
+    lines: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (CORRECT, CPU_PART_CORRECT)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(f"  {mark} {line}" for mark, line in self.lines)
+
+    def __repr__(self) -> str:
+        return f"Exercise {self.exercise}: {self.status}\n{self.text}"
+
+    __str__ = __repr__
+
+
+class Report:
+    """Collects a check's findings; ``result()`` turns them into a :class:`CheckResult`."""
+
+    def __init__(self, exercise: str):
+        self.exercise = exercise
+        self.lines: list = []
+        self._marks: list = []
+
+    def right(self, text: str) -> None:
+        self._add(RIGHT, text)
+
+    def off(self, text: str, hint: str = "") -> None:
+        self._add(OFF, text + (f"\n      hint: {hint}" if hint else ""))
+
+    def todo(self, text: str) -> None:
+        self._add(TODO, text)
+
+    def needs_gpu(self, text: str) -> None:
+        self._add(GPU, text)
+
+    def note(self, text: str) -> None:
+        self._add(NOTE, text)
+
+    def _add(self, mark, text):
+        self.lines.append((mark, text))
+        self._marks.append(mark)
+
+    def result(self) -> CheckResult:
+        marks = self._marks
+        status = (NOT_RIGHT if OFF in marks else NOT_DONE if TODO in marks
+                  else CPU_PART_CORRECT if GPU in marks else CORRECT)
+        if not marks:  # a check that looked at nothing must not pass
+            status = NOT_DONE
+            self.todo("nothing was checked")
+        return CheckResult(self.exercise, status, list(self.lines))
+
+
+def is_todo(value) -> bool:
+    """True for the placeholder ``...`` that an exercise cell starts with."""
+    return value is Ellipsis
+
+
+def check(exercise: str):
+    """Decorator for a check ``fn(report, *args, **kwargs)``: returns a :class:`CheckResult`.
+
+    It never raises on a wrong answer: an exception from the learner's code (which the check calls) becomes an
+    ``✘`` line naming it and where it happened. Calling the check with wrong arguments raises ``TypeError``.
+    """
+    def wrap(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs) -> CheckResult:
+            report = Report(exercise)
+            signature.bind(report, *args, **kwargs)  # a wrong call of the check itself raises TypeError here
+            try:
+                fn(report, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the learner's code raised: say so instead of crashing
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                report.off(f"running your code raised {type(exc).__name__}: {first[:200]} ({_where(exc)})",
+                           "run your cell on its own, read the error, fix it and run the check again.")
+            return report.result()
+        run.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
+        return run
+    return wrap
+
+
+def _where(exc) -> str:
+    """The innermost frame of ``exc`` outside torch and this module: most likely the learner's own line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if "/torch/" not in f.filename.replace("\\", "/") and f.filename != __file__]
+    f = (own or frames)[-1]
+    return f"in {f.name}, line {f.lineno}"
+
+
+EXERCISES: dict = {}  # notebook stem -> [Exercise, ...], in order; filled by @exercise below
+
+
+def exercise(stem: str, number: int, title: str, runs_on: str):
+    """Register a check as exercise ``number`` of notebook ``stem`` (see :class:`Exercise` for ``runs_on``)."""
+    if runs_on not in ("cpu", "cpu+gpu", "gpu"):
+        raise ValueError(f"runs_on must be 'cpu', 'cpu+gpu' or 'gpu', got {runs_on!r}")
+
+    def register(fn):
+        EXERCISES.setdefault(stem, []).append(Exercise(number, title, fn, runs_on))
+        return fn
+    return register
+
+
+# --- helpers shared by the checks ------------------------------------------------------------------
+
+def cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def table_problem(df, columns=("case", "variant", "executed_as", "median_us", "speedup"), baseline="eager"):
+    """A sentence saying what is wrong with a ``timing.compare`` table, or None when it looks like one."""
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        return f"expected the DataFrame that compare() returns, got a {type(df).__name__}"
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        return f"the table lacks column(s) {missing}; use the DataFrame compare() returns as it is"
+    if len(df) < 2:
+        return f"the table has {len(df)} row(s); compare the baseline and your variant(s) in one compare() call"
+    if baseline is not None and (df["variant"].iloc[0] != baseline or abs(df["speedup"].iloc[0] - 1.0) > 1e-9):
+        return (f"the first row must be the baseline '{baseline}' (speedup 1.0), got '{df['variant'].iloc[0]}'; "
+                "put it first in the dict you give compare()")
+    return None
+
+
+def row(df, variant: str):
+    """The row whose variant is ``variant`` (ignoring the ' (eager fallback)' suffix), or None."""
+    names = df["variant"].astype(str).str.replace(" (eager fallback)", "", regex=False)
+    sel = df[names == variant]
+    return sel.iloc[0] if len(sel) else None
+
+
+def max_abs_diff(a, b) -> float:
+    return (a.detach().float() - b.detach().float()).abs().max().item()
+
+
+def gelu_reference(x):
+    """The notebooks' hand-written GELU, in float32 (the reference the checks compare with)."""
+    import torch
+    xf = x.float()
+    return xf * 0.5 * (1.0 + torch.erf(xf / 1.41421))
+
+
+def torch_calls(fn, *args) -> list:
+    """The names of the torch functions ``fn(*args)`` calls, in order (``torch.overrides.TorchFunctionMode``)."""
+    from torch.overrides import TorchFunctionMode
+
+    class _Record(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    with _Record() as rec:
+        fn(*args)
+    return rec.names
+
+
+def is_compiled(fn) -> bool:
+    """True for a function returned by ``torch.compile`` (it keeps the original as ``_torchdynamo_orig_callable``)."""
+    return hasattr(fn, "_torchdynamo_orig_callable")
+
+
+def crossover_of(sweep, threshold: float = 1.10):
+    """Smallest ``numel`` at which the graph row's speedup is below ``threshold`` (None: not reached), as in 01."""
+    names = sweep["variant"].astype(str).str.replace(" (eager fallback)", "", regex=False)
+    graph = sweep[names.str.startswith("graph")]
+    below = graph[graph["speedup"] < threshold]
+    return int(below["numel"].min()) if len(below) else None
+
+
+def _fmt_numel(n) -> str:
+    return "not reached in the sweep" if n is None else f"{n:,} elements"
+
+
+def _graph_row(df):
+    names = df["variant"].astype(str).str.replace(" (eager fallback)", "", regex=False)
+    sel = df[names.str.startswith("graph")]
+    return sel.iloc[0] if len(sel) else None
+
+
+# === Notebook 01: GELU =========================================================================================
+
+@exercise("01_gelu", 1, "one fused kernel instead of five", "cpu+gpu")
+@check("01.1")
+def check_fused_gelu(report, fused_gelu, fused_table, reference=None):
+    """``fused_gelu``: one call to ``torch.nn.functional.gelu``; ``fused_table``: ``compare`` of eager vs its graph
+    replay; ``reference``: the notebook's ``main_table`` (hand-written GELU) for the side-by-side."""
+    import torch
+
+    if is_todo(fused_gelu):
+        report.todo("define fused_gelu(x) (replace the ...)")
+    else:
+        x = torch.randn(2, 3, 16, 16, device="cuda" if cuda() else "cpu")
+        out = fused_gelu(x)
+        if not isinstance(out, torch.Tensor):
+            report.todo(f"fused_gelu(x) returned {type(out).__name__}, not a tensor: its body is still the placeholder")
+        else:
+            err = max_abs_diff(out, gelu_reference(x)) if out.shape == x.shape else float("inf")
+            if err > 1e-5:
+                report.off(f"fused_gelu differs from the hand-written GELU by {err:.2g} (shape {tuple(out.shape)})",
+                           "torch.nn.functional.gelu(x) with the default approximate='none' is this function; "
+                           "approximate='tanh' is an approximation that differs by about 1e-3.")
+            else:
+                report.right(f"fused_gelu matches the hand-written GELU on fresh data (max |diff| {err:.1e})")
+            calls = torch_calls(fused_gelu, x)
+            if calls == ["gelu"]:
+                report.right("it is one op, torch.nn.functional.gelu: one kernel per call on a GPU instead of five")
+            else:
+                report.off(f"fused_gelu calls {len(calls)} torch functions ({', '.join(calls)}), not one",
+                           "return torch.nn.functional.gelu(x): one fused op.")
+    if is_todo(fused_table):
+        report.todo("time it: fused_table = compare({'eager': ..., 'graph replay': ...}, case='small', ...)")
+        return
+    problem = table_problem(fused_table)
+    graph = None if problem else _graph_row(fused_table)
+    if problem or graph is None:
+        report.off(problem or "no row named 'graph ...' in the table",
+                   "one call: compare({'eager': lambda: fused_gelu(x), 'graph replay': g.replay}, case='small', "
+                   "samples=SAMPLES, calls=CALLS) with g = capture(fused_gelu, x, eager_fallback=True).")
+        return
+    if not cuda():
+        report.right("the table has eager as its baseline and a graph row, labelled eager on this CPU")
+        report.needs_gpu("the speedup and the kernels per call need an NVIDIA GPU (on a CPU both rows run eagerly)")
+        return
+    if graph["executed_as"] != "cuda graph":
+        report.off(f"the '{graph['variant']}' row ran as {graph['executed_as']}, not as a CUDA graph",
+                   "time g.replay of g = capture(fused_gelu, x).")
+        return
+    if abs(graph["kernels_per_call"] - 1) > 0.05:
+        report.off(f"the graph replays {graph['kernels_per_call']:g} kernels per call; a graph of fused_gelu holds one",
+                   "capture fused_gelu, not the hand-written gelu.")
+        return
+    report.right(f"the graph replays one kernel per call: {graph['median_us']:.1f} µs, {graph['speedup']:.2f}x eager "
+                 f"(quartiles {graph['speedup_lo']:.2f}-{graph['speedup_hi']:.2f})")
+    ref = None
+    if reference is not None:
+        case = str(fused_table["case"].iloc[0])
+        ref_rows = reference[reference["case"] == case] if "case" in reference else reference.iloc[0:0]
+        ref = row(ref_rows, "graph replay") if len(ref_rows) else None
+    if ref is not None:
+        if graph["speedup"] < ref["speedup"]:
+            why = ("smaller: eager now launches one kernel instead of five, so there is less launch overhead for the "
+                   "graph to remove, while the graph launch itself costs the same")
+        else:
+            why = ("not smaller in this run; compare the eager rows of the two tables: fewer launches should have "
+                   "made eager faster")
+        report.note(f"hand-written GELU, same tensor: graph {ref['speedup']:.2f}x eager; fused: "
+                    f"{graph['speedup']:.2f}x. "
+                    f"The speedup is {why}.")
+
+
+@exercise("01_gelu", 2, "the size sweep in float16", "cpu+gpu")
+@check("01.2")
+def check_fp16_sweep(report, sweep16, crossover16, answer, reference_sweep=None):
+    """``sweep16``: the section-5 sweep in float16 with a ``dtype`` column; ``crossover16``: its crossover (None if
+    not reached); ``answer``: "larger", "smaller" or "same" (where the crossover moved); ``reference_sweep``: the
+    notebook's float32 ``sweep``."""
+    if is_todo(sweep16):
+        report.todo("run the sweep in float16: sweep16 = pd.concat([...], ignore_index=True) with a 'dtype' column")
+        return
+    problem = table_problem(sweep16, ("case", "variant", "executed_as", "median_us", "speedup", "numel", "dtype"),
+                            baseline=None)
+    if problem:
+        report.off(problem, "build sweep16 like section 5 (one compare per size, df['numel'] = n), add "
+                            "df['dtype'] = 'float16', then pd.concat(...).")
+        return
+    dtypes = set(sweep16["dtype"].astype(str).str.replace("torch.", "", regex=False))
+    if dtypes != {"float16"}:
+        report.off(f"the dtype column says {sorted(dtypes)}, not float16",
+                   "create each input with torch.randn(n, device=DEVICE, dtype=torch.float16).")
+        return
+    bad = [int(n) for n, g in sweep16.groupby("numel", sort=False)
+           if g["variant"].iloc[0] != "eager" or _graph_row(g) is None]
+    if bad or sweep16["numel"].nunique() < 3:
+        report.off(f"each size needs its own compare() with 'eager' first and a 'graph replay' row, over at least "
+                   f"3 sizes (problem at {bad or 'the number of sizes'})",
+                   "loop over the sizes of section 5, as there.")
+        return
+    mine = crossover_of(sweep16)
+    if is_todo(crossover16):
+        report.todo("set crossover16 (the smallest size where the graph is less than 10% faster; None if never)")
+    elif crossover16 != mine:
+        report.off(f"crossover16 = {crossover16!r}, but your table says {_fmt_numel(mine)}",
+                   "the smallest numel whose graph row has speedup < 1.10, as section 5 computes it.")
+    else:
+        report.right(f"crossover16 agrees with your table: {_fmt_numel(mine)}")
+    if is_todo(answer):
+        report.todo('answer: did the crossover move to "larger" or "smaller" tensors, or stay the "same"?')
+        return
+    if answer not in ("larger", "smaller", "same"):
+        report.off(f'answer must be "larger", "smaller" or "same", got {answer!r}')
+        return
+    if not cuda():
+        report.right("the float16 sweep ran and agrees with itself; on this CPU every row is eager")
+        report.needs_gpu("whether the crossover moves, and the floors that explain it, need an NVIDIA GPU")
+        return
+    graph_rows = sweep16[sweep16["variant"].str.startswith("graph")]
+    if not (graph_rows["executed_as"] == "cuda graph").all():
+        report.off("some graph rows ran eagerly", "capture each size with capture(gelu, x) on the GPU.")
+        return
+    if reference_sweep is None:
+        report.todo("pass reference_sweep=sweep (the float32 sweep of section 5) to compare the two")
+        return
+    ref = crossover_of(reference_sweep)
+    inf = float("inf")
+    c16, c32 = (inf if mine is None else mine), (inf if ref is None else ref)
+    moved = "larger" if c16 > c32 else "smaller" if c16 < c32 else "same"
+    if answer != moved:
+        report.off(f'you answered "{answer}", but your tables say "{moved}": float32 {_fmt_numel(ref)}, '
+                   f"float16 {_fmt_numel(mine)}", "read both crossovers (None means beyond the largest size).")
+    else:
+        report.right(f'"{answer}" is what your tables say: float32 {_fmt_numel(ref)}, float16 {_fmt_numel(mine)}')
+    common = sorted(set(sweep16["numel"]) & set(reference_sweep["numel"]))
+    if common and common[-1] >= 2 ** 22:
+        n = common[-1]
+        f16 = _graph_row(sweep16[sweep16["numel"] == n])["floor_us"]
+        f32 = _graph_row(reference_sweep[reference_sweep["numel"] == n])["floor_us"]
+        if f16 < 0.8 * f32:
+            report.right(f"at {n:,} elements the float16 floor is {f16:.1f} µs against {f32:.1f} µs in float32: half "
+                         "the bytes, less GPU time per call, so launches stay the bottleneck up to larger tensors")
+        else:
+            report.off(f"at {n:,} elements the float16 floor ({f16:.1f} µs) is not clearly below float32's "
+                       f"({f32:.1f} µs), although it moves half the bytes", "check that every input is float16.")
+    else:
+        report.note("the sweep stops below 4 M elements, where the floor is the kernels' fixed cost rather than memory "
+                    "traffic; extend it (SWEEP_MAX_EXP) to see float16 halve the floor")
+
+
+HOST_COPY_WHY = {
+    "a": "Pinned memory lives on the GPU, so a replay never reads the host.",
+    "b": "The GPU's copy engine reads pinned (page-locked) host memory directly, by DMA, whenever the graph's copy "
+         "runs, so each replay reads what the buffer holds at that moment. Pageable memory has no such guarantee: "
+         "the driver stages it through a pinned buffer of its own, with a CPU copy, at the time of the call.",
+    "c": "Pageable memory is slower to read, so PyTorch refuses it for speed.",
+}
+
+
+@exercise("01_gelu", 3, "the kit's error for a wrong input, and host memory in a graph", "cpu+gpu")
+@check("01.3")
+def check_host_copies(report, kit_message, host_copy_capture, why):
+    """``kit_message``: the text of the kit's error for a tensor the graph was not captured for; ``host_copy_capture``:
+    a function ``(pinned) -> {"captured", "error", "replay_reads_new_values"}``; ``why``: "a", "b" or "c"
+    (``HOST_COPY_WHY``)."""
+    import torch
+
+    if is_todo(kit_message):
+        report.todo("kit_message: call g(...) with a tensor it was not captured for and keep str(exc)")
+    elif not isinstance(kit_message, str) or "captured for" not in kit_message or "Fix:" not in kit_message:
+        report.off(f"kit_message is not the kit's error text (got {str(kit_message)[:80]!r})",
+                   "try: g(bad) except ValueError as exc: kit_message = str(exc)")
+    elif cuda() and "on cpu" not in kit_message:
+        report.off("that error is about another mismatch; on a GPU pass a CPU tensor: g(x.cpu())")
+    else:
+        report.right("the kit refused the tensor before touching the graph: " + kit_message.split(". ")[0])
+    if is_todo(why):
+        report.todo('why: "a", "b" or "c" (see HOST_COPY_WHY)')
+    elif why != "b":
+        report.off(f'"{why}" is not it: {HOST_COPY_WHY.get(why, "not one of a, b, c")}',
+                   "a graph stores addresses; what must be true of host memory for a copy engine to read it at "
+                   "replay time, without the CPU?")
+    else:
+        report.right("b: the copy engine reads pinned memory by DMA at replay; the graph keeps only its address, so "
+                     "keep the pinned tensor alive as long as the graph")
+    if is_todo(host_copy_capture):
+        report.todo("write host_copy_capture(pinned) (needs an NVIDIA GPU to run)")
+        return
+    if not cuda():
+        report.needs_gpu("capturing a host-to-device copy needs an NVIDIA GPU")
+        return
+    pinned = host_copy_capture(True)
+    if not isinstance(pinned, dict) or not {"captured", "replay_reads_new_values"} <= set(pinned):
+        report.todo("host_copy_capture(True) must return a dict with 'captured', 'error', 'replay_reads_new_values'")
+        return
+    if not pinned["captured"]:
+        report.off(f"the pinned copy did not capture: {str(pinned.get('error'))[:200]}",
+                   "allocate x_host with pin_memory=True before the capture and copy with "
+                   "static.copy_(x_host, non_blocking=True): a blocking copy synchronizes, which a capture forbids.")
+    elif pinned["replay_reads_new_values"] is not True:
+        report.off("after writing new values into the pinned x_host, the replay did not produce gelu(new values)",
+                   "x_host.copy_(new) after the capture, then graph.replay(), torch.cuda.synchronize(), compare.")
+    else:
+        report.right("pinned: captured, and a replay reads the values written into x_host after the capture")
+    pageable = host_copy_capture(False)
+    if not isinstance(pageable, dict) or "captured" not in pageable:
+        report.todo("host_copy_capture(False) must return the same dict")
+    elif not pageable["captured"]:
+        first = str(pageable.get("error") or "").strip().splitlines()
+        report.right(f"pageable: PyTorch {torch.__version__} refused it during capture: "
+                     f"{first[0][:160] if first else '(no message)'}")
+    else:
+        report.note(f"pageable: PyTorch {torch.__version__} captured it without complaint. The graph then holds a raw "
+                    "address of pageable memory that nothing keeps valid; newer PyTorch versions refuse this copy "
+                    "during capture and ask for pinned memory")
+
+
+# === Notebook 02: training step ================================================================================
+
+STEP_PARTS = ("zero_grad", "forward", "loss", "backward", "unscale + inf check", "optimizer.step", "scaler.update")
+_EAGER_WITH_SCALER = {"unscale + inf check", "optimizer.step", "scaler.update"}
+
+
+@exercise("02_train_step", 1, "Adam with fp16 and a GradScaler", "cpu+gpu")
+@check("02.1")
+def check_amp_adam(report, still_eager, amp_adam_table, max_param_diff, reference=None):
+    """``still_eager``: the parts of a step (from ``STEP_PARTS``) that run eagerly with fp16 + GradScaler;
+    ``amp_adam_table``: ``compare`` of the eager AMP Adam loop vs the whole-step graph; ``max_param_diff``: graph vs
+    eager AMP Adam parameters after the same steps; ``reference``: the notebook's ``amp_timing``."""
+    if is_todo(still_eager):
+        report.todo(f"still_eager: which of {list(STEP_PARTS)} still run eagerly with fp16 + GradScaler?")
+    else:
+        parts = {still_eager} if isinstance(still_eager, str) else set(still_eager)
+        unknown = parts - set(STEP_PARTS)
+        missing, extra = _EAGER_WITH_SCALER - parts, parts - _EAGER_WITH_SCALER - unknown
+        if unknown:
+            report.off(f"not parts of a step: {sorted(unknown)}; pick from {list(STEP_PARTS)}")
+        elif missing or extra:
+            report.off(f"still_eager = {sorted(parts)}: " + "; ".join(
+                ([f"also eager: {sorted(missing)}"] if missing else [])
+                + ([f"inside the graph: {sorted(extra)}"] if extra else [])),
+                "read section 7: what does scaler.step need to know before it lets the optimizer step, and where "
+                "is that known?")
+        else:
+            report.right("scaler.step (unscale, inf check on the CPU, then optimizer.step) and scaler.update run "
+                         "eagerly after each replay: with Adam that is the whole update, many launches per step")
+    if not cuda():
+        report.needs_gpu("AMP through a CUDA graph, its parity and its timing need an NVIDIA GPU")
+        return
+    if is_todo(max_param_diff):
+        report.todo("max_param_diff: train the eager AMP Adam loop and the graphed one on the same batches, compare")
+    elif not max_param_diff < 1e-4:
+        report.off(f"the graphed AMP Adam step ends {max_param_diff:.3g} away from the eager one",
+                   "same seed and model copy, same batches, Adam(capturable=True), a GradScaler for each loop.")
+    else:
+        report.right(f"parity first: graphed and eager AMP Adam agree (max |param diff| {max_param_diff:.2g})")
+    if is_todo(amp_adam_table):
+        report.todo("amp_adam_table = compare({'eager': ..., GRAPH: ...}, x, y, case=..., ...)")
+        return
+    problem = table_problem(amp_adam_table)
+    graph = None if problem else row(amp_adam_table, "whole-step graph")
+    if problem or graph is None or graph["executed_as"] != "cuda graph":
+        report.off(problem or "no 'whole-step graph' row that ran as a CUDA graph",
+                   "compare({'eager': eager_amp_step(...), GRAPH: capture_train_step(...)}, x, y, case=...).")
+        return
+    text = f"Adam, fp16 + GradScaler: whole-step graph {graph['median_us']:.0f} µs, {graph['speedup']:.2f}x eager"
+    ref = None
+    if reference is not None and len(reference):
+        sel = reference[reference["case"].astype(str).str.contains("fp16")]
+        ref = row(sel, "whole-step graph") if len(sel) else None
+    if ref is not None:
+        text += f" (SGD in section 7: {ref['speedup']:.2f}x)"
+    report.right(text)
+
+
+@exercise("02_train_step", 2, "a learning-rate schedule in a graphed loop", "cpu+gpu")
+@check("02.2")
+def check_lr_schedule(report, graphed_model, eager_model, optimizer, lrs):
+    """``graphed_model``: trained with ``capture_train_step`` and a scheduler; ``eager_model``: the same, eagerly;
+    ``optimizer``: the graphed run's optimizer; ``lrs``: the learning rate after each step (floats)."""
+    import torch
+
+    if any(is_todo(v) for v in (graphed_model, eager_model, optimizer, lrs)):
+        report.todo("fill in graphed_model, eager_model, optimizer and lrs")
+        return
+    lr = optimizer.param_groups[0]["lr"]
+    if not isinstance(lr, torch.Tensor):
+        report.off(f"the optimizer's lr is a Python {type(lr).__name__}: a graph bakes it in at capture, so later "
+                   "replays ignore the scheduler", "Adam(..., lr=torch.tensor(1e-3, device=DEVICE), capturable=CUDA): "
+                   "the scheduler then updates the tensor in place, and every replay reads it.")
+    elif cuda() and lr.device.type != "cuda":
+        report.off("the lr tensor is on the CPU; the graph needs it in GPU memory", "torch.tensor(1e-3, device='cuda')")
+    else:
+        report.right(f"the lr is a {lr.device.type} tensor that the scheduler updates in place")
+    values = [float(v) for v in lrs]
+    if len(set(values)) < 2:
+        report.off(f"the recorded lr never changed ({values[:1]})", "call scheduler.step() after each training step "
+                   "and append float(optimizer.param_groups[0]['lr']).")
+        return
+    report.right(f"the schedule changed the lr {len(set(values)) - 1} time(s), from {values[0]:.3g} to "
+                 f"{values[-1]:.3g}")
+    diff = max(max_abs_diff(p, q) for p, q in zip(graphed_model.parameters(), eager_model.parameters()))
+    if diff > 1e-5:
+        report.off(f"the graphed model ends {diff:.3g} away from the eager one: the graph did not follow the schedule",
+                   "both runs: same initial model, same batches, the same scheduler stepped after every step.")
+    elif not cuda():
+        report.right(f"the two runs agree (max |param diff| {diff:.2g}); on a CPU both are eager")
+        report.needs_gpu("that the replayed graph follows the schedule shows only on an NVIDIA GPU")
+    else:
+        report.right(f"the graphed run follows the schedule: parameters match eager (max |diff| {diff:.2g})")
+
+
+@exercise("02_train_step", 3, "short batches and what they cost", "cpu+gpu")
+@check("02.3")
+def check_short_batches(report, short_batches, predicted_eager_steps, short_step, extra_us, timing,
+                        case="MLP 32x128x256x16, SGD"):
+    """``short_batches``: batches of several sizes; ``predicted_eager_steps``: counted from their sizes before
+    running; ``short_step``: the ``capture_train_step`` they all ran through; ``extra_us``: eager steps × (eager −
+    graph µs) from ``timing``, row ``case``."""
+    if any(is_todo(v) for v in (short_step, short_batches)):
+        report.todo("build short_batches and run them through a new capture_train_step, short_step")
+        return
+    step, batches = short_step, short_batches
+    sizes = [tuple(b[0].shape) for b in batches]
+    captured = tuple(step.static_batch[0].shape)
+    other = sum(s != captured for s in sizes)
+    if len(set(sizes)) < 3:
+        report.off(f"the batches have {len(set(sizes))} distinct shape(s); the exercise asks for several sizes",
+                   "e.g. epochs of datasets whose size is not a multiple of the batch size (drop_last=False).")
+    if step.eager_steps != other:
+        report.off(f"step.eager_steps is {step.eager_steps}, but {other} of your {len(batches)} batches differ from "
+                   f"the captured shape {captured}", "run every batch of `batches` through this step, once.")
+    else:
+        report.right(f"{other} of {len(batches)} batches ran eagerly: exactly those whose shape is not {captured}")
+    if is_todo(predicted_eager_steps):
+        report.todo("predicted_eager_steps: count them from the sizes before you run")
+    elif predicted_eager_steps != other:
+        report.off(f"you predicted {predicted_eager_steps} eager steps; {other} batches differ from the captured shape",
+                   "only the shape of the sample batch is captured; warm-up steps are not eager fallbacks.")
+    else:
+        report.right("your prediction was right")
+    if is_todo(extra_us):
+        report.todo("extra_us: eager steps × (eager µs − graph µs) from the timing table")
+        return
+    sel = timing[timing["case"] == case]
+    e, g = (row(sel, v) for v in ("eager", "whole-step graph")) if len(sel) else (None, None)
+    if e is None or g is None:
+        report.off(f"the timing table has no eager and whole-step graph rows for case {case!r}")
+        return
+    expected = other * (e["median_us"] - g["median_us"])
+    if abs(extra_us - expected) > max(1.0, 0.02 * abs(expected)):
+        report.off(f"extra_us = {extra_us:.1f}, but {other} × ({e['median_us']:.1f} − {g['median_us']:.1f}) µs = "
+                   f"{expected:.1f} µs", f"use the median_us of the eager and whole-step graph rows of {case!r}.")
+    elif not cuda():
+        report.right(f"extra_us = {extra_us:.1f} µs from the table's CPU times")
+        report.needs_gpu("on a CPU both rows are eager, so the difference is noise; the GPU run gives the real cost")
+    else:
+        report.right(f"the short batches cost {extra_us:.0f} µs more than graph replays would "
+                     f"({e['median_us'] / g['median_us']:.1f}x a graphed step each); drop_last=True, or one graph "
+                     "per batch size, avoids it")
+
+
+# === Notebook 03: jit.script / torch.compile ====================================================================
+
+@exercise("03_jit_compile", 1, "ten compiled calls in one graph", "cpu+gpu")
+@check("03.1")
+def check_compiled_calls_per_graph(report, g10, table):
+    """``g10``: ``capture(compiled, x, calls_per_graph=10, ...)``; ``table``: ``compare`` with rows "eager",
+    "compiled graph, 1 call" and "compiled graph, 10 calls"."""
+    import torch
+
+    if is_todo(g10):
+        report.todo("g10 = capture(compiled, x, calls_per_graph=10, eager_fallback=True)")
+    elif getattr(g10, "calls_per_graph", None) != 10:
+        report.off(f"g10 holds {getattr(g10, 'calls_per_graph', '?')} call(s) per graph, not 10",
+                   "capture(..., calls_per_graph=10)")
+    elif not is_compiled(g10.fn):
+        report.off("g10 captured a function that torch.compile did not make", "capture `compiled`, not `gelu`.")
+    else:
+        x = torch.randn_like(g10.static_inputs[0])
+        err = max_abs_diff(g10(x), gelu_reference(x))
+        if err > 1e-4:
+            report.off(f"g10(x) differs from eager GELU by {err:.2g}")
+        else:
+            report.right(f"g10 runs the compiled GELU 10 times per call and matches eager (max |diff| {err:.1e})")
+    if is_todo(table):
+        report.todo("time them in one compare() with rows 'eager', 'compiled graph, 1 call' and "
+                    "'compiled graph, 10 calls'")
+        return
+    problem = table_problem(table)
+    one = None if problem else row(table, "compiled graph, 1 call")
+    ten = None if problem else row(table, "compiled graph, 10 calls")
+    if problem or one is None or ten is None:
+        report.off(problem or "the table needs rows named 'compiled graph, 1 call' and 'compiled graph, 10 calls'",
+                   "one compare() with eager first; time g1.replay and g10.replay (input in place).")
+        return
+    if not cuda():
+        report.right("eager first, both graph rows present (eager on this CPU)")
+        report.needs_gpu("time per call against the floor needs an NVIDIA GPU")
+        return
+    if one["executed_as"] != "cuda graph" or ten["executed_as"] != "cuda graph":
+        report.off("a graph row ran eagerly", "capture on the GPU, without eager_fallback mattering there.")
+        return
+    if abs(ten["kernels_per_call"] - 1) > 0.05:
+        report.off(f"the 10-call graph runs {ten['kernels_per_call']:g} kernels per call; the compiled GELU is one")
+        return
+    report.right(f"1 call per graph: {one['median_us']:.2f} µs ({one['vs_floor']:.2f}x its floor); "
+                 f"10 calls per graph: "
+                 f"{ten['median_us']:.2f} µs ({ten['vs_floor']:.2f}x its floor of {ten['floor_us']:.2f} µs)")
+
+
+@exercise("03_jit_compile", 2, "how deep before reduce-overhead wins", "cpu+gpu")
+@check("03.2")
+def check_mlp_depth(report, make_mlp, depth_table, ro_wins_from):
+    """``make_mlp(layers, width)``: the section-6 MLP; ``depth_table``: one ``compare`` per depth with a ``layers``
+    column and rows "eager", "torch.compile", "reduce-overhead + mark_step_begin"; ``ro_wins_from``: the smallest
+    depth where reduce-overhead beats both (None if none)."""
+    import torch
+
+    if is_todo(make_mlp):
+        report.todo("write make_mlp(layers, width)")
+    else:
+        m = make_mlp(3, 16)
+        kinds = [type(mod).__name__ for mod in m] if isinstance(m, torch.nn.Sequential) else []
+        linears = [mod for mod in m if isinstance(mod, torch.nn.Linear)] if kinds else []
+        if m is None:
+            report.todo("make_mlp(3, 16) returned None: its body is still the placeholder")
+        elif kinds != ["Linear", "ReLU"] * 3 or any((l.in_features, l.out_features) != (16, 16) for l in linears):
+            report.off(f"make_mlp(3, 16) gives {kinds or type(m).__name__}; expected 3 x (Linear(16, 16), ReLU)",
+                       "like section 6: layers += [Linear(width, width), ReLU()], then Sequential(*layers).")
+        elif any(p.requires_grad for p in m.parameters()):
+            report.off("its parameters require grad; this is inference", "call .requires_grad_(False), as section 6")
+        else:
+            report.right("make_mlp builds the section-6 model at any depth")
+    if not cuda():
+        report.needs_gpu("the depth sweep times reduce-overhead, which builds CUDA graphs: it needs an NVIDIA GPU")
+        return
+    if is_todo(depth_table):
+        report.todo("depth_table: one compare() per depth, with df['layers'] = layers, then pd.concat")
+        return
+    problem = table_problem(depth_table, ("case", "variant", "executed_as", "median_us", "speedup", "layers"),
+                            baseline=None)
+    if problem:
+        report.off(problem)
+        return
+    wins, depths = None, sorted(depth_table["layers"].unique())
+    for n in depths:
+        d = depth_table[depth_table["layers"] == n]
+        e, c, r = (row(d, v) for v in ("eager", "torch.compile", "reduce-overhead + mark_step_begin"))
+        if d["variant"].iloc[0] != "eager" or c is None or r is None or r["executed_as"] != "cuda graph":
+            report.off(f"at {n} layers the compare() needs 'eager' first, 'torch.compile' and "
+                       "'reduce-overhead + mark_step_begin' (run as a CUDA graph)")
+            return
+        if wins is None and r["speedup"] > 1 and r["median_us"] < c["median_us"]:
+            wins = int(n)
+    if len(depths) < 3:
+        report.off(f"only {len(depths)} depth(s); try at least 3 (e.g. 2, 4, 8, 16)")
+    if is_todo(ro_wins_from):
+        report.todo("ro_wins_from: the smallest depth where reduce-overhead beats eager and torch.compile "
+                    "(None if none)")
+    elif ro_wins_from != wins:
+        report.off(f"ro_wins_from = {ro_wins_from!r}, but your table says {wins!r}",
+                   "reduce-overhead must beat eager (speedup > 1) and torch.compile (lower median_us).")
+    else:
+        report.right(f"reduce-overhead beats eager and torch.compile from {wins} layers on" if wins else
+                     "in your table reduce-overhead never beats both eager and torch.compile")
+
+
+@exercise("03_jit_compile", 3, "what keeping reduce-overhead outputs costs", "cpu+gpu")
+@check("03.3")
+def check_clone_cost(report, keep_output, clone_table, clone_cost_us, x):
+    """``keep_output(x)``: returns an output that survives the next call; ``clone_table``: ``compare`` with rows
+    "eager", "reduce-overhead, y = f(x)", "reduce-overhead, y = f(x).clone()"; ``clone_cost_us``: the difference of
+    the last two medians; ``x``: the input the compiled function was compiled for."""
+    if is_todo(keep_output):
+        report.todo("keep_output(x): call the compiled GELU and return an output you may keep")
+    else:
+        _check_kept_output(report, keep_output, x)
+    if not cuda():
+        report.needs_gpu("reduce-overhead's graphs, and what a clone costs per call, need an NVIDIA GPU")
+        return
+    if is_todo(clone_table):
+        report.todo("clone_table = compare({'eager': ..., 'reduce-overhead, y = f(x)': ..., "
+                    "'reduce-overhead, y = f(x).clone()': ...}, x, ...)")
+        return
+    problem = table_problem(clone_table)
+    plain, cloned = (None, None) if problem else (row(clone_table, "reduce-overhead, y = f(x)"),
+                                                  row(clone_table, "reduce-overhead, y = f(x).clone()"))
+    if problem or plain is None or cloned is None:
+        report.off(problem or "the table needs rows 'reduce-overhead, y = f(x)' and "
+                   "'reduce-overhead, y = f(x).clone()'")
+        return
+    if plain["executed_as"] != "cuda graph" or cloned["executed_as"] != "cuda graph":
+        report.off("a reduce-overhead row did not run as a CUDA graph",
+                   "call torch.compiler.cudagraph_mark_step_begin() before each call (with_mark_step).")
+        return
+    launches = lambda r: r["kernels_per_call"] + r["copies_per_call"]  # noqa: E731
+    if launches(cloned) < launches(plain) + 0.9:
+        report.off("the clone row launches no more work than the plain one: is it cloning?")
+        return
+    diff = cloned["median_us"] - plain["median_us"]
+    if is_todo(clone_cost_us):
+        report.todo("clone_cost_us: the clone row's median_us minus the plain row's")
+    elif abs(clone_cost_us - diff) > max(0.05, 0.02 * abs(diff)):
+        report.off(f"clone_cost_us = {clone_cost_us:.2f}, but the table says {diff:.2f} µs")
+    else:
+        report.right(f"keeping the output costs {diff:.2f} µs per call on '{clone_table['case'].iloc[0]}' "
+                     f"({launches(cloned) - launches(plain):g} more copy or kernel per call)")
+
+
+def _check_kept_output(report, keep_output, x):
+    """Call ``keep_output`` twice; the first output must still hold f(x1) after the second call."""
+    import torch
+
+    x1, x2 = torch.randn_like(x), torch.randn_like(x)
+    y1 = keep_output(x1)
+    keep_output(x2)
+    if not isinstance(y1, torch.Tensor):
+        report.todo(f"keep_output(x) returned {type(y1).__name__}, not a tensor: its body is still the placeholder")
+        return
+    try:
+        err = max_abs_diff(y1, gelu_reference(x1))  # reads y1
+    except Exception as exc:  # noqa: BLE001 - CUDA graph trees raise when a stale output is read
+        report.off(f"reading the first output after the next call failed: {str(exc).splitlines()[0][:160]}",
+                   "the next replay writes into the memory of the previous output: return f(x).clone().")
+        return
+    if err > 1e-4:
+        report.off(f"the first output no longer holds f(x1) after the next call (off by {err:.2g})",
+                   "the next replay overwrote it: return f(x).clone().")
+    else:
+        report.right("the first output still holds f(x1) after the next call")
+
+
+@exercise("03_jit_compile", 4, "max-autotune-no-cudagraphs against the default mode", "cpu+gpu")
+@check("03.4")
+def check_max_autotune(report, autotuned, autotune_table, x):
+    """``autotuned``: ``torch.compile(..., mode="max-autotune-no-cudagraphs")``; ``autotune_table``: ``compare`` with
+    rows "eager", "torch.compile + graph, input in place", "max-autotune + graph, input in place"."""
+    if is_todo(autotuned):
+        report.todo('autotuned = torch.compile(fresh(gelu), mode="max-autotune-no-cudagraphs", dynamic=False)')
+    elif not is_compiled(autotuned):
+        report.off("autotuned is not a function returned by torch.compile")
+    else:
+        err = max_abs_diff(autotuned(x), gelu_reference(x))
+        if err > 1e-4:
+            report.off(f"autotuned differs from eager GELU by {err:.2g}")
+        else:
+            report.right(f"autotuned matches eager GELU (max |diff| {err:.1e})")
+    if not cuda():
+        report.needs_gpu("floors come from graph replays on an NVIDIA GPU")
+        return
+    if is_todo(autotune_table):
+        report.todo("autotune_table: one compare() with eager and a graph (input in place) of each compiled GELU")
+        return
+    problem = table_problem(autotune_table)
+    a = b = None
+    if not problem:
+        a = row(autotune_table, "torch.compile + graph, input in place")
+        b = row(autotune_table, "max-autotune + graph, input in place")
+    if problem or a is None or b is None or a["floor_us"] != a["floor_us"] or b["floor_us"] != b["floor_us"]:
+        report.off(problem or "the table needs both '... + graph, input in place' rows, run as CUDA graphs (a floor "
+                   "is measured for graph rows only)", "capture each compiled function and time g.replay.")
+        return
+    report.right(f"floors: default mode {a['floor_us']:.2f} µs, max-autotune-no-cudagraphs {b['floor_us']:.2f} µs "
+                 f"({b['floor_us'] / a['floor_us']:.2f}x); kernels per call {a['kernels_per_call']:g} and "
+                 f"{b['kernels_per_call']:g}")

@@ -1,0 +1,445 @@
+"""Every exercise: its solution passes its check, and its check rejects wrong answers with a helpful message.
+
+Solutions (notebooks/solutions/nbNN_*.py) run here with small sizes. On a machine without CUDA the ``cpu`` variant
+of each solution test runs (the check must say "CPU part correct": all a CPU can check is right); on the GPU the
+``gpu`` variant (``pytest -m gpu``) must say "correct". Wrong answers and placeholders are checked on the CPU;
+those that only a GPU can expose (a baked-in learning rate, an overwritten reduce-overhead output, a blocking copy
+in a capture) are marked gpu.
+"""
+import copy
+import importlib.util
+import math
+import re
+import types
+
+import pandas as pd
+import pytest
+import torch
+
+from cudagraph_kit import capture, capture_train_step, compare, exercises
+from cudagraph_kit.exercises import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT
+from cudagraph_kit.reproduce import NOTEBOOKS_DIR
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+SAMPLES, CALLS = 3, (None if CUDA else 10)
+
+
+def solutions(stem):
+    path = NOTEBOOKS_DIR / "solutions" / f"nb{stem}.py"
+    spec = importlib.util.spec_from_file_location(f"solutions_nb{stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def gelu(x):
+    return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
+
+
+# --- what each notebook has defined by its Exercises section, small -------------------------------------------
+
+@pytest.fixture(scope="module")
+def nb01():
+    shape = (1, 3, 224, 224) if CUDA else (1, 3, 32, 32)
+    x = torch.randn(shape, device=DEVICE)
+    g = capture(gelu, x, eager_fallback=True)
+    main_table = compare({"eager": lambda: gelu(x), "graph replay": g.replay}, case="small", samples=SAMPLES,
+                         calls=CALLS)
+    exps = (12, 23) if CUDA else (12, 14)
+    frames = []
+    for e in range(exps[0], exps[1] + 1):
+        xs = torch.randn(2 ** e, device=DEVICE)
+        gs = capture(gelu, xs, eager_fallback=True)
+        df = compare({"eager": lambda xs=xs: gelu(xs), "graph replay": gs.replay}, case=f"sweep 2^{e}",
+                     samples=SAMPLES, calls=CALLS)
+        df["numel"] = 2 ** e
+        frames.append(df)
+    sweep = pd.concat(frames, ignore_index=True)
+    return types.SimpleNamespace(inputs={"small": x}, graphs={"small": g}, main_table=main_table, sweep=sweep,
+                                 crossover=exercises.crossover_of(sweep), exps=exps, sol=solutions("01_gelu"))
+
+
+def make_model(d_in, h, d_out, dropout=True, seed=0):
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(d_in, h), torch.nn.Dropout(0.2), torch.nn.Linear(h, d_out), torch.nn.Dropout(0.1)]
+    if not dropout:
+        layers = [m for m in layers if not isinstance(m, torch.nn.Dropout)]
+    return torch.nn.Sequential(*layers).to(DEVICE)
+
+
+def make_opt(name, params):
+    if name == "SGD":
+        return torch.optim.SGD(params, lr=0.1)
+    return torch.optim.Adam(params, lr=1e-3, capturable=CUDA)
+
+
+def eager_amp_step(model, opt, dtype, scaler):
+    def run(x, y):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=dtype):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        return loss.detach()
+    return run
+
+
+@pytest.fixture(scope="module")
+def nb02():
+    dims = (32, 128, 256, 16)
+    n, d_in, h, d_out = dims
+    torch.manual_seed(1)
+    batches = []
+    while len(batches) < 33:  # epochs of 10 full batches and a short one, as notebook 02
+        rows = n if (len(batches) + 1) % 11 else 8
+        batches.append((torch.randn(rows, d_in, device=DEVICE), torch.randn(rows, d_out, device=DEVICE)))
+    loss_fn = torch.nn.MSELoss()
+    x, y = torch.randn(n, d_in, device=DEVICE), torch.randn(n, d_out, device=DEVICE)
+    base = make_model(d_in, h, d_out)
+    m1, m2 = copy.deepcopy(base), copy.deepcopy(base)
+    o1 = make_opt("SGD", m1.parameters())
+
+    def eager(x, y):
+        o1.zero_grad(set_to_none=True)
+        loss_fn(m1(x), y).backward()
+        o1.step()
+
+    graphed = capture_train_step(m2, make_opt("SGD", m2.parameters()), loss_fn, (x, y), eager_fallback=True)
+    timing = compare({"eager": eager, "whole-step graph": graphed}, x, y, case="MLP 32x128x256x16, SGD",
+                     samples=SAMPLES, calls=CALLS)
+    return types.SimpleNamespace(dims=dims, batches=batches, loss_fn=loss_fn, timing=timing,
+                                 sol=solutions("02_train_step"))
+
+
+def fresh(fn):
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def with_mark_step(fn):
+    def call(x):
+        torch.compiler.cudagraph_mark_step_begin()
+        return fn(x)
+    return call
+
+
+@pytest.fixture(scope="module")
+def nb03():
+    x = torch.randn((1, 3, 224, 224) if CUDA else (1, 3, 32, 32), device=DEVICE)
+    compiled = torch.compile(fresh(gelu), dynamic=False)
+    compiled(x)
+    ro = None
+    if CUDA:
+        ro = torch.compile(fresh(gelu), mode="reduce-overhead", dynamic=False)
+        for _ in range(3):
+            ro(x)
+    return types.SimpleNamespace(x=x, compiled=compiled, ro=ro, sol=solutions("03_jit_compile"))
+
+
+# --- each solution against its check ----------------------------------------------------------------------------
+
+def run_01_1(s):
+    return s.sol.exercise_1(s.inputs["small"], SAMPLES, CALLS), {"reference": s.main_table}
+
+
+def run_01_2(s):
+    out = s.sol.exercise_2(gelu, s.exps[0], s.exps[1], DEVICE, SAMPLES, CALLS, s.crossover)
+    return out, {"reference_sweep": s.sweep}
+
+
+def run_01_3(s):
+    return s.sol.exercise_3(s.graphs, s.inputs, gelu, CUDA), {}
+
+
+def run_02_1(s):
+    return s.sol.exercise_1(make_model, make_opt, eager_amp_step, s.loss_fn, s.batches, s.dims, 22, SAMPLES,
+                            CALLS, CUDA), {}
+
+
+def run_02_2(s):
+    return s.sol.exercise_2(make_model, s.loss_fn, s.batches, s.dims, DEVICE, CUDA), {}
+
+
+def run_02_3(s):
+    return s.sol.exercise_3(make_model, make_opt, s.loss_fn, s.timing, s.dims, DEVICE), {"timing": s.timing}
+
+
+def run_03_1(s):
+    return s.sol.exercise_1(s.compiled, gelu, s.x, SAMPLES, CALLS), {}
+
+
+def run_03_2(s):
+    return s.sol.exercise_2(fresh, with_mark_step, 64, 8, (1, 4, 16), SAMPLES, CALLS, CUDA), {}
+
+
+def run_03_3(s):
+    return s.sol.exercise_3(s.ro, s.compiled, with_mark_step, gelu, s.x, SAMPLES, CALLS, CUDA), {"x": s.x}
+
+
+def run_03_4(s):
+    out = s.sol.exercise_4(fresh, gelu, s.x, SAMPLES, CALLS, CUDA)
+    return out, {"x": s.x}
+
+
+RUNNERS = {("01_gelu", 1): ("nb01", run_01_1), ("01_gelu", 2): ("nb01", run_01_2), ("01_gelu", 3): ("nb01", run_01_3),
+           ("02_train_step", 1): ("nb02", run_02_1), ("02_train_step", 2): ("nb02", run_02_2),
+           ("02_train_step", 3): ("nb02", run_02_3),
+           ("03_jit_compile", 1): ("nb03", run_03_1), ("03_jit_compile", 2): ("nb03", run_03_2),
+           ("03_jit_compile", 3): ("nb03", run_03_3), ("03_jit_compile", 4): ("nb03", run_03_4)}
+ALL = [(stem, ex) for stem, exs in EXERCISES.items() for ex in exs]
+
+
+def _solve_and_check(request, stem, ex):
+    fixture, runner = RUNNERS[(stem, ex.number)]
+    answer, extra = runner(request.getfixturevalue(fixture))
+    result = ex.check(**answer, **extra)
+    print(result)
+    return result
+
+
+@pytest.mark.parametrize("stem,ex", ALL, ids=[f"{s}-{e.number}" for s, e in ALL])
+def test_solution_passes_its_check_cpu_part(request, stem, ex):
+    if CUDA:
+        pytest.skip("with CUDA the gpu variant checks the whole exercise")
+    result = _solve_and_check(request, stem, ex)
+    expected = CORRECT if ex.runs_on == "cpu" else CPU_PART_CORRECT
+    assert result.status == expected, result
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stem,ex", ALL, ids=[f"{s}-{e.number}" for s, e in ALL])
+def test_solution_passes_its_check_on_the_gpu(request, stem, ex):
+    result = _solve_and_check(request, stem, ex)
+    assert result.status == CORRECT, result
+
+
+# --- every exercise is wired up: solution, notebook cells, test --------------------------------------------------
+
+@pytest.mark.parametrize("stem", sorted(EXERCISES))
+def test_every_exercise_has_a_solution_a_notebook_cell_and_a_test(stem):
+    sol = solutions(stem)
+    source = (NOTEBOOKS_DIR / f"{stem}.py").read_text()
+    assert "## Exercises" in source
+    section = source.split("## Exercises", 1)[1]
+    for ex in EXERCISES[stem]:
+        assert callable(getattr(sol, f"exercise_{ex.number}", None)), f"nb{stem}.py lacks exercise_{ex.number}"
+        assert f"{ex.check.__name__}(" in section, f"{stem}: no cell calls {ex.check.__name__}"
+        assert (stem, ex.number) in RUNNERS, f"tests/test_exercises.py does not run {stem} exercise {ex.number}"
+        assert ex.runs_on in ("cpu", "cpu+gpu", "gpu")
+    assert f"notebooks/solutions/nb{stem}.py" in section, "the Exercises section says where the solutions are"
+
+
+def test_exercise_numbers_are_consecutive():
+    for stem, exs in EXERCISES.items():
+        assert [e.number for e in exs] == list(range(1, len(exs) + 1)), stem
+
+
+# --- placeholders say "not done yet"; learner errors become findings ---------------------------------------------
+
+@pytest.mark.parametrize("stem,ex", ALL, ids=[f"{s}-{e.number}" for s, e in ALL])
+def test_untouched_exercise_says_not_done(stem, ex):
+    import inspect
+    params = [p for p in inspect.signature(ex.check).parameters.values() if p.default is inspect.Parameter.empty]
+    kwargs = {p.name: ... for p in params}
+    if "x" in kwargs:
+        kwargs["x"] = torch.randn(4)
+    result = ex.check(**kwargs)
+    assert result.status == NOT_DONE and not result.ok, result
+    assert "…" in repr(result)
+
+
+def test_a_check_reports_an_exception_in_the_learners_code():
+    def fused_gelu(x):
+        raise ZeroDivisionError("oops")
+    result = exercises.check_fused_gelu(fused_gelu, ...)
+    assert result.status == NOT_RIGHT
+    assert "ZeroDivisionError: oops" in result.text and "hint:" in result.text
+
+
+def test_a_report_that_checked_nothing_does_not_pass():
+    assert exercises.Report("x").result().status == NOT_DONE
+
+
+# --- wrong answers are rejected with a useful message (CPU) ------------------------------------------------------
+
+def _off(result, *phrases):
+    assert result.status == NOT_RIGHT and not result.ok, result
+    for p in phrases:
+        assert p in result.text, (p, result.text)
+
+
+def test_01_1_rejects_the_hand_written_gelu_and_an_approximation(nb01):
+    t = nb01.main_table
+    _off(exercises.check_fused_gelu(gelu, t), "calls 5 torch functions")
+    tanh = lambda x: torch.nn.functional.gelu(x, approximate="tanh")  # noqa: E731
+    _off(exercises.check_fused_gelu(tanh, t), "differs from the hand-written GELU", "approximate")
+    reordered = t.iloc[::-1].reset_index(drop=True)
+    _off(exercises.check_fused_gelu(torch.nn.functional.gelu, reordered), "baseline 'eager'")
+
+
+def test_01_2_rejects_a_float32_table_and_a_wrong_crossover(nb01):
+    fp32 = nb01.sweep.assign(dtype="float32")
+    _off(exercises.check_fp16_sweep(fp32, None, "same"), "not float16")
+    fp16 = nb01.sweep.assign(dtype="float16")
+    wrong = 2 ** 40
+    _off(exercises.check_fp16_sweep(fp16, wrong, "same"), "but your table says")
+    _off(exercises.check_fp16_sweep(fp16, exercises.crossover_of(fp16), "bigger"), '"larger", "smaller" or "same"')
+
+
+def test_01_3_rejects_a_wrong_explanation_and_a_message_that_is_not_the_kits():
+    _off(exercises.check_host_copies("argument 0: the graph was captured for x. Fix: y", ..., "a"),
+         '"a" is not it', "hint:")
+    _off(exercises.check_host_copies("something went wrong", ..., "b"), "not the kit's error")
+
+
+def test_02_1_rejects_a_wrong_list_of_eager_parts():
+    _off(exercises.check_amp_adam({"backward", "optimizer.step"}, ..., ...), "inside the graph: ['backward']",
+         "also eager")
+    _off(exercises.check_amp_adam({"the optimiser"}, ..., ...), "not parts of a step")
+
+
+def test_02_2_rejects_a_float_lr_and_a_schedule_that_never_moved(nb02):
+    n, d_in, h, d_out = nb02.dims
+    model = make_model(d_in, h, d_out, dropout=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _off(exercises.check_lr_schedule(model, model, opt, [0.1, 0.05]), "Python float", "lr=torch.tensor")
+    opt_t = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-3, device=DEVICE), capturable=CUDA)
+    _off(exercises.check_lr_schedule(model, model, opt_t, [1e-3, 1e-3]), "never changed")
+    other = make_model(d_in, h, d_out, dropout=False, seed=1)
+    _off(exercises.check_lr_schedule(model, other, opt_t, [1e-3, 5e-4]), "did not follow the schedule")
+
+
+def test_02_3_rejects_a_wrong_prediction_and_a_wrong_cost(nb02):
+    out = nb02.sol.exercise_3(make_model, make_opt, nb02.loss_fn, nb02.timing, nb02.dims, DEVICE)
+    wrong = dict(out, predicted_eager_steps=out["predicted_eager_steps"] + 3)
+    _off(exercises.check_short_batches(**wrong, timing=nb02.timing), "you predicted")
+    wrong = dict(out, extra_us=out["extra_us"] + 10 * abs(out["extra_us"]) + 1000)
+    _off(exercises.check_short_batches(**wrong, timing=nb02.timing), "extra_us =")
+    one_size = [b for b in out["short_batches"] if len(b[0]) == nb02.dims[0]][:5]
+    model = make_model(*nb02.dims[1:])
+    step = capture_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), nb02.loss_fn, one_size[0],
+                              eager_fallback=True)
+    for xb, yb in one_size:
+        step(xb, yb)
+    _off(exercises.check_short_batches(one_size, 0, step, 0.0, nb02.timing), "distinct shape")
+
+
+def test_03_1_rejects_one_call_per_graph_and_an_uncompiled_function(nb03):
+    g1 = capture(nb03.compiled, nb03.x, eager_fallback=True)
+    _off(exercises.check_compiled_calls_per_graph(g1, ...), "holds 1 call(s) per graph")
+    eager10 = capture(gelu, nb03.x, calls_per_graph=10, eager_fallback=True)
+    _off(exercises.check_compiled_calls_per_graph(eager10, ...), "torch.compile did not make")
+
+
+def test_03_2_rejects_a_wrong_model():
+    def trainable(layers, width):
+        return torch.nn.Sequential(*[m for _ in range(layers)
+                                     for m in (torch.nn.Linear(width, width), torch.nn.ReLU())]).to(DEVICE)
+    _off(exercises.check_mlp_depth(trainable, ..., ...), "require grad")
+
+    def no_relu(layers, width):
+        return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]).requires_grad_(False)
+    _off(exercises.check_mlp_depth(no_relu, ..., ...), "expected 3 x (Linear(16, 16), ReLU)")
+
+
+def test_03_3_rejects_an_output_that_the_next_call_overwrites(nb03):
+    buffer = torch.empty_like(nb03.x)
+
+    def reuses_its_output(x):  # what a CUDA graph's static output does
+        buffer.copy_(gelu(x))
+        return buffer
+    _off(exercises.check_clone_cost(reuses_its_output, ..., ..., nb03.x), "no longer holds f(x1)", ".clone()")
+
+
+def test_03_4_rejects_a_function_that_is_not_compiled(nb03):
+    _off(exercises.check_max_autotune(gelu, ..., nb03.x), "not a function returned by torch.compile")
+
+
+# --- wrong answers only a GPU can expose -------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_01_3_a_blocking_copy_in_a_capture_is_rejected():
+    shape = (4, 4)
+
+    def host_copy_capture(pinned):
+        x_host = torch.randn(shape, pin_memory=pinned)
+        static = torch.empty(shape, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                static.copy_(x_host)  # blocking: synchronizes
+        except RuntimeError as exc:
+            torch.cuda.synchronize()
+            return {"captured": False, "error": str(exc), "replay_reads_new_values": None}
+        return {"captured": True, "error": None, "replay_reads_new_values": False}
+    _off(exercises.check_host_copies(..., host_copy_capture, "b"), "non_blocking=True")
+
+
+@pytest.mark.gpu
+def test_02_2_a_float_lr_is_baked_into_the_graph(nb02):
+    """The claim of exercise 02.2: with a Python-number lr the replays ignore the scheduler."""
+    n, d_in, h, d_out = nb02.dims
+
+    def train(graphed):
+        model = make_model(d_in, h, d_out, dropout=False)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2, capturable=True)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.1)
+        step = capture_train_step(model, opt, nb02.loss_fn, nb02.batches[0]) if graphed else None
+        lrs = []
+        for x, y in nb02.batches:
+            if step is None:
+                opt.zero_grad(set_to_none=True)
+                nb02.loss_fn(model(x), y).backward()
+                opt.step()
+            else:
+                step(x, y)
+            sched.step()
+            lrs.append(float(opt.param_groups[0]["lr"]))
+        return model, opt, lrs
+
+    graphed_model, opt, lrs = train(True)
+    eager_model, _, _ = train(False)
+    _off(exercises.check_lr_schedule(graphed_model, eager_model, opt, lrs), "Python float",
+         "did not follow the schedule")
+
+
+@pytest.mark.gpu
+def test_02_2_claim_sgd_reads_a_tensor_lr_on_the_host(nb02):
+    """The hint of exercise 02.2: SGD's default implementation turns a tensor lr into a number (a host sync), so its
+    step cannot be captured with one."""
+    n, d_in, h, d_out = nb02.dims
+    model = make_model(d_in, h, d_out, dropout=False)
+    opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.1, device="cuda"))
+    step = capture_train_step(model, opt, nb02.loss_fn, nb02.batches[0], warmup=1)
+    step(*nb02.batches[0])  # eager warm-up
+    with pytest.raises(RuntimeError):
+        step(*nb02.batches[0])  # the capture
+    x, y = nb02.batches[0]
+    torch.cuda.synchronize()  # the process keeps working
+    assert torch.isfinite(model(x)).all()
+
+
+@pytest.mark.gpu
+def test_03_3_a_reduce_overhead_output_is_not_kept_without_clone(nb03):
+    naive = with_mark_step(nb03.ro)
+    _off(exercises.check_clone_cost(naive, ..., ..., nb03.x), ".clone()")
+
+
+def test_exercise_cells_use_only_placeholders_the_checks_understand():
+    """Each notebook's exercise cells assign ``...`` (never a half-written solution) to what its checks read."""
+    for stem in EXERCISES:
+        section = (NOTEBOOKS_DIR / f"{stem}.py").read_text().split("## Exercises", 1)[1]
+        assert re.search(r"^\w+ = \.\.\.", section, flags=re.M), stem
+
+
+def test_crossover_of_reads_the_first_size_below_ten_percent():
+    df = pd.DataFrame({"variant": ["eager", "graph replay"] * 3, "speedup": [1, 3.0, 1, 1.05, 1, 1.2],
+                       "numel": [1, 1, 2, 2, 4, 4]})
+    assert exercises.crossover_of(df) == 2
+    assert exercises.crossover_of(df[df.numel == 1]) is None
+    assert math.isclose(df.speedup.iloc[1], 3.0)

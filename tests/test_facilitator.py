@@ -1,0 +1,46 @@
+"""docs/FACILITATOR.md: its timings table is generated from measured runs, never typed by hand, and is up to date."""
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("facilitator_timings", ROOT / "scripts" / "facilitator_timings.py")
+timings = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(timings)
+
+
+def test_guide_exists_is_linked_and_its_table_is_current():
+    assert timings.GUIDE.is_file()
+    assert "docs/FACILITATOR.md" in (ROOT / "README.md").read_text()
+    assert timings.main(["--check"]) == 0, "run python scripts/facilitator_timings.py"
+
+
+def test_table_comes_from_the_json_runs_and_names_each_gpu(tmp_path):
+    run = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "date": "2026-11-21T10:00:00",
+           "notebooks": {"01_gelu": 19.4, "02_train_step": 128.0}}
+    (tmp_path / "reproduce_times.json").write_text(json.dumps(run))
+    block = timings.render(timings.load_runs(tmp_path), ["01_gelu", "02_train_step", "03_jit_compile"])
+    assert block.startswith(timings.START) and block.endswith(timings.END)
+    assert "NVIDIA H200 (PyTorch 2.11.0+cu130, 2026-11-21)" in block
+    assert "| 01_gelu | 19 s |" in block and "| 02_train_step | 2.1 min |" in block
+    assert "| 03_jit_compile | not run |" in block
+    assert "T4 (Colab's free GPU): not measured yet" in block
+    t4 = dict(run, gpu="Tesla T4", notebooks={"01_gelu": 95.0})
+    (tmp_path / "reproduce_times_t4.json").write_text(json.dumps(t4))
+    block = timings.render(timings.load_runs(tmp_path), ["01_gelu"])
+    assert "Tesla T4" in block and "1.6 min" in block and "not measured yet" not in block
+
+
+def test_without_runs_the_guide_says_nothing_is_measured(tmp_path):
+    block = timings.render(timings.load_runs(tmp_path), ["01_gelu"])
+    assert "No measured run is recorded yet" in block and "|" not in block
+
+
+def test_a_malformed_run_is_refused(tmp_path):
+    (tmp_path / "reproduce_times.json").write_text(json.dumps({"notebooks": {}}))
+    try:
+        timings.load_runs(tmp_path)
+    except SystemExit as exc:
+        assert "needs a 'gpu' name" in str(exc)
+    else:
+        raise AssertionError("a run without a GPU name was accepted")
