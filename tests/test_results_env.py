@@ -132,6 +132,8 @@ def test_reproduce_writes_figures_only_when_recording_on_a_gpu(monkeypatch, tmp_
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Stand-in GPU")
     monkeypatch.setattr(rep, "execute_notebook", lambda src, out, params, results_dir, **kw: calls.append(
         (src.stem, out, params, results_dir)) or out)
+    timed = []
+    monkeypatch.setattr(rep, "_record_times", lambda folder, seconds, gpu, smoke: timed.append((folder, gpu, smoke)))
     rep.reproduce(["01"], smoke=True)
     rep.reproduce(["01"])
     rep.reproduce(["01"], out_dir=tmp_path / "nb", results_dir=tmp_path / "res")
@@ -140,6 +142,8 @@ def test_reproduce_writes_figures_only_when_recording_on_a_gpu(monkeypatch, tmp_
         ("01_gelu", NOTEBOOKS_DIR / "01_gelu.ipynb", {}, FIGURES_DIR),
         ("01_gelu", tmp_path / "nb" / "01_gelu.ipynb", {}, tmp_path / "res"),
     ]
+    assert timed == [(PROJECT_ROOT / "build" / "figures", "Stand-in GPU", True), (FIGURES_DIR, "Stand-in GPU", False),
+                     (tmp_path / "res", "Stand-in GPU", False)]  # the times land beside the results of each run
     out = capsys.readouterr().out
     assert out.count("on CUDA: Stand-in GPU") == 3 and "small sizes (--smoke)" in out
 
