@@ -82,7 +82,7 @@ if checkout is not None and str(checkout) not in sys.path:
 # %% tags=["parameters"]
 SMOKE = None                 # tiny run (CI / tests); None reads $CGK_SMOKE (1 means on)
 SAMPLES = 7                  # timing samples per measurement; the median is reported
-TRIES = 3                    # fresh processes per variant of the two-captures experiment (section 11)
+TRIES = 2                    # fresh processes per variant of the two-captures experiment (section 11)
 POOL_BATCHES = [1024, 768, 512, 384, 256, 192, 128, 64]   # batch sizes captured in section 9, largest first
 
 # %%

@@ -78,11 +78,11 @@ if checkout is not None and str(checkout) not in sys.path:
 
 # %% tags=["parameters"]
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
-MAX_ROWS = None       # largest request the buckets serve (None: 128 on a GPU; 16 in SMOKE or on a CPU)
-REQUESTS = None       # requests in the timed stream (None: 300 on a GPU; 40 in SMOKE; 24 on a CPU)
+MAX_ROWS = None       # largest request the buckets serve (None: 64 on a GPU; 16 in SMOKE or on a CPU)
+REQUESTS = None       # requests in the timed stream (None: 200 on a GPU; 40 in SMOKE; 24 on a CPU)
 HISTORY = None        # request sizes seen "earlier", for the planner (None: 5000 on a GPU; 1000 in SMOKE / on a CPU)
 OVERFLOW_SHARE = 0.01 # share of requests larger than MAX_ROWS (they run eagerly, counted)
-SPACINGS = None       # fixed ladders besides exact sizes, pow2 and a single bucket (None: steps of 2..32)
+SPACINGS = None       # fixed ladders besides exact sizes, pow2 and a single bucket (None: steps of 4, 8, 16)
 SAMPLES = None        # timing samples per variant; the median is reported (None: 7; 3 in SMOKE)
 COMPILE = True        # time torch.compile(mode="reduce-overhead") too (GPU only; compiling takes a while)
 SEED = 0
@@ -110,11 +110,11 @@ MiB = 2 ** 20
 if SMOKE is None:
     SMOKE = os.environ.get("CGK_SMOKE", "0") == "1"
 small = SMOKE or not CUDA
-MAX_ROWS = MAX_ROWS or (16 if small else 128)
-REQUESTS = REQUESTS or (300 if not small else (40 if CUDA else 24))
+MAX_ROWS = MAX_ROWS or (16 if small else 64)
+REQUESTS = REQUESTS or (200 if not small else (40 if CUDA else 24))
 SAMPLES = SAMPLES or (3 if SMOKE else 7)
 HISTORY = HISTORY or (1000 if small else 5000)
-SPACINGS = SPACINGS or ([4] if small else [2, 4, 8, 16, 32])
+SPACINGS = SPACINGS or ([4] if small else [4, 8, 16])
 COMPILE = COMPILE and CUDA
 SYNC = torch.cuda.synchronize if CUDA else (lambda: None)
 torch.manual_seed(SEED)
