@@ -70,11 +70,13 @@ def train_step_section():
             continue
         part = f"{p.median_us:.0f} µs ({p.speedup:.2f}x)" if p is not None else "-"
         lines.append(f"| {case} | {e.median_us:.0f} µs | {g.median_us:.0f} µs | {g.speedup:.1f}x | "
-                     f"{g.vs_floor:.2f} | {part} |")
+                     f"{'-' if g.vs_floor != g.vs_floor else f'{g.vs_floor:.2f}'} | {part} |")
     parity = df[df.case.str.startswith("parity")]
     if len(parity) and "max_abs_param_diff" in parity:
         exact = "; ".join(f"{c.replace('parity ', '')}: {'bitwise equal' if b else f'max diff {d:.1e}'}"
                           for c, b, d in zip(parity.case, parity.params_bitwise_equal, parity.max_abs_param_diff))
+        lines += ["", "A dash in graph / floor: the step also launched kernels outside its graph (the loss clone, the "
+                  "GradScaler's eager update), so the profiler's busy time is no floor there."]
         lines += ["", f"Parameters after the parity runs, graph vs eager from the same seed: {exact}."]
     lines += ["", f"![Loss curves, eager vs graphed, on {env.get('gpu')}](figures/02_train_step/loss_curves.png)", ""]
     return "\n".join(lines)
@@ -119,6 +121,79 @@ def overhead_section():
         lines.append(f"| {case} | {raw.median_us:.2f} µs | {kit.median_us:.2f} µs | {kit.kit_minus_raw_us:+.2f} µs "
                      f"({kit.overhead_pct:+.1f}%) | {'met' if kit.meets_target else 'missed'} |")
     return "\n".join(lines) + "\n"
+
+
+def resnet_section():
+    rec = results.load("04_resnet50")
+    if rec is None:
+        return "_Notebook 04 has no recorded GPU run yet._\n"
+    df, env = rec.df, rec.env
+    inf = df[df.section == "inference"]
+    lines = [f"**ResNet-50 inference, eager vs CUDA graph with the input copy** (notebook 04; {_env_caption(env)}), "
+             "channels_last, random weights, time per batch; the published V100 figures (MXNet PR) were +17% at "
+             "batch 1 and +0.3% at batch 128:", "",
+             "| dtype | batch | eager | graph | speedup (quartiles) | graph / floor |", "|---|---|---|---|---|---|"]
+    for (dtype, batch), g in inf.groupby(["dtype", "batch"], sort=False):
+        e, c = g[g.variant == "eager"], g[g.variant != "eager"]
+        if len(e) and len(c):
+            c = c.iloc[0]
+            lines.append(f"| {dtype} | {int(batch)} | {e.median_us.iloc[0] / 1e3:.2f} ms | {c.median_us / 1e3:.2f} ms | "
+                         f"{c.speedup:.2f}x ({c.speedup_lo:.2f}-{c.speedup_hi:.2f}) | {c.vs_floor:.2f} |")
+    train = df[(df.section == "training") & df.median_us.notna()]
+    if len(train):
+        lines += ["", "Whole training step (`capture_train_step`), synthetic data; the pytorch/benchmark V100 fp32 "
+                  "figure was 1.77x at batch 1 and no gain from batch 8:", "",
+                  "| case | eager | graph | speedup (quartiles) | images/s, graph |", "|---|---|---|---|---|"]
+        for case, g in train.groupby("case", sort=False):
+            e, c = g[g.variant == "eager"], g[g.variant != "eager"]
+            if len(e) and len(c):
+                c = c.iloc[0]
+                lines.append(f"| {case} | {e.median_us.iloc[0] / 1e3:.1f} ms | {c.median_us / 1e3:.1f} ms | "
+                             f"{c.speedup:.2f}x ({c.speedup_lo:.2f}-{c.speedup_hi:.2f}) | {c.images_per_s:,.0f} |")
+    lines += ["", f"![ResNet-50 inference sweep on {env.get('gpu')}](figures/04_resnet50/inference_sweep.png)", ""]
+    return "\n".join(lines)
+
+
+def buckets_section():
+    rec = results.load("06_variable_shapes")
+    if rec is None:
+        return "_Notebook 06 has no recorded GPU run yet._\n"
+    df, env = rec.df, rec.env
+    main = df[df.requests.notna() & df.p50_us.notna()] if "requests" in df else df.iloc[0:0]
+    lines = [f"**Variable batch sizes: bucketed graphs in one shared pool** (notebook 06; {_env_caption(env)}), a "
+             "seeded stream of requests, time per request (speedup: median of per-round ratios vs eager), memory the "
+             "graphs hold:", "", "| model | variant | graphs | µs per request | speedup | p99 latency | held |",
+             "|---|---|---|---|---|---|---|"]
+    for r in main.itertuples():
+        graphs = "-" if r.graphs != r.graphs else f"{int(r.graphs)}"
+        held = "-" if r.held_mib != r.held_mib else f"{r.held_mib:.1f} MiB"
+        lines.append(f"| {r.case} | {r.variant} | {graphs} | {r.us_per_request:.1f} | {r.speedup:.2f}x | "
+                     f"{r.p99_us:.0f} µs | {held} |")
+    for ev in env.get("evidence", []):
+        if "largest bucket alone" in ev["check"]:
+            lines.append("")
+            lines.append(f"{ev['model']}: {ev['check']} = {ev['value']:.2f} (target {ev['target']}).")
+    lines += ["", f"![Bucket spacing trade-off on {env.get('gpu')}](figures/06_variable_shapes/tradeoff.png)", ""]
+    return "\n".join(l for l in lines if l is not None)
+
+
+def data_parallel_section():
+    rec = results.load("07_data_parallel_sweep")
+    if rec is None:
+        return "_The data-parallel sweep has no recorded run yet._\n"
+    df, env = rec.df, rec.env
+    gpus = env.get("gpus_per_rank", {})
+    where = f"{len(gpus)} x {next(iter(gpus.values()))}" if gpus else env.get("gpu")
+    lines = [f"**Data-parallel training, torchrun + DDP, eager vs whole-step graph** (`scripts/ddp_train.py --sweep`; "
+             f"{where}, PyTorch {env.get('torch')}, {str(env.get('date', ''))[:10]}); step time from CUDA events per "
+             "rank, jitter as p99 / median step time, and how far the ranks' step times sit apart:", "",
+             "| case | variant | step (median) | images/s | speedup | p99 / median | rank-to-rank gap (median) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in df.itertuples():
+        lines.append(f"| {r.case} | {r.variant} | {r.median_us / 1e3:.2f} ms | {r.images_per_s:,.0f} | "
+                     f"{r.throughput_speedup:.2f}x | {r.jitter_p99_over_median:.2f} | {r.step_rank_diff_median_us:.1f} µs |")
+    lines += ["", "![Per-rank step-time distributions](figures/07_data_parallel_sweep/step_time_distributions.png)", ""]
+    return "\n".join(lines)
 
 
 def crosscheck_section():
@@ -173,7 +248,8 @@ def noise_paragraph():
 
 def render():
     return "\n".join([START, noise_paragraph(), gelu_section(), train_step_section(), jit_compile_section(),
-                      overhead_section(), crosscheck_section(), END])
+                      resnet_section(), buckets_section(), data_parallel_section(), overhead_section(),
+                      crosscheck_section(), END])
 
 
 def main():
