@@ -75,8 +75,10 @@ def train_step_section():
     if len(parity) and "max_abs_param_diff" in parity:
         exact = "; ".join(f"{c.replace('parity ', '')}: {'bitwise equal' if b else f'max diff {d:.1e}'}"
                           for c, b, d in zip(parity.case, parity.params_bitwise_equal, parity.max_abs_param_diff))
-        lines += ["", "A dash in graph / floor: the step also launched kernels outside its graph (the loss clone, the "
-                  "GradScaler's eager update), so the profiler's busy time is no floor there."]
+        lines += ["", "A dash in graph / floor: in this run the kit gave no floor for a step that launched any kernel "
+                  "outside its graph. For the dropout MLPs those were PyTorch's own two RNG-state fills before each "
+                  "replay (`eager_kernels_per_call` = 2 in the CSV), which the kit now counts as part of the replay; "
+                  "for fp16 the GradScaler's eager update."]
         lines += ["", f"Parameters after the parity runs, graph vs eager from the same seed: {exact}."]
     lines += ["", f"![Loss curves, eager vs graphed, on {env.get('gpu')}](figures/02_train_step/loss_curves.png)", ""]
     return "\n".join(lines)
