@@ -34,8 +34,8 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs its CPU part small, says so, and shows the recorded GPU results.
 #
-# **How long**: 19 s on an NVIDIA H200 (measured by `reproduce`); a T4 has not been timed yet, expect a few
-# minutes; under a minute on a CPU (small sizes).
+# **How long**: 34 s on an NVIDIA H100 (measured by `reproduce`, 2026-11-22); a T4 has not been timed yet;
+# under a minute on a CPU (small sizes).
 
 # %%
 # Setup. In a checkout of cudagraph-kit (this folder or one above it has cudagraph_kit/): use its kit. In Colab:

@@ -32,8 +32,8 @@
 # **What you need**: an NVIDIA GPU for the graph parts (Colab: Runtime → Change runtime type → T4 GPU).
 # Without one the notebook runs the CPU-possible part small and shows recorded GPU results.
 #
-# **How long**: 33 s on an NVIDIA H200 (measured by `reproduce`; most of it `torch.compile` compiling); a T4
-# has not been timed yet, expect a few minutes; about 1 minute on a CPU (small sizes).
+# **How long**: 46 s on an NVIDIA H100 (measured by `reproduce`, 2026-11-22; most of it `torch.compile`
+# compiling); a T4 has not been timed yet; about 1 minute on a CPU (small sizes).
 
 # %%
 # Setup. In a checkout of cudagraph-kit (this folder or one above it has cudagraph_kit/): use its kit. In Colab:

@@ -34,8 +34,8 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs its CPU part small (everything eager, labelled so), says so, and shows the recorded GPU results.
 #
-# **How long**: sized for about 3 minutes on an H100 (most of it `torch.compile` compiling; `reproduce`
-# prints the measured time); a T4 has not been timed yet; one to two minutes on a CPU (small sizes).
+# **How long**: about 3 minutes on an NVIDIA H100 (2026-11-22; most of it `torch.compile` compiling); a T4 has
+# not been timed yet; one to two minutes on a CPU (small sizes).
 
 # %%
 # Setup. In a checkout of cudagraph-kit (this folder or one above it has cudagraph_kit/): use its kit. In Colab:
