@@ -194,13 +194,17 @@ def test_jitter_summary_on_known_numbers():
 @pytest.mark.gpu
 def test_step_timer_on_gpu_uses_the_gpu_timeline():
     """Steps that keep the GPU busy for ~1 ms each while the CPU returns at once: the events see the GPU time."""
-    torch.cuda.synchronize()
+    # _sleep spins a number of GPU clock cycles, so its length follows the SM clock, which is low on an idle GPU:
+    # spin a while first so that the measurement below and the timed steps see the same clock
+    for _ in range(50):
+        torch.cuda._sleep(1_000_000)
     t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0.record()
-    torch.cuda._sleep(1_000_000)
+    for _ in range(5):
+        torch.cuda._sleep(1_000_000)
     t1.record()
     torch.cuda.synchronize()
-    busy_us = t0.elapsed_time(t1) * 1e3  # what one step keeps the GPU busy for, measured
+    busy_us = t0.elapsed_time(t1) * 1e3 / 5  # what one step keeps the GPU busy for, measured
     timer = StepTimer(10)
     timer.start()
     for _ in range(10):
