@@ -777,7 +777,8 @@ side = []
 for name in MODELS:
     row = {"model": name}
     if ours_mem and name in ours_mem and "default ladder, one pool per graph" in ours_mem[name]:
-        p, s_ = ours_mem[name]["default ladder, one pool per graph"]["held_mib"], ours_mem[name][DEFAULT]["held_mib"]
+        default = next(k for k in ours_mem[name] if k.endswith("(default)"))  # that run's own default ladder
+        p, s_ = ours_mem[name]["default ladder, one pool per graph"]["held_mib"], ours_mem[name][default]["held_mib"]
         row[f"pool per graph / shared ({where})"] = f"{p:.0f} MiB / {s_:.0f} MiB = {p / s_:.2f}x"
     if ours is not None and len(ours):
         d = ours[ours.case == name].set_index("variant")
