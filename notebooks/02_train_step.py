@@ -449,7 +449,7 @@ print("\nAccumulateGrad stream warning:",
 # graphed module runs on the default stream and accumulates through those nodes. The cell above watches the
 # first two steps of each variant only: the warning can also come later, while a variant is being timed, and
 # is then printed in the cell's output although its last line says "not raised" (so it was in the recorded
-# H100 run, from the `make_graphed_callables` rows). The whole-step graph keeps no autograd graph alive after
+# H100 run). The whole-step graph keeps no autograd graph alive after
 # its capture (its loss is detached), and the eager loop stays on one stream. The extra synchronization is
 # a few cross-stream event waits per step in the `make_graphed_callables` row; results are unaffected.
 # Silence it with `torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)` once you know
