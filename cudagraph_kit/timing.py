@@ -326,8 +326,9 @@ def _notes(t: Timing, floor_us: float, gpu: GpuTime | None, executed_as: str) ->
     notes = []
     if t.median_us > 0 and t.iqr_us > NOISY_SPREAD * t.median_us:
         notes.append(f"noisy: IQR {100 * t.iqr_us / t.median_us:.0f}% of median")
-    if floor_us == floor_us and t.median_us < 0.97 * floor_us:  # not NaN, and clearly below
-        notes.append("median below floor: profiler timestamps are coarser than this work")
+    if floor_us == floor_us and t.median_us < floor_us:  # not NaN, and below
+        notes.append(f"median {100 * (1 - t.median_us / floor_us):.1f}% below floor: the floor is profiled in a "
+                     "separate run, so it carries that run's spread")
     if gpu is not None and executed_as == "cuda graph" and gpu.kernels + gpu.copies == 0:
         notes.append("profiler saw no GPU work: floor not measured")
     if gpu is not None and executed_as == "cuda graph" and gpu.eager_launches * t.units_per_call > 2 * gpu.graph_launches:
