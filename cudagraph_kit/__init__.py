@@ -8,11 +8,14 @@ floor), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledge
 (DistributedDataParallel under graphs, per-rank step timing). ``results`` (save/load a notebook's results and
 figures) needs ``env`` beside it; ``exercises`` holds the checks of the notebooks' exercises.
 """
+from .buckets import (BucketedGraphs, BucketPlan, MemoryLedger, capture_buckets, evaluate_buckets, ladder,
+                      plan_buckets, pool_usage)
 from .capture import CaptureError, GraphedCallable, NoCudaError, capture, shared_pool
+from .diagnose import advise, check_capturable, explain, verify
 from .env import bf16_supported, describe, env_table, has_cuda
 from .partial import graph_modules
-from .diagnose import advise, check_capturable, explain, verify
 from .timing import compare, gpu_time, timeit
+from .train_step import GraphedTrainStep, capture_train_step
 from . import exercises, results
 
 __all__ = [
@@ -20,15 +23,10 @@ __all__ = [
     "has_cuda", "bf16_supported", "describe", "env_table",
     "graph_modules", "timeit", "gpu_time", "compare", "results", "exercises",
     "check_capturable", "verify", "advise", "explain",
+    "capture_buckets", "BucketedGraphs", "ladder", "plan_buckets", "BucketPlan", "evaluate_buckets",
+    "MemoryLedger", "pool_usage",
+    "capture_train_step", "GraphedTrainStep",
 ]
-from .buckets import (BucketedGraphs, BucketPlan, MemoryLedger, capture_buckets, evaluate_buckets, ladder,
-                      plan_buckets, pool_usage)
-
-__all__ += ["capture_buckets", "BucketedGraphs", "ladder", "plan_buckets", "BucketPlan", "evaluate_buckets",
-            "MemoryLedger", "pool_usage"]
-from .train_step import GraphedTrainStep, capture_train_step
-
-__all__ += ["capture_train_step", "GraphedTrainStep"]
 try:  # needs torch.distributed (absent from a few PyTorch builds)
     from .ddp import StepTimer, ddp_for_graphs, jitter_summary, setup_distributed_for_graphs  # noqa: F401
     __all__ += ["setup_distributed_for_graphs", "ddp_for_graphs", "StepTimer", "jitter_summary"]

@@ -322,7 +322,7 @@ def _executed_as(fn, gpu: GpuTime | None) -> str:
     return "unknown"
 
 
-def _notes(t: Timing, floor_us: float, gpu: GpuTime | None, executed_as: str) -> str:
+def _notes(t: Timing, floor_us: float, gpu: GpuTime | None, executed_as: str, pure_graph: bool) -> str:
     notes = []
     if t.median_us > 0 and t.iqr_us > NOISY_SPREAD * t.median_us:
         notes.append(f"noisy: IQR {100 * t.iqr_us / t.median_us:.0f}% of median")
@@ -331,7 +331,7 @@ def _notes(t: Timing, floor_us: float, gpu: GpuTime | None, executed_as: str) ->
                      "separate run, so it carries that run's spread")
     if gpu is not None and executed_as == "cuda graph" and gpu.kernels + gpu.copies == 0:
         notes.append("profiler saw no GPU work: floor not measured")
-    if gpu is not None and executed_as == "cuda graph" and gpu.eager_launches * t.units_per_call > 2 * gpu.graph_launches:
+    if gpu is not None and executed_as == "cuda graph" and not pure_graph:
         notes.append(f"part eager ({gpu.eager_launches:.0f} kernels/call launched outside graphs): no floor")
     return "; ".join(notes)
 
@@ -403,7 +403,7 @@ def compare(variants: dict, *args, case: str = "", calls: int | None = None, sam
             "copies_per_call": g.copies if g else float("nan"),
             "eager_kernels_per_call": g.eager_launches if g else float("nan"),
             "vs_floor": t.median_us / floor_us if floor_us == floor_us else float("nan"),
-            "note": _notes(t, floor_us, g, executed_as),
+            "note": _notes(t, floor_us, g, executed_as, pure_graph),
             "calls": t.calls, "clock": t.clock,
         })
     return pd.DataFrame(rows)
