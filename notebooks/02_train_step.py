@@ -372,7 +372,7 @@ fig_loss.tight_layout()
 # `compare` times the three round-robin in one window (one sample of each per round) and reports the median
 # time per step, the speedup over eager (median of the per-round ratios, with quartiles), and, measured after
 # all timings with `torch.profiler`, the **floor** (`floor_us`, the GPU-busy time per step), the kernels and
-# the copies per step. Each variant's first two steps run under a warnings filter that records who triggers
+# the copies per step. Every step of the cell runs under a warnings filter that records who triggers
 # autograd's `AccumulateGrad` stream warning, if anyone (explained below the table).
 
 # %%
@@ -392,21 +392,32 @@ def show(df, columns):
 
 
 STREAM_WARNING = "AccumulateGrad node's stream does not match"
-stream_warning_from = None  # (variant, case) whose first steps raised the warning
+stream_warning_from = None  # (who, case): the first steps of a variant, or "the timing" of a case
 
 
-def first_steps(name, fn, x, y, case):
-    """Run two steps of ``fn``, recording whether they raised autograd's AccumulateGrad stream warning."""
-    global stream_warning_from
-    with warnings.catch_warnings(record=True) as caught:
+class StreamWarningWatch:
+    """Record warnings inside ``with``; ``raised_by(who)`` notes the stream warning if it came since the last call.
+    Any other warning is shown as usual when the block ends."""
+
+    def __init__(self, case):
+        self.case, self.seen, self._catcher = case, 0, warnings.catch_warnings(record=True)
+
+    def __enter__(self):
+        self.log = self._catcher.__enter__()
         warnings.simplefilter("always")
-        for _ in range(2):
-            fn(x, y)
-    for w in caught:
-        if STREAM_WARNING in str(w.message):
-            stream_warning_from = stream_warning_from or (name, case)
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)  # anything else: show it
+        return self
+
+    def raised_by(self, who):
+        global stream_warning_from
+        if any(STREAM_WARNING in str(w.message) for w in self.log[self.seen:]):
+            stream_warning_from = stream_warning_from or (who, self.case)
+        self.seen = len(self.log)
+
+    def __exit__(self, *exc):
+        self._catcher.__exit__(*exc)
+        for w in self.log:
+            if STREAM_WARNING not in str(w.message):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 tables = []
@@ -424,9 +435,13 @@ for size, (n, d_in, h, d_out) in SIZES.items():
         if CUDA:
             m = graph_modules(copy.deepcopy(base), (x,))
             variants["make_graphed_callables (model only)"] = eager_step(m, make_opt(opt_name, m.parameters()))
-        for name, fn in variants.items():
-            first_steps(name, fn, x, y, case)
-        df = compare(variants, x, y, case=case, samples=SAMPLES, calls=CALLS)
+        with StreamWarningWatch(case) as watch:
+            for name, fn in variants.items():
+                for _ in range(2):
+                    fn(x, y)
+                watch.raised_by(f"the first steps of {name!r}")
+            df = compare(variants, x, y, case=case, samples=SAMPLES, calls=CALLS)
+            watch.raised_by("the timing")
         tables.append(df)
         print(show(df, ["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo", "speedup_hi",
                         "floor_us", "kernels_per_call", "copies_per_call", "note"]).to_string(index=False))
@@ -434,9 +449,9 @@ for size, (n, d_in, h, d_out) in SIZES.items():
 timing = pd.concat(tables, ignore_index=True)
 if not CUDA:
     print("\nmake_graphed_callables skipped: it needs an NVIDIA GPU. The CPU times above are eager, not results.")
-print("\nAccumulateGrad stream warning:",
-      f"raised by the first steps of {stream_warning_from[0]!r} ({stream_warning_from[1]})"
-      if stream_warning_from else "not raised by any variant in this run")
+print("\nAccumulateGrad stream warning (watched over every step of this cell):",
+      f"raised by {stream_warning_from[0]} ({stream_warning_from[1]})"
+      if stream_warning_from else "not raised in this run")
 
 # %% [markdown]
 # **The `AccumulateGrad` stream warning.** Autograd creates one `AccumulateGrad` node per parameter (the node
@@ -446,10 +461,9 @@ print("\nAccumulateGrad stream warning:",
 # `torch.cuda.make_graphed_callables` warms up and captures on side streams of its own and keeps the
 # outputs of its forward capture, and with them the autograd graph built during capture, which holds the
 # parameters' `AccumulateGrad` nodes, created on that side stream. Every later eager backward through the
-# graphed module runs on the default stream and accumulates through those nodes. The cell above watches the
-# first two steps of each variant only: the warning can also come later, while a variant is being timed, and
-# is then printed in the cell's output although its last line says "not raised" (so it was in the recorded
-# H100 run). The whole-step graph keeps no autograd graph alive after
+# graphed module runs on the default stream and accumulates through those nodes. The cell above watches every
+# step it runs, the first two of each variant and all of the timing, and says which raised the warning
+# first (autograd warns once per process). The whole-step graph keeps no autograd graph alive after
 # its capture (its loss is detached), and the eager loop stays on one stream. The extra synchronization is
 # a few cross-stream event waits per step in the `make_graphed_callables` row; results are unaffected.
 # Silence it with `torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)` once you know
@@ -681,9 +695,13 @@ for label, dtype, use_scaler in AMP_CASES:
                                   scaler=torch.amp.GradScaler("cuda") if use_scaler else None),
     }
     case = f"MLP {N}x{D_IN}x{H}x{D_OUT}, SGD, AMP {label}"
-    for name, fn in amp_variants.items():
-        first_steps(name, fn, x, y, case)
-    df = compare(amp_variants, x, y, case=case, samples=SAMPLES, calls=CALLS)
+    with StreamWarningWatch(case) as watch:
+        for name, fn in amp_variants.items():
+            for _ in range(2):
+                fn(x, y)
+            watch.raised_by(f"the first steps of {name!r}")
+        df = compare(amp_variants, x, y, case=case, samples=SAMPLES, calls=CALLS)
+        watch.raised_by("the timing")
     amp_tables.append(df)
     print(show(df, ["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo", "speedup_hi",
                     "floor_us", "kernels_per_call", "copies_per_call", "note"]).to_string(index=False))

@@ -513,7 +513,7 @@ if len(ro_rows):
 print(RO_GELU_VERDICT)
 
 # %% [markdown]
-# ## 6. Where `reduce-overhead` wins: a deeper model
+# ## 6. A deeper model: many kernels per call
 #
 # `reduce-overhead`'s fixed cost per call (guards, wrappers, the tree's bookkeeping, one input copy, one
 # graph launch) does not grow with the work inside the graph, while eager pays a launch per kernel and default
@@ -579,8 +579,92 @@ if "reduce-overhead + mark_step_begin" in m.index:
         + ("it wins here" if r["speedup"] > 1 and vs_compile > 1 else "it does NOT win here")
         + f". The kit's manual graph of the eager model took {m.loc['cuda graph', 'median_us']:.1f} µs with the "
         f"input copy and {m.loc['cuda graph, input in place', 'median_us']:.1f} µs with the input in place; the "
-        f"floor is {m.loc['cuda graph, input in place', 'floor_us']:.1f} µs.")
+        f"floor is {m.loc['cuda graph, input in place', 'floor_us']:.1f} µs"
+        + (f", against {r['floor_us']:.1f} µs for reduce-overhead's graph of the compiled model."
+           if pd.notna(r["floor_us"]) else "."))
 print(RO_MLP_VERDICT)
+
+# %% [markdown]
+# The profile in section 7 shows why the compiled forward did not run faster on the GPU: its matrix multiplies
+# ran another cuBLAS kernel than eager's, and its floor (the GPU time of the graph's own kernels, in the table
+# above) is what a replay cannot go below. A graph removes launches, not slow kernels.
+#
+# ### 6b. A training step: forward and backward under `reduce-overhead`
+# Training is where `reduce-overhead` is meant to be used: `torch.compile` of the model gives AOTAutograd a
+# forward and a backward graph, and `reduce-overhead` replays each as a CUDA graph, while the loss, the
+# backward's autograd bookkeeping and `optimizer.step()` stay in Python. The same MLP trained with SGD on
+# batches of `MLP_BATCH` rows, timed in **window 4**: the eager step, that step with the model compiled with
+# `reduce-overhead` (`cudagraph_mark_step_begin` at each step), and the kit's whole-step graph
+# (`capture_train_step`, notebook 02), which captures the optimizer step too. Parity with eager first.
+
+# %%
+WINDOW_4 = "4: training step"
+TRAIN_CASE = f"MLP {MLP_LAYERS}x(Linear {MLP_WIDTH}+ReLU), batch {MLP_BATCH}, SGD training step"
+RO_TRAIN_VERDICT = "not measured (needs an NVIDIA GPU and torch.compile)"
+train_frame = None
+if CUDA and COMPILE:
+    from cudagraph_kit import capture_train_step
+
+    def make_trainable(seed=1):
+        torch.manual_seed(seed)
+        layers = []
+        for _ in range(MLP_LAYERS):
+            layers += [torch.nn.Linear(MLP_WIDTH, MLP_WIDTH), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers).to(DEVICE)
+
+    loss_fn = torch.nn.functional.mse_loss
+    x_train, y_train = torch.randn(MLP_BATCH, MLP_WIDTH, device=DEVICE), torch.randn(MLP_BATCH, MLP_WIDTH, device=DEVICE)
+
+    def eager_train_step(model, compiled=None):
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        forward = compiled or model
+
+        def step(x, y):
+            if compiled is not None:
+                torch.compiler.cudagraph_mark_step_begin()  # a new iteration: the graphs may reuse their memory
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(forward(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+
+    train_models = {name: make_trainable() for name in ("eager", "ro", "kit")}
+    train_steps = {
+        "eager": eager_train_step(train_models["eager"]),
+        "reduce-overhead forward+backward": eager_train_step(
+            train_models["ro"], torch.compile(train_models["ro"], mode="reduce-overhead", dynamic=False)),
+        "kit whole-step graph": capture_train_step(
+            train_models["kit"], torch.optim.SGD(train_models["kit"].parameters(), lr=1e-3), loss_fn,
+            (x_train, y_train)),
+    }
+    for _ in range(6):                        # parity: the same six steps on every variant
+        for step in train_steps.values():
+            step(x_train, y_train)
+    train_errors = {name: max((p - q).abs().max().item() for p, q in zip(train_models[key].parameters(),
+                                                                          train_models["eager"].parameters()))
+                    for name, key in zip(train_steps, train_models)}
+    print("max |parameter difference| vs eager after 6 steps:",
+          ", ".join(f"{k} {v:.1e}" for k, v in train_errors.items()))
+    assert max(train_errors.values()) < 1e-4, "a training variant disagrees with eager; do not time it"
+
+    train_frame = compare(train_steps, x_train, y_train, case=TRAIN_CASE, samples=SAMPLES, calls=CALLS)
+    train_frame.insert(1, "shape", f"{MLP_BATCH}x{MLP_WIDTH}")
+    train_frame["window"] = WINDOW_4
+    train_frame["max_abs_err"] = [train_errors[v] for v in train_frame["variant"]]
+    print(show(train_frame, TABLE_COLUMNS).to_string(index=False, float_format="%.2f"))
+    t = train_frame.set_index("variant")
+    r, k = t.loc["reduce-overhead forward+backward"], t.loc["kit whole-step graph"]
+    RO_TRAIN_VERDICT = (
+        f"On the {MLP_LAYERS}-layer MLP's SGD training step, reduce-overhead (forward and backward graphs, "
+        f"optimizer eager) ran at {r['median_us']:.0f} µs per step: {r['speedup']:.2f}x eager "
+        f"({t.loc['eager', 'median_us']:.0f} µs, {t.loc['eager', 'kernels_per_call']:g} kernels launched one by "
+        f"one); " + ("it wins here" if r["speedup_lo"] > 1 else "it does NOT clearly win here")
+        + f". The kit's whole-step graph, optimizer included, ran at {k['median_us']:.0f} µs "
+        f"({k['speedup']:.2f}x eager).")
+else:
+    print("skipped: needs an NVIDIA GPU (and torch.compile).")
+print(RO_TRAIN_VERDICT)
 
 # %% [markdown]
 # ## 7. Where the time of a call goes
@@ -700,7 +784,7 @@ else:
 # %%
 df = pd.concat(frames + late_frames, ignore_index=True)
 df["max_abs_err"] = [errors[c][v.replace(" (eager fallback)", "")] for c, v in zip(df["case"], df["variant"])]
-df = pd.concat([df, mlp_frame], ignore_index=True)
+df = pd.concat([df, mlp_frame] + ([train_frame] if train_frame is not None else []), ignore_index=True)
 df["device"] = torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)"
 cols = ["case", "shape", "window", "variant", "executed_as", "median_us", "iqr_us", "speedup", "floor_us",
         "vs_floor", "kernels_per_call", "copies_per_call", "max_abs_err", "device", "clock"]
@@ -748,7 +832,8 @@ def plot(df):
 fig = plot(df)
 folder = results.save(STEM, df, figures={"time_per_call": fig},
                       extra_env={"torchscript_fuser": FUSER, "reduce_overhead_stale_output": ro_overwrite,
-                                 "reduce_overhead_gelu": RO_GELU_VERDICT, "reduce_overhead_mlp": RO_MLP_VERDICT})
+                                 "reduce_overhead_gelu": RO_GELU_VERDICT, "reduce_overhead_mlp": RO_MLP_VERDICT,
+                                 "reduce_overhead_training": RO_TRAIN_VERDICT})
 print("saved to", folder)
 plt.show()
 
@@ -761,6 +846,7 @@ plt.show()
 # rows with their own eager).
 
 # %%
+# NBVAL_CHECK_OUTPUT
 # Published graph figures go on the "input in place" rows: the reference's floors (about 1.4 µs for the fused
 # graphs) show it replayed without copying a new input; the blog does not say.
 IP = ", input in place"
@@ -772,7 +858,11 @@ H100 = {("small", "eager"): 75.8, ("small", "cuda graph" + IP): 8.7, ("small", "
         ("small", "torch.compile + graph" + IP): 3.0, ("small", "reduce-overhead, naive (y = f(x))"): 85.2,
         ("large", "eager"): 72.4, ("large", "cuda graph" + IP): 66.8, ("large", "jit.script + graph" + IP): 18.5,
         ("large", "torch.compile + graph" + IP): 11.4}
+published_figures = pd.DataFrame([{"case": c, "variant": v, "K80, PyTorch 1.10 (µs)": K80.get((c, v)),
+                                   "H100 reference (µs)": H100.get((c, v))} for c, v in dict.fromkeys([*K80, *H100])])
+print(published_figures.to_string(index=False, na_rep="-"))
 
+# %%
 if CUDA:
     ours, ours_label = df, f"this run: {df['device'].iloc[0]}"
 else:
@@ -844,6 +934,7 @@ else:
 # %%
 print("-", RO_GELU_VERDICT)
 print("-", RO_MLP_VERDICT)
+print("-", RO_TRAIN_VERDICT)
 print(f"- TorchScript fuser on this PyTorch: {FUSER}")
 print(f"- Reading a reduce-overhead output after the next call: {ro_overwrite or 'not tried (needs a GPU)'}")
 
@@ -858,8 +949,10 @@ print(f"- Reading a reduce-overhead output after the next call: {ro_overwrite or
 # - `torch.compile(mode="reduce-overhead")` pays a fixed CPU cost on every call for its safety machinery
 #   (guards, copying inputs into static buffers, tracking the outputs it hands out). On a single fused
 #   elementwise kernel there is nothing left for its graph to save, so that cost decides (first verdict
-#   above). On a region with many kernels, such as the deeper MLP, the graph saves a launch per kernel and
-#   the fixed cost is paid once (second verdict). Use it on whole model forwards or training steps, call
+#   above). On a region with many kernels its graph saves a launch per kernel and the fixed cost is paid once,
+#   but it can only be as fast as the kernels torch.compile generated (the floors of the second verdict), and
+#   in training the optimizer step and autograd's bookkeeping stay in Python (third verdict). Use it on whole
+#   model forwards or training steps, call
 #   `torch.compiler.cudagraph_mark_step_begin()` at each iteration boundary, keep inputs in a static buffer
 #   when you can, and clone outputs you keep across calls. When every µs counts, a manual graph with its input
 #   in place is the floor you can reach from Python.

@@ -89,6 +89,7 @@ POOL_BATCHES = [1024, 768, 512, 384, 256, 192, 128, 64]   # batch sizes captured
 import json
 import os
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -145,12 +146,21 @@ def still_works():
     return bool(ok)
 
 
-def run_isolated(script, *args, timeout=600):
-    """Run ``script`` in a fresh Python process that can import this kit; return the JSON it printed last."""
+def run_isolated(script, *args, timeout=120):
+    """Run ``script`` in a fresh Python process that can import this kit; return the JSON it printed last.
+    A process still running after ``timeout`` seconds is killed and reported as such (never a stalled notebook)."""
     kit_root = str(Path(cudagraph_kit.__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [kit_root, os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    try:
+        done = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        raw = e.stdout or b""
+        raw = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        lines = [line for line in raw.splitlines() if line.startswith("{")]
+        out = json.loads(lines[-1]) if lines else {}
+        out.update({"exit code": f"killed after {timeout} s", "stderr": "timed out"})
+        return out
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     out = json.loads(lines[-1]) if lines else {}
     out["exit code"] = done.returncode
@@ -718,10 +728,7 @@ REDUCE_OVERHEAD_SCRIPT = textwrap.dedent('''
 ''')
 
 if CUDA:
-    try:
-        ro = run_isolated(REDUCE_OVERHEAD_SCRIPT, timeout=300)
-    except subprocess.TimeoutExpired:
-        ro = {"exit code": "timed out after 300 s"}
+    ro = run_isolated(REDUCE_OVERHEAD_SCRIPT, timeout=300)
     if ro.get("exit code"):
         print("the reduce-overhead experiment did not finish:", ro.get("exit code"), ro.get("stderr", ""))
     skips = ro.get("skips", 0)
@@ -842,16 +849,17 @@ TWO_CAPTURE_VARIANTS = ["keep everything", "drop", "drop, replay right after cap
                         "drop, empty_cache, no second capture", "same model and optimizer twice"]
 two_rows = []
 if CUDA:
-    for variant in TWO_CAPTURE_VARIANTS:
-        for attempt in range(TRIES):
-            r = run_isolated(TWO_CAPTURES_SCRIPT, variant)
-            replay = r.get("replay of graph 1") or f"process died (exit code {r['exit code']}): {r.get('stderr', '')}"
-            memory_states = r.get("graph 1 memory", {})
-            two_rows.append({"variant": variant, "try": attempt + 1, "replay of graph 1": first_line(replay, 90),
-                             "crashed": replay != "ok",
-                             "graph 1 reads freed memory": sum(n for k, n in memory_states.items()
-                                                               if not k.endswith(": allocated")),
-                             "graph 1 memory": "; ".join(f"{k} {n}" for k, n in sorted(memory_states.items()))})
+    jobs = [(variant, attempt) for variant in TWO_CAPTURE_VARIANTS for attempt in range(TRIES)]
+    with ThreadPoolExecutor(max_workers=5) as workers:  # separate processes: they can run side by side
+        answers = list(workers.map(lambda job: run_isolated(TWO_CAPTURES_SCRIPT, job[0]), jobs))
+    for (variant, attempt), r in zip(jobs, answers):
+        replay = r.get("replay of graph 1") or f"process died (exit code {r['exit code']}): {r.get('stderr', '')}"
+        memory_states = r.get("graph 1 memory", {})
+        two_rows.append({"variant": variant, "try": attempt + 1, "replay of graph 1": first_line(replay, 90),
+                         "crashed": replay != "ok",
+                         "graph 1 reads freed memory": sum(n for k, n in memory_states.items()
+                                                           if not k.endswith(": allocated")),
+                         "graph 1 memory": "; ".join(f"{k} {n}" for k, n in sorted(memory_states.items()))})
     two = pd.DataFrame(two_rows)
     summary_two = two.groupby("variant", sort=False).agg(tries=("try", "size"), crashed=("crashed", "sum"),
                                                          reads_freed=("graph 1 reads freed memory", "max"))

@@ -101,7 +101,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cudagraph_kit import capture, capture_train_step, compare, env_table, gpu_time, has_cuda, results, timeit
-from cudagraph_kit.buckets import MemoryLedger, capture_buckets, evaluate_buckets, ladder, plan_buckets
+from cudagraph_kit.buckets import MemoryLedger, capture_buckets, evaluate_buckets, ladder, plan_buckets, pool_usage
 
 STEM = "06_variable_shapes"
 CUDA = has_cuda()
@@ -358,6 +358,48 @@ if evidence:
     print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 else:
     print("Memory held by graphs needs a GPU: on a CPU nothing is captured (see the recorded results at the end).")
+
+# %% [markdown]
+# **Why the transformer block's shared pool can hold more than its largest bucket.** The caching allocator
+# carves memory into *segments* (2 MiB for small blocks, 20 MiB or the rounded request for large ones) and
+# hands out blocks from them. The largest bucket's capture leaves segments shaped by its own requests; a
+# smaller bucket asks for other sizes, in another order, and when no free block of the pool fits, the pool
+# grows by a new segment although the free memory would suffice in total: fragmentation. The allocator's
+# `expandable_segments` option (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, see PyTorch's CUDA
+# semantics notes) maps memory into one growing segment per stream and pool instead, so freed space can be
+# reused whatever the request sizes. Set it in the environment before Python starts; here it is switched at run
+# time with `torch.cuda.memory._set_allocator_settings` (what PyTorch's own tests do; it applies to segments
+# created from then on) to compare both settings in one process: the transformer block's default ladder in a
+# shared pool against its largest bucket alone, each size checked against eager first (`verify`).
+
+# %%
+def pool_held(name, sizes):
+    """Bytes reserved by the shared pool of ``sizes`` buckets of model ``name``, after checking every size."""
+    model, _ = MODELS[name]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    serve = capture_buckets(model, data[name][:MAX_ROWS], sizes=sizes)
+    worst = max(serve.verify(data[name][:n]) for n in range(1, MAX_ROWS + 1))  # correct before measuring
+    assert worst < 1e-3, f"a bucketed graph disagrees with eager (max |err| {worst:.2e})"
+    return pool_usage()[tuple(serve.graphs[MAX_ROWS].pool())]["reserved"]
+
+
+pool_rows = []
+set_allocator = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+if CUDA and set_allocator is not None:
+    for setting in ("expandable_segments:False", "expandable_segments:True"):
+        set_allocator(setting)       # what PYTORCH_CUDA_ALLOC_CONF sets; from here on, for new segments
+        try:
+            alone, ladder_held = pool_held("transformer block", [MAX_ROWS]), pool_held("transformer block", ladder(MAX_ROWS))
+        finally:
+            set_allocator("expandable_segments:False")
+        pool_rows.append({"allocator": setting, "largest bucket alone (MiB)": alone / MiB,
+                          "default ladder, shared pool (MiB)": ladder_held / MiB, "ladder / alone": ladder_held / alone})
+    pool_table = pd.DataFrame(pool_rows)
+    print("transformer block, shared-pool memory only (the static buffers are the same in every row):")
+    print(pool_table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+else:
+    print("Needs a GPU (and torch.cuda.memory._set_allocator_settings): the allocator's segments are CUDA memory.")
 
 # %% [markdown]
 # The ledger reads any graph the kit makes: a `capture()` result, a `BucketedGraphs`, and a
@@ -740,7 +782,7 @@ curve_rows = [{"case": "planner curve", "variant": f"planned, at most {k} graphs
               for k, p in curve]
 all_rows = pd.concat([results_df, h2h, pd.DataFrame(mem_rows), pd.DataFrame(curve_rows)], ignore_index=True)
 extra = {"max_rows": MAX_ROWS, "requests": REQUESTS, "history": HISTORY, "seed": SEED,
-         "evidence": evidence, "planned_vs_best": checks}
+         "evidence": evidence, "planned_vs_best": checks, "allocator_fragmentation": pool_rows}
 folder = results.save(STEM, all_rows, figures={"tradeoff": fig}, extra_env=extra)
 print("saved to", folder)
 

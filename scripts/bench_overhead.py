@@ -1,7 +1,7 @@
 """Benchmark: what does the kit's graphed call cost over raw ``CUDAGraph.replay()`` plus the same input copy?
 
 Target (DESIGN.md): a kit call is within 3% (or 1 µs) of ``static_x.copy_(x); graph.replay()``.
-Kit and raw are timed in interleaved samples (kit, raw, kit, raw, ...) so clock drift hits both alike.
+Kit, raw and replay-only are timed round-robin, the order rotated each round, so drift hits them alike.
 Results go to ``figures/00_overhead/`` (results.csv + env.json). Run on a GPU:
 
     python scripts/bench_overhead.py
@@ -33,11 +33,14 @@ def measure(shape, calls, rounds=31):
         graph.replay()
 
     torch.testing.assert_close(g(new), gelu(new))  # correct before fast
-    kit_s, raw_s, rep_s = [], [], []
-    for _ in range(rounds):
-        kit_s.append(timeit(g, new, calls=calls, samples=1, warmup=5).median_us)
-        raw_s.append(timeit(raw, calls=calls, samples=1, warmup=5).median_us)
-        rep_s.append(timeit(graph.replay, calls=calls, samples=1, warmup=5).median_us)
+    timed = {"kit": (g, new), "raw": (raw,), "replay": (graph.replay,)}  # (callable, its arguments)
+    samples = {k: [] for k in timed}
+    for r in range(rounds):  # round-robin, the order rotated each round: drift and order hit all three alike
+        order = list(timed)[r % 3:] + list(timed)[:r % 3]
+        for k in order:
+            fn, *args = timed[k]
+            samples[k].append(timeit(fn, *args, calls=calls, samples=1, warmup=5).median_us)
+    kit_s, raw_s, rep_s = samples["kit"], samples["raw"], samples["replay"]
     kit, raw_t, rep = (statistics.median(s) for s in (kit_s, raw_s, rep_s))
     diffs = [k - r for k, r in zip(kit_s, raw_s)]
     return kit, raw_t, rep, statistics.median(diffs), kit_s, raw_s

@@ -3,7 +3,7 @@
 For the headline cases of notebooks 01-03 (small/large GELU eager and graph, the kit call ``g(x)``, jit.script +
 graph, whole-step MLP SGD and Adam), each round times the case the kit's way (``compare``, floor and profiler
 included) and a plain-PyTorch way (hand-written capture, a loop between two synchronizes, no kit, no profiler),
-one right after the other. ``ratio`` = kit / reference, median over rounds; ``recorded_us`` is what the notebook of
+one right after the other, in alternating order. ``ratio`` = kit / reference, median over rounds; ``recorded_us`` is what the notebook of
 the same ``reproduce`` run recorded for that row, so drift between moments shows too.
 
     python scripts/crosscheck.py            # needs a CUDA GPU; writes figures/00_crosscheck/ (or $CGK_RESULTS_DIR)
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from cudagraph_kit import capture, capture_train_step, compare, env_table, results  # noqa: E402
 
-ROUNDS = 7
+ROUNDS = 8  # even: half the rounds time the kit first, half the plain loop first
 
 
 def gelu(x):
@@ -195,10 +195,13 @@ def main():
         for case, variants in cases.items():
             for variant, kit_fn, ref_fn in variants:
                 key = (case, variant)
+                if r % 2 and key in calls:  # odd rounds: the plain-PyTorch loop first, so order favours neither
+                    ref.setdefault(key, []).append(reference_us(ref_fn, calls[key]))
                 df = compare({variant: kit_fn}, case=case, samples=3)  # the kit's way, floor and profiler included
                 calls[key] = int(df.calls.iloc[0])
                 kit.setdefault(key, []).append(float(df.median_us.iloc[0]))
-                ref.setdefault(key, []).append(reference_us(ref_fn, calls[key]))
+                if not (r % 2):
+                    ref.setdefault(key, []).append(reference_us(ref_fn, calls[key]))
         print(f"round {r + 1}/{ROUNDS} done", flush=True)
     root = results.results_root()
     rows = []
