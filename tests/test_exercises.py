@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from cudagraph_kit import capture, capture_train_step, compare, exercises
+from cudagraph_kit.diagnose import verify
 from cudagraph_kit.exercises import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT
 from cudagraph_kit.reproduce import NOTEBOOKS_DIR
 
@@ -141,6 +142,12 @@ def nb03():
     return types.SimpleNamespace(x=x, compiled=compiled, ro=ro, sol=solutions("03_jit_compile"))
 
 
+@pytest.fixture(scope="module")
+def nb05():
+    torch.manual_seed(0)
+    return types.SimpleNamespace(X=torch.randn(256, device=DEVICE) + 2.0, sol=solutions("05_pitfalls"))
+
+
 # --- each solution against its check ----------------------------------------------------------------------------
 
 def run_01_1(s):
@@ -186,11 +193,20 @@ def run_03_4(s):
     return out, {"x": s.x}
 
 
+def run_05_1(s):
+    return s.sol.exercise_1(DEVICE, CUDA), {}
+
+
+def run_05_2(s):
+    return s.sol.exercise_2(s.X, CUDA), {}
+
+
 RUNNERS = {("01_gelu", 1): ("nb01", run_01_1), ("01_gelu", 2): ("nb01", run_01_2), ("01_gelu", 3): ("nb01", run_01_3),
            ("02_train_step", 1): ("nb02", run_02_1), ("02_train_step", 2): ("nb02", run_02_2),
            ("02_train_step", 3): ("nb02", run_02_3),
            ("03_jit_compile", 1): ("nb03", run_03_1), ("03_jit_compile", 2): ("nb03", run_03_2),
-           ("03_jit_compile", 3): ("nb03", run_03_3), ("03_jit_compile", 4): ("nb03", run_03_4)}
+           ("03_jit_compile", 3): ("nb03", run_03_3), ("03_jit_compile", 4): ("nb03", run_03_4),
+           ("05_pitfalls", 1): ("nb05", run_05_1), ("05_pitfalls", 2): ("nb05", run_05_2)}
 ALL = [(stem, ex) for stem, exs in EXERCISES.items() for ex in exs]
 
 
@@ -360,6 +376,91 @@ def test_03_4_rejects_a_function_that_is_not_compiled(nb03):
     _off(exercises.check_max_autotune(gelu, ..., nb03.x), "not a function returned by torch.compile")
 
 
+class ScaledByStep(torch.nn.Module):  # notebook 05, section 5: the counter is a Python number
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1
+        return self.lin(x) / self.step
+
+
+class CounterRebound(torch.nn.Module):  # a buffer, but a new tensor at every call
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.register_buffer("step", torch.zeros(()))
+
+    def forward(self, x):
+        self.step = self.step + 1
+        return self.lin(x) / self.step
+
+
+class CounterNotABuffer(torch.nn.Module):  # updated in place, but .to(DEVICE) does not move it
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.step = torch.zeros((), device=DEVICE)
+
+    def forward(self, x):
+        self.step.add_(1)
+        return self.lin(x) / self.step
+
+
+class CounterFromOne(CounterRebound):
+    def __init__(self):
+        super().__init__()
+        self.step.fill_(1)
+
+    def forward(self, x):
+        self.step.add_(1)
+        return self.lin(x) / self.step
+
+
+def test_05_1_rejects_a_python_counter_a_rebound_buffer_and_a_plain_attribute():
+    _off(exercises.check_step_counter(ScaledByStep, ...), "check_capturable still finds", "Python state",
+         "register_buffer")
+    _off(exercises.check_step_counter(CounterRebound, ...), "new tensor after each call", "add_(1)")
+    _off(exercises.check_step_counter(CounterNotABuffer, ...), "plain tensor attribute", "register_buffer")
+    _off(exercises.check_step_counter(CounterFromOne, ...), "not by 1, 2, 3")
+
+
+def test_05_1_an_empty_class_is_not_done():
+    class ScaledByStepFixed(torch.nn.Module):
+        ...
+    result = exercises.check_step_counter(ScaledByStepFixed, ...)
+    assert result.status == NOT_DONE and "placeholder" in result.text, result
+
+
+def clip_to_norm(x, max_norm=1.0):  # notebook 05, exercise 2: the version with a host read
+    norm = x.norm().item()
+    if norm > max_norm:
+        x = x * (max_norm / norm)
+    return x
+
+
+def test_05_2_rejects_a_host_read_an_if_on_a_tensor_and_a_clip_that_always_scales():
+    _off(exercises.check_clip_without_sync(clip_to_norm, ...), "check_capturable finds", "host sync")
+
+    def if_on_a_tensor(x, max_norm=1.0):
+        norm = x.norm()
+        return x * (max_norm / norm) if norm > max_norm else x
+    _off(exercises.check_clip_without_sync(if_on_a_tensor, ...), "host sync")
+
+    def always_scales(x, max_norm=1.0):
+        return x * (max_norm / x.norm())
+    _off(exercises.check_clip_without_sync(always_scales, ...), "norm below max_norm", "torch.clamp")
+
+
+def test_05_2_the_fixed_clip_gives_the_values_of_the_one_with_a_host_read():
+    fixed = solutions("05_pitfalls").exercise_2(torch.randn(64, device=DEVICE), False)["clip_to_norm_fixed"]
+    for scale in (0.001, 0.1, 1.0, 10.0):
+        x = torch.randn(64, device=DEVICE) * scale
+        torch.testing.assert_close(fixed(x), clip_to_norm(x), rtol=1e-4, atol=1e-6)
+
+
 # --- wrong answers only a GPU can expose -------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -428,6 +529,36 @@ def test_02_2_claim_sgd_reads_a_tensor_lr_on_the_host(nb02):
 def test_03_3_a_reduce_overhead_output_is_not_kept_without_clone(nb03):
     naive = with_mark_step(nb03.ro)
     _off(exercises.check_clone_cost(naive, ..., ..., nb03.x), ".clone()")
+
+
+@pytest.mark.gpu
+def test_05_1_a_verify_against_the_graphed_model_itself_is_rejected():
+    """The trap of exercise 05.1: the graph and its eager reference share one counter, so they disagree."""
+    Fixed = solutions("05_pitfalls").exercise_1("cuda", False)["ScaledByStepFixed"]
+    model = Fixed().cuda()
+    x = torch.randn(4, 16, device="cuda")
+    g = capture(model, x)
+    shared = verify(g, model, x)
+    _off(exercises.check_step_counter(Fixed, shared), "your verify() finds a divergence", "copy.deepcopy")
+
+
+@pytest.mark.gpu
+def test_05_1_a_python_counter_diverges_in_a_graph():
+    """The claim of exercise 05.1: a graph freezes ScaledByStep's Python counter (verify against an eager copy)."""
+    model = ScaledByStep().cuda()
+    reference = copy.deepcopy(model)
+    x = torch.randn(4, 16, device="cuda")
+    g = capture(model, x)
+    reference.step = model.step
+    assert not verify(g, reference, x, state=[(model, reference)]).ok
+
+
+@pytest.mark.gpu
+def test_05_2_a_host_read_does_not_capture():
+    from cudagraph_kit import CaptureError
+    with pytest.raises(CaptureError):
+        capture(clip_to_norm, torch.randn(256, device="cuda"))
+    assert torch.isfinite(torch.randn(4, device="cuda") * 2).all()  # the process keeps working
 
 
 def test_exercise_cells_use_only_placeholders_the_checks_understand():
