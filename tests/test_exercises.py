@@ -143,6 +143,71 @@ def nb03():
 
 
 @pytest.fixture(scope="module")
+def nb04():
+    """Section 1's sweep at two batch sizes (ResNet-18, small images on a CPU) and section 4's digits loop."""
+    import torchvision
+    from sklearn.datasets import load_digits
+
+    arch, image, dtype, dname = ("resnet18", 224, torch.float16, "fp16") if CUDA else \
+        ("resnet18", 32, torch.float32, "fp32 (CPU)")
+
+    def build_model(dtype):
+        torch.manual_seed(0)
+        model = getattr(torchvision.models, arch)(weights=None)
+        return model.to(DEVICE, dtype=dtype, memory_format=torch.channels_last).eval()
+
+    def image_batch(n, dtype, seed=1):
+        x = torch.randn(n, 3, image, image, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype=dtype)
+        return x.contiguous(memory_format=torch.channels_last)
+
+    batches = [1, 4]
+    model = build_model(dtype)
+
+    def infer(x):
+        with torch.no_grad():
+            return model(x)
+
+    frames = []
+    for bs in batches:
+        x = image_batch(bs, dtype)
+        g = capture(infer, x, eager_fallback=True)
+        df = compare({"eager": infer, "cuda graph (with input copy)": g}, x, case=f"inference {dname} bs{bs}",
+                     samples=SAMPLES, calls=CALLS)
+        df["batch"] = bs
+        frames.append(df)
+    inference = pd.concat(frames, ignore_index=True)
+    e = inference[inference.variant == "eager"].set_index("batch")
+    gr = inference[inference.variant != "eager"].set_index("batch")
+    curve = {dname: {"eager": e, "graph": gr, "launch_us": e.median_us[1] / e.kernels_per_call[1] if CUDA
+                     else float("nan")}}
+
+    digits = load_digits()
+    X = torch.tensor(digits.images[:320], dtype=torch.float32).unsqueeze(1)
+    X, Y = (X - X.mean()) / X.std(), torch.tensor(digits.target[:320])
+
+    def small_cnn():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(), torch.nn.Linear(32 * 2 * 2, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(DEVICE)
+
+    def warmup_cosine(opt, total, warmup):
+        s = torch.optim.lr_scheduler
+        return s.SequentialLR(opt, [s.LinearLR(opt, start_factor=0.1, total_iters=warmup),
+                                    s.CosineAnnealingLR(opt, T_max=total - warmup)], milestones=[warmup])
+
+    def digits_loader(seed):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=32, shuffle=True,
+                                           generator=torch.Generator().manual_seed(seed), drop_last=False)
+
+    return types.SimpleNamespace(curve=curve, infer_dtypes={dname: dtype}, batches=batches, build_model=build_model,
+                                 image_batch=image_batch, small_cnn=small_cnn, warmup_cosine=warmup_cosine,
+                                 digits_loader=digits_loader, steps=len(digits_loader(1)), dname=dname,
+                                 sol=solutions("04_resnet50"))
+
+
+@pytest.fixture(scope="module")
 def nb05():
     torch.manual_seed(0)
     return types.SimpleNamespace(X=torch.randn(256, device=DEVICE) + 2.0, sol=solutions("05_pitfalls"))
@@ -193,6 +258,18 @@ def run_03_4(s):
     return out, {"x": s.x}
 
 
+def run_04_1(s):
+    out = s.sol.exercise_1(s.curve, s.infer_dtypes, s.batches, s.build_model, s.image_batch,
+                           "cuda graph (with input copy)", SAMPLES, CALLS)
+    return out, {"sweep": s.curve[s.dname], "sweep_batches": s.batches}
+
+
+def run_04_2(s):
+    out = s.sol.exercise_2(s.small_cnn, s.digits_loader, s.warmup_cosine, torch.nn.CrossEntropyLoss(), s.steps, 1.0,
+                           DEVICE, CUDA)
+    return out, {"max_norm": 1.0, "steps": s.steps}
+
+
 def run_05_1(s):
     return s.sol.exercise_1(DEVICE, CUDA), {}
 
@@ -206,6 +283,7 @@ RUNNERS = {("01_gelu", 1): ("nb01", run_01_1), ("01_gelu", 2): ("nb01", run_01_2
            ("02_train_step", 3): ("nb02", run_02_3),
            ("03_jit_compile", 1): ("nb03", run_03_1), ("03_jit_compile", 2): ("nb03", run_03_2),
            ("03_jit_compile", 3): ("nb03", run_03_3), ("03_jit_compile", 4): ("nb03", run_03_4),
+           ("04_resnet50", 1): ("nb04", run_04_1), ("04_resnet50", 2): ("nb04", run_04_2),
            ("05_pitfalls", 1): ("nb05", run_05_1), ("05_pitfalls", 2): ("nb05", run_05_2)}
 ALL = [(stem, ex) for stem, exs in EXERCISES.items() for ex in exs]
 
@@ -376,6 +454,45 @@ def test_03_4_rejects_a_function_that_is_not_compiled(nb03):
     _off(exercises.check_max_autotune(gelu, ..., nb03.x), "not a function returned by torch.compile")
 
 
+def test_04_1_rejects_a_measured_batch_a_wrong_graph_and_a_reordered_table(nb04):
+    _off(exercises.check_batch_prediction(nb04.batches[0], ..., ..., ..., ..., sweep=nb04.curve[nb04.dname],
+                                          sweep_batches=nb04.batches), "INFER_BATCHES")
+    x = nb04.image_batch(3, nb04.infer_dtypes[nb04.dname])
+    model = nb04.build_model(nb04.infer_dtypes[nb04.dname])
+
+    def infer(t):
+        with torch.no_grad():
+            return model(t)
+    other_batch = capture(infer, nb04.image_batch(5, nb04.infer_dtypes[nb04.dname]), eager_fallback=True)
+    _off(exercises.check_batch_prediction(3, ..., other_batch, ..., ..., sweep=nb04.curve[nb04.dname],
+                                          sweep_batches=nb04.batches), "captured at batch 5, not 3")
+    g = capture(infer, x, eager_fallback=True)
+    table = compare({"eager": infer, "cuda graph (with input copy)": g}, x, case="bs3", samples=SAMPLES, calls=CALLS)
+    _off(exercises.check_batch_prediction(3, ..., g, table.iloc[::-1].reset_index(drop=True), ...,
+                                          sweep=nb04.curve[nb04.dname], sweep_batches=nb04.batches), "baseline 'eager'")
+
+
+def test_04_predicted_speedup_interpolates_the_floor_and_the_kernels():
+    idx = pd.Index([1, 4], name="batch")
+    sweep = {"eager": pd.DataFrame({"kernels_per_call": [100.0, 120.0]}, index=idx),
+             "graph": pd.DataFrame({"floor_us": [200.0, 800.0]}, index=idx), "launch_us": 5.0}
+    # batch 2: floor 400, kernels 106.67 -> launches 533: launch-bound, 533/400
+    assert math.isclose(exercises.predicted_speedup_at(2, sweep), (106.0 + 2 / 3) * 5 / 400)
+    assert math.isclose(exercises.predicted_speedup_at(4, sweep), 1.0)  # GPU-bound: the graph cannot beat the floor
+
+
+def test_04_2_rejects_norms_that_disagree_a_wrong_count_and_a_shared_tensor():
+    eager = [torch.tensor(v) for v in (3.0, 2.0, 0.5, 0.4)]
+    _off(exercises.check_clip_norms(eager, [3.0, 2.0, 0.5], ..., 1.0, 4), "one epoch has 4 steps")
+    _off(exercises.check_clip_norms(eager, [3.0, 2.5, 0.5, 0.4], ..., 1.0, 4), "differ from the eager loop")
+    _off(exercises.check_clip_norms(eager, [3.0, 2.0, 0.5, 0.4], 0.25, 1.0, 4), "2 of 4 norms are above 1.0")
+    one = torch.tensor(0.4)
+    _off(exercises.check_clip_norms(eager, [torch.tensor(3.0), torch.tensor(2.0), one, one], 0.5, 1.0, 4),
+         "one and the same tensor", ".clone()")
+    result = exercises.check_clip_norms(eager, [3.0, 2.0, 0.5, 0.4], 0.5, 1.0, 4)
+    assert result.ok and "2 of 4 steps" in result.text, result
+
+
 class ScaledByStep(torch.nn.Module):  # notebook 05, section 5: the counter is a Python number
     def __init__(self):
         super().__init__()
@@ -529,6 +646,36 @@ def test_02_2_claim_sgd_reads_a_tensor_lr_on_the_host(nb02):
 def test_03_3_a_reduce_overhead_output_is_not_kept_without_clone(nb03):
     naive = with_mark_step(nb03.ro)
     _off(exercises.check_clone_cost(naive, ..., ..., nb03.x), ".clone()")
+
+
+@pytest.mark.gpu
+def test_04_1_a_graph_that_is_not_the_eager_function_is_rejected(nb04):
+    dtype = nb04.infer_dtypes[nb04.dname]
+    model = nb04.build_model(dtype)
+
+    def infer(t):
+        with torch.no_grad():
+            return model(t)
+    wrong = capture(lambda t: infer(t) * 1.5, nb04.image_batch(2, dtype))
+    wrong.fn = infer  # a graph of another function than the one it names
+    _off(exercises.check_batch_prediction(2, ..., wrong, ..., ..., sweep=nb04.curve[nb04.dname],
+                                          sweep_batches=nb04.batches), "differs from eager")
+
+
+@pytest.mark.gpu
+def test_04_2_norms_kept_without_clone_are_rejected(nb04):
+    """The trap of exercise 04.2: step.grad_norm after a replay is the graph's output, overwritten by the next."""
+    model = nb04.small_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    batches = [(x.cuda(), y.cuda()) for x, y in nb04.digits_loader(1)]
+    step = capture_train_step(model, opt, torch.nn.CrossEntropyLoss(), batches[0], max_grad_norm=1.0)
+    kept = []
+    for x, y in batches[:8]:
+        step(x, y)
+        kept.append(step.grad_norm)
+    out = nb04.sol.exercise_2(nb04.small_cnn, lambda seed: batches[:8], nb04.warmup_cosine,
+                              torch.nn.CrossEntropyLoss(), 8, 1.0, "cuda", True)
+    _off(exercises.check_clip_norms(out["norms_eager"], kept, ..., 1.0, 8), "one and the same tensor")
 
 
 @pytest.mark.gpu
