@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from cudagraph_kit import capture, capture_train_step, compare, exercises
+from cudagraph_kit.buckets import capture_buckets
 from cudagraph_kit.diagnose import verify
 from cudagraph_kit.exercises import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT
 from cudagraph_kit.reproduce import NOTEBOOKS_DIR
@@ -208,6 +209,40 @@ def nb04():
 
 
 @pytest.fixture(scope="module")
+def nb06():
+    """Section 1's request sizes and section 2's MLP and transformer block, small."""
+    max_rows = 16
+    gen = torch.Generator().manual_seed(1)
+    history_sizes = (1 + (max_rows * torch.rand(1000, generator=gen) ** 3).floor().long()).tolist()
+    torch.manual_seed(0)
+    d, h = (256, 1024) if CUDA else (32, 64)
+    mlp = torch.nn.Sequential(torch.nn.Linear(d, h), torch.nn.GELU(), torch.nn.Linear(h, d)).to(DEVICE).eval()
+    seq, d_block, heads = (64, 256, 4) if CUDA else (8, 32, 2)
+    return types.SimpleNamespace(max_rows=max_rows, history_sizes=history_sizes, mlp=mlp,
+                                 sample=torch.randn(max_rows, d, device=DEVICE), Block=Block, d_block=d_block,
+                                 heads=heads, block_sample=torch.randn(max_rows, seq, d_block, device=DEVICE),
+                                 sol=solutions("06_variable_shapes"))
+
+
+class Block(torch.nn.Module):
+    """Notebook 06, section 2: a pre-norm transformer block, attention within each request."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+@pytest.fixture(scope="module")
 def nb05():
     torch.manual_seed(0)
     return types.SimpleNamespace(X=torch.randn(256, device=DEVICE) + 2.0, sol=solutions("05_pitfalls"))
@@ -278,13 +313,24 @@ def run_05_2(s):
     return s.sol.exercise_2(s.X, CUDA), {}
 
 
+def run_06_1(s):
+    out = s.sol.exercise_1(s.max_rows, 1000, 0, s.history_sizes, s.mlp, s.sample)
+    return out, {"max_rows": s.max_rows, "skewed_sizes": s.history_sizes}
+
+
+def run_06_2(s):
+    return s.sol.exercise_2(s.Block, s.d_block, s.heads, s.block_sample), {"d_block": s.d_block, "heads": s.heads,
+                                                                            "sample": s.block_sample}
+
+
 RUNNERS = {("01_gelu", 1): ("nb01", run_01_1), ("01_gelu", 2): ("nb01", run_01_2), ("01_gelu", 3): ("nb01", run_01_3),
            ("02_train_step", 1): ("nb02", run_02_1), ("02_train_step", 2): ("nb02", run_02_2),
            ("02_train_step", 3): ("nb02", run_02_3),
            ("03_jit_compile", 1): ("nb03", run_03_1), ("03_jit_compile", 2): ("nb03", run_03_2),
            ("03_jit_compile", 3): ("nb03", run_03_3), ("03_jit_compile", 4): ("nb03", run_03_4),
            ("04_resnet50", 1): ("nb04", run_04_1), ("04_resnet50", 2): ("nb04", run_04_2),
-           ("05_pitfalls", 1): ("nb05", run_05_1), ("05_pitfalls", 2): ("nb05", run_05_2)}
+           ("05_pitfalls", 1): ("nb05", run_05_1), ("05_pitfalls", 2): ("nb05", run_05_2),
+           ("06_variable_shapes", 1): ("nb06", run_06_1), ("06_variable_shapes", 2): ("nb06", run_06_2)}
 ALL = [(stem, ex) for stem, exs in EXERCISES.items() for ex in exs]
 
 
@@ -576,6 +622,43 @@ def test_05_2_the_fixed_clip_gives_the_values_of_the_one_with_a_host_read():
     for scale in (0.001, 0.1, 1.0, 10.0):
         x = torch.randn(64, device=DEVICE) * scale
         torch.testing.assert_close(fixed(x), clip_to_norm(x), rtol=1e-4, atol=1e-6)
+
+
+def test_06_1_rejects_skewed_sizes_a_plan_on_the_history_and_a_wrong_direction(nb06):
+    from cudagraph_kit.buckets import plan_buckets
+    m = nb06.max_rows
+    _off(exercises.check_uniform_plan(nb06.history_sizes, ..., ..., ..., m, nb06.history_sizes), "uniform traffic")
+    out = nb06.sol.exercise_1(m, 1000, 0, nb06.history_sizes, nb06.mlp, nb06.sample)
+    wrong_plan = plan_buckets(nb06.history_sizes, max_graphs=out["uniform_plan"].n_graphs, max_size=m)
+    _off(exercises.check_uniform_plan(out["uniform_sizes"], wrong_plan, ..., ..., m, nb06.history_sizes),
+         "the planner reaches", "not on history_sizes")
+    other = {"larger": "smaller", "smaller": "larger", "same": "larger"}[out["moved"]]
+    _off(exercises.check_uniform_plan(**dict(out, moved=other), max_rows=m, skewed_sizes=nb06.history_sizes),
+         "you answered")
+    ladder_serve = capture_buckets(nb06.mlp, nb06.sample, eager_fallback=True)
+    _off(exercises.check_uniform_plan(**dict(out, serve_uniform=ladder_serve), max_rows=m,
+                                      skewed_sizes=nb06.history_sizes), "not the plan's")
+
+
+def test_06_1_the_uniform_plan_moves_its_buckets_to_larger_sizes(nb06):
+    """The claim behind exercise 06.1's question, on the notebook's SMOKE sizes."""
+    assert nb06.sol.exercise_1(nb06.max_rows, 1000, 0, nb06.history_sizes, nb06.mlp, nb06.sample)["moved"] == "larger"
+
+
+def test_06_2_rejects_the_unchanged_block_and_a_wrong_why(nb06):
+    class NoForward(Block):
+        ...
+    result = exercises.check_batch_mixing(NoForward, ..., ..., nb06.d_block, nb06.heads, nb06.block_sample)
+    assert result.status == NOT_DONE and "placeholder" in result.text, result
+
+    class SameAsBlock(Block):
+        def forward(self, x):
+            return super().forward(x)
+    _off(exercises.check_batch_mixing(SameAsBlock, 0.0, "b", nb06.d_block, nb06.heads, nb06.block_sample),
+         "still do not see each other", "mixing_leak = 0.0")
+    out = nb06.sol.exercise_2(Block, nb06.d_block, nb06.heads, nb06.block_sample)
+    _off(exercises.check_batch_mixing(**dict(out, why="a"), d_block=nb06.d_block, heads=nb06.heads,
+                                      sample=nb06.block_sample), '"a" is not it', "hint:")
 
 
 # --- wrong answers only a GPU can expose -------------------------------------------------------------------------
