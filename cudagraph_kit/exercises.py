@@ -810,3 +810,534 @@ def check_max_autotune(report, autotuned, autotune_table, x):
     report.right(f"floors: default mode {a['floor_us']:.2f} µs, max-autotune-no-cudagraphs {b['floor_us']:.2f} µs "
                  f"({b['floor_us'] / a['floor_us']:.2f}x); kernels per call {a['kernels_per_call']:g} and "
                  f"{b['kernels_per_call']:g}")
+
+
+# === Notebook 05: pitfalls =====================================================================================
+
+def _first_finding(report) -> str:
+    """``kind at where: code`` of a ``check_capturable`` report's first finding."""
+    f = report.findings[0]
+    return f"{f.kind} at {f.where}" + (f" ({f.code.strip()[:80]})" if f.code else "")
+
+
+def _check_learners_verify(report, verified, what, hint):
+    """The learner's own ``verify`` report: a ``VerifyReport`` that passed."""
+    from .diagnose import VerifyReport
+
+    if is_todo(verified):
+        report.todo(f"{what}: run verify(...) on your graph and keep its report")
+    elif not isinstance(verified, VerifyReport):
+        report.off(f"{what} is a {type(verified).__name__}, not the report verify() returns")
+    elif not verified.ok:
+        first = str(verified).splitlines()[0]
+        report.off(f"your verify() finds a divergence: {first[:200]}", hint)
+    else:
+        report.right(f"your verify() passes: {str(verified).splitlines()[0]}")
+
+
+@exercise("05_pitfalls", 1, "a step counter that a graph replays", "cpu+gpu")
+@check("05.1")
+def check_step_counter(report, ScaledByStepFixed, counter_verify):  # noqa: N803 - the notebook's class name
+    """``ScaledByStepFixed``: section 5's ``ScaledByStep`` (``self.lin = Linear(16, 16)``; call k returns
+    ``lin(x) / k``) with its counter in a tensor updated in place; ``counter_verify``: ``verify`` of a captured
+    instance against an eager copy of it (GPU)."""
+    import copy
+
+    import torch
+
+    from .capture import capture
+    from .diagnose import check_capturable, verify
+
+    cls, device, done = ScaledByStepFixed, "cuda" if cuda() else "cpu", False
+    if is_todo(cls):
+        report.todo("write the class ScaledByStepFixed")
+    elif not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        report.off(f"ScaledByStepFixed is a {type(cls).__name__}; pass the class, a torch.nn.Module subclass")
+    elif cls.forward is torch.nn.Module.forward:
+        report.todo("ScaledByStepFixed has no forward yet: its body is still the placeholder")
+    else:
+        done = _check_counter_class(report, cls, device, check_capturable)
+    if not cuda():
+        report.needs_gpu("capturing it, and verify() against eager, need an NVIDIA GPU")
+        return
+    same_copy_hint = ("the eager reference must be a copy of its own: every call, graph or eager, advances the "
+                      "counter. reference = copy.deepcopy(model) before the capture, then verify(g, reference, x, "
+                      "state=[(model, reference)]) starts both from the same count and compares them after each step.")
+    _check_learners_verify(report, counter_verify, "counter_verify", same_copy_hint)
+    if not done:
+        return
+    torch.manual_seed(0)
+    model = cls().to(device)
+    reference = copy.deepcopy(model)
+    x = torch.randn(4, 16, device=device)
+    g = capture(model, x)
+    mine = verify(g, reference, x, steps=3, state=[(model, reference)])
+    if mine.ok:
+        report.right("captured, each replay divides by the current count: verify() against an eager copy passes "
+                     "on 3 steps")
+    else:
+        report.off(f"a graph of a fresh ScaledByStepFixed diverges from eager: {str(mine).splitlines()[0][:200]}",
+                   "the counter must live in GPU memory (a buffer, moved by .to(DEVICE)) and change in place.")
+
+
+def _check_counter_class(report, cls, device, check_capturable) -> bool:
+    """Everything a CPU can check of the class; True when all of it is right."""
+    import torch
+
+    torch.manual_seed(0)
+    m = cls().to(device)
+    lin = getattr(m, "lin", None)
+    if not isinstance(lin, torch.nn.Linear) or (lin.in_features, lin.out_features) != (16, 16):
+        report.off("ScaledByStepFixed has no self.lin = torch.nn.Linear(16, 16)", "keep ScaledByStep's layer.")
+        return False
+    buffers = dict(m.named_buffers())
+    before = {n: (b.data_ptr(), b.detach().clone()) for n, b in buffers.items()}
+    x = torch.randn(4, 16, device=device)
+    with torch.no_grad():
+        outs = [m(x) for _ in range(3)]
+        base = m.lin(x)
+    if not all(isinstance(o, torch.Tensor) and o.shape == base.shape for o in outs):
+        report.off(f"ScaledByStepFixed()(x) returned {type(outs[0]).__name__}, not a tensor of shape "
+                   f"{tuple(base.shape)}", "return self.lin(x) / the counter.")
+        return False
+    err = max(max_abs_diff(o, base / k) for k, o in enumerate(outs, 1))
+    if not err <= 1e-5:
+        got = [round(float((base / o).flatten()[0]), 3) for o in outs]
+        report.off(f"calls 1, 2, 3 divide lin(x) by {got}, not by 1, 2, 3 as ScaledByStep does eagerly",
+                   "start the counter at 0 and add 1 before dividing, as ScaledByStep does.")
+        return False
+    report.right("eagerly it does what ScaledByStep does: call k returns lin(x) / k")
+    found = check_capturable(cls().to(device), torch.randn(4, 16, device=device))
+    if not found.ok:
+        report.off(f"check_capturable still finds {len(found.findings)} problem(s): {_first_finding(found)}",
+                   "a Python number is frozen at capture; keep the counter in a tensor: "
+                   "self.register_buffer('step', torch.zeros(())) and self.step.add_(1).")
+        return False
+    now = dict(m.named_buffers())
+    moved = [n for n, (ptr, _) in before.items() if n in now and now[n].data_ptr() != ptr]
+    changed = [n for n, (_, v) in before.items() if n in now and not torch.equal(now[n].detach(), v)]
+    loose = [k for k, v in vars(m).items() if isinstance(v, torch.Tensor)]
+    if moved:
+        report.off(f"the buffer {moved[0]!r} is a new tensor after each call: a graph keeps reading the memory it "
+                   "captured, so its count would never move", f"update it in place: self.{moved[0]}.add_(1), "
+                   f"not self.{moved[0]} = self.{moved[0]} + 1.")
+    elif not changed:
+        report.off("no buffer of the module changes when it is called" + (
+            f"; the counter {loose[0]!r} is a plain tensor attribute" if loose else ""),
+            "register the counter as a buffer, self.register_buffer('step', torch.zeros(())): .to(DEVICE) then "
+            "moves it to the GPU with the model, and it is saved in state_dict().")
+    else:
+        report.right(f"check_capturable finds nothing, and the count lives in the buffer {changed[0]!r}, updated "
+                     "in place")
+        return True
+    return False
+
+
+def _clip_reference(x, max_norm=1.0):
+    """The section-1-style clip with a host read, in float64: the values a fixed version must give."""
+    xd = x.double()
+    norm = xd.norm().item()
+    return (xd * (max_norm / norm) if norm > max_norm else xd).to(x.dtype)
+
+
+@exercise("05_pitfalls", 2, "clipping without reading the norm on the CPU", "cpu+gpu")
+@check("05.2")
+def check_clip_without_sync(report, clip_to_norm_fixed, clip_verify):
+    """``clip_to_norm_fixed(x, max_norm=1.0)``: ``clip_to_norm`` (scale ``x`` down to norm ``max_norm`` when it
+    is larger) without a host read; ``clip_verify``: ``verify`` of its graph against it (GPU)."""
+    import torch
+
+    from .capture import capture
+    from .diagnose import check_capturable
+
+    fn, device = clip_to_norm_fixed, "cuda" if cuda() else "cpu"
+    torch.manual_seed(0)
+    big = torch.randn(256, device=device) + 2.0            # norm about 36: scaled down
+    small = big * (0.5 / big.norm())                       # norm 0.5: left as it is
+    cases = {"an input of norm above max_norm": big, "an input of norm below max_norm": small}
+    done = not is_todo(fn)
+    if not done:
+        report.todo("write clip_to_norm_fixed(x, max_norm=1.0)")
+    else:
+        outs = {name: fn(x) for name, x in cases.items()}
+        if any(not isinstance(o, torch.Tensor) for o in outs.values()):
+            report.todo("clip_to_norm_fixed(x) returned no tensor: its body is still the placeholder")
+            done = False
+        else:
+            for name, x in cases.items():
+                want, got = _clip_reference(x), outs[name]
+                if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
+                    report.off(f"on {name} it differs from clip_to_norm (max |diff| {max_abs_diff(got, want):.2g})",
+                               "scale by min(1, max_norm / norm): x * torch.clamp(max_norm / (x.norm() + 1e-6), "
+                               "max=1.0) gives both cases without an if.")
+                    done = False
+                    break
+            if done:
+                report.right("it gives clip_to_norm's values above and below max_norm")
+                found = check_capturable(fn, big)
+                if not found.ok:
+                    report.off(f"check_capturable finds {len(found.findings)} problem(s): {_first_finding(found)}",
+                               "no .item(), float(), or if on a tensor: the GPU must decide, with torch.clamp or "
+                               "torch.where.")
+                    done = False
+                else:
+                    report.right("check_capturable finds nothing to stop a capture")
+    if not cuda():
+        report.needs_gpu("capturing it, and verify() against eager, need an NVIDIA GPU")
+        return
+    _check_learners_verify(report, clip_verify, "clip_verify",
+                           "g = capture(clip_to_norm_fixed, X); clip_verify = verify(g, clip_to_norm_fixed, X).")
+    if not done:
+        return
+    g = capture(fn, big)
+    errs = {name: max_abs_diff(g(x), _clip_reference(x)) for name, x in cases.items()}
+    bad = [name for name, e in errs.items() if not e <= 1e-4 * max(1.0, float(cases[name].abs().max()))]
+    if bad:
+        report.off(f"one graph, captured on a large input, is wrong on {bad[0]} (max |diff| {errs[bad[0]]:.2g})",
+                   "the decision must be made on the GPU at every replay, not in Python at capture.")
+    else:
+        report.right("one graph, captured on a large input, clips large inputs and leaves small ones alone: "
+                     "the decision runs on the GPU at every replay")
+
+
+# === Notebook 04: ResNet-50 ====================================================================================
+
+BOUNDS = ("launch-bound", "GPU-bound")
+
+
+def predicted_speedup_at(batch, sweep) -> float:
+    """The launch model of notebook 04, section 1, at ``batch``: ``max(kernels × launch_us, floor) / floor``, with
+    the floor and the kernels per call interpolated linearly between the measured batch sizes of ``sweep``
+    (``curve[dtype]``: ``"eager"`` and ``"graph"`` rows indexed by batch, and ``"launch_us"``)."""
+    import numpy as np
+
+    e, g = sweep["eager"], sweep["graph"]
+    floor = float(np.interp(batch, g.index.to_numpy(dtype=float), g["floor_us"].to_numpy(dtype=float)))
+    kernels = float(np.interp(batch, e.index.to_numpy(dtype=float), e["kernels_per_call"].to_numpy(dtype=float)))
+    return max(kernels * sweep["launch_us"], floor) / floor
+
+
+@exercise("04_resnet50", 1, "predict, then measure, a batch size between two of the sweep", "cpu+gpu")
+@check("04.1")
+def check_batch_prediction(report, new_batch, predicted_speedup, new_graph, new_table, bound, sweep,
+                           sweep_batches):
+    """``new_batch``: a batch size not in ``sweep_batches`` (``INFER_BATCHES``), between two of them on a GPU;
+    ``predicted_speedup``: :func:`predicted_speedup_at` from ``sweep`` (``curve[dtype]``) before measuring;
+    ``new_graph``: ``capture(infer, x)`` at that batch; ``new_table``: ``compare`` of eager vs ``new_graph``;
+    ``bound``: "launch-bound" or "GPU-bound" at that batch, from ``new_table``."""
+    import math
+
+    import torch
+
+    if is_todo(new_batch):
+        report.todo("new_batch: a batch size the sweep did not measure")
+        return
+    batches = sorted(sweep_batches)
+    if not isinstance(new_batch, int) or new_batch < 1 or new_batch in batches:
+        report.off(f"new_batch = {new_batch!r}: pick a positive int that INFER_BATCHES {batches} does not have")
+        return
+    if cuda() and not batches[0] < new_batch < batches[-1]:
+        report.off(f"new_batch = {new_batch} lies outside the sweep ({batches[0]}..{batches[-1]}); the prediction "
+                   "interpolates between two measured sizes", "e.g. 48, between 32 and 64.")
+        return
+    if is_todo(new_graph):
+        report.todo("new_graph = capture(infer, x, eager_fallback=True) with x = image_batch(new_batch, dtype)")
+    elif not hasattr(new_graph, "static_inputs") or not hasattr(new_graph, "fn"):
+        report.off(f"new_graph is a {type(new_graph).__name__}, not what capture() returns")
+        return
+    elif new_graph.static_inputs[0].shape[0] != new_batch:
+        report.off(f"new_graph was captured at batch {new_graph.static_inputs[0].shape[0]}, not {new_batch}")
+        return
+    else:
+        x = torch.randn_like(new_graph.static_inputs[0])
+        out, ref = new_graph(x).float(), new_graph.fn(x).float()
+        diff = max_abs_diff(out, ref)
+        if not (bool(torch.isfinite(ref).all()) and diff <= 1e-2 * ref.abs().max().item() + 1e-3):
+            report.off(f"new_graph differs from eager on a fresh input by {diff:.3g}",
+                       "capture the same infer function that the eager row times.")
+            return
+        report.right(f"correct before fast: the graph at batch {new_batch} matches eager on a fresh input "
+                     f"(max |diff| {diff:.2g})")
+    if is_todo(new_table):
+        report.todo("new_table = compare({'eager': infer, GRAPH_INFER: new_graph}, x, case=..., samples=SAMPLES, "
+                    "calls=CALLS)")
+        return
+    problem = table_problem(new_table)
+    graphs = None if problem else new_table[new_table["variant"].astype(str).str.startswith("cuda graph")]
+    graph = graphs.iloc[0] if graphs is not None and len(graphs) else None
+    if problem or graph is None:
+        report.off(problem or "no row named 'cuda graph ...' (GRAPH_INFER) in the table",
+                   "compare({'eager': infer, GRAPH_INFER: new_graph}, x, ...).")
+        return
+    if not cuda():
+        report.right("the table has eager first and the graph row (both eager on this CPU)")
+        report.needs_gpu("the prediction, the floor and launch- or GPU-bound need an NVIDIA GPU")
+        return
+    if graph["executed_as"] != "cuda graph":
+        report.off(f"the graph row ran as {graph['executed_as']}", "time new_graph itself, captured on the GPU.")
+        return
+    want = predicted_speedup_at(new_batch, sweep)
+    if is_todo(predicted_speedup):
+        report.todo("predicted_speedup: max(kernels x launch_us, floor) / floor, interpolated at new_batch")
+    elif not (isinstance(predicted_speedup, (int, float)) and math.isfinite(predicted_speedup)
+              and abs(predicted_speedup - want) <= 0.02 * want):
+        report.off(f"predicted_speedup = {predicted_speedup!r}, but the model of section 1 gives {want:.2f}x",
+                   "floor and kernels per call: numpy.interp(new_batch, batches, values) over the sweep's graph "
+                   "floor_us and eager kernels_per_call; launch_us = curve[dtype]['launch_us'].")
+    else:
+        report.right(f"your prediction follows the launch model: {want:.2f}x")
+    eager = new_table.iloc[0]
+    launches = float(eager["kernels_per_call"]) * sweep["launch_us"]
+    actual = "launch-bound" if launches > graph["floor_us"] else "GPU-bound"
+    if is_todo(bound):
+        report.todo('bound: "launch-bound" or "GPU-bound" at new_batch (kernels x launch_us against the floor)')
+    elif bound not in BOUNDS:
+        report.off(f'bound must be "launch-bound" or "GPU-bound", got {bound!r}')
+    elif bound != actual:
+        report.off(f'you answered "{bound}", but your table says "{actual}": {eager["kernels_per_call"]:.0f} kernels x '
+                   f'{sweep["launch_us"]:.1f} µs = {launches / 1e3:.2f} ms of launches against a floor of '
+                   f'{graph["floor_us"] / 1e3:.2f} ms', "compare the eager row's launches with the graph row's floor.")
+    else:
+        report.right(f'"{bound}": {launches / 1e3:.2f} ms of launches against a floor of {graph["floor_us"] / 1e3:.2f} ms')
+    report.note(f"batch {new_batch}: predicted {want:.2f}x, measured {graph['speedup']:.2f}x (quartiles "
+                f"{graph['speedup_lo']:.2f}-{graph['speedup_hi']:.2f}); the graph runs at {graph['vs_floor']:.2f}x its "
+                "floor. Where the two differ, eager is neither purely launch- nor purely GPU-bound: the CPU's launches "
+                "and the GPU's work overlap only partly")
+
+
+@exercise("04_resnet50", 2, "how often clipping acts, eager and graphed", "cpu+gpu")
+@check("04.2")
+def check_clip_norms(report, norms_eager, norms_graphed, clipped_fraction, max_norm, steps):
+    """``norms_eager``: ``clip_grad_norm_``'s return value at each step of one epoch of the section-4 loop;
+    ``norms_graphed``: ``step.grad_norm`` after each step of the graphed loop; ``clipped_fraction``: the share of
+    graphed steps whose norm exceeds ``max_norm``; ``steps``: steps per epoch."""
+    import torch
+
+    if is_todo(norms_eager) or is_todo(norms_graphed):
+        report.todo("record norms_eager and norms_graphed over one epoch of each loop")
+        return
+    lists = {"norms_eager": norms_eager, "norms_graphed": norms_graphed}
+    for name, values in lists.items():
+        if not isinstance(values, (list, tuple)) or len(values) != steps:
+            report.off(f"{name} has {len(values) if hasattr(values, '__len__') else '?'} entries; one epoch has "
+                       f"{steps} steps", "append one norm per step, for every batch of one epoch.")
+            return
+    tensors = [t for t in norms_graphed if isinstance(t, torch.Tensor)]
+    shared = len({t.data_ptr() for t in tensors}) < len(tensors) if tensors else False
+    e = torch.tensor([float(v) for v in norms_eager], dtype=torch.float64)
+    g = torch.tensor([float(v) for v in norms_graphed], dtype=torch.float64)
+    if shared:
+        report.off("several entries of norms_graphed are one and the same tensor: each replay writes the new norm "
+                   "into the memory of the last one, so they all hold the latest value",
+                   "keep a copy after each step: step.grad_norm.clone() (or float(...) once the epoch is over).")
+        return
+    if not bool(torch.isfinite(e).all() and torch.isfinite(g).all()) or (e <= 0).any():
+        report.off("some norms are not finite or not positive", "the norm clip_grad_norm_ returns, before clipping.")
+        return
+    rel = ((g - e).abs() / e).max().item()
+    if rel > 2e-2:
+        report.off(f"the graphed loop's norms differ from the eager loop's by up to {rel:.1%}",
+                   "same seed and loader (small_cnn(), digits_loader(seed=1)), same schedule; record "
+                   "clip_grad_norm_'s return value in the eager loop and step.grad_norm in the graphed one.")
+        return
+    if not cuda():
+        report.right(f"the two loops give the same {steps} norms (max relative difference {rel:.1g})")
+        report.needs_gpu("on a CPU both loops are eager; that the graph clips like eager shows on an NVIDIA GPU")
+    else:
+        report.right(f"the graph clips as the eager loop does: the norms before clipping agree within {rel:.1g} "
+                     f"over {steps} steps")
+    want = float((g > max_norm).double().mean())
+    if is_todo(clipped_fraction):
+        report.todo("clipped_fraction: the share of graphed steps whose norm is above max_norm")
+    elif abs(float(clipped_fraction) - want) > 1e-9:
+        report.off(f"clipped_fraction = {float(clipped_fraction):.3f}, but {int((g > max_norm).sum())} of {steps} "
+                   f"norms are above {max_norm}: {want:.3f}")
+    else:
+        report.right(f"clipping acted on {int((g > max_norm).sum())} of {steps} steps ({want:.0%}); the largest norm "
+                     f"was {g.max().item():.2f}, the smallest {g.min().item():.2f}")
+
+
+# === Notebook 06: variable shapes ==============================================================================
+
+def _padded_sizes(sizes, max_rows):
+    """Request sizes up to ``max_rows`` that are not bucket sizes (so they get padded)."""
+    return [n for n in range(1, max_rows + 1) if n not in set(sizes)]
+
+
+def _max_verify(serve, sizes):
+    """The largest ``serve.verify`` difference over requests of each size in ``sizes`` (NaN padding)."""
+    import torch
+
+    row_shape = tuple(serve.static_inputs[0].shape[1:])
+    gen = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for n in sizes:
+        x = torch.randn((n, *row_shape), generator=gen).to(serve.static_inputs[0])
+        worst = max(worst, serve.verify(x))
+    return worst
+
+
+@exercise("06_variable_shapes", 1, "buckets for uniform traffic", "cpu+gpu")
+@check("06.1")
+def check_uniform_plan(report, uniform_sizes, uniform_plan, moved, serve_uniform, max_rows, skewed_sizes,
+                       reference=None):
+    """``uniform_sizes``: request sizes drawn uniformly from 1..``max_rows``; ``uniform_plan``: ``plan_buckets``
+    on them with at most as many graphs as ``ladder(max_rows)``; ``moved``: "larger", "smaller" or "same" (where
+    the buckets went, against a plan of as many graphs on ``skewed_sizes``); ``serve_uniform``:
+    ``capture_buckets`` of the plan; ``reference``: the default ladder's ``BucketedGraphs`` (memory, GPU)."""
+    import statistics
+
+    from .buckets import evaluate_buckets, ladder, plan_buckets
+
+    if is_todo(uniform_sizes):
+        report.todo("uniform_sizes: HISTORY sizes drawn uniformly from 1..MAX_ROWS")
+        return
+    sizes = list(uniform_sizes)
+    if len(sizes) < 100 or not all(isinstance(s, int) and 1 <= s <= max_rows for s in sizes):
+        report.off(f"uniform_sizes must be at least 100 ints in 1..{max_rows}",
+                   "torch.randint(1, MAX_ROWS + 1, (HISTORY,), generator=...).tolist()")
+        return
+    upper = sum(s > max_rows / 2 for s in sizes) / len(sizes)
+    if not 0.4 <= upper <= 0.6:
+        report.off(f"{upper:.0%} of uniform_sizes lie above MAX_ROWS / 2; uniform traffic puts about half there",
+                   "draw every size from 1..MAX_ROWS with equal chance (torch.randint), not from draw_sizes.")
+        return
+    report.right(f"{len(sizes)} sizes, {upper:.0%} of them above {max_rows // 2}: uniform traffic")
+    if is_todo(uniform_plan):
+        report.todo("uniform_plan = plan_buckets(uniform_sizes, max_graphs=len(ladder(MAX_ROWS)), max_size=MAX_ROWS)")
+        return
+    default = ladder(max_rows)
+    if not hasattr(uniform_plan, "sizes") or not hasattr(uniform_plan, "pad_fraction"):
+        report.off(f"uniform_plan is a {type(uniform_plan).__name__}, not the BucketPlan plan_buckets returns")
+        return
+    k = uniform_plan.n_graphs
+    if uniform_plan.sizes[-1] != max_rows or k > len(default):
+        report.off(f"the plan has {k} buckets ending at {uniform_plan.sizes[-1]}; it needs at most {len(default)} "
+                   f"(the default ladder's count) and its largest at {max_rows}", "max_graphs=len(ladder(MAX_ROWS)), "
+                   "max_size=MAX_ROWS.")
+        return
+    best = plan_buckets(sizes, max_graphs=k, max_size=max_rows)
+    mine = evaluate_buckets(sizes, uniform_plan.sizes)["pad_fraction"]
+    if mine > best.pad_fraction + 1e-9:
+        report.off(f"on uniform_sizes your buckets pad {mine:.1%} of the rows; the planner reaches {best.pad_fraction:.1%}"
+                   f" with {k}", "plan on uniform_sizes, not on history_sizes.")
+        return
+    ladder_pad = evaluate_buckets(sizes, default)["pad_fraction"]
+    report.right(f"planned for uniform traffic: {k} buckets {uniform_plan.sizes}, {mine:.1%} of the rows padded "
+                 f"against {ladder_pad:.1%} for the default ladder {default}")
+    skewed = plan_buckets(list(skewed_sizes), max_graphs=k, max_size=max_rows)
+    a, b = statistics.mean(uniform_plan.sizes), statistics.mean(skewed.sizes)
+    actual = "larger" if a > b else "smaller" if a < b else "same"
+    if is_todo(moved):
+        report.todo('moved: "larger", "smaller" or "same" against the plan of as many graphs on history_sizes')
+    elif moved not in ("larger", "smaller", "same"):
+        report.off(f'moved must be "larger", "smaller" or "same", got {moved!r}')
+    elif moved != actual:
+        report.off(f'you answered "{moved}", but the buckets planned on history_sizes are {skewed.sizes} (mean '
+                   f'{b:.1f}) and yours {uniform_plan.sizes} (mean {a:.1f})',
+                   "plan_buckets(history_sizes, max_graphs=..., max_size=MAX_ROWS) gives the skewed plan.")
+    else:
+        report.right(f'"{moved}": on skewed traffic the planner puts its buckets among the many small requests '
+                     f"({skewed.sizes}); uniform traffic spreads them out ({uniform_plan.sizes})")
+    if is_todo(serve_uniform):
+        report.todo("serve_uniform = capture_buckets(mlp, sample, sizes=uniform_plan.sizes, eager_fallback=True)")
+        return
+    if list(getattr(serve_uniform, "sizes", [])) != list(uniform_plan.sizes):
+        report.off(f"serve_uniform has buckets {getattr(serve_uniform, 'sizes', None)}, not the plan's "
+                   f"{uniform_plan.sizes}", "capture_buckets(..., sizes=uniform_plan.sizes)")
+        return
+    padded = _padded_sizes(serve_uniform.sizes, max_rows)
+    worst = _max_verify(serve_uniform, padded)
+    if not worst < 1e-4:
+        report.off(f"with NaN padding a request differs from eager by {worst:g}: the padding leaked into real rows")
+        return
+    report.right(f"correct before fast: requests of all {len(padded)} padded sizes match eager with NaN in the "
+                 f"padding (max |diff| {worst:.1e})")
+    if not cuda():
+        report.needs_gpu("on a CPU the buckets run eagerly; their graphs and the memory they hold need an NVIDIA GPU")
+        return
+    if serve_uniform.mode != "graph" or serve_uniform.pool is None:
+        report.off("serve_uniform did not capture graphs into one shared pool", "capture_buckets(..., pool='shared'), "
+                   "the default, on the GPU.")
+        return
+    from .buckets import MemoryLedger
+    ledger = MemoryLedger()
+    held = ledger.record("uniform plan", serve_uniform)["held"] / 2 ** 20
+    text = f"{k} graphs in one shared pool, holding {held:.1f} MiB"
+    if reference is not None:
+        text += f" (the default ladder: {ledger.record('default ladder', reference)['held'] / 2 ** 20:.1f} MiB)"
+    report.right(text)
+
+
+MIXING_WHY = {
+    "a": "Attention cannot take NaN as input, so verify fails for any model with attention.",
+    "b": "Each real row's output is now a weighted sum over all rows of the bucket, padding rows included: whatever "
+         "the padding holds (zeros, an earlier request's rows, NaN) changes the real rows, so the answer depends on "
+         "the bucket a request lands in, not on the request alone.",
+    "c": "The buckets were captured for another sequence length, so the replay reads the wrong shape.",
+}
+
+
+@exercise("06_variable_shapes", 2, "a block whose rows see each other", "cpu")
+@check("06.2")
+def check_batch_mixing(report, BatchMixingBlock, mixing_leak, why, d_block, heads, sample):  # noqa: N803
+    """``BatchMixingBlock``: section 2's ``Block`` with attention across the requests (the batch dim);
+    ``mixing_leak``: ``verify`` of its buckets on a padded request; ``why``: "a", "b" or "c" (``MIXING_WHY``);
+    ``d_block``, ``heads``: the block's sizes; ``sample``: a request-like tensor of the block's rows."""
+    import math
+
+    import torch
+
+    from .buckets import capture_buckets
+
+    if is_todo(BatchMixingBlock):
+        report.todo("write the class BatchMixingBlock")
+    elif not (isinstance(BatchMixingBlock, type) and issubclass(BatchMixingBlock, torch.nn.Module)):
+        report.off(f"BatchMixingBlock is a {type(BatchMixingBlock).__name__}; pass the class")
+    elif "forward" not in vars(BatchMixingBlock):
+        report.todo("BatchMixingBlock has no forward of its own yet: its body is still the placeholder")
+    else:
+        torch.manual_seed(0)
+        model = BatchMixingBlock(d_block, heads).to(sample.device).eval()
+        x = sample[:5].clone()
+        with torch.no_grad():
+            out = model(x)
+            if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+                report.todo(f"BatchMixingBlock()(x) returned {type(out).__name__}"
+                            + (f" of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else "")
+                            + f"; a block returns its input's shape {tuple(x.shape)}")
+                model = None
+            else:
+                y = x.clone()
+                y[-1] = torch.randn(y[-1].shape, generator=torch.Generator().manual_seed(1)).to(y)  # the last only
+                changed = (model(y)[:-1] - out[:-1]).abs().max().item()
+                if changed <= 1e-5 * out.abs().max().item():  # rounding at most: the rows do not mix
+                    report.off("changing one request leaves the others' outputs unchanged: its rows still do not "
+                               "see each other", "let attention run over dim 0: e.g. transpose(0, 1) before and after "
+                               "Block.forward, so the requests become the sequence.")
+                    model = None
+                else:
+                    report.right(f"changing one request changes the others' outputs (by up to {changed:.2g}): "
+                                 "attention now runs across the requests")
+        if model is not None:
+            serve = capture_buckets(model, sample, eager_fallback=True)
+            leak = _max_verify(serve, [n for n in _padded_sizes(serve.sizes, sample.shape[0])][:3])
+            if math.isinf(leak):
+                report.right("verify reports inf: NaN in the padding reached the real rows")
+            else:
+                report.off(f"verify on its buckets reports {leak:g}, not inf")
+    if is_todo(mixing_leak):
+        report.todo("mixing_leak: capture_buckets(model, sample, eager_fallback=True).verify(x) for a padded x")
+    elif not (isinstance(mixing_leak, float) and math.isinf(mixing_leak)):
+        report.off(f"mixing_leak = {mixing_leak!r}; verify of the mixing block on a padded request reports inf",
+                   "x must have a size that is not a bucket (e.g. 3 rows), so that there is padding to poison.")
+    else:
+        report.right("your verify() call reports inf too")
+    if is_todo(why):
+        report.todo('why: "a", "b" or "c" (MIXING_WHY)')
+    elif why != "b":
+        report.off(f'"{why}" is not it: {MIXING_WHY.get(why, "not one of a, b, c")}',
+                   "what does each real row's output depend on, once attention runs over the requests?")
+    else:
+        report.right("b: the padding becomes part of every request's answer; only functions whose rows never see "
+                     "each other may be padded")

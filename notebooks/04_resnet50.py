@@ -897,12 +897,55 @@ recorded = results.show_recorded(STEM, columns=["section", "case", "variant", "e
 # - Feeding it is ordinary: workers, pinned memory and non-blocking copies; measure whether the loader or the
 #   GPU is the limit before blaming either.
 # - The graphed run learns like the eager run: the same LR schedule, the same validation accuracy per epoch.
-#
+
+# %% [markdown]
 # ## Exercises
-# 1. Replace `SGD(fused=True)` with a plain `SGD` in `train_digits` and run the graphed loop. Read the error:
-#    why would a scheduler on it silently do nothing inside a graph?
-# 2. Time the training step at batch 8 and 16. Where does the training speedup fall below 10% on your GPU, and
-#    how does that compare with the inference sweep?
-# 3. Set `LOADER_WORKERS = 0` and rerun section 3. Which side limits throughput now?
-# 4. Add `torch.compile` to the model before `capture_train_step` (notebook 03 shows why the order matters).
-#    How close does the step get to its floor?
+# Each exercise extends the experiment above. Fill in its cell (every `...` is a placeholder that runs as it is),
+# then run the check below it: ✔ right, ✘ off (with a hint), … not done yet. Parts that need an NVIDIA GPU say
+# so (⏸); on a CPU a check verifies what it can there, such as correctness against eager and your arithmetic.
+# Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb04_resnet50.py` (try
+# first).
+
+# %%
+import numpy as np
+
+from cudagraph_kit.exercises import check_batch_prediction, check_clip_norms
+
+# %% [markdown]
+# ### Exercise 1: predict, then measure, a batch size between two of the sweep
+# Pick a batch size the sweep did not measure, between two that it did (say 48). **First predict** the graph's
+# speedup there with the launch model of section 1, from the sweep alone (`c = curve[dname]` for the first dtype
+# of `INFER_DTYPES`): interpolate the floor and the kernels per call, `floor = np.interp(new_batch,
+# c["graph"].index, c["graph"].floor_us)` and likewise `c["eager"].kernels_per_call`, then
+# `predicted_speedup = max(kernels * c["launch_us"], floor) / floor`. **Then measure**: build the model with
+# `build_model(dtype)`, capture `infer` at that batch with `capture(..., eager_fallback=True)`, check it against
+# eager on a fresh input, and time both in one `compare` as section 1 does. Is that batch launch-bound (the eager
+# row's kernels × `launch_us` above the graph row's floor) or GPU-bound? Where does the model miss, and why?
+
+# %%
+new_batch = ...          # an int between two of INFER_BATCHES, not one of them
+predicted_speedup = ...  # from the sweep, before measuring
+new_graph = ...          # capture(infer, image_batch(new_batch, dtype), eager_fallback=True)
+new_table = ...          # compare({"eager": infer, GRAPH_INFER: new_graph}, x, case=..., samples=SAMPLES, calls=CALLS)
+bound = ...              # "launch-bound" or "GPU-bound", from new_table
+
+# %%
+check_batch_prediction(new_batch, predicted_speedup, new_graph, new_table, bound,
+                       sweep=curve[next(iter(INFER_DTYPES))], sweep_batches=INFER_BATCHES)
+
+# %% [markdown]
+# ### Exercise 2: how often does clipping act, eager and graphed?
+# Section 4 clips the gradients at `MAX_NORM` inside the graph. Run one epoch of its loop twice from the same
+# seed, eagerly and graphed (like `train_digits(graphed, epochs=1)`, with the schedule over one epoch), and record
+# the gradient norm before clipping at every step: in the eager loop the value that
+# `torch.nn.utils.clip_grad_norm_` returns, in the graphed loop `step.grad_norm` after each call. Do the two agree?
+# On what share of the steps did clipping act (norm above `MAX_NORM`)? Careful: a graph writes the norm of every
+# replay into the same tensor, as it does with every output (notebook 01, section 2).
+
+# %%
+norms_eager = ...       # one norm per step of the eager epoch
+norms_graphed = ...     # one norm per step of the graphed epoch
+clipped_fraction = ...  # the share of graphed steps whose norm is above MAX_NORM
+
+# %%
+check_clip_norms(norms_eager, norms_graphed, clipped_fraction, max_norm=MAX_NORM, steps=steps_per_epoch)

@@ -1114,11 +1114,66 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "detected", "
 #   with eager on fresh and poisoned inputs; the last one needs references kept alive.
 # - **Before you capture**: `check_capturable(fn, *args)` lists each problem with its line; `advise(fn, *args)`
 #   says whether the graph is worth it.
-#
+
+# %% [markdown]
 # ## Exercises
-# 1. Write a training step with `GradScaler` (fp16 AMP) and run `check_capturable` on it. Which line does it
-#    flag, and why does `capture_train_step` keep `scaler.step` outside the graph?
-# 2. Make the learning rate of section 5 follow a real `torch.optim.lr_scheduler` with a tensor `lr`. Does
-#    your PyTorch's scheduler update the tensor in place (check with `verify`)?
-# 3. Capture the section 9 graphs into a shared pool in the *opposite* order (smallest batch first). How much
-#    memory do they reserve now, and why?
+# Each exercise takes a pitfall above from "found" to "fixed and proved". Fill in its cell (every `...` is a
+# placeholder that runs as it is), then run the check below it: ✔ right, ✘ off (with a hint), … not done yet.
+# Parts that need an NVIDIA GPU say so (⏸); on a CPU a check verifies what it can there: the values against
+# eager and what `check_capturable` finds.
+# Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb05_pitfalls.py` (try
+# first).
+
+# %%
+import copy
+
+from cudagraph_kit.exercises import check_clip_without_sync, check_step_counter
+
+# %% [markdown]
+# ### Exercise 1: a step counter that a graph replays
+# `ScaledByStep` (section 5) counts its calls in a Python number, which a graph freezes at capture. Write
+# `ScaledByStepFixed`: the same layer and the same result (call k returns `self.lin(x) / k`), with the counter in a
+# GPU tensor updated in place. Register it as a buffer (`self.register_buffer("step", torch.zeros(()))`, so
+# `.to(DEVICE)` moves it with the model) and add to it with `self.step.add_(1)`: an in-place kernel is recorded
+# into the graph and runs at every replay, while `self.step = self.step + 1` gives the name a new tensor that the
+# replays never read. Run `check_capturable` on an instance, then (GPU) capture one and prove it with `verify`
+# against an eager copy: `reference = copy.deepcopy(model)` before the capture, and
+# `verify(g, reference, x, state=[(model, reference)])`. Why must the reference be a copy, not `model` itself?
+
+# %%
+class ScaledByStepFixed(torch.nn.Module):
+    ...  # your code: __init__ (self.lin and the counter) and forward
+
+
+counter_verify = ...  # GPU: verify(capture(model, x), reference, x, state=[(model, reference)])
+
+# %%
+check_step_counter(ScaledByStepFixed, counter_verify)
+
+# %% [markdown]
+# ### Exercise 2: clipping without reading the norm on the CPU
+# `clip_to_norm` below scales `x` down to norm `max_norm` when it is larger. It reads the norm on the CPU (section
+# 1) and decides in Python, so it cannot be captured, and a graph could replay only the branch it saw. Write
+# `clip_to_norm_fixed(x, max_norm=1.0)` with the same values for inputs above and below `max_norm`, where the GPU
+# decides: scale by `min(1, max_norm / norm)`. `torch.nn.utils.clip_grad_norm_` does exactly this to avoid a host
+# synchronization. Run `check_capturable` on it with `X`, then (GPU) capture it and `verify` the graph against it.
+
+# %%
+def clip_to_norm(x, max_norm=1.0):
+    norm = x.norm().item()           # the CPU waits for the GPU: not capturable
+    if norm > max_norm:              # a Python decision, made once at capture
+        x = x * (max_norm / norm)
+    return x
+
+
+print(check_capturable(clip_to_norm, X))
+
+
+def clip_to_norm_fixed(x, max_norm=1.0):
+    ...  # your code: no .item(), no if on a tensor
+
+
+clip_verify = ...  # GPU: verify(capture(clip_to_norm_fixed, X), clip_to_norm_fixed, X)
+
+# %%
+check_clip_without_sync(clip_to_norm_fixed, clip_verify)

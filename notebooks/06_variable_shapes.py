@@ -863,17 +863,59 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 #   kit's buckets) keeps that bounded.
 # - Requests above the largest bucket still work (eagerly), and the kit counts them: watch
 #   `stats.eager_overflows` in production.
-#
+
+# %% [markdown]
 # ## Exercises
-#
-# 1. Make the stream uniform over 1..`MAX_ROWS` instead of skewed. Which fixed ladder wins now, and what does
-#    the planner choose?
-# 2. Set `pad_value=None` in `capture_buckets` (no padding fill: one launch less per padded request). Time it
-#    against the default. Why is it still correct for these two models?
-# 3. Replace the transformer block's attention with attention across the batch dimension. What does
-#    `verify` report, and why must such a model never be padded?
-# 4. Call `torch.compile(model, mode="reduce-overhead", dynamic=False)` on the stream. How many sizes get
-#    compiled before Dynamo's `recompile_limit` sends the rest to eager, and what does that do to the
-#    graph launches per request?
-# 5. Plan with a tight memory budget using a memory model of *private* pools (the ledger's per-graph
-#    numbers with `pool="private"`). How many buckets fit, compared with a shared pool?
+# Each exercise extends the experiment above. Fill in its cell (every `...` is a placeholder that runs as it is),
+# then run the check below it: ✔ right, ✘ off (with a hint), … not done yet. Parts that need an NVIDIA GPU say
+# so (⏸); on a CPU the buckets run eagerly, padding and slicing exactly as graphs do, so the planning and the
+# poison test are checked there too.
+# Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb06_variable_shapes.py`
+# (try first).
+
+# %%
+from cudagraph_kit.exercises import MIXING_WHY, check_batch_mixing, check_uniform_plan
+
+# %% [markdown]
+# ### Exercise 1: buckets for uniform traffic
+# The planner of section 6 learned from skewed traffic: many small requests. Suppose the traffic changes and
+# every size from 1 to `MAX_ROWS` becomes equally likely. Draw `HISTORY` such sizes
+# (`torch.randint(1, MAX_ROWS + 1, (HISTORY,), generator=torch.Generator().manual_seed(SEED + 3))`), plan buckets
+# for them with `plan_buckets(..., max_graphs=len(ladder(MAX_ROWS)), max_size=MAX_ROWS)` (as many graphs as the
+# default ladder), and compare the padding of the plan, of the default ladder and of a plan made on
+# `history_sizes` with `evaluate_buckets`, on both kinds of traffic. Compared with the plan of as many graphs on
+# `history_sizes`, did the buckets move to `"larger"` or `"smaller"` sizes (their mean), or stay the `"same"`?
+# Then capture the plan for the MLP (`capture_buckets(mlp, sample, sizes=..., eager_fallback=True)`) and
+# `verify` it on padded requests before anything else.
+
+# %%
+uniform_sizes = ...  # HISTORY request sizes, uniform over 1..MAX_ROWS
+uniform_plan = ...   # plan_buckets(uniform_sizes, max_graphs=len(ladder(MAX_ROWS)), max_size=MAX_ROWS)
+moved = ...          # "larger", "smaller" or "same"
+serve_uniform = ...  # capture_buckets(mlp, sample, sizes=uniform_plan.sizes, eager_fallback=True)
+
+# %%
+check_uniform_plan(uniform_sizes, uniform_plan, moved, serve_uniform, max_rows=MAX_ROWS, skewed_sizes=history_sizes,
+                   reference=built["MLP"][DEFAULT])
+
+# %% [markdown]
+# ### Exercise 2: a block whose rows see each other
+# Padding is only correct when rows never see each other (section 2). Write `BatchMixingBlock`, a subclass of
+# `Block` whose attention runs across the requests (the batch dimension) instead of within each one: for
+# example, swap the first two dimensions before and after `Block.forward`, so that the requests become the
+# sequence. Bucket it (`capture_buckets(model, data["transformer block"][:MAX_ROWS], eager_fallback=True)`) and
+# `verify` a request whose size is not a bucket. What does it report, and why must such a model never be padded?
+# Pick one of the options printed below.
+
+# %%
+class BatchMixingBlock(Block):
+    ...  # your code: forward(self, x) with attention across dim 0
+
+
+mixing_leak = ...  # serve.verify(x) for a padded request x
+why = ...          # "a", "b" or "c"
+print("\n".join(f"{key}) {text}" for key, text in MIXING_WHY.items()))
+
+# %%
+check_batch_mixing(BatchMixingBlock, mixing_leak, why, d_block=D_BLOCK, heads=HEADS,
+                   sample=data["transformer block"][:MAX_ROWS])

@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from cudagraph_kit import capture, capture_train_step, compare, exercises
+from cudagraph_kit.buckets import capture_buckets
+from cudagraph_kit.diagnose import verify
 from cudagraph_kit.exercises import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT
 from cudagraph_kit.reproduce import NOTEBOOKS_DIR
 
@@ -141,6 +143,111 @@ def nb03():
     return types.SimpleNamespace(x=x, compiled=compiled, ro=ro, sol=solutions("03_jit_compile"))
 
 
+@pytest.fixture(scope="module")
+def nb04():
+    """Section 1's sweep at two batch sizes (ResNet-18, small images on a CPU) and section 4's digits loop."""
+    import torchvision
+    from sklearn.datasets import load_digits
+
+    arch, image, dtype, dname = ("resnet18", 224, torch.float16, "fp16") if CUDA else \
+        ("resnet18", 32, torch.float32, "fp32 (CPU)")
+
+    def build_model(dtype):
+        torch.manual_seed(0)
+        model = getattr(torchvision.models, arch)(weights=None)
+        return model.to(DEVICE, dtype=dtype, memory_format=torch.channels_last).eval()
+
+    def image_batch(n, dtype, seed=1):
+        x = torch.randn(n, 3, image, image, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype=dtype)
+        return x.contiguous(memory_format=torch.channels_last)
+
+    batches = [1, 4]
+    model = build_model(dtype)
+
+    def infer(x):
+        with torch.no_grad():
+            return model(x)
+
+    frames = []
+    for bs in batches:
+        x = image_batch(bs, dtype)
+        g = capture(infer, x, eager_fallback=True)
+        df = compare({"eager": infer, "cuda graph (with input copy)": g}, x, case=f"inference {dname} bs{bs}",
+                     samples=SAMPLES, calls=CALLS)
+        df["batch"] = bs
+        frames.append(df)
+    inference = pd.concat(frames, ignore_index=True)
+    e = inference[inference.variant == "eager"].set_index("batch")
+    gr = inference[inference.variant != "eager"].set_index("batch")
+    curve = {dname: {"eager": e, "graph": gr, "launch_us": e.median_us[1] / e.kernels_per_call[1] if CUDA
+                     else float("nan")}}
+
+    digits = load_digits()
+    X = torch.tensor(digits.images[:320], dtype=torch.float32).unsqueeze(1)
+    X, Y = (X - X.mean()) / X.std(), torch.tensor(digits.target[:320])
+
+    def small_cnn():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(), torch.nn.Linear(32 * 2 * 2, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(DEVICE)
+
+    def warmup_cosine(opt, total, warmup):
+        s = torch.optim.lr_scheduler
+        return s.SequentialLR(opt, [s.LinearLR(opt, start_factor=0.1, total_iters=warmup),
+                                    s.CosineAnnealingLR(opt, T_max=total - warmup)], milestones=[warmup])
+
+    def digits_loader(seed):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=32, shuffle=True,
+                                           generator=torch.Generator().manual_seed(seed), drop_last=False)
+
+    return types.SimpleNamespace(curve=curve, infer_dtypes={dname: dtype}, batches=batches, build_model=build_model,
+                                 image_batch=image_batch, small_cnn=small_cnn, warmup_cosine=warmup_cosine,
+                                 digits_loader=digits_loader, steps=len(digits_loader(1)), dname=dname,
+                                 sol=solutions("04_resnet50"))
+
+
+@pytest.fixture(scope="module")
+def nb06():
+    """Section 1's request sizes and section 2's MLP and transformer block, small."""
+    max_rows = 16
+    gen = torch.Generator().manual_seed(1)
+    history_sizes = (1 + (max_rows * torch.rand(1000, generator=gen) ** 3).floor().long()).tolist()
+    torch.manual_seed(0)
+    d, h = (256, 1024) if CUDA else (32, 64)
+    mlp = torch.nn.Sequential(torch.nn.Linear(d, h), torch.nn.GELU(), torch.nn.Linear(h, d)).to(DEVICE).eval()
+    seq, d_block, heads = (64, 256, 4) if CUDA else (8, 32, 2)
+    return types.SimpleNamespace(max_rows=max_rows, history_sizes=history_sizes, mlp=mlp,
+                                 sample=torch.randn(max_rows, d, device=DEVICE), Block=Block, d_block=d_block,
+                                 heads=heads, block_sample=torch.randn(max_rows, seq, d_block, device=DEVICE),
+                                 sol=solutions("06_variable_shapes"))
+
+
+class Block(torch.nn.Module):
+    """Notebook 06, section 2: a pre-norm transformer block, attention within each request."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+@pytest.fixture(scope="module")
+def nb05():
+    torch.manual_seed(0)
+    return types.SimpleNamespace(X=torch.randn(256, device=DEVICE) + 2.0, sol=solutions("05_pitfalls"))
+
+
 # --- each solution against its check ----------------------------------------------------------------------------
 
 def run_01_1(s):
@@ -186,11 +293,44 @@ def run_03_4(s):
     return out, {"x": s.x}
 
 
+def run_04_1(s):
+    out = s.sol.exercise_1(s.curve, s.infer_dtypes, s.batches, s.build_model, s.image_batch,
+                           "cuda graph (with input copy)", SAMPLES, CALLS)
+    return out, {"sweep": s.curve[s.dname], "sweep_batches": s.batches}
+
+
+def run_04_2(s):
+    out = s.sol.exercise_2(s.small_cnn, s.digits_loader, s.warmup_cosine, torch.nn.CrossEntropyLoss(), s.steps, 1.0,
+                           DEVICE, CUDA)
+    return out, {"max_norm": 1.0, "steps": s.steps}
+
+
+def run_05_1(s):
+    return s.sol.exercise_1(DEVICE, CUDA), {}
+
+
+def run_05_2(s):
+    return s.sol.exercise_2(s.X, CUDA), {}
+
+
+def run_06_1(s):
+    out = s.sol.exercise_1(s.max_rows, 1000, 0, s.history_sizes, s.mlp, s.sample)
+    return out, {"max_rows": s.max_rows, "skewed_sizes": s.history_sizes}
+
+
+def run_06_2(s):
+    return s.sol.exercise_2(s.Block, s.d_block, s.heads, s.block_sample), {"d_block": s.d_block, "heads": s.heads,
+                                                                            "sample": s.block_sample}
+
+
 RUNNERS = {("01_gelu", 1): ("nb01", run_01_1), ("01_gelu", 2): ("nb01", run_01_2), ("01_gelu", 3): ("nb01", run_01_3),
            ("02_train_step", 1): ("nb02", run_02_1), ("02_train_step", 2): ("nb02", run_02_2),
            ("02_train_step", 3): ("nb02", run_02_3),
            ("03_jit_compile", 1): ("nb03", run_03_1), ("03_jit_compile", 2): ("nb03", run_03_2),
-           ("03_jit_compile", 3): ("nb03", run_03_3), ("03_jit_compile", 4): ("nb03", run_03_4)}
+           ("03_jit_compile", 3): ("nb03", run_03_3), ("03_jit_compile", 4): ("nb03", run_03_4),
+           ("04_resnet50", 1): ("nb04", run_04_1), ("04_resnet50", 2): ("nb04", run_04_2),
+           ("05_pitfalls", 1): ("nb05", run_05_1), ("05_pitfalls", 2): ("nb05", run_05_2),
+           ("06_variable_shapes", 1): ("nb06", run_06_1), ("06_variable_shapes", 2): ("nb06", run_06_2)}
 ALL = [(stem, ex) for stem, exs in EXERCISES.items() for ex in exs]
 
 
@@ -360,6 +500,167 @@ def test_03_4_rejects_a_function_that_is_not_compiled(nb03):
     _off(exercises.check_max_autotune(gelu, ..., nb03.x), "not a function returned by torch.compile")
 
 
+def test_04_1_rejects_a_measured_batch_a_wrong_graph_and_a_reordered_table(nb04):
+    _off(exercises.check_batch_prediction(nb04.batches[0], ..., ..., ..., ..., sweep=nb04.curve[nb04.dname],
+                                          sweep_batches=nb04.batches), "INFER_BATCHES")
+    x = nb04.image_batch(3, nb04.infer_dtypes[nb04.dname])
+    model = nb04.build_model(nb04.infer_dtypes[nb04.dname])
+
+    def infer(t):
+        with torch.no_grad():
+            return model(t)
+    other_batch = capture(infer, nb04.image_batch(5, nb04.infer_dtypes[nb04.dname]), eager_fallback=True)
+    _off(exercises.check_batch_prediction(3, ..., other_batch, ..., ..., sweep=nb04.curve[nb04.dname],
+                                          sweep_batches=nb04.batches), "captured at batch 5, not 3")
+    g = capture(infer, x, eager_fallback=True)
+    table = compare({"eager": infer, "cuda graph (with input copy)": g}, x, case="bs3", samples=SAMPLES, calls=CALLS)
+    _off(exercises.check_batch_prediction(3, ..., g, table.iloc[::-1].reset_index(drop=True), ...,
+                                          sweep=nb04.curve[nb04.dname], sweep_batches=nb04.batches), "baseline 'eager'")
+
+
+def test_04_predicted_speedup_interpolates_the_floor_and_the_kernels():
+    idx = pd.Index([1, 4], name="batch")
+    sweep = {"eager": pd.DataFrame({"kernels_per_call": [100.0, 120.0]}, index=idx),
+             "graph": pd.DataFrame({"floor_us": [200.0, 800.0]}, index=idx), "launch_us": 5.0}
+    # batch 2: floor 400, kernels 106.67 -> launches 533: launch-bound, 533/400
+    assert math.isclose(exercises.predicted_speedup_at(2, sweep), (106.0 + 2 / 3) * 5 / 400)
+    assert math.isclose(exercises.predicted_speedup_at(4, sweep), 1.0)  # GPU-bound: the graph cannot beat the floor
+
+
+def test_04_2_rejects_norms_that_disagree_a_wrong_count_and_a_shared_tensor():
+    eager = [torch.tensor(v) for v in (3.0, 2.0, 0.5, 0.4)]
+    _off(exercises.check_clip_norms(eager, [3.0, 2.0, 0.5], ..., 1.0, 4), "one epoch has 4 steps")
+    _off(exercises.check_clip_norms(eager, [3.0, 2.5, 0.5, 0.4], ..., 1.0, 4), "differ from the eager loop")
+    _off(exercises.check_clip_norms(eager, [3.0, 2.0, 0.5, 0.4], 0.25, 1.0, 4), "2 of 4 norms are above 1.0")
+    one = torch.tensor(0.4)
+    _off(exercises.check_clip_norms(eager, [torch.tensor(3.0), torch.tensor(2.0), one, one], 0.5, 1.0, 4),
+         "one and the same tensor", ".clone()")
+    result = exercises.check_clip_norms(eager, [3.0, 2.0, 0.5, 0.4], 0.5, 1.0, 4)
+    assert result.ok and "2 of 4 steps" in result.text, result
+
+
+class ScaledByStep(torch.nn.Module):  # notebook 05, section 5: the counter is a Python number
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1
+        return self.lin(x) / self.step
+
+
+class CounterRebound(torch.nn.Module):  # a buffer, but a new tensor at every call
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.register_buffer("step", torch.zeros(()))
+
+    def forward(self, x):
+        self.step = self.step + 1
+        return self.lin(x) / self.step
+
+
+class CounterNotABuffer(torch.nn.Module):  # updated in place, but .to(DEVICE) does not move it
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.step = torch.zeros((), device=DEVICE)
+
+    def forward(self, x):
+        self.step.add_(1)
+        return self.lin(x) / self.step
+
+
+class CounterFromOne(CounterRebound):
+    def __init__(self):
+        super().__init__()
+        self.step.fill_(1)
+
+    def forward(self, x):
+        self.step.add_(1)
+        return self.lin(x) / self.step
+
+
+def test_05_1_rejects_a_python_counter_a_rebound_buffer_and_a_plain_attribute():
+    _off(exercises.check_step_counter(ScaledByStep, ...), "check_capturable still finds", "Python state",
+         "register_buffer")
+    _off(exercises.check_step_counter(CounterRebound, ...), "new tensor after each call", "add_(1)")
+    _off(exercises.check_step_counter(CounterNotABuffer, ...), "plain tensor attribute", "register_buffer")
+    _off(exercises.check_step_counter(CounterFromOne, ...), "not by 1, 2, 3")
+
+
+def test_05_1_an_empty_class_is_not_done():
+    class ScaledByStepFixed(torch.nn.Module):
+        ...
+    result = exercises.check_step_counter(ScaledByStepFixed, ...)
+    assert result.status == NOT_DONE and "placeholder" in result.text, result
+
+
+def clip_to_norm(x, max_norm=1.0):  # notebook 05, exercise 2: the version with a host read
+    norm = x.norm().item()
+    if norm > max_norm:
+        x = x * (max_norm / norm)
+    return x
+
+
+def test_05_2_rejects_a_host_read_an_if_on_a_tensor_and_a_clip_that_always_scales():
+    _off(exercises.check_clip_without_sync(clip_to_norm, ...), "check_capturable finds", "host sync")
+
+    def if_on_a_tensor(x, max_norm=1.0):
+        norm = x.norm()
+        return x * (max_norm / norm) if norm > max_norm else x
+    _off(exercises.check_clip_without_sync(if_on_a_tensor, ...), "host sync")
+
+    def always_scales(x, max_norm=1.0):
+        return x * (max_norm / x.norm())
+    _off(exercises.check_clip_without_sync(always_scales, ...), "norm below max_norm", "torch.clamp")
+
+
+def test_05_2_the_fixed_clip_gives_the_values_of_the_one_with_a_host_read():
+    fixed = solutions("05_pitfalls").exercise_2(torch.randn(64, device=DEVICE), False)["clip_to_norm_fixed"]
+    for scale in (0.001, 0.1, 1.0, 10.0):
+        x = torch.randn(64, device=DEVICE) * scale
+        torch.testing.assert_close(fixed(x), clip_to_norm(x), rtol=1e-4, atol=1e-6)
+
+
+def test_06_1_rejects_skewed_sizes_a_plan_on_the_history_and_a_wrong_direction(nb06):
+    from cudagraph_kit.buckets import plan_buckets
+    m = nb06.max_rows
+    _off(exercises.check_uniform_plan(nb06.history_sizes, ..., ..., ..., m, nb06.history_sizes), "uniform traffic")
+    out = nb06.sol.exercise_1(m, 1000, 0, nb06.history_sizes, nb06.mlp, nb06.sample)
+    wrong_plan = plan_buckets(nb06.history_sizes, max_graphs=out["uniform_plan"].n_graphs, max_size=m)
+    _off(exercises.check_uniform_plan(out["uniform_sizes"], wrong_plan, ..., ..., m, nb06.history_sizes),
+         "the planner reaches", "not on history_sizes")
+    other = {"larger": "smaller", "smaller": "larger", "same": "larger"}[out["moved"]]
+    _off(exercises.check_uniform_plan(**dict(out, moved=other), max_rows=m, skewed_sizes=nb06.history_sizes),
+         "you answered")
+    ladder_serve = capture_buckets(nb06.mlp, nb06.sample, eager_fallback=True)
+    _off(exercises.check_uniform_plan(**dict(out, serve_uniform=ladder_serve), max_rows=m,
+                                      skewed_sizes=nb06.history_sizes), "not the plan's")
+
+
+def test_06_1_the_uniform_plan_moves_its_buckets_to_larger_sizes(nb06):
+    """The claim behind exercise 06.1's question, on the notebook's SMOKE sizes."""
+    assert nb06.sol.exercise_1(nb06.max_rows, 1000, 0, nb06.history_sizes, nb06.mlp, nb06.sample)["moved"] == "larger"
+
+
+def test_06_2_rejects_the_unchanged_block_and_a_wrong_why(nb06):
+    class NoForward(Block):
+        ...
+    result = exercises.check_batch_mixing(NoForward, ..., ..., nb06.d_block, nb06.heads, nb06.block_sample)
+    assert result.status == NOT_DONE and "placeholder" in result.text, result
+
+    class SameAsBlock(Block):
+        def forward(self, x):
+            return super().forward(x)
+    _off(exercises.check_batch_mixing(SameAsBlock, 0.0, "b", nb06.d_block, nb06.heads, nb06.block_sample),
+         "still do not see each other", "mixing_leak = 0.0")
+    out = nb06.sol.exercise_2(Block, nb06.d_block, nb06.heads, nb06.block_sample)
+    _off(exercises.check_batch_mixing(**dict(out, why="a"), d_block=nb06.d_block, heads=nb06.heads,
+                                      sample=nb06.block_sample), '"a" is not it', "hint:")
+
+
 # --- wrong answers only a GPU can expose -------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -428,6 +729,66 @@ def test_02_2_claim_sgd_reads_a_tensor_lr_on_the_host(nb02):
 def test_03_3_a_reduce_overhead_output_is_not_kept_without_clone(nb03):
     naive = with_mark_step(nb03.ro)
     _off(exercises.check_clone_cost(naive, ..., ..., nb03.x), ".clone()")
+
+
+@pytest.mark.gpu
+def test_04_1_a_graph_that_is_not_the_eager_function_is_rejected(nb04):
+    dtype = nb04.infer_dtypes[nb04.dname]
+    model = nb04.build_model(dtype)
+
+    def infer(t):
+        with torch.no_grad():
+            return model(t)
+    wrong = capture(lambda t: infer(t) * 1.5, nb04.image_batch(2, dtype))
+    wrong.fn = infer  # a graph of another function than the one it names
+    _off(exercises.check_batch_prediction(2, ..., wrong, ..., ..., sweep=nb04.curve[nb04.dname],
+                                          sweep_batches=nb04.batches), "differs from eager")
+
+
+@pytest.mark.gpu
+def test_04_2_norms_kept_without_clone_are_rejected(nb04):
+    """The trap of exercise 04.2: step.grad_norm after a replay is the graph's output, overwritten by the next."""
+    model = nb04.small_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    batches = [(x.cuda(), y.cuda()) for x, y in nb04.digits_loader(1)]
+    step = capture_train_step(model, opt, torch.nn.CrossEntropyLoss(), batches[0], max_grad_norm=1.0)
+    kept = []
+    for x, y in batches[:8]:
+        step(x, y)
+        kept.append(step.grad_norm)
+    out = nb04.sol.exercise_2(nb04.small_cnn, lambda seed: batches[:8], nb04.warmup_cosine,
+                              torch.nn.CrossEntropyLoss(), 8, 1.0, "cuda", True)
+    _off(exercises.check_clip_norms(out["norms_eager"], kept, ..., 1.0, 8), "one and the same tensor")
+
+
+@pytest.mark.gpu
+def test_05_1_a_verify_against_the_graphed_model_itself_is_rejected():
+    """The trap of exercise 05.1: the graph and its eager reference share one counter, so they disagree."""
+    Fixed = solutions("05_pitfalls").exercise_1("cuda", False)["ScaledByStepFixed"]
+    model = Fixed().cuda()
+    x = torch.randn(4, 16, device="cuda")
+    g = capture(model, x)
+    shared = verify(g, model, x)
+    _off(exercises.check_step_counter(Fixed, shared), "your verify() finds a divergence", "copy.deepcopy")
+
+
+@pytest.mark.gpu
+def test_05_1_a_python_counter_diverges_in_a_graph():
+    """The claim of exercise 05.1: a graph freezes ScaledByStep's Python counter (verify against an eager copy)."""
+    model = ScaledByStep().cuda()
+    reference = copy.deepcopy(model)
+    x = torch.randn(4, 16, device="cuda")
+    g = capture(model, x)
+    reference.step = model.step
+    assert not verify(g, reference, x, state=[(model, reference)]).ok
+
+
+@pytest.mark.gpu
+def test_05_2_a_host_read_does_not_capture():
+    from cudagraph_kit import CaptureError
+    with pytest.raises(CaptureError):
+        capture(clip_to_norm, torch.randn(256, device="cuda"))
+    assert torch.isfinite(torch.randn(4, device="cuda") * 2).all()  # the process keeps working
 
 
 def test_exercise_cells_use_only_placeholders_the_checks_understand():
