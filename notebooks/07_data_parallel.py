@@ -412,13 +412,47 @@ else:
 #   CPU's lead that graphs rely on.
 # - Correct before fast: graphed DDP trained exactly like eager DDP here (section 2), and every graphed run
 #   of the script checks that first.
-#
+
+# %% [markdown]
 # ## Exercises
-# 1. Run the script with `--amp fp16` (what a T4 needs). `GradScaler.step` checks for inf/NaN on the CPU,
-#    so it runs eagerly after each replay: how much of the graph's gain remains, and what happens to the
-#    spread?
-# 2. Start the script with `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` in its environment and
-#    `os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"` moved to *after* `init_process_group`. What can
-#    the kit detect, and what can it not?
-# 3. Add `gc.collect()` every 50 steps in the timed loop (a stand-in for a periodic CPU hiccup on one
-#    rank, e.g. `if rank == 0`). How do the eager and the graphed p99 react, and the other rank's?
+# Each exercise extends the experiment above. Fill in its cell (every `...` is a placeholder that runs as it is),
+# then run the check below it: ✔ right, ✘ off (with a hint), … not done yet. Parts that need an NVIDIA GPU say
+# so (⏸); on a CPU the data-parallel runs are eager (gloo), and a check verifies what is honest there.
+# Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb07_data_parallel.py`
+# (try first).
+
+# %%
+from cudagraph_kit.exercises import check_item_per_step, check_rank_spread
+
+# %% [markdown]
+# ### Exercise 1: the spread across ranks, from the raw step times
+# `local_steps` (section 4) holds every step time of every rank of the local run: columns `variant`, `rank`,
+# `step`, `step_us`. Compute, for each variant, the two numbers of section 3 that describe the spread across
+# ranks: how far apart the slowest and the fastest rank's *median* step times are, and, step by step, the
+# slowest minus the fastest rank's step time, summarized by its 99th percentile (pandas' default quantile).
+# They must agree with the `rank_median_spread_us` and `step_rank_diff_p99_us` columns of `local`. Which of
+# the two says more about what an all-reduce waits for at each step?
+
+# %%
+rank_spread = ...  # {variant: (median spread in µs, per-step p99 spread in µs)}
+
+# %%
+check_rank_spread(rank_spread, local_steps)
+
+# %% [markdown]
+# ### Exercise 2: what a `loss.item()` per step costs a graphed DDP step
+# Section 3 argues that a synchronize per step takes away the CPU's lead that a graph relies on. Measure it in
+# one process: create a process group again (`setup_distributed_for_graphs()`, after a new `MASTER_PORT` as in
+# section 2), build section 2's eager DDP loop and graphed DDP step, run the graphed step through its 11 warm-up
+# steps and the capture, and time in one `compare` (`samples=7, calls=None if CUDA else 10`) on one batch:
+# `"eager"`, `"whole-step graph"` and `"whole-step graph + loss.item()"` (the step followed by `.item()` of its
+# loss, as a loop that logs the loss every step does). What does the `.item()` cost per step, and is the graph
+# still ahead of eager with it? Delete the step, the models and the optimizers, then destroy the process group.
+
+# %%
+item_table = ...    # compare({"eager": ..., "whole-step graph": ..., "whole-step graph + loss.item()": ...}, x, y, ...)
+item_cost_us = ...  # median µs of the "+ loss.item()" row minus that of the "whole-step graph" row
+keeps_lead = ...    # True if the "+ loss.item()" row is still faster than eager (speedup > 1)
+
+# %%
+check_item_per_step(item_table, item_cost_us, keeps_lead)

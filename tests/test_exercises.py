@@ -243,6 +243,26 @@ class Block(torch.nn.Module):
 
 
 @pytest.fixture(scope="module")
+def nb07():
+    """Per-step, per-rank times like section 4's local run (two ranks, two variants), and section 2's demo."""
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for variant, base, noise in (("eager", 900.0, 120.0), ("whole-step graph", 300.0, 15.0)):
+        for rank in (0, 1):
+            for step in range(40):
+                rows.append({"case": "mlp", "variant": variant, "rank": rank, "step": step,
+                             "step_us": base + noise * float(torch.rand(1, generator=gen)), "host_us": base / 2})
+
+    def demo_model(seed=0):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(DEVICE)
+    demo_batches = [(torch.randn(64, 256, generator=gen).to(DEVICE), torch.randint(0, 10, (64,), generator=gen)
+                     .to(DEVICE)) for _ in range(2)]
+    return types.SimpleNamespace(local_steps=pd.DataFrame(rows), demo_model=demo_model, demo_batches=demo_batches,
+                                 sol=solutions("07_data_parallel"))
+
+
+@pytest.fixture(scope="module")
 def nb05():
     torch.manual_seed(0)
     return types.SimpleNamespace(X=torch.randn(256, device=DEVICE) + 2.0, sol=solutions("05_pitfalls"))
@@ -323,6 +343,14 @@ def run_06_2(s):
                                                                             "sample": s.block_sample}
 
 
+def run_07_1(s):
+    return s.sol.exercise_1(s.local_steps), {"local_steps": s.local_steps}
+
+
+def run_07_2(s):
+    return s.sol.exercise_2(s.demo_model, s.demo_batches, torch.nn.functional.cross_entropy, CUDA, SAMPLES, CALLS), {}
+
+
 RUNNERS = {("01_gelu", 1): ("nb01", run_01_1), ("01_gelu", 2): ("nb01", run_01_2), ("01_gelu", 3): ("nb01", run_01_3),
            ("02_train_step", 1): ("nb02", run_02_1), ("02_train_step", 2): ("nb02", run_02_2),
            ("02_train_step", 3): ("nb02", run_02_3),
@@ -330,7 +358,8 @@ RUNNERS = {("01_gelu", 1): ("nb01", run_01_1), ("01_gelu", 2): ("nb01", run_01_2
            ("03_jit_compile", 3): ("nb03", run_03_3), ("03_jit_compile", 4): ("nb03", run_03_4),
            ("04_resnet50", 1): ("nb04", run_04_1), ("04_resnet50", 2): ("nb04", run_04_2),
            ("05_pitfalls", 1): ("nb05", run_05_1), ("05_pitfalls", 2): ("nb05", run_05_2),
-           ("06_variable_shapes", 1): ("nb06", run_06_1), ("06_variable_shapes", 2): ("nb06", run_06_2)}
+           ("06_variable_shapes", 1): ("nb06", run_06_1), ("06_variable_shapes", 2): ("nb06", run_06_2),
+           ("07_data_parallel", 1): ("nb07", run_07_1), ("07_data_parallel", 2): ("nb07", run_07_2)}
 ALL = [(stem, ex) for stem, exs in EXERCISES.items() for ex in exs]
 
 
@@ -661,6 +690,35 @@ def test_06_2_rejects_the_unchanged_block_and_a_wrong_why(nb06):
                                       sample=nb06.block_sample), '"a" is not it', "hint:")
 
 
+def test_07_1_rejects_a_spread_that_is_not_the_scripts(nb07):
+    out = nb07.sol.exercise_1(nb07.local_steps)["rank_spread"]
+    pooled = {v: (m, float(g.step_us.quantile(0.99) - g.step_us.quantile(0.01)))
+              for (v, (m, _)), (_, g) in zip(out.items(), nb07.local_steps.groupby("variant", sort=False))}
+    _off(exercises.check_rank_spread(pooled, nb07.local_steps), "p99 over steps of (slowest - fastest rank)",
+         "pivot_table")
+    _off(exercises.check_rank_spread({"eager": out["eager"]}, nb07.local_steps), "one entry per variant")
+    means = {v: (float(g.groupby("rank").step_us.mean().agg(lambda s: s.max() - s.min())), p)
+             for (v, (_, p)), (_, g) in zip(out.items(), nb07.local_steps.groupby("variant", sort=False))}
+    _off(exercises.check_rank_spread(means, nb07.local_steps), "spread of the ranks' medians")
+
+
+def test_07_1_matches_the_notebooks_table_on_a_real_local_run_shape(nb07):
+    """The check's reference is the script's own summary (cudagraph_kit.ddp.jitter_summary)."""
+    from cudagraph_kit.ddp import jitter_summary
+    table = jitter_summary(nb07.local_steps).set_index("variant")
+    out = nb07.sol.exercise_1(nb07.local_steps)["rank_spread"]
+    for v, (m, p) in out.items():
+        assert math.isclose(m, table.rank_median_spread_us[v]) and math.isclose(p, table.step_rank_diff_p99_us[v])
+
+
+def test_07_2_rejects_a_wrong_cost_and_a_table_without_the_synced_row(nb07):
+    t = pd.DataFrame({"case": "c", "variant": ["eager", "whole-step graph", "whole-step graph + loss.item()"],
+                      "executed_as": ["eager", "cuda graph", "cuda graph"], "median_us": [100.0, 40.0, 55.0],
+                      "speedup": [1.0, 2.5, 1.8]})
+    _off(exercises.check_item_per_step(t, 5.0, True), "the table says 15.0 µs")
+    _off(exercises.check_item_per_step(t.iloc[:2], 15.0, True), "'whole-step graph + loss.item()'")
+
+
 # --- wrong answers only a GPU can expose -------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -789,6 +847,15 @@ def test_05_2_a_host_read_does_not_capture():
     with pytest.raises(CaptureError):
         capture(clip_to_norm, torch.randn(256, device="cuda"))
     assert torch.isfinite(torch.randn(4, device="cuda") * 2).all()  # the process keeps working
+
+
+@pytest.mark.gpu
+def test_07_2_a_wrong_answer_about_the_lead_is_rejected():
+    t = pd.DataFrame({"case": "c", "variant": ["eager", "whole-step graph", "whole-step graph + loss.item()"],
+                      "executed_as": ["eager", "cuda graph", "cuda graph"], "median_us": [100.0, 40.0, 55.0],
+                      "speedup": [1.0, 2.5, 1.8]})
+    _off(exercises.check_item_per_step(t, 15.0, False), "keeps_lead = False")
+    assert exercises.check_item_per_step(t, 15.0, True).status == CORRECT
 
 
 def test_exercise_cells_use_only_placeholders_the_checks_understand():
