@@ -425,17 +425,18 @@ for size, (n, d_in, h, d_out) in SIZES.items():
     x, y = torch.randn(n, d_in, device=DEVICE), torch.randn(n, d_out, device=DEVICE)
     for opt_name in ["SGD", "Adam(capturable)"]:
         case = f"MLP {size}, {opt_name}"
-        base = make_model(d_in, h, d_out)
-        variants = {}
-        m = copy.deepcopy(base)
-        variants["eager"] = eager_step(m, make_opt(opt_name, m.parameters()))
-        m = copy.deepcopy(base)
-        variants[GRAPH] = capture_train_step(m, make_opt(opt_name, m.parameters()), loss_fn, (x, y),
-                                             eager_fallback=True)
-        if CUDA:
-            m = graph_modules(copy.deepcopy(base), (x,))
-            variants["make_graphed_callables (model only)"] = eager_step(m, make_opt(opt_name, m.parameters()))
         with StreamWarningWatch(case) as watch:
+            base = make_model(d_in, h, d_out)
+            variants = {}
+            m = copy.deepcopy(base)
+            variants["eager"] = eager_step(m, make_opt(opt_name, m.parameters()))
+            m = copy.deepcopy(base)
+            variants[GRAPH] = capture_train_step(m, make_opt(opt_name, m.parameters()), loss_fn, (x, y),
+                                                 eager_fallback=True)
+            if CUDA:
+                m = graph_modules(copy.deepcopy(base), (x,))  # warms up and captures on its own side streams
+                variants["make_graphed_callables (model only)"] = eager_step(m, make_opt(opt_name, m.parameters()))
+                watch.raised_by("make_graphed_callables' warm-up and capture")
             for name, fn in variants.items():
                 for _ in range(2):
                     fn(x, y)
@@ -449,7 +450,7 @@ for size, (n, d_in, h, d_out) in SIZES.items():
 timing = pd.concat(tables, ignore_index=True)
 if not CUDA:
     print("\nmake_graphed_callables skipped: it needs an NVIDIA GPU. The CPU times above are eager, not results.")
-print("\nAccumulateGrad stream warning (watched over every step of this cell):",
+print("\nAccumulateGrad stream warning (watched over this whole cell):",
       f"raised by {stream_warning_from[0]} ({stream_warning_from[1]})"
       if stream_warning_from else "not raised in this run")
 
@@ -461,9 +462,9 @@ print("\nAccumulateGrad stream warning (watched over every step of this cell):",
 # `torch.cuda.make_graphed_callables` warms up and captures on side streams of its own and keeps the
 # outputs of its forward capture, and with them the autograd graph built during capture, which holds the
 # parameters' `AccumulateGrad` nodes, created on that side stream. Every later eager backward through the
-# graphed module runs on the default stream and accumulates through those nodes. The cell above watches every
-# step it runs, the first two of each variant and all of the timing, and says which raised the warning
-# first (autograd warns once per process). The whole-step graph keeps no autograd graph alive after
+# graphed module runs on the default stream and accumulates through those nodes. The cell above watches
+# everything it runs (building the variants, their first two steps, the timing) and says which part raised
+# the warning first (autograd warns once per process). The whole-step graph keeps no autograd graph alive after
 # its capture (its loss is detached), and the eager loop stays on one stream. The extra synchronization is
 # a few cross-stream event waits per step in the `make_graphed_callables` row; results are unaffected.
 # Silence it with `torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)` once you know

@@ -70,7 +70,8 @@ def test_train_step_notebook_records_parity_and_honest_labels(run_notebook):
         # if autograd's AccumulateGrad stream warning was raised, the notebook recorded who raised it, and where
         warned = env["accumulate_grad_stream_warning"]
         assert warned is None or (warned[1] in set(df.case) and (
-            warned[0] == "the timing" or warned[0].removeprefix("the first steps of ").strip("'") in set(df.variant)))
+            warned[0] in ("the timing", "make_graphed_callables' warm-up and capture")
+            or warned[0].removeprefix("the first steps of ").strip("'") in set(df.variant)))
     else:
         # eager fallback runs the same code as the eager loop: identical, dropout included
         assert (parity.max_abs_param_diff == 0).all() and parity.params_bitwise_equal.all()

@@ -158,18 +158,33 @@ def test_compare_small_gelu_graph_is_faster_and_at_or_above_its_floor():
 
 @pytest.mark.gpu
 def test_no_profiler_residue_after_compare():
-    """A variant timed before and after compare()'s floor measurement agrees within 5% (median of repeats)."""
-    x = torch.randn(1, 3, 224, 224, device="cuda")
+    """A variant timed before and after compare()'s floor measurement, in one process, agrees within 5% (median of
+    several repeats). The host's speed drifts by a third within seconds, so each GPU sample is divided by a sample
+    of the same function on a one-element CPU tensor taken right after it: the same Python and dispatcher work,
+    no CUDA launch. Drift moves both; profiler residue (CUPTI callbacks on every launch) moves only the GPU one."""
+    x, xc = torch.randn(1, 3, 224, 224, device="cuda"), torch.randn(1)
     g = capture(gelu, x)
     new = torch.randn_like(x)
     probes = {"eager": lambda: gelu(x), "kit call": lambda: g(new)}
-    before = {k: [timeit(f, samples=5).median_us for _ in range(3)] for k, f in probes.items()}
+    cpu_gelu = lambda: gelu(xc)  # noqa: E731
+
+    def launch_cost_ratios(fn, repeats=7):
+        out = []
+        for _ in range(repeats):
+            gpu_us = timeit(fn, samples=1).median_us
+            out.append(gpu_us / timeit(cpu_gelu, samples=1).median_us)
+        return out
+
+    before = {k: launch_cost_ratios(f) for k, f in probes.items()}
     compare({"eager": lambda: gelu(x), "graph": g.replay, "kit call": lambda: g(new)}, samples=5)
     compare({"eager": lambda: gelu(x), "graph": g.replay}, samples=5)  # a second profiler session
-    after = {k: [timeit(f, samples=5).median_us for _ in range(3)] for k, f in probes.items()}
+    after = {k: launch_cost_ratios(f) for k, f in probes.items()}
     for k in probes:
         b, a = statistics.median(before[k]), statistics.median(after[k])
-        print(f"{k}: before {b:.2f} µs, after two compare() calls {a:.2f} µs ({100 * (a / b - 1):+.1f}%)")
+        print(f"{k}: time / same call on a CPU tensor, before {b:.3f}, after two compare() calls {a:.3f} "
+              f"({100 * (a / b - 1):+.1f}%)")
+    for k in probes:
+        b, a = statistics.median(before[k]), statistics.median(after[k])
         assert a < 1.05 * b, (k, before[k], after[k])
 
 
