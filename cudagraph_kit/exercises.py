@@ -531,9 +531,9 @@ def check_lr_schedule(report, graphed_model, eager_model, optimizer, lrs):
         return
     lr = optimizer.param_groups[0]["lr"]
     if not isinstance(lr, torch.Tensor):
-        report.off(f"the optimizer's lr is a Python {type(lr).__name__}: a graph bakes it in at capture, so later "
-                   "replays ignore the scheduler", "Adam(..., lr=torch.tensor(1e-3, device=DEVICE), capturable=CUDA): "
-                   "the scheduler then updates the tensor in place, and every replay reads it.")
+        report.right(f"the lr is a Python {type(lr).__name__}: capture_train_step keeps it in a GPU tensor that the "
+                     "graph reads, and copies each new value in before a replay (a hand-written graph would keep "
+                     "the value it saw at capture)")
     elif cuda() and lr.device.type != "cuda":
         report.off("the lr tensor is on the CPU; the graph needs it in GPU memory", "torch.tensor(1e-3, device='cuda')")
     else:

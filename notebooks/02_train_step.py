@@ -462,9 +462,10 @@ print("\nAccumulateGrad stream warning (watched over this whole cell):",
 # `torch.cuda.make_graphed_callables` warms up and captures on side streams of its own and keeps the
 # outputs of its forward capture, and with them the autograd graph built during capture, which holds the
 # parameters' `AccumulateGrad` nodes, created on that side stream. Every later eager backward through the
-# graphed module runs on the default stream and accumulates through those nodes. The cell above watches
-# everything it runs (building the variants, their first two steps, the timing) and says which part raised
-# the warning first (autograd warns once per process). The whole-step graph keeps no autograd graph alive after
+# graphed module runs on the default stream and accumulates through those nodes, and the mismatch can show up
+# as early as `make_graphed_callables`' own warm-up and capture. The cell above watches everything it runs
+# (building the variants, their first two steps, the timing) and its last line says which part raised the
+# warning first (autograd warns once per process). The whole-step graph keeps no autograd graph alive after
 # its capture (its loss is detached), and the eager loop stays on one stream. The extra synchronization is
 # a few cross-stream event waits per step in the `make_graphed_callables` row; results are unaffected.
 # Silence it with `torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)` once you know
@@ -863,13 +864,16 @@ check_amp_adam(still_eager, amp_adam_table, max_param_diff, reference=amp_timing
 # Train the network without dropout twice on `batches`, once through `capture_train_step(...,
 # eager_fallback=True)` and once with an eager loop, each with `torch.optim.lr_scheduler.StepLR(opt,
 # step_size=10, gamma=0.5)` stepped after every training step; record the graphed run's learning rate after each
-# step. Do the two runs end with the same parameters? Start with Adam and a Python-number lr, then fix it.
+# step. Do the two runs end with the same parameters? Start with Adam and a Python-number lr; then try a tensor lr,
+# and plain SGD.
 #
-# Hint: a graph replays its kernels with the arguments they were captured with, and a Python-number lr is such an
-# argument: the scheduler changes `group["lr"]`, the replays never see it. `torch.optim.Adam`/`AdamW` with
-# `capturable=True` accept `lr=torch.tensor(..., device="cuda")`, and the schedulers update a tensor lr in place,
-# so each replay reads the current value. (SGD's default implementation turns a tensor lr into a Python number
-# at every step, a host synchronization that a capture forbids.) On a CPU both runs are eager, so they agree
+# Hint: a hand-written graph replays its kernels with the arguments they were captured with, and a Python-number lr
+# is such an argument: the scheduler changes `group["lr"]`, the replays never see it. `capture_train_step` handles
+# this for optimizers that can read the lr from GPU memory (`Adam`/`AdamW` with `capturable=True`, `SGD` with
+# `fused=True`): it keeps the lr in a GPU tensor and copies each new value in before a replay. You can also pass
+# `lr=torch.tensor(..., device="cuda")` yourself; the schedulers update a tensor lr in place. Plain SGD reads the lr
+# as a Python number inside its step, so `capture_train_step` refuses a schedule that changes it, and says how to
+# fix it. On a CPU both runs are eager, so they agree
 # whatever the lr; the check tells you what only a GPU run can show.
 
 # %%
