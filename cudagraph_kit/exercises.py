@@ -530,7 +530,12 @@ def check_lr_schedule(report, graphed_model, eager_model, optimizer, lrs):
         report.todo("fill in graphed_model, eager_model, optimizer and lrs")
         return
     lr = optimizer.param_groups[0]["lr"]
-    if not isinstance(lr, torch.Tensor):
+    if not isinstance(lr, torch.Tensor) and isinstance(optimizer, torch.optim.SGD) and not optimizer.defaults.get("fused"):
+        report.off(f"the lr is a Python {type(lr).__name__} and plain SGD reads it on the host inside its step: a graph "
+                   "keeps the value from capture, so capture_train_step refuses a schedule that changes it",
+                   "SGD(..., fused=True), or Adam(..., lr=torch.tensor(1e-3, device=DEVICE), capturable=CUDA): the "
+                   "graph then reads the lr from GPU memory at every replay.")
+    elif not isinstance(lr, torch.Tensor):
         report.right(f"the lr is a Python {type(lr).__name__}: capture_train_step keeps it in a GPU tensor that the "
                      "graph reads, and copies each new value in before a replay (a hand-written graph would keep "
                      "the value it saw at capture)")

@@ -957,8 +957,8 @@ if CUDA:
             del m_e, o_e, m_g, o_g, step
 
 # %% [markdown]
-# The same prediction from what notebooks 01-04 recorded: their eager row gives eager time, floor and
-# kernels (+ copies) per call; the replay cost is the one measured above on this GPU, which may differ from
+# The same prediction from what notebooks 01-04 recorded: their eager row gives the eager time and the kernels
+# (+ copies) per call, their graph row the floor (the GPU-busy time of those kernels replayed); the replay cost is the one measured above on this GPU, which may differ from
 # the GPU those notebooks ran on (both are named in the table).
 
 # %%
@@ -983,12 +983,17 @@ def from_recorded(stem, case, base_variant, graph_variant):
     df = rec.df
     base = df[(df.case == case) & (df.variant == base_variant)]
     graph = df[(df.case == case) & (df.variant == graph_variant)]
-    if base.empty or graph.empty or base.floor_us.isna().all():
+    if base.empty or graph.empty:
         return None
     b, gr = base.iloc[0], graph.iloc[0]
+    # the floor: GPU-busy time of the same kernels replayed from the graph (the kit gives no floor for eager
+    # rows, whose profiled kernel times include launch effects); an older record may have it on the eager row
+    floor = gr.get("floor_us") if pd.notna(gr.get("floor_us")) else b.get("floor_us")
+    if floor is None or pd.isna(floor):
+        return None
     nodes = b.get("kernels_per_call", float("nan")) + (b.get("copies_per_call", 0.0) if pd.notna(b.get("copies_per_call", 0.0)) else 0.0)
-    pred_graph = predict_graph_time(b.floor_us, nodes, node_us, launch_us)
-    return {"source": f"{stem} ({rec.env.get('gpu')})", "case": case, "eager_us": b.median_us, "floor_us": b.floor_us,
+    pred_graph = predict_graph_time(floor, nodes, node_us, launch_us)
+    return {"source": f"{stem} ({rec.env.get('gpu')})", "case": case, "eager_us": b.median_us, "floor_us": floor,
             "nodes": nodes, "predicted_graph_us": pred_graph, "predicted_speedup": b.median_us / pred_graph,
             "measured_speedup": b.median_us / gr.median_us, "graph_executed_as": gr.get("executed_as", "?")}
 

@@ -86,11 +86,7 @@ def test_repository_address_and_ref_are_the_same_everywhere():
 
 # Notebooks whose GPU execution is still owed, with the reason. The test below is an expected failure for them
 # (strict: once the executed notebook is committed it passes, the xfail turns into a failure, and the entry must go).
-AWAITING_GPU_RUN = {
-    "05_pitfalls": "its GPU run stopped twice at the torch.compile(mode='reduce-overhead') cell (section 10) "
-                   "past the run's time limit on an H100 (that section now runs in a subprocess with a time "
-                   "limit); nothing of it is committed",
-}
+AWAITING_GPU_RUN: dict = {}
 
 
 @pytest.mark.parametrize("source", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=AWAITING_GPU_RUN[s.stem]))
