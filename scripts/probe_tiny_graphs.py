@@ -1,0 +1,90 @@
+"""Probe: what does a CUDA graph of 1-33 tiny nodes cost, on the host and on the GPU, against the same kernels
+launched eagerly? The data behind ``diagnose.measure_replay_cost`` and ``advise``'s floor for small graphs.
+
+For k = 1 .. 33 kernels (a chain of multiplies on a 150k-element tensor, and one-element adds) it times, round-robin
+in one ``compare`` window: eager, the raw ``CUDAGraph.replay`` and the kit's ``g.replay()``; then the GPU time of
+the same calls queued behind a spin kernel (``device_time``) for eager and graph. Writes a CSV and a JSON.
+Run on a GPU: ``python scripts/probe_tiny_graphs.py OUT_DIR``.
+"""
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from cudagraph_kit import capture
+from cudagraph_kit.diagnose import advise, measure_replay_cost
+from cudagraph_kit.timing import compare, device_time
+
+KS = (1, 2, 3, 5, 9, 17, 33)
+
+
+def chain(k, op):
+    def f(x):
+        for _ in range(k):
+            x = op(x)
+        return x
+    return f
+
+
+def raw_graph(fn, x):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(x)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(x)
+    return g
+
+
+def main(out):
+    out.mkdir(parents=True, exist_ok=True)
+    big = torch.randn(1, 3, 224, 224, device="cuda")
+    one = torch.zeros(1, device="cuda")
+    mul = chain(1, lambda t: t * 1.0001)
+    variants, meta = {}, {}
+    for k in KS:
+        f_big = chain(k, lambda t: t * 1.0001)
+        f_one = chain(k, lambda t: t.add_(1.0))
+        g_big = raw_graph(f_big, big)
+        g_one = raw_graph(f_one, one)
+        kit = capture(f_big, big)
+        variants[f"eager mul x{k}"] = (lambda f=f_big: f(big))
+        variants[f"graph mul x{k}"] = g_big.replay
+        variants[f"kit replay mul x{k}"] = (lambda g=kit: g.replay())
+        variants[f"eager add1 x{k}"] = (lambda f=f_one: f(one))
+        variants[f"graph add1 x{k}"] = g_one.replay
+        meta.update({f"eager mul x{k}": (k, "eager", "mul"), f"graph mul x{k}": (k, "graph", "mul"),
+                     f"kit replay mul x{k}": (k, "kit", "mul"), f"eager add1 x{k}": (k, "eager", "add1"),
+                     f"graph add1 x{k}": (k, "graph", "add1")})
+    df = compare(variants, case="tiny graphs", samples=11)
+    dev = []
+    for name, fn in variants.items():
+        r = device_time(fn, calls=10)
+        dev.append(r[0] if r else float("nan"))
+    df["device_time_us"] = dev
+    df["k"] = [meta[v][0] for v in df.variant]
+    df["how"] = [meta[v][1] for v in df.variant]
+    df["op"] = [meta[v][2] for v in df.variant]
+    df["gpu"] = torch.cuda.get_device_name(0)
+    df.to_csv(out / "tiny_graphs.csv", index=False)
+    print(df[["variant", "median_us", "floor_us", "device_time_us", "kernels_per_call", "copies_per_call"]]
+          .to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    node_us, launch_us = measure_replay_cost()
+    gelu = lambda x: x * 0.5 * (1.0 + torch.erf(x / 1.41421))
+    a = advise(gelu, big)
+    g = capture(gelu, big)
+    m = compare({"eager": gelu, "graph": lambda t: g.replay()}, big, case="gelu small", samples=11)
+    info = {"node_us": node_us, "launch_us": launch_us, "advise": str(a), "advise_floor": a.floor_us,
+            "advise_speedup": a.speedup, "measured_speedup": float(m.speedup.iloc[1]),
+            "measured": m[["variant", "median_us", "floor_us"]].to_dict("records"),
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    (out / "tiny_graphs.json").write_text(json.dumps(info, indent=1, default=str))
+    print(json.dumps(info, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "."))
