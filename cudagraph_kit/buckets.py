@@ -7,7 +7,8 @@ Serving engines do this with one memory pool shared by all buckets, captured lar
 - :func:`capture_buckets` -> :class:`BucketedGraphs`: the bucketed callable (pad, replay, slice; eager and
   counted above the largest bucket).
 - :func:`ladder`, :func:`plan_buckets`, :func:`evaluate_buckets`: fixed ladders of bucket sizes, and a planner
-  that picks sizes from observed request sizes under a limit on graphs and/or memory.
+  that picks sizes from observed request sizes under a limit on graphs and/or memory;
+  :func:`measure_bucket_costs` gives it the GPU time of each size.
 - :class:`MemoryLedger`, :func:`pool_usage`: memory per graph and per pool, from the allocator's own statistics.
 
 Padding is only correct for functions whose output rows depend only on their own input rows (an MLP, a
@@ -32,6 +33,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import math
+import statistics
 import time
 import warnings
 from collections import Counter
@@ -82,7 +84,7 @@ except ImportError:  # pragma: no cover - this file copied on its own
 
 __all__ = [
     "BucketedGraphs", "BucketStats", "BucketOverflowWarning", "capture_buckets", "ladder",
-    "BucketPlan", "plan_buckets", "evaluate_buckets", "interpolate",
+    "BucketPlan", "plan_buckets", "evaluate_buckets", "interpolate", "measure_bucket_costs",
     "MemoryLedger", "pool_usage", "graph_pools",
 ]
 
@@ -568,6 +570,56 @@ def interpolate(points: Mapping[int, float]) -> Callable[[int], float]:
     xs = sorted(points)
     ys = [float(points[x]) for x in xs]
     return lambda s: float(np.interp(s, xs, ys))
+
+
+def _timing():
+    try:
+        from . import timing
+    except ImportError:  # pragma: no cover - this file copied on its own
+        try:
+            import timing  # the kit's timing.py copied beside this file
+        except ImportError as exc:
+            raise ImportError("measure_bucket_costs needs the kit's timing module. Fix: copy timing.py from "
+                              "cudagraph_kit next to this file.") from exc
+    return timing
+
+
+def measure_bucket_costs(serve: "BucketedGraphs", *sample_args: torch.Tensor, sizes: Iterable[int] | None = None,
+                         rounds: int = 5, calls: int = 10) -> dict:
+    """What a request of each size costs a busy server: ``{size: µs}``, for :func:`plan_buckets`' ``cost``.
+
+    When requests queue up behind each other, a bucket costs its **GPU time**; the wall time of one request alone
+    is mostly the host's work for small buckets and hides how the GPU time grows with the rows. So each size is
+    served ``calls`` times queued behind a spin kernel and timed with CUDA events (``timing.device_time``),
+    round-robin over the sizes for ``rounds`` rounds (slow drift hits every size alike); the median per size is
+    returned. ``sample_args`` must hold at least ``max(sizes)`` rows; ``sizes`` defaults to ``serve.sizes``
+    (capture one graph per size to measure every size exactly). Without CUDA the wall time per call is returned
+    instead (there is no GPU time to measure); the numbers then only exercise the planner.
+
+    Example::
+
+        exact = capture_buckets(model, sample, sizes=range(1, 65))
+        plan = plan_buckets(sizes_seen, max_graphs=11, cost=measure_bucket_costs(exact, sample))
+    """
+    if rounds < 1 or calls < 1:
+        raise ValueError(f"rounds and calls must be >= 1, got rounds={rounds}, calls={calls}.")
+    sizes = sorted(set(int(b) for b in (serve.sizes if sizes is None else sizes)))
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"sizes must be positive row counts, got {sizes}.")
+    rows = min(a.shape[serve.dim] for a in sample_args) if sample_args else 0
+    if rows < sizes[-1]:
+        raise ValueError(f"the sample has {rows} rows along dim {serve.dim}, fewer than the largest size to measure "
+                         f"({sizes[-1]}). Fix: pass a sample with at least {sizes[-1]} rows.")
+    timing = _timing()
+    args = {b: tuple(a.narrow(serve.dim, 0, b) for a in sample_args) for b in sizes}
+    host = {b: timing.timeit(serve, *args[b], calls=calls, samples=3).median_us for b in sizes}
+    if not torch.cuda.is_available():
+        return host
+    times = {b: [] for b in sizes}
+    for r in range(rounds):
+        for b in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
+            times[b].append(timing.device_time(serve, *args[b], calls=calls, host_us=host[b])[0])
+    return {b: float(statistics.median(t)) for b, t in times.items()}
 
 
 @dataclass

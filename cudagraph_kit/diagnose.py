@@ -54,7 +54,7 @@ except ImportError:  # this file copied on its own
     CaptureError = diagnose_capture_failure = _GENERIC_CAUSE = None
 
 __all__ = ["check_capturable", "verify", "advise", "explain", "measure_replay_cost", "predict_graph_time",
-           "Finding", "CheckReport", "VerifyReport", "Advice", "Explanation"]
+           "graph_gpu_time", "ReplayCost", "Finding", "CheckReport", "VerifyReport", "Advice", "Explanation"]
 
 # ----------------------------------------------------------------------------------------------- fixes
 FIXES = {
@@ -1166,32 +1166,80 @@ def _outputs_reused(kept, clones) -> bool:
 
 # ------------------------------------------------------------------------------------------------- advise
 @dataclasses.dataclass
+class ReplayCost:
+    """What a CUDA graph replay costs on this GPU and host, from tiny graphs of one-element kernels (µs).
+
+    - ``launch_us``: host time of one replay of a one-node graph (what a tiny graph costs at least);
+    - ``graph_node_us``, ``graph_start_us``: GPU time of a replay = ``start + nodes * node`` for tiny nodes;
+    - ``eager_node_us``, ``eager_start_us``: the same kernels launched one by one and queued back to back.
+
+    ``gap_saved_us`` (eager node minus graph node) is what a graph saves per kernel on the GPU side: kernels
+    launched one by one leave a gap of about a microsecond between them even when they are queued; inside a
+    graph the next node starts sooner.
+    """
+    launch_us: float
+    graph_node_us: float
+    graph_start_us: float
+    eager_node_us: float
+    eager_start_us: float
+
+    @property
+    def gap_saved_us(self) -> float:
+        return max(self.eager_node_us - self.graph_node_us, 0.0)
+
+
+@dataclasses.dataclass
 class Advice:
-    """What :func:`advise` measured and predicts (times in µs per call)."""
+    """What :func:`advise` measured and predicts (times in µs per call).
+
+    ``floor_us`` is the GPU time of the eager calls queued back to back; ``graph_gpu_us`` the GPU time the same
+    kernels can take in a graph (the floor less the launch gaps a graph removes); ``graph_us`` the best time per
+    call: the larger of that and the host's cost of one replay. ``speedup`` is ``eager_us / graph_us``, the best a
+    graph can reach; ``speedup_if_no_gap_saved`` the same with the eager floor kept whole.
+    """
     device: str
     eager_us: float = float("nan")
     floor_us: float = float("nan")
     kernels_per_call: float = float("nan")
-    node_us: float = float("nan")
+    graph_gpu_us: float = float("nan")
     launch_us: float = float("nan")
     graph_us: float = float("nan")
     speedup: float = float("nan")
+    speedup_if_no_gap_saved: float = float("nan")
     verdict: str = ""
 
     def __str__(self):
         if math.isnan(self.eager_us):
             return f"advise: {self.verdict}"
-        return (f"advise on {self.device}: eager {self.eager_us:.1f} µs/call, GPU time back to back {self.floor_us:.1f} µs, "
-                f"{self.kernels_per_call:.0f} kernels/call; a replay costs about {self.launch_us:.1f} µs + "
-                f"{self.node_us:.2f} µs per node -> best graph {self.graph_us:.1f} µs, speedup up to "
-                f"{self.speedup:.2f}x. {self.verdict}")
+        return (f"advise on {self.device}: eager {self.eager_us:.1f} µs/call, GPU time back to back "
+                f"{self.floor_us:.1f} µs, {self.kernels_per_call:.0f} kernels/call; in a graph about "
+                f"{self.graph_gpu_us:.1f} µs of GPU time, a replay costs the host {self.launch_us:.1f} µs -> best "
+                f"graph {self.graph_us:.1f} µs, speedup up to {self.speedup:.2f}x "
+                f"({self.speedup_if_no_gap_saved:.2f}x if no launch gap is saved). {self.verdict}")
 
     __repr__ = __str__
 
 
-def predict_graph_time(floor_us: float, kernels: float, node_us: float, launch_us: float) -> float:
-    """The least time per call a graph can take: the GPU-busy floor, or the replay of its nodes if longer."""
-    return max(floor_us, kernels * node_us + launch_us)
+def predict_graph_time(gpu_us: float, nodes: float, cost: ReplayCost) -> float:
+    """The least time per call a graph can take: its GPU time, at least ``nodes`` tiny nodes' worth, and at least
+    the host's cost of one replay.
+
+    Example::
+
+        predict_graph_time(6.9, 5, measure_replay_cost())   # GPU-bound: 6.9; a 1-node graph: the launch cost
+    """
+    return max(gpu_us, cost.graph_start_us + nodes * cost.graph_node_us, cost.launch_us)
+
+
+def graph_gpu_time(eager_gpu_us: float, nodes: float, cost: ReplayCost) -> float:
+    """GPU time of ``nodes`` kernels replayed from a graph, from their GPU time queued back to back eagerly: the
+    launch gaps a graph removes (``cost.gap_saved_us`` each) come off, the graph's own start goes on.
+
+    Example::
+
+        graph_gpu_time(12.4, 5, measure_replay_cost())   # about 7.6 µs on an H100 for five small kernels
+    """
+    return max(eager_gpu_us - nodes * cost.gap_saved_us + cost.graph_start_us - cost.eager_start_us, 0.0)
 
 
 def _verdict(speedup: float) -> str:
@@ -1213,9 +1261,15 @@ def _timing():
     return timing
 
 
-def measure_replay_cost(device=None, nodes: tuple = (1, 33)) -> tuple:
-    """``(node_us, launch_us)``: the replay cost per graph node and of the graph launch, measured on the spot
-    with two tiny graphs of ``nodes`` one-element kernels (cached per device). Needs CUDA."""
+def measure_replay_cost(device=None, nodes: tuple = (1, 33)) -> ReplayCost:
+    """The :class:`ReplayCost` of this GPU and host, measured on the spot with chains of ``nodes`` one-element
+    kernels, as graphs and eagerly (cached per device). Needs CUDA.
+
+    Example::
+
+        cost = measure_replay_cost()
+        print(cost.launch_us, cost.graph_node_us, cost.gap_saved_us)
+    """
     if not torch.cuda.is_available():
         raise RuntimeError("measuring graph replay cost needs an NVIDIA GPU; torch.cuda.is_available() is False.")
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
@@ -1223,37 +1277,48 @@ def measure_replay_cost(device=None, nodes: tuple = (1, 33)) -> tuple:
     if (idx, nodes) in _REPLAY_COST:
         return _REPLAY_COST[(idx, nodes)]
     timing = _timing()
-    times = {}
+    lo, hi = min(nodes), max(nodes)
     with torch.cuda.device(idx):
         x = torch.zeros(1, device=dev)
-        for k in nodes:
+
+        def chain(k):
+            def run():
+                for _ in range(k):
+                    x.add_(1.0)
+            return run
+
+        graphs = {}
+        for k in (lo, hi):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                x.add_(1.0)
+                chain(1)()
             torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(k):
-                    x.add_(1.0)
-            times[k] = timing.timeit(graph.replay).median_us
-            del graph
-    lo, hi = min(nodes), max(nodes)
-    node_us = max((times[hi] - times[lo]) / (hi - lo), 0.0)
-    launch_us = max(times[lo] - lo * node_us, 0.0)
-    _REPLAY_COST[(idx, nodes)] = (node_us, launch_us)
-    return node_us, launch_us
+            graphs[k] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graphs[k]):
+                chain(k)()
+        # the host's cost of a replay: a one-node graph's replay is bound by the host, not the GPU
+        launch = timing.timeit(graphs[lo].replay).median_us
+        graph_gpu = {k: timing.device_time(graphs[k].replay, calls=10)[0] for k in (lo, hi)}
+        eager_gpu = {k: timing.device_time(chain(k), calls=10)[0] for k in (lo, hi)}
+        del graphs
+    graph_node = max((graph_gpu[hi] - graph_gpu[lo]) / (hi - lo), 0.0)
+    eager_node = max((eager_gpu[hi] - eager_gpu[lo]) / (hi - lo), 0.0)
+    cost = ReplayCost(launch_us=float(launch), graph_node_us=graph_node,
+                      graph_start_us=max(graph_gpu[lo] - lo * graph_node, 0.0), eager_node_us=eager_node,
+                      eager_start_us=max(eager_gpu[lo] - lo * eager_node, 0.0))
+    _REPLAY_COST[(idx, nodes)] = cost
+    return cost
 
 
-def advise(fn: Callable, *args, node_us: float | None = None, launch_us: float | None = None,
-           samples: int = 7) -> Advice:
+def advise(fn: Callable, *args, cost: ReplayCost | None = None, samples: int = 7) -> Advice:
     """Will a CUDA graph help ``fn(*args)``? Measure before capturing anything.
 
-    Times ``fn`` eagerly (median per call), counts kernels (and copies) per call with the profiler, measures the
-    GPU time of the calls queued back to back (``timing.device_time``: the floor here), and predicts the best graph
-    time as ``max(floor, nodes * node_us + launch_us)``: a graph removes
-    launches, not GPU work. ``node_us`` and ``launch_us`` are measured on the spot with tiny graphs unless
-    given. Without CUDA it says so and measures nothing.
+    Times ``fn`` eagerly (median per call), counts kernels and copies per call with the profiler, measures the
+    GPU time of the calls queued back to back (``timing.device_time``, the eager floor), takes off the launch gaps
+    a graph removes (:func:`graph_gpu_time`) and predicts the best graph time with :func:`predict_graph_time`: a
+    graph removes launches, not GPU work. ``cost`` (a :class:`ReplayCost`) is measured on the spot with tiny
+    graphs unless given. Without CUDA it says so and measures nothing.
 
     Example::
 
@@ -1275,13 +1340,13 @@ def advise(fn: Callable, *args, node_us: float | None = None, launch_us: float |
     floor = timing.device_time(fn, *args, calls=calls, host_us=eager)[0]
     copies = float(row.get("copies_per_call", 0.0) or 0.0)
     nodes = nodes + (copies if not math.isnan(copies) else 0.0)
-    if node_us is None or launch_us is None:
-        measured_node, measured_launch = measure_replay_cost(device)
-        node_us = measured_node if node_us is None else node_us
-        launch_us = measured_launch if launch_us is None else launch_us
-    graph_us = predict_graph_time(floor, nodes, node_us, launch_us)
+    cost = cost if cost is not None else measure_replay_cost(device)
+    gpu = graph_gpu_time(floor, nodes, cost)
+    graph_us = predict_graph_time(gpu, nodes, cost)
     speedup = eager / graph_us if graph_us > 0 else float("nan")
-    return Advice(str(device), eager, floor, nodes, node_us, launch_us, graph_us, speedup, _verdict(speedup))
+    plain = predict_graph_time(floor, nodes, cost)
+    return Advice(str(device), eager, floor, nodes, gpu, cost.launch_us, graph_us, speedup,
+                  eager / plain if plain > 0 else float("nan"), _verdict(speedup))
 
 
 # ------------------------------------------------------------------------------------------------ explain

@@ -899,10 +899,17 @@ record("a graph replayed after what it reads was freed", "silently wrong, or cra
 
 # %% [markdown]
 # ## 12. Will a graph help? `advise` before capturing, checked against notebooks 01-04
-# A graph removes launch cost, not GPU work. `advise(fn, *args)` measures the eager time per call, the
-# GPU-busy **floor** and the kernels per call (profiler), measures what a replay costs per graph node and per
-# launch with two tiny graphs, and predicts the best a graph can do:
-# `best graph time = max(floor, nodes × node cost + launch cost)`, `speedup = eager / best graph time`.
+# A graph removes launch cost, not GPU work. `advise(fn, *args)` measures, before anything is captured, the eager
+# time per call, the kernels (and copies) per call (profiler) and the **GPU time** of the calls queued back to
+# back (CUDA events, with a spin kernel holding the GPU while the host queues them: `timing.device_time`).
+# Kernels launched one by one leave a gap between them on the GPU even when they are queued; inside a graph the
+# next node starts sooner. `measure_replay_cost()` measures that gap, a graph node's GPU time and the host's cost
+# of one replay with chains of one-element kernels, as graphs and eagerly. Then:
+#
+# - graph GPU time = eager GPU time − kernels × gap saved + the graph's own start;
+# - best graph time = max(graph GPU time, nodes × node time, host cost of one replay);
+# - speedup = eager time / best graph time: the best a graph can reach (`speedup_if_no_gap_saved` keeps the
+#   eager GPU time whole).
 #
 # First on the spot, against speedups measured in this process (GELU from notebook 01, training steps from
 # notebook 02); then the same formula on the eager rows that notebooks 01-04 recorded in `figures/`, against
@@ -910,10 +917,12 @@ record("a graph replayed after what it reads was freed", "silently wrong, or cra
 
 # %%
 advise_rows = []
-node_us = launch_us = float("nan")
+cost = None
 if CUDA:
-    node_us, launch_us = measure_replay_cost()
-    print(f"replay cost on this GPU: {launch_us:.2f} µs per launch + {node_us:.2f} µs per node")
+    cost = measure_replay_cost()
+    print(f"replay cost on this GPU: the host spends {cost.launch_us:.2f} µs per replay; a tiny node takes "
+          f"{cost.graph_node_us:.2f} µs of GPU time in a graph and {cost.eager_node_us:.2f} µs launched eagerly "
+          f"(gap saved {cost.gap_saved_us:.2f} µs per kernel)")
 
     for case, shape in (("GELU small", (1, 3, 224, 224)), ("GELU large", (32, 3, 224, 224))):
         x = torch.randn(shape, device="cuda")
@@ -921,8 +930,9 @@ if CUDA:
         g = capture(gelu, x)
         measured = compare({"eager": gelu, "graph": lambda t, g=g: g.replay()}, x, case=case, samples=SAMPLES)
         advise_rows.append({"source": "this run", "case": case, "eager_us": a.eager_us, "floor_us": a.floor_us,
-                            "nodes": a.kernels_per_call, "predicted_graph_us": a.graph_us,
-                            "predicted_speedup": a.speedup, "measured_speedup": float(measured.speedup.iloc[1]),
+                            "graph_gpu_us": a.graph_gpu_us, "nodes": a.kernels_per_call,
+                            "predicted_graph_us": a.graph_us, "predicted_speedup": a.speedup,
+                            "measured_speedup": float(measured.speedup.iloc[1]),
                             "graph_executed_as": measured.executed_as.iloc[1]})
         print(a)
 
@@ -949,7 +959,7 @@ if CUDA:
                 step(x, y)                              # warm-up, capture, replays
             measured = compare({"eager": eager, "whole-step graph": step}, x, y, case=size, samples=SAMPLES)
             advise_rows.append({"source": "this run", "case": f"MLP {size}, {opt_name}", "eager_us": a.eager_us,
-                                "floor_us": a.floor_us, "nodes": a.kernels_per_call,
+                                "floor_us": a.floor_us, "graph_gpu_us": a.graph_gpu_us, "nodes": a.kernels_per_call,
                                 "predicted_graph_us": a.graph_us, "predicted_speedup": a.speedup,
                                 "measured_speedup": float(measured.speedup.iloc[1]),
                                 "graph_executed_as": measured.executed_as.iloc[1]})
@@ -958,8 +968,10 @@ if CUDA:
 
 # %% [markdown]
 # The same prediction from what notebooks 01-04 recorded: their eager row gives the eager time and the kernels
-# (+ copies) per call, their graph row the floor (the GPU-busy time of those kernels replayed); the replay cost is the one measured above on this GPU, which may differ from
-# the GPU those notebooks ran on (both are named in the table).
+# (+ copies) per call, their graph row the floor (the GPU-busy time of those kernels replayed from the graph, so
+# no gap comes off); the replay cost is the one measured above, in this process. A tiny graph is bound by the
+# host's cost of a replay, which moves with the host's speed: compare rows from the same GPU run (the table
+# names the GPU each notebook ran on).
 
 # %%
 HEADLINES = {
@@ -992,9 +1004,9 @@ def from_recorded(stem, case, base_variant, graph_variant):
     if floor is None or pd.isna(floor):
         return None
     nodes = b.get("kernels_per_call", float("nan")) + (b.get("copies_per_call", 0.0) if pd.notna(b.get("copies_per_call", 0.0)) else 0.0)
-    pred_graph = predict_graph_time(floor, nodes, node_us, launch_us)
+    pred_graph = predict_graph_time(floor, nodes, cost)
     return {"source": f"{stem} ({rec.env.get('gpu')})", "case": case, "eager_us": b.median_us, "floor_us": floor,
-            "nodes": nodes, "predicted_graph_us": pred_graph, "predicted_speedup": b.median_us / pred_graph,
+            "graph_gpu_us": floor, "nodes": nodes, "predicted_graph_us": pred_graph, "predicted_speedup": b.median_us / pred_graph,
             "measured_speedup": b.median_us / gr.median_us, "graph_executed_as": gr.get("executed_as", "?")}
 
 
@@ -1009,7 +1021,7 @@ if len(advice):
     advice["predicted / measured"] = advice.predicted_speedup / advice.measured_speedup
     advice["within 1.5x"] = advice["predicted / measured"].between(1 / 1.5, 1.5)
     print(f"advise within 1.5x of the measured speedup: {int(advice['within 1.5x'].sum())} of {len(advice)} cases")
-    print(advice[["source", "case", "eager_us", "floor_us", "nodes", "predicted_speedup", "measured_speedup",
+    print(advice[["source", "case", "eager_us", "floor_us", "graph_gpu_us", "nodes", "predicted_speedup", "measured_speedup",
                   "predicted / measured", "within 1.5x"]].round(2).to_string(index=False))
 else:
     print("skipped: advise measures on an NVIDIA GPU (the recorded comparison is shown at the end)")
@@ -1062,8 +1074,9 @@ for r in advise_rows:
     rows.append({"case": f"advise: {r['case']}", "variant": f"predicted ({r['source']})",
                  "median_us": r["predicted_graph_us"], "speedup": r["predicted_speedup"],
                  "executed_as": r["graph_executed_as"], "floor_us": r["floor_us"], "eager_us": r["eager_us"],
-                 "nodes_per_call": r["nodes"], "measured_speedup": r["measured_speedup"], "node_us": node_us,
-                 "launch_us": launch_us})
+                 "nodes_per_call": r["nodes"], "measured_speedup": r["measured_speedup"],
+                 "graph_gpu_us": r["graph_gpu_us"], "node_us": cost.graph_node_us, "launch_us": cost.launch_us,
+                 "gap_saved_us": cost.gap_saved_us})
 for r in two_rows:
     rows.append({"case": f"two captures: {r['variant']}", "variant": f"try {r['try']}", "median_us": float("nan"),
                  "speedup": float("nan"), "executed_as": "cuda graph", "seen": r["replay of graph 1"],

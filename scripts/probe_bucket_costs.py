@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cudagraph_kit.buckets import capture_buckets, evaluate_buckets, interpolate, ladder, plan_buckets
+from cudagraph_kit.buckets import (capture_buckets, evaluate_buckets, interpolate, ladder, measure_bucket_costs,
+                                   plan_buckets)
 from cudagraph_kit.timing import compare, timeit
 
 MAX_ROWS, REQUESTS, HISTORY, SEED, OVERFLOW_SHARE = 64, 200, 5000, 0, 0.01
@@ -93,16 +94,22 @@ def main(out):
                      warmup=3, floor=False)
         t_all = time.perf_counter() - t0
         med = df.median_us.to_numpy()
+        t0 = time.perf_counter()
+        gpu_cost = measure_bucket_costs(exact, data[:MAX_ROWS])
+        t_gpu = time.perf_counter() - t0
         env = np.minimum.accumulate(med[::-1])[::-1]
         iso = isotonic(med)
         for b, m, e, i in zip(sizes, med, env, iso):
             rows.append({"model": name, "rows": b, "median_us": m, "envelope_us": e, "isotonic_us": i,
-                         "old_model_us": old_cost(b), "iqr_us": float(df.iqr_us.iloc[b - 1])})
-        info[f"{name} seconds"] = {"old probes": t_old, "all sizes": t_all}
+                         "old_model_us": old_cost(b), "iqr_us": float(df.iqr_us.iloc[b - 1]),
+                         "gpu_us": gpu_cost[b]})
+        info[f"{name} seconds"] = {"old probes": t_old, "all sizes": t_all, "gpu time": t_gpu}
         costs = {"old (probes, envelope)": old_cost, "all sizes, envelope": dict(zip(sizes, env)),
-                 "all sizes, isotonic": dict(zip(sizes, iso)), "all sizes, median": dict(zip(sizes, med))}
+                 "all sizes, isotonic": dict(zip(sizes, iso)), "all sizes, median": dict(zip(sizes, med)),
+                 "gpu time": gpu_cost}
         plans = {label: plan_buckets(history, max_graphs=18, cost=c, max_size=MAX_ROWS).sizes
                  for label, c in costs.items()}
+        plans["gpu time, 11 graphs"] = plan_buckets(history, max_graphs=11, cost=gpu_cost, max_size=MAX_ROWS).sizes
         plans["steps of 4"] = ladder(MAX_ROWS, 4)
         plans["steps of 8"] = ladder(MAX_ROWS, 8)
         built = {"exact sizes": exact}
@@ -114,7 +121,7 @@ def main(out):
             s = plans.get(r["variant"], sizes)
             r.update({"sizes": " ".join(map(str, s)), "graphs": len(s),
                       "stream_pad_fraction": evaluate_buckets(stream_sizes, s)["pad_fraction"],
-                      "expected_waste_on_history_us": evaluate_buckets(history, s, cost=dict(zip(sizes, med)))["expected_waste"]})
+                      "expected_waste_on_history_us": evaluate_buckets(history, s, cost=gpu_cost)["expected_waste"]})
             heads.append(r)
         print(h[["case", "variant", "median_us", "speedup", "speedup_lo", "speedup_hi"]].to_string(index=False))
         for label, s in plans.items():

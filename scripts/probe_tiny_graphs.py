@@ -6,6 +6,7 @@ in one ``compare`` window: eager, the raw ``CUDAGraph.replay`` and the kit's ``g
 the same calls queued behind a spin kernel (``device_time``) for eager and graph. Writes a CSV and a JSON.
 Run on a GPU: ``python scripts/probe_tiny_graphs.py OUT_DIR``.
 """
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -44,7 +45,6 @@ def main(out):
     out.mkdir(parents=True, exist_ok=True)
     big = torch.randn(1, 3, 224, 224, device="cuda")
     one = torch.zeros(1, device="cuda")
-    mul = chain(1, lambda t: t * 1.0001)
     variants, meta = {}, {}
     for k in KS:
         f_big = chain(k, lambda t: t * 1.0001)
@@ -73,17 +73,21 @@ def main(out):
     df.to_csv(out / "tiny_graphs.csv", index=False)
     print(df[["variant", "median_us", "floor_us", "device_time_us", "kernels_per_call", "copies_per_call"]]
           .to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    node_us, launch_us = measure_replay_cost()
+    cost = measure_replay_cost()
+    info = {"cost": dataclasses.asdict(cost), "gap_saved_us": cost.gap_saved_us,
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cases": []}
     gelu = lambda x: x * 0.5 * (1.0 + torch.erf(x / 1.41421))
-    a = advise(gelu, big)
-    g = capture(gelu, big)
-    m = compare({"eager": gelu, "graph": lambda t: g.replay()}, big, case="gelu small", samples=11)
-    info = {"node_us": node_us, "launch_us": launch_us, "advise": str(a), "advise_floor": a.floor_us,
-            "advise_speedup": a.speedup, "measured_speedup": float(m.speedup.iloc[1]),
-            "measured": m[["variant", "median_us", "floor_us"]].to_dict("records"),
-            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    one_kernel = lambda x: x * 1.0001
+    for label, fn, x in (("gelu small", gelu, big), ("gelu large", gelu, torch.randn(32, 3, 224, 224, device="cuda")),
+                         ("one kernel small", one_kernel, big)):
+        a = advise(fn, x)
+        g = capture(fn, x)
+        m = compare({"eager": fn, "graph": lambda t, g=g: g.replay()}, x, case=label, samples=11)
+        measured = float(m.speedup.iloc[1])
+        info["cases"].append({"case": label, "advise": str(a), "predicted": a.speedup, "measured": measured,
+                              "ratio": a.speedup / measured, "graph_median_us": float(m.median_us.iloc[1])})
+        print(label, a, f"measured {measured:.2f}x ratio {a.speedup / measured:.2f}")
     (out / "tiny_graphs.json").write_text(json.dumps(info, indent=1, default=str))
-    print(json.dumps(info, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from cudagraph_kit import capture, capture_train_step
 from cudagraph_kit.buckets import (BucketOverflowWarning, MemoryLedger, capture_buckets, evaluate_buckets,
-                                   graph_pools, interpolate, ladder, plan_buckets, pool_usage)
+                                   graph_pools, interpolate, ladder, measure_bucket_costs, plan_buckets, pool_usage)
 from cudagraph_kit.capture import CaptureError, NoCudaError
 
 HAS_CUDA = torch.cuda.is_available()
@@ -276,6 +276,20 @@ def test_evaluate_and_interpolate():
         interpolate({})
 
 
+def test_bucket_costs_cover_every_size_and_refuse_a_short_sample():
+    serve = fallback(mlp(), torch.randn(8, 16, device=DEVICE), sizes=[2, 5, 8])
+    costs = measure_bucket_costs(serve, torch.randn(8, 16, device=DEVICE), rounds=1, calls=2)
+    assert sorted(costs) == [2, 5, 8] and all(v > 0 and math.isfinite(v) for v in costs.values())
+    assert sorted(measure_bucket_costs(serve, torch.randn(8, 16, device=DEVICE), sizes=[3, 1], rounds=1,
+                                       calls=1)) == [1, 3]
+    with pytest.raises(ValueError, match="fewer than the largest size"):
+        measure_bucket_costs(serve, torch.randn(4, 16, device=DEVICE))
+    with pytest.raises(ValueError, match="rounds and calls must be >= 1"):
+        measure_bucket_costs(serve, torch.randn(8, 16, device=DEVICE), rounds=0)
+    plan = plan_buckets([1, 2, 2, 7], max_graphs=2, cost=costs | {1: costs[2], 7: costs[8]}, max_size=8)
+    assert plan.n_graphs <= 2 and plan.sizes[-1] == 8
+
+
 # ------------------------------------------------------------------------------------------ ledger (any machine)
 def test_ledger_reads_what_it_can_without_failing():
     ledger = MemoryLedger()
@@ -358,6 +372,19 @@ def test_gpu_shared_vs_private_pools_measured():
     assert rows["ladder, shared pool"]["pools"] == 1 and rows["ladder, shared pool"]["pool_sharing"] == "shared"
     assert rows["ladder, one pool per graph"]["pools"] == len(ladder(64))
     assert alone > 0 and shared < private
+
+
+@gpu
+def test_gpu_bucket_costs_are_gpu_time_and_grow_with_rows():
+    model = Block(128, 4).cuda().eval()
+    sample = torch.randn(64, 32, 128, device="cuda")
+    exact = capture_buckets(model, sample, sizes=[1, 16, 64])
+    costs = measure_bucket_costs(exact, sample)
+    from cudagraph_kit.timing import timeit
+    wall = {b: timeit(exact, sample[:b], calls=20).median_us for b in (1, 64)}
+    print(f"\nGPU µs per request: {costs}; wall µs alone: {wall}")
+    assert costs[1] < costs[64]                      # more rows, more GPU work
+    assert costs[64] <= 1.2 * wall[64]                 # GPU time, not more than a request takes alone
 
 
 @gpu

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from cudagraph_kit import CaptureError, capture
-from cudagraph_kit.diagnose import (Advice, CheckReport, advise, check_capturable, explain, predict_graph_time,
-                                    verify)
+from cudagraph_kit.diagnose import (Advice, CheckReport, ReplayCost, advise, check_capturable, explain, graph_gpu_time,
+                                    predict_graph_time, verify)
 
 HAS_CUDA = torch.cuda.is_available()
 THIS_FILE = "test_diagnose.py"
@@ -311,9 +311,21 @@ def test_verify_rejects_zero_steps():
 
 
 # ------------------------------------------------------------------------------------------------- advise
-def test_predict_graph_time_is_floor_or_node_replay():
-    assert predict_graph_time(floor_us=50.0, kernels=5, node_us=1.0, launch_us=3.0) == 50.0
-    assert predict_graph_time(floor_us=5.0, kernels=20, node_us=1.0, launch_us=3.0) == 23.0
+COST = ReplayCost(launch_us=5.5, graph_node_us=1.2, graph_start_us=0.9, eager_node_us=2.3, eager_start_us=0.1)
+
+
+def test_predict_graph_time_is_gpu_time_node_replay_or_host_launch():
+    assert predict_graph_time(50.0, 5, COST) == 50.0                  # GPU-bound: the graph's GPU time
+    assert predict_graph_time(5.0, 20, COST) == pytest.approx(0.9 + 20 * 1.2)  # tiny nodes: at least a node each
+    assert predict_graph_time(1.3, 1, COST) == 5.5                    # one small kernel: the host's replay cost
+
+
+def test_graph_gpu_time_removes_the_launch_gaps():
+    assert COST.gap_saved_us == pytest.approx(1.1)
+    assert graph_gpu_time(12.4, 5, COST) == pytest.approx(12.4 - 5 * 1.1 + 0.9 - 0.1)
+    assert graph_gpu_time(1.0, 5, COST) == 0.0                        # never negative
+    slower = ReplayCost(5.5, graph_node_us=2.5, graph_start_us=0.9, eager_node_us=2.3, eager_start_us=0.1)
+    assert slower.gap_saved_us == 0.0                                 # a graph never adds launch gaps here
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-CUDA path")

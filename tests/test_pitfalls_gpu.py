@@ -631,8 +631,9 @@ def test_advise_predicts_the_small_and_large_gelu():
         measured = float(df.speedup.iloc[1])
         rows.append((shape, a.speedup, measured))
         print(f"\n{a}\n  measured speedup {measured:.2f}x")
-        assert a.eager_us > 0 and a.floor_us > 0 and a.kernels_per_call >= 5 and a.node_us > 0
-        assert 0.5 < a.speedup / measured < 2.0
+        assert a.eager_us > 0 and a.floor_us > 0 and a.kernels_per_call >= 5 and a.launch_us > 0
+        assert a.graph_gpu_us <= a.floor_us and a.speedup >= a.speedup_if_no_gap_saved
+        assert 1 / 1.5 < a.speedup / measured < 1.5
     assert rows[0][1] > rows[1][1]  # the small tensor is launch-bound, the large one is not
 
 
