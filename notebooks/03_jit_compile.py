@@ -519,16 +519,24 @@ print(RO_GELU_VERDICT)
 # graph launch) does not grow with the work inside the graph, while eager pays a launch per kernel and default
 # `torch.compile` pays one per generated kernel. So give it a region with many kernels: an MLP of
 # `MLP_LAYERS` × (`Linear` + `ReLU`), `MLP_WIDTH` features, a batch of `MLP_BATCH` rows (inference, no
-# gradients): small matrices, so every kernel is short and the model is launch-bound. Timed in **window 3**:
+# gradients): small matrices, so every kernel is short and the model is launch-bound. `build_mlp(seed)` builds
+# it with the weights that seed draws (section 6b builds its training copies with it too). Timed in **window 3**:
 # eager, default `torch.compile`, `reduce-overhead` (with `mark_step_begin`, as the process requires by now),
 # and the kit's manual graph of the eager model, `g(x)` and with the input in place.
 
 # %%
-torch.manual_seed(0)
-layers = []
-for _ in range(MLP_LAYERS):
-    layers += [torch.nn.Linear(MLP_WIDTH, MLP_WIDTH), torch.nn.ReLU()]
-mlp = torch.nn.Sequential(*layers).to(DEVICE).requires_grad_(False)
+def build_mlp(seed):
+    """A fresh MLP_LAYERS x (Linear(MLP_WIDTH, MLP_WIDTH) + ReLU) on DEVICE, its weights drawn after
+    torch.manual_seed(seed). Example: build_mlp(0) and build_mlp(0) hold equal weights.
+    """
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(MLP_LAYERS):
+        layers += [torch.nn.Linear(MLP_WIDTH, MLP_WIDTH), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers).to(DEVICE)
+
+
+mlp = build_mlp(seed=0).requires_grad_(False)
 x_mlp, x_mlp_test = torch.randn(MLP_BATCH, MLP_WIDTH, device=DEVICE), torch.randn(MLP_BATCH, MLP_WIDTH, device=DEVICE)
 
 
@@ -592,9 +600,10 @@ print(RO_MLP_VERDICT)
 # ### 6b. A training step: forward and backward under `reduce-overhead`
 # Training is where `reduce-overhead` is meant to be used: `torch.compile` of the model gives AOTAutograd a
 # forward and a backward graph, and `reduce-overhead` replays each as a CUDA graph, while the loss, the
-# backward's autograd bookkeeping and `optimizer.step()` stay in Python. The same MLP trained with SGD on
-# batches of `MLP_BATCH` rows, timed in **window 4**: the eager step, that step with the model compiled with
-# `reduce-overhead` (`cudagraph_mark_step_begin` at each step), and the kit's whole-step graph
+# backward's autograd bookkeeping and `optimizer.step()` stay in Python. The same MLP architecture, one copy per
+# variant from `build_mlp(seed=1)` (so all start from the same weights), each with its own SGD optimizer,
+# trained on batches of `MLP_BATCH` rows, timed in **window 4**: the eager step, that step with the model
+# compiled with `reduce-overhead` (`cudagraph_mark_step_begin` at each step), and the kit's whole-step graph
 # (`capture_train_step`, notebook 02), which captures the optimizer step too. Parity with eager first.
 
 # %%
@@ -605,18 +614,10 @@ train_frame = None
 if CUDA and COMPILE:
     from cudagraph_kit import capture_train_step
 
-    def make_trainable(seed=1):
-        torch.manual_seed(seed)
-        layers = []
-        for _ in range(MLP_LAYERS):
-            layers += [torch.nn.Linear(MLP_WIDTH, MLP_WIDTH), torch.nn.ReLU()]
-        return torch.nn.Sequential(*layers).to(DEVICE)
-
     loss_fn = torch.nn.functional.mse_loss
     x_train, y_train = torch.randn(MLP_BATCH, MLP_WIDTH, device=DEVICE), torch.randn(MLP_BATCH, MLP_WIDTH, device=DEVICE)
 
-    def eager_train_step(model, compiled=None):
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    def eager_train_step(model, opt, compiled=None):
         forward = compiled or model
 
         def step(x, y):
@@ -629,21 +630,22 @@ if CUDA and COMPILE:
             return loss
         return step
 
-    train_models = {name: make_trainable() for name in ("eager", "ro", "kit")}
+    TRAIN_RO, TRAIN_KIT = "reduce-overhead forward+backward", "kit whole-step graph"
+    train_models = {name: build_mlp(seed=1) for name in ("eager", TRAIN_RO, TRAIN_KIT)}  # the same initial weights
+    train_optimizers = {name: torch.optim.SGD(model.parameters(), lr=1e-3) for name, model in train_models.items()}
     train_steps = {
-        "eager": eager_train_step(train_models["eager"]),
-        "reduce-overhead forward+backward": eager_train_step(
-            train_models["ro"], torch.compile(train_models["ro"], mode="reduce-overhead", dynamic=False)),
-        "kit whole-step graph": capture_train_step(
-            train_models["kit"], torch.optim.SGD(train_models["kit"].parameters(), lr=1e-3), loss_fn,
-            (x_train, y_train)),
+        "eager": eager_train_step(train_models["eager"], train_optimizers["eager"]),
+        TRAIN_RO: eager_train_step(train_models[TRAIN_RO], train_optimizers[TRAIN_RO],
+                                   torch.compile(train_models[TRAIN_RO], mode="reduce-overhead", dynamic=False)),
+        TRAIN_KIT: capture_train_step(train_models[TRAIN_KIT], train_optimizers[TRAIN_KIT], loss_fn,
+                                      (x_train, y_train)),
     }
     for _ in range(6):                        # parity: the same six steps on every variant
         for step in train_steps.values():
             step(x_train, y_train)
-    train_errors = {name: max((p - q).abs().max().item() for p, q in zip(train_models[key].parameters(),
-                                                                          train_models["eager"].parameters()))
-                    for name, key in zip(train_steps, train_models)}
+    train_errors = {name: max((p - q).abs().max().item()
+                              for p, q in zip(model.parameters(), train_models["eager"].parameters()))
+                    for name, model in train_models.items()}
     print("max |parameter difference| vs eager after 6 steps:",
           ", ".join(f"{k} {v:.1e}" for k, v in train_errors.items()))
     assert max(train_errors.values()) < 1e-4, "a training variant disagrees with eager; do not time it"
@@ -654,7 +656,7 @@ if CUDA and COMPILE:
     train_frame["max_abs_err"] = [train_errors[v] for v in train_frame["variant"]]
     print(show(train_frame, TABLE_COLUMNS).to_string(index=False, float_format="%.2f"))
     t = train_frame.set_index("variant")
-    r, k = t.loc["reduce-overhead forward+backward"], t.loc["kit whole-step graph"]
+    r, k = t.loc[TRAIN_RO], t.loc[TRAIN_KIT]
     RO_TRAIN_VERDICT = (
         f"On the {MLP_LAYERS}-layer MLP's SGD training step, reduce-overhead (forward and backward graphs, "
         f"optimizer eager) ran at {r['median_us']:.0f} µs per step: {r['speedup']:.2f}x eager "
