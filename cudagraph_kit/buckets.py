@@ -464,7 +464,10 @@ def capture_buckets(fn: Callable[..., Any], *sample_args: torch.Tensor, sizes: S
     - ``pool``: ``"shared"`` (one pool for all buckets, captured largest first: memory near that of the largest
       bucket alone), ``"private"`` (a pool per graph, PyTorch's default: memory adds up), or a pool handle.
       Sharing is safe here because buckets never replay concurrently and every result lands in the static
-      output buffers, outside the pool.
+      output buffers, outside the pool. If the shared pool still holds clearly more than the largest bucket
+      alone (read it with :class:`MemoryLedger`), its segments fragment: start Python with
+      ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and measure again (the kit never changes allocator
+      settings, which apply to the whole process).
     - ``pad_value``: what the padding rows hold (written on every padded call); ``None`` leaves whatever the
       previous request left there (one launch less; still correct for row-independent functions).
     - ``warmup``: eager calls before each bucket's capture, on the capture stream (at least one, which also

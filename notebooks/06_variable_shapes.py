@@ -101,7 +101,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from cudagraph_kit import capture, capture_train_step, compare, env_table, gpu_time, has_cuda, results, timeit
-from cudagraph_kit.buckets import MemoryLedger, capture_buckets, evaluate_buckets, ladder, plan_buckets, pool_usage
+from cudagraph_kit.buckets import (MemoryLedger, capture_buckets, evaluate_buckets, ladder, measure_bucket_costs,
+                                   plan_buckets, pool_usage)
 
 STEM = "06_variable_shapes"
 CUDA = has_cuda()
@@ -398,6 +399,9 @@ if CUDA and set_allocator is not None:
     pool_table = pd.DataFrame(pool_rows)
     print("transformer block, shared-pool memory only (the static buffers are the same in every row):")
     print(pool_table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    off, on = pool_table["ladder / alone"]
+    print(f"with expandable segments the shared pool holds {on:.2f}x its largest bucket instead of {off:.2f}x: "
+          + ("worth setting for this model's buckets." if on < off - 0.05 else "no clear gain for this model."))
 else:
     print("Needs a GPU (and torch.cuda.memory._set_allocator_settings): the allocator's segments are CUDA memory.")
 
@@ -430,24 +434,25 @@ del g_one, step, net, opt
 # *work*, subject to a maximum number of graphs and a memory budget. It solves this exactly with a dynamic
 # programme over the distinct observed sizes.
 #
-# What is a padded row worth? We measure it: the time of one request of exactly `b` rows (no padding) on the
-# exact-size graphs, for a few sizes, interpolated in between. Noise only ever adds time, and more rows never
-# take less, so we use the lower envelope: the cost of `b` rows is the least time measured for `b` rows or
-# more. The planner then minimises the sum over requests of `cost(bucket) - cost(size)`: the
-# time spent on padding. The memory model is what each bucket added to the shared pool when the exact sizes
-# were captured (the capture log).
+# What is a padded row worth? We measure it: `measure_bucket_costs` serves one request of each size on the
+# exact-size graphs (one graph per size, so no size is padded) and takes its **GPU time**, with the calls queued
+# behind a spin kernel and timed with CUDA events, round-robin over the sizes. In a stream, requests queue up
+# behind each other, so a bucket costs the server its GPU time; the wall time of one request alone would mostly be
+# the host's work for a small bucket and would hide how the GPU time grows with the rows (a planner fed with it
+# pads small requests up for free, on paper). The planner then minimises the sum over requests of
+# `cost(bucket) - cost(size)`: the GPU time spent on padding. The memory model is what each bucket added to the
+# shared pool when the exact sizes were captured (the capture log). On a CPU there is no GPU time: the costs are
+# the wall time of the eager fallback and only exercise the planner.
 
 # %%
-PROBES = ladder(MAX_ROWS, "pow2") if small else sorted(set(ladder(MAX_ROWS, "pow2")) | set(range(16, MAX_ROWS + 1, 16)))
 cost_model, mem_model = {}, {}
 for name in MODELS:
     exact = built[name]["exact sizes"]
-    measured = [timeit(exact, data[name][:b], calls=5 if small else 100, samples=3).median_us for b in PROBES]
-    envelope = np.minimum.accumulate(measured[::-1])[::-1]   # least time measured for b rows or more
-    cost_model[name] = dict(zip(PROBES, envelope))
+    cost_model[name] = measure_bucket_costs(exact, data[name][:MAX_ROWS], rounds=3 if small else 5)
     mem_model[name] = {e["size"]: e["pool_growth_bytes"] for e in exact.capture_log}  # empty without CUDA
-    print(f"{name}: µs per request of b rows ({'exact-size graphs' if CUDA else 'exact sizes, eager'}):",
-          ", ".join(f"{b}: {v:.1f}" for b, v in cost_model[name].items()))
+    shown = ladder(MAX_ROWS, "pow2") + [b for b in (17, 33) if b <= MAX_ROWS]
+    print(f"{name}: {'GPU' if CUDA else 'wall (CPU, eager)'} µs per request of b rows:",
+          ", ".join(f"{b}: {cost_model[name][b]:.1f}" for b in sorted(shown)))
 
 
 def plan_for(name, max_graphs, reference):
@@ -856,8 +861,14 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 #   memory the larger ones freed; with one pool per graph the memory adds up. Section 5 measures both, and
 #   how close the shared pool stays to the largest bucket alone.
 # - Spacing is a trade-off: finer buckets pad less but take more graphs (capture time); the time a padded
-#   row costs depends on the model and the size, so measure it. A **planner** fed with the sizes you
-#   actually see puts the buckets where the requests are.
+#   row costs depends on the model and the size, so measure it, as **GPU time** (`measure_bucket_costs`):
+#   requests queue up behind each other, and the wall time of one small request alone is mostly the host's.
+#   A **planner** fed with those costs and the sizes you actually see puts the buckets where the requests are
+#   and where the GPU time steps up; section 11 times it against the best fixed ladder.
+# - If a shared pool holds clearly more than its largest bucket alone, its segments fragment. The kit leaves
+#   allocator settings to you (they apply to the whole process and belong in the environment before Python
+#   starts), but for bucketed serving try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` and read the
+#   ledger again: section 5 measures both settings.
 # - `torch.compile(mode="reduce-overhead")` records one graph per distinct size: convenient, but every new
 #   size costs a recording and memory in its pool. Padding to a few sizes before calling it (or using the
 #   kit's buckets) keeps that bounded.

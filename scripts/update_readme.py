@@ -175,8 +175,39 @@ def buckets_section():
         if "largest bucket alone" in ev["check"]:
             lines.append("")
             lines.append(f"{ev['model']}: {ev['check']} = {ev['value']:.2f} (target {ev['target']}).")
+    for c in env.get("planned_vs_best", []):
+        lines.append("")
+        lines.append(f"{c['model']}: planned buckets against the best fixed ladder ({c['best fixed ladder']}, "
+                     f"{c['ladder graphs']} graphs), same stream, timed round-robin: ladder / planned time = "
+                     f"{c['ladder / planned time']:.3f} (quartiles {c['quartiles']}), holding {c['planned held MiB']:.1f} "
+                     f"MiB against {c['ladder held MiB']:.1f} MiB with {c['planned graphs']} graphs.")
+    frag = env.get("allocator_fragmentation") or []
+    if frag:
+        lines += ["", "Transformer block, shared pool of the default ladder against its largest bucket alone, by "
+                  "allocator setting: " + "; ".join(f"`{r['allocator']}` {r['ladder / alone']:.2f}x" for r in frag)
+                  + " (the kit leaves `PYTORCH_CUDA_ALLOC_CONF` to you; notebook 06, section 5)."]
     lines += ["", f"![Bucket spacing trade-off on {env.get('gpu')}](figures/06_variable_shapes/tradeoff.png)", ""]
     return "\n".join(l for l in lines if l is not None)
+
+
+def advise_section():
+    rec = results.load("05_pitfalls")
+    if rec is None or "measured_speedup" not in rec.df:
+        return ""
+    adv = rec.df[rec.df.case.astype(str).str.startswith("advise: ") & rec.df.measured_speedup.notna()]
+    if adv.empty:
+        return ""
+    ratio = adv.speedup / adv.measured_speedup
+    inside = ratio.between(1 / 1.5, 1.5)
+    worst = adv.loc[(ratio.map(lambda r: max(r, 1 / r))).idxmax()]
+    source = str(worst.variant).removeprefix("predicted (").removesuffix(")")
+    source = "notebook 05, on the spot" if source == "this run" else f"recorded by {source.split(' ')[0]}"
+    return (f"**Will a graph help? `advise` before capturing** (notebook 05, section 12; {_env_caption(rec.env)}): "
+            f"its predicted best speedup lies within 1.5x of the measured one in {int(inside.sum())} of {len(adv)} "
+            f"cases (recorded by notebooks 01-04, and measured on the spot in notebook 05), ratios "
+            f"{ratio.min():.2f} to {ratio.max():.2f}; the farthest is {worst.case.removeprefix('advise: ')} "
+            f"({source}): predicted {worst.speedup:.2f}x, measured "
+            f"{worst.measured_speedup:.2f}x.\n\n![advise vs measured](figures/05_pitfalls/advise.png)\n")
 
 
 def data_parallel_section():
@@ -250,7 +281,7 @@ def noise_paragraph():
 
 def render():
     return "\n".join([START, noise_paragraph(), gelu_section(), train_step_section(), jit_compile_section(),
-                      resnet_section(), buckets_section(), data_parallel_section(), overhead_section(),
+                      resnet_section(), advise_section(), buckets_section(), data_parallel_section(), overhead_section(),
                       crosscheck_section(), END])
 
 
