@@ -400,6 +400,8 @@ if CUDA and set_allocator is not None:
     print("transformer block, shared-pool memory only (the static buffers are the same in every row):")
     print(pool_table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     off, on = pool_table["ladder / alone"]
+    evidence.append({"model": "transformer block", "check": "default ladder (shared pool, expandable_segments:True) / "
+                     "largest bucket alone, pools only", "value": on, "target": "<= 1.2"})
     print(f"with expandable segments the shared pool holds {on:.2f}x its largest bucket instead of {off:.2f}x: "
           + ("worth setting for this model's buckets." if on < off - 0.05 else "no clear gain for this model."))
 else:
