@@ -86,9 +86,7 @@ TRIES = 2                    # fresh processes per variant of the two-captures e
 POOL_BATCHES = [1024, 768, 512, 384, 256, 192, 128, 64]   # batch sizes captured in section 9, largest first
 
 # %%
-import json
 import os
-import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 import matplotlib.pyplot as plt
@@ -119,9 +117,17 @@ if not CUDA:
 # Every pitfall below ends with one row in a table: the pitfall, what happens without a fix (it **raises**,
 # it is **silently wrong**, it **warns**, or it **crashes the process**), which tool finds it, the fix, and
 # what this run saw. After each failure we check that the process still works (eager work and a fresh capture,
-# both compared with the CPU). Experiments that could kill the CUDA context run in a separate Python process.
+# both compared with the CPU). Experiments that could kill the CUDA context, or need a fresh process, run in a
+# separate Python process: they are functions in `cudagraph_kit/pitfall_scripts.py`, and its `run_isolated(fn,
+# *args, timeout=...)` runs one in a fresh interpreter and returns the dict it reports, with the exit code (a
+# crash or a process killed after `timeout` seconds is a row in a table, never a stalled notebook).
 
 # %%
+import inspect
+
+from cudagraph_kit.pitfall_scripts import run_isolated
+
+
 def gelu(x):
     return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
 
@@ -144,29 +150,6 @@ def still_works():
     y = torch.randn_like(x)
     ok = torch.allclose(gelu(x).cpu(), gelu(x.cpu()), atol=1e-6) and torch.allclose(g(y).cpu(), gelu(y.cpu()), atol=1e-6)
     return bool(ok)
-
-
-def run_isolated(script, *args, timeout=120):
-    """Run ``script`` in a fresh Python process that can import this kit; return the JSON it printed last.
-    A process still running after ``timeout`` seconds is killed and reported as such (never a stalled notebook)."""
-    kit_root = str(Path(cudagraph_kit.__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [kit_root, os.environ.get("PYTHONPATH")])))
-    try:
-        done = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
-                              timeout=timeout, env=env)
-    except subprocess.TimeoutExpired as e:
-        raw = e.stdout or b""
-        raw = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        lines = [line for line in raw.splitlines() if line.startswith("{")]
-        out = json.loads(lines[-1]) if lines else {}
-        out.update({"exit code": f"killed after {timeout} s", "stderr": "timed out"})
-        return out
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    out = json.loads(lines[-1]) if lines else {}
-    out["exit code"] = done.returncode
-    if done.returncode:
-        out["stderr"] = (done.stderr.strip().splitlines() or [""])[-1][:300]
-    return out
 
 
 def first_line(text, n=160):
@@ -357,7 +340,13 @@ print(report_lr)
 # With a GPU, `verify` shows what the frozen values do. The learning rate: the docs recipe for a whole
 # training step (side-stream warm-up, `zero_grad(set_to_none=True)`, capture) with `Adam(capturable=True)`,
 # a learning rate halved before every step, once as a Python float and once as a GPU tensor updated in place
-# (`Adam` accepts a tensor `lr` with `capturable=True`). The eager reference starts from the same state.
+# (`Adam` accepts a tensor `lr` with `capturable=True`). The eager reference starts from the same state. The
+# recipe (the two-captures experiment of section 11 uses it too):
+
+# %%
+from cudagraph_kit.pitfall_scripts import docs_recipe_capture
+
+print(inspect.getsource(docs_recipe_capture))
 
 # %%
 def make_mlp(seed=0, dropout=False):
@@ -367,21 +356,8 @@ def make_mlp(seed=0, dropout=False):
 
 
 def capture_step_by_hand(model, opt, x, y):
-    """The PyTorch docs recipe: warm up on a side stream, grads to None, capture forward + backward + step."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
+    """The docs recipe, called like the eager step: new data copied into the captured x and y, then a replay."""
+    graph, loss = docs_recipe_capture(model, opt, x, y)
 
     def step(xb, yb):
         x.copy_(xb)
@@ -490,52 +466,18 @@ record("random numbers: reseeding or another generator in the graph", "raises (c
 # still alive (the `loss` variable of the last warm-up step keeps it), the captured backward must sync with
 # the default stream: PyTorch warns *"The AccumulateGrad node's stream does not match ..."*, and the capture
 # can fail. Three variants, each in a fresh process: warm-up on the default stream with the last loss kept,
-# on a side stream with it kept, on a side stream with `del loss` before capture.
+# on a side stream with it kept, on a side stream with `del loss` before capture. The experiment, a function
+# that `run_isolated` runs in a fresh process:
 
 # %%
-WARMUP_SCRIPT = textwrap.dedent('''
-    import json, sys, warnings, torch
-    variant = sys.argv[1]          # "default stream, loss kept" | "side stream, loss kept" | "side stream, loss deleted"
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = torch.randn(32, 64, device="cuda"), torch.randn(32, 8, device="cuda")
-    out = {"variant": variant}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(torch.cuda.current_stream() if variant.startswith("default") else side):
-            for _ in range(3):
-                opt.zero_grad(set_to_none=True)
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                opt.step()
-        torch.cuda.current_stream().wait_stream(side)
-        if variant.endswith("deleted"):
-            del loss
-        graph = torch.cuda.CUDAGraph()
-        opt.zero_grad(set_to_none=True)
-        try:
-            with torch.cuda.graph(graph):
-                static_loss = torch.nn.functional.mse_loss(model(x), y)
-                static_loss.backward()
-                opt.step()
-            graph.replay()
-            torch.cuda.synchronize()
-            out["capture"] = "ok"
-        except Exception as e:
-            out["capture"] = f"{type(e).__name__}: {str(e)[:200]}"
-    out["AccumulateGrad warning"] = any("AccumulateGrad" in str(w.message) for w in caught)
-    torch.cuda.synchronize()
-    out["eager works after"] = bool(torch.isfinite(model(x)).all())
-    print(json.dumps(out))
-''')
+from cudagraph_kit.pitfall_scripts import WARMUP_VARIANTS, warmup_stream
 
+print(inspect.getsource(warmup_stream))
+
+# %%
 seen, detected = "needs a GPU", None
 if CUDA:
-    warmup = pd.DataFrame([run_isolated(WARMUP_SCRIPT, v) for v in
-                           ("default stream, loss kept", "side stream, loss kept", "side stream, loss deleted")])
+    warmup = pd.DataFrame([run_isolated(warmup_stream, v) for v in WARMUP_VARIANTS])
     display_cols = [c for c in ("variant", "capture", "AccumulateGrad warning", "eager works after", "exit code")
                     if c in warmup]
     print(warmup[display_cols].to_string(index=False))
@@ -553,56 +495,18 @@ record("warm-up not on a side stream", "warns; the capture can fail", "PyTorch's
 # mode, `capture_error_mode="global"`, that holds for **every thread** of the process: a data-loading thread
 # that allocates GPU memory at the wrong moment gets an error, and the capture can be invalidated.
 # `"thread_local"` restricts the rule to the capturing thread. (Mode names and meaning: `torch.cuda.graph`'s
-# documentation.) The background thread below allocates a new 300 MiB tensor while the main thread captures.
+# documentation.) The background thread below allocates a new 300 MiB tensor while the main thread captures,
+# once in each mode, each in a fresh process.
 
 # %%
-THREAD_SCRIPT = textwrap.dedent('''
-    import json, sys, threading, torch
-    mode = sys.argv[1]
-    x = torch.randn(1024, device="cuda")
-    started, finished, result, capturing = threading.Event(), threading.Event(), {"mode": mode}, [False]
+from cudagraph_kit.pitfall_scripts import CAPTURE_ERROR_MODES, background_thread_allocates
 
-    def background():                      # e.g. a data-loading thread that allocates GPU memory
-        started.wait(30)
-        try:
-            torch.empty(300 * 2**20, dtype=torch.uint8, device="cuda")
-            result["thread"] = "ok"
-        except Exception as e:
-            result["thread"] = f"{type(e).__name__}: {str(e)[:150]}"
-        finished.set()
+print(inspect.getsource(background_thread_allocates))
 
-    def fn(t):
-        y = t * 2
-        if capturing[0]:                   # let the thread run while the capture is under way
-            started.set()
-            finished.wait(30)
-        return y + 1
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn(x)
-    torch.cuda.current_stream().wait_stream(side)
-    threading.Thread(target=background, daemon=True).start()
-    capturing[0] = True
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph, capture_error_mode=mode):
-            out = fn(x)
-        graph.replay()
-        torch.cuda.synchronize()
-        result["capture"] = "ok"
-        result["correct"] = bool(torch.allclose(out, x * 2 + 1))
-    except Exception as e:
-        result["capture"] = f"{type(e).__name__}: {str(e)[:150]}"
-    torch.cuda.synchronize()
-    result["eager works after"] = bool(torch.allclose((x * 2 + 1).cpu(), x.cpu() * 2 + 1))
-    print(json.dumps(result))
-''')
-
+# %%
 seen, detected = "needs a GPU", None
 if CUDA:
-    threads = pd.DataFrame([run_isolated(THREAD_SCRIPT, mode) for mode in ("global", "thread_local")])
+    threads = pd.DataFrame([run_isolated(background_thread_allocates, mode) for mode in CAPTURE_ERROR_MODES])
     print(threads[[c for c in ("mode", "thread", "capture", "correct", "eager works after", "exit code")
                    if c in threads]].to_string(index=False))
     strict, local = threads.iloc[0], threads.iloc[1]
@@ -677,58 +581,13 @@ record("memory held by one private pool per graph", "wastes memory (can run out)
 # Compiling runs in a separate process with a time limit, so a slow or stuck compile cannot stall the notebook.
 
 # %%
-REDUCE_OVERHEAD_SCRIPT = textwrap.dedent('''
-    import inspect, json, logging, torch
-    from torch._dynamo.utils import counters
+from cudagraph_kit.pitfall_scripts import reduce_overhead_pitfalls
 
-    messages = []
+print(inspect.getsource(reduce_overhead_pitfalls))
 
-    class Collect(logging.Handler):
-        def emit(self, rec):
-            if "skipping cudagraphs" in rec.getMessage():
-                messages.append(rec.getMessage().strip().splitlines()[0][:200])
-
-    for name in ("torch", "torch._inductor"):       # torch's loggers may not propagate further up
-        logging.getLogger(name).addHandler(Collect())
-    params = inspect.signature(torch._logging.set_logs).parameters
-    torch._logging.set_logs(**{a: True for a in ("cudagraphs", "perf_hints") if a in params})
-
-    def with_cpu_tensor(x, c):
-        return x * 2, c + 1                          # c lives on the CPU
-
-    def mutates_input(x, buf):
-        buf.add_(x)                                  # writes into an input
-        return x * 2
-
-    f1 = torch.compile(with_cpu_tensor, mode="reduce-overhead")
-    f2 = torch.compile(mutates_input, mode="reduce-overhead")
-    x, c, buf = torch.randn(64, device="cuda"), torch.randn(64), torch.zeros(64, device="cuda")
-    for _ in range(3):
-        f1(x, c)
-        f2(x, buf)
-    out = {"skips": counters["inductor"]["cudagraph_skips"], "messages": list(dict.fromkeys(messages))}
-
-    f3 = torch.compile(lambda t: t * 2 + 1, mode="reduce-overhead")
-    x1, x2 = torch.randn(64, device="cuda"), torch.randn(64, device="cuda")
-    with torch.no_grad():
-        for _ in range(3):
-            f3(x1)
-        y1 = f3(x1)
-        f3(x2)                                       # a new run: y1's memory may now hold this one
-        try:
-            kept = (y1 + 0).cpu()
-            out["old output"] = ("silently holds the next call's values" if torch.allclose(kept, (x2 * 2 + 1).cpu())
-                                 else "intact" if torch.allclose(kept, (x1 * 2 + 1).cpu()) else "other values")
-        except RuntimeError as e:
-            out["old output"] = "RuntimeError: " + str(e).strip().splitlines()[0][:200]
-        y1 = f3(x1).clone()                          # the fix: clone what you keep
-        f3(x2)
-        out["clone keeps it"] = bool(torch.allclose(y1, x1 * 2 + 1))
-    print(json.dumps(out))
-''')
-
+# %%
 if CUDA:
-    ro = run_isolated(REDUCE_OVERHEAD_SCRIPT, timeout=300)
+    ro = run_isolated(reduce_overhead_pitfalls, timeout=300)
     if ro.get("exit code"):
         print("the reduce-overhead experiment did not finish:", ro.get("exit code"), ro.get("stderr", ""))
     skips = ro.get("skips", 0)
@@ -766,92 +625,20 @@ record("reduce-overhead: skipped graphs, overwritten outputs",
 # reserved while that graph lives.
 #
 # Each variant runs `TRIES` times, each in a fresh process (an illegal memory access ends the CUDA context).
-# Before replaying, the script looks up where each tensor the first graph reads now lies, with
+# Before replaying, the experiment looks up where each tensor the first graph reads now lies, with
 # `torch.cuda.memory_snapshot()`: still allocated, free in the allocator's cache, or returned to the driver.
 
 # %%
-TWO_CAPTURES_SCRIPT = textwrap.dedent('''
-    import json, sys, torch
-    variant = sys.argv[1]
-    N, D_IN, H, D_OUT = 640, 4096, 2048, 1024
+from cudagraph_kit.pitfall_scripts import TWO_CAPTURE_VARIANTS, two_captures
 
-    def build_and_capture(seed, model=None, opt=None, replay_now=False):
-        torch.manual_seed(seed)
-        if model is None:
-            model = torch.nn.Sequential(torch.nn.Linear(D_IN, H), torch.nn.Dropout(0.2),
-                                        torch.nn.Linear(H, D_OUT), torch.nn.Dropout(0.1)).cuda()
-            opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)
-        x, y = torch.randn(N, D_IN, device="cuda"), torch.randn(N, D_OUT, device="cuda")
-        side = torch.cuda.Stream()                        # the docs recipe
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                opt.zero_grad(set_to_none=True)
-                torch.nn.functional.mse_loss(model(x), y).backward()
-                opt.step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph):
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-        if replay_now:
-            graph.replay()
-        tensors = {"inputs": [x, y], "parameters": list(model.parameters()),
-                   "gradients": [p.grad for p in model.parameters()],
-                   "optimizer state": [v for s in opt.state.values() for v in s.values()]}
-        spans = {k: [(t.data_ptr(), t.untyped_storage().nbytes()) for t in v] for k, v in tensors.items()}
-        return graph, loss, spans, (model, opt, x, y)
+print(inspect.getsource(two_captures))
 
-    def where_now(spans):
-        segments = torch.cuda.memory_snapshot()
-        counts = {}
-        for kind, items in spans.items():
-            for ptr, size in items:
-                state = "returned to the driver"
-                for seg in segments:
-                    if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
-                        addr = seg["address"]
-                        for block in seg["blocks"]:
-                            if addr <= ptr < addr + block["size"]:
-                                state = "allocated" if block["state"] == "active_allocated" else "free in cache"
-                                break
-                            addr += block["size"]
-                        break
-                counts[f"{kind}: {state}"] = counts.get(f"{kind}: {state}", 0) + 1
-        return counts
-
-    g1, loss1, spans1, owner1 = build_and_capture(0, replay_now=variant == "drop, replay right after capture")
-    out = {"variant": variant}
-    if variant == "same model and optimizer twice":
-        g2, loss2, spans2, owner2 = build_and_capture(1, model=owner1[0], opt=owner1[1])
-    else:
-        if variant != "keep everything":
-            del owner1                   # the first model, optimizer and inputs go out of scope
-        if variant == "drop, empty_cache, no second capture":
-            torch.cuda.empty_cache()
-        else:
-            g2, loss2, spans2, owner2 = build_and_capture(1)
-    out["graph 1 memory"] = where_now(spans1)
-    print(json.dumps(out), flush=True)   # recorded even if the replay kills the process
-    try:
-        g1.replay()
-        torch.cuda.synchronize()
-        out["replay of graph 1"] = "ok"
-        out["loss finite"] = bool(torch.isfinite(loss1).all())
-    except Exception as e:
-        out["replay of graph 1"] = f"{type(e).__name__}: {str(e)[:160]}"
-    print(json.dumps(out), flush=True)
-''')
-
-TWO_CAPTURE_VARIANTS = ["keep everything", "drop", "drop, replay right after capture",
-                        "drop, empty_cache, no second capture", "same model and optimizer twice"]
+# %%
 two_rows = []
 if CUDA:
     jobs = [(variant, attempt) for variant in TWO_CAPTURE_VARIANTS for attempt in range(TRIES)]
     with ThreadPoolExecutor(max_workers=5) as workers:  # separate processes: they can run side by side
-        answers = list(workers.map(lambda job: run_isolated(TWO_CAPTURES_SCRIPT, job[0]), jobs))
+        answers = list(workers.map(lambda job: run_isolated(two_captures, job[0]), jobs))
     for (variant, attempt), r in zip(jobs, answers):
         replay = r.get("replay of graph 1") or f"process died (exit code {r['exit code']}): {r.get('stderr', '')}"
         memory_states = r.get("graph 1 memory", {})
