@@ -84,7 +84,7 @@ except ImportError:  # pragma: no cover - this file copied on its own
 
 __all__ = [
     "BucketedGraphs", "BucketStats", "BucketOverflowWarning", "capture_buckets", "ladder",
-    "BucketPlan", "plan_buckets", "evaluate_buckets", "interpolate", "measure_bucket_costs",
+    "BucketPlan", "plan_buckets", "evaluate_buckets", "interpolate", "measure_bucket_costs", "BucketCosts",
     "MemoryLedger", "pool_usage", "graph_pools",
 ]
 
@@ -575,6 +575,22 @@ def interpolate(points: Mapping[int, float]) -> Callable[[int], float]:
     return lambda s: float(np.interp(s, xs, ys))
 
 
+def _pad_cost(cost, pad_cost) -> float:
+    if pad_cost is None:
+        pad_cost = getattr(cost, "pad_us", 0.0)
+    pad_cost = float(pad_cost)
+    if not pad_cost >= 0.0:
+        raise ValueError(f"pad_cost must be a cost >= 0 per padded request, got {pad_cost}.")
+    return pad_cost
+
+
+class BucketCosts(dict):
+    """``{size: µs}`` from :func:`measure_bucket_costs`, plus ``pad_us``: what padding a request costs on top of its
+    bucket (writing the padding rows), which :func:`plan_buckets` adds for every padded request."""
+    pad_us: float = 0.0
+    clock: str = ""
+
+
 def _timing():
     try:
         from . import timing
@@ -595,9 +611,11 @@ def measure_bucket_costs(serve: "BucketedGraphs", *sample_args: torch.Tensor, si
     is mostly the host's work for small buckets and hides how the GPU time grows with the rows. So each size is
     served ``calls`` times queued behind a spin kernel and timed with CUDA events (``timing.device_time``),
     round-robin over the sizes for ``rounds`` rounds (slow drift hits every size alike); the median per size is
-    returned. ``sample_args`` must hold at least ``max(sizes)`` rows; ``sizes`` defaults to ``serve.sizes``
-    (capture one graph per size to measure every size exactly). Without CUDA the wall time per call is returned
-    instead (there is no GPU time to measure); the numbers then only exercise the planner.
+    returned as a :class:`BucketCosts`. Its ``pad_us`` is what a padded request costs on top of its bucket (the
+    padding rows are written before the replay): requests one row short of a few buckets, timed the same way.
+    ``sample_args`` must hold at least ``max(sizes)`` rows; ``sizes`` defaults to ``serve.sizes`` (capture one
+    graph per size to measure every size exactly). Without CUDA the wall time per call is returned instead (there
+    is no GPU time to measure) and ``pad_us`` is 0; the numbers then only exercise the planner.
 
     Example::
 
@@ -614,15 +632,27 @@ def measure_bucket_costs(serve: "BucketedGraphs", *sample_args: torch.Tensor, si
         raise ValueError(f"the sample has {rows} rows along dim {serve.dim}, fewer than the largest size to measure "
                          f"({sizes[-1]}). Fix: pass a sample with at least {sizes[-1]} rows.")
     timing = _timing()
-    args = {b: tuple(a.narrow(serve.dim, 0, b) for a in sample_args) for b in sizes}
-    host = {b: timing.timeit(serve, *args[b], calls=calls, samples=3).median_us for b in sizes}
+    # padded requests: one row short of up to four buckets (spread over the sizes), when padding writes rows
+    padded = [] if serve.pad_value is None else [b for b in sizes if b >= 2 and serve.bucket_for(b - 1) == b]
+    padded = padded[:: max(1, len(padded) // 4)][:4]
+    keys = [(b, b) for b in sizes] + [(b, b - 1) for b in padded]      # (bucket, rows)
+    args = {k: tuple(a.narrow(serve.dim, 0, k[1]) for a in sample_args) for k in keys}
+    host = {k: timing.timeit(serve, *args[k], calls=calls, samples=3).median_us for k in keys}
+    costs = BucketCosts()
     if not torch.cuda.is_available():
-        return host
-    times = {b: [] for b in sizes}
+        costs.update({b: host[(b, b)] for b in sizes})
+        costs.clock = "wall (no CUDA)"
+        return costs
+    times = {k: [] for k in keys}
     for r in range(rounds):
-        for b in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
-            times[b].append(timing.device_time(serve, *args[b], calls=calls, host_us=host[b])[0])
-    return {b: float(statistics.median(t)) for b, t in times.items()}
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            times[k].append(timing.device_time(serve, *args[k], calls=calls, host_us=host[k])[0])
+    med = {k: float(statistics.median(t)) for k, t in times.items()}
+    costs.update({b: med[(b, b)] for b in sizes})
+    extra = [med[(b, b - 1)] - med[(b, b)] for b in padded]
+    costs.pad_us = max(float(statistics.median(extra)), 0.0) if extra else 0.0
+    costs.clock = "GPU"
+    return costs
 
 
 @dataclass
@@ -640,8 +670,11 @@ class BucketPlan:
         return len(self.sizes)
 
 
-def evaluate_buckets(observed, sizes: Sequence[int], cost=None) -> dict:
+def evaluate_buckets(observed, sizes: Sequence[int], cost=None, pad_cost: float | None = None) -> dict:
     """How ``sizes`` would serve the observed requests: padded rows, pad fraction, overflows, expected waste.
+
+    ``expected_waste`` is the mean over requests of ``cost(bucket) - cost(size)``, plus ``pad_cost`` for every
+    request that is padded at all (default: ``cost.pad_us`` for costs from :func:`measure_bucket_costs`, else 0).
 
     Example::
 
@@ -649,6 +682,7 @@ def evaluate_buckets(observed, sizes: Sequence[int], cost=None) -> dict:
     """
     hist = _histogram(observed)
     sizes = sorted(set(sizes.sizes if hasattr(sizes, "sizes") else sizes))
+    pad_cost = _pad_cost(cost, pad_cost)
     cost = _as_function(cost, "cost") or float
     n = rows = padded = over = 0
     waste = 0.0
@@ -660,7 +694,7 @@ def evaluate_buckets(observed, sizes: Sequence[int], cost=None) -> dict:
             over += c
             continue
         padded += (sizes[i] - s) * c
-        waste += (cost(sizes[i]) - cost(s)) * c
+        waste += (cost(sizes[i]) - cost(s) + (pad_cost if sizes[i] > s else 0.0)) * c
     computed = rows - sum(s * c for s, c in hist.items() if s > sizes[-1]) + padded
     return {"requests": n, "rows": rows, "padded_rows": padded, "padded_rows_per_request": padded / n,
             "pad_fraction": padded / computed if computed else 0.0, "overflow_requests": over,
@@ -668,12 +702,15 @@ def evaluate_buckets(observed, sizes: Sequence[int], cost=None) -> dict:
 
 
 def plan_buckets(observed, *, max_graphs: int | None = None, memory_budget: float | None = None,
-                 graph_memory=None, cost=None, max_size: int | None = None, resolution: int = 256) -> BucketPlan:
+                 graph_memory=None, cost=None, pad_cost: float | None = None, max_size: int | None = None,
+                 resolution: int = 256) -> BucketPlan:
     """Choose bucket sizes that minimise the expected padded work on the observed request sizes.
 
     The objective is the sum over requests of ``cost(bucket) - cost(size)``: padded rows with the default
     ``cost(size) = size``; pass measured times (a callable or a ``{size: µs}`` mapping, interpolated) to
-    minimise padded *time* instead. Constraints: at most ``max_graphs`` buckets (capture time grows with
+    minimise padded *time* instead (:func:`measure_bucket_costs` measures it). ``pad_cost`` is added for every
+    request that is padded at all (writing its padding rows; default: ``cost.pad_us`` when ``cost`` came from
+    :func:`measure_bucket_costs`, else 0), so a frequent size earns its own bucket. Constraints: at most ``max_graphs`` buckets (capture time grows with
     their number), and ``sum(graph_memory(b)) <= memory_budget`` (a callable or ``{size: bytes}``, e.g. read
     from a :class:`MemoryLedger`). The largest bucket is ``max_size`` (default: the largest observed size);
     larger observed requests are reported as overflows.
@@ -690,6 +727,7 @@ def plan_buckets(observed, *, max_graphs: int | None = None, memory_budget: floa
     import numpy as np
 
     hist = _histogram(observed)
+    pad = _pad_cost(cost, pad_cost)
     cost_f = _as_function(cost, "cost") or float
     mem_f = _as_function(graph_memory, "graph_memory")
     if memory_budget is not None and mem_f is None:
@@ -727,6 +765,7 @@ def plan_buckets(observed, *, max_graphs: int | None = None, memory_budget: floa
         for i in range(j - 1, k):
             p = np.arange(i + 1)                                   # previous buckets covered p candidates
             waste = c[i] * (C[i + 1] - C[p]) - (S[i + 1] - S[p])   # requests in (p, i] padded to cands[i]
+            waste = waste + pad * (C[i + 1] - C[p] - counts[i])    # each of them but size cands[i] is padded
             total = f[j - 1, : i + 1, :] + waste[:, None]
             best = total.argmin(axis=0)
             vals = total[best, np.arange(U + 1)]
@@ -746,7 +785,7 @@ def plan_buckets(observed, *, max_graphs: int | None = None, memory_budget: floa
         u -= int(m[i - 1])
         i, j = p, j - 1
     chosen.sort()
-    ev = evaluate_buckets(hist, chosen, cost_f)
+    ev = evaluate_buckets(hist, chosen, cost_f, pad)
     return BucketPlan(sizes=chosen, expected_waste=ev["expected_waste"],
                       padded_rows_per_request=ev["padded_rows_per_request"], pad_fraction=ev["pad_fraction"],
                       memory=float(sum(mem_f(s) for s in chosen)) if mem_f is not None else None,

@@ -93,7 +93,6 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-import cudagraph_kit
 from cudagraph_kit import CaptureError, capture, capture_train_step, compare, env_table, has_cuda, results, shared_pool
 from cudagraph_kit.diagnose import advise, check_capturable, explain, measure_replay_cost, predict_graph_time, verify
 

@@ -441,8 +441,10 @@ del g_one, step, net, opt
 # behind a spin kernel and timed with CUDA events, round-robin over the sizes. In a stream, requests queue up
 # behind each other, so a bucket costs the server its GPU time; the wall time of one request alone would mostly be
 # the host's work for a small bucket and would hide how the GPU time grows with the rows (a planner fed with it
-# pads small requests up for free, on paper). The planner then minimises the sum over requests of
-# `cost(bucket) - cost(size)`: the GPU time spent on padding. The memory model is what each bucket added to the
+# pads small requests up for free, on paper). A padded request also writes its padding rows first (one small
+# kernel): `measure_bucket_costs` times a few requests one row short of their bucket for that (`pad_us`). The
+# planner then minimises the sum over requests of `cost(bucket) - cost(size)`, plus `pad_us` for each padded
+# request: the GPU time spent on padding. The memory model is what each bucket added to the
 # shared pool when the exact sizes were captured (the capture log). On a CPU there is no GPU time: the costs are
 # the wall time of the eager fallback and only exercise the planner.
 
@@ -454,7 +456,8 @@ for name in MODELS:
     mem_model[name] = {e["size"]: e["pool_growth_bytes"] for e in exact.capture_log}  # empty without CUDA
     shown = ladder(MAX_ROWS, "pow2") + [b for b in (17, 33) if b <= MAX_ROWS]
     print(f"{name}: {'GPU' if CUDA else 'wall (CPU, eager)'} µs per request of b rows:",
-          ", ".join(f"{b}: {cost_model[name][b]:.1f}" for b in sorted(shown)))
+          ", ".join(f"{b}: {cost_model[name][b]:.1f}" for b in sorted(shown)),
+          f"; writing the padding rows of a padded request: {cost_model[name].pad_us:.2f} µs")
 
 
 def plan_for(name, max_graphs, reference):

@@ -209,7 +209,7 @@ def test_no_cuda_without_fallback_is_a_clear_error():
 
 
 # ------------------------------------------------------------------------------------------ planner
-def brute_force(hist, max_graphs=None, budget=None, mem=None, cost=float, top=None):
+def brute_force(hist, max_graphs=None, budget=None, mem=None, cost=float, top=None, pad_cost=0.0):
     top = top or max(hist)
     cands = sorted({s for s in hist if s <= top} | {top})
     best = None
@@ -218,7 +218,7 @@ def brute_force(hist, max_graphs=None, budget=None, mem=None, cost=float, top=No
             sizes = list(combo) + [top]
             if budget is not None and sum(mem(s) for s in sizes) > budget:
                 continue
-            waste = evaluate_buckets(hist, sizes, cost)["expected_waste"]
+            waste = evaluate_buckets(hist, sizes, cost, pad_cost)["expected_waste"]
             if best is None or waste < best[0] - 1e-9:
                 best = (waste, sizes)
     return best
@@ -237,6 +237,9 @@ def test_planner_is_optimal_against_brute_force(seed):
     cost = lambda s: 10 + 2.0 * max(s, 8)            # flat up to 8 rows, then linear  # noqa: E731
     plan = plan_buckets(hist, max_graphs=3, cost=cost)
     assert plan.expected_waste == pytest.approx(brute_force(hist, 3, cost=cost)[0])
+    for pad in (0.5, 4.0):                           # a cost per padded request on top of the padded rows
+        plan = plan_buckets(hist, max_graphs=3, cost=cost, pad_cost=pad)
+        assert plan.expected_waste == pytest.approx(brute_force(hist, 3, cost=cost, pad_cost=pad)[0])
     mem = lambda s: 1000 + 100 * s                  # noqa: E731
     budget = 4500 + 100 * max(sizes)
     plan = plan_buckets(sizes, memory_budget=budget, graph_memory=mem, resolution=budget // 100)  # exact units
@@ -254,6 +257,10 @@ def test_planner_basics_and_errors():
     assert plan_buckets({4: 3, 9: 1}).sizes == [4, 9]               # a histogram; no limits: every size
     flat = plan_buckets(sizes, max_graphs=4, cost=lambda s: 5.0)    # padding costs nothing: one bucket
     assert flat.sizes == [30] and flat.expected_waste == 0
+    writes = plan_buckets(sizes, max_graphs=3, cost=lambda s: 5.0, pad_cost=1.0)  # but writing padding does
+    assert writes.sizes == [1, 7, 30] and writes.expected_waste == pytest.approx(5 * 1.0 / 100)
+    with pytest.raises(ValueError, match="pad_cost must be a cost >= 0"):
+        plan_buckets(sizes, pad_cost=-1.0)
     with pytest.raises(ValueError, match="needs graph_memory"):
         plan_buckets(sizes, memory_budget=100)
     with pytest.raises(ValueError, match=r"largest bucket \(30 rows\) alone needs"):
@@ -280,13 +287,14 @@ def test_bucket_costs_cover_every_size_and_refuse_a_short_sample():
     serve = fallback(mlp(), torch.randn(8, 16, device=DEVICE), sizes=[2, 5, 8])
     costs = measure_bucket_costs(serve, torch.randn(8, 16, device=DEVICE), rounds=1, calls=2)
     assert sorted(costs) == [2, 5, 8] and all(v > 0 and math.isfinite(v) for v in costs.values())
+    assert costs.pad_us >= 0.0 and costs.clock == ("GPU" if HAS_CUDA else "wall (no CUDA)")
     assert sorted(measure_bucket_costs(serve, torch.randn(8, 16, device=DEVICE), sizes=[3, 1], rounds=1,
                                        calls=1)) == [1, 3]
     with pytest.raises(ValueError, match="fewer than the largest size"):
         measure_bucket_costs(serve, torch.randn(4, 16, device=DEVICE))
     with pytest.raises(ValueError, match="rounds and calls must be >= 1"):
         measure_bucket_costs(serve, torch.randn(8, 16, device=DEVICE), rounds=0)
-    plan = plan_buckets([1, 2, 2, 7], max_graphs=2, cost=costs | {1: costs[2], 7: costs[8]}, max_size=8)
+    plan = plan_buckets([1, 2, 2, 7], max_graphs=2, cost={**costs, 1: costs[2], 7: costs[8]}, max_size=8)
     assert plan.n_graphs <= 2 and plan.sizes[-1] == 8
 
 
@@ -382,8 +390,9 @@ def test_gpu_bucket_costs_are_gpu_time_and_grow_with_rows():
     costs = measure_bucket_costs(exact, sample)
     from cudagraph_kit.timing import timeit
     wall = {b: timeit(exact, sample[:b], calls=20).median_us for b in (1, 64)}
-    print(f"\nGPU µs per request: {costs}; wall µs alone: {wall}")
-    assert costs[1] < costs[64]                      # more rows, more GPU work
+    print(f"\nGPU µs per request: {costs}, padding {costs.pad_us:.2f} µs; wall µs alone: {wall}")
+    assert costs.clock == "GPU" and costs[1] < costs[64]   # more rows, more GPU work
+    assert 0.0 < costs.pad_us < 0.5 * costs[1]             # writing padding rows: one small fill kernel
     assert costs[64] <= 1.2 * wall[64]                 # GPU time, not more than a request takes alone
 
 
