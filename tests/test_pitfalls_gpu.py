@@ -388,12 +388,13 @@ def test_advise_predicts_the_small_and_large_gelu():
         g = capture(gelu, x)
         from cudagraph_kit import compare
         df = compare({"eager": gelu, "graph": lambda t, g=g: g.replay()}, x, case=str(shape))
-        measured = float(df.speedup.iloc[1])
+        measured, graph_us = float(df.speedup.iloc[1]), float(df.median_us.iloc[1])
         rows.append((shape, a.speedup, measured))
-        print(f"\n{a}\n  measured speedup {measured:.2f}x")
+        print(f"\n{a}\n  measured: graph {graph_us:.1f} µs, speedup {measured:.2f}x")
         assert a.eager_us > 0 and a.floor_us > 0 and a.kernels_per_call >= 5 and a.launch_us > 0
         assert a.graph_gpu_us <= a.floor_us and a.speedup >= a.speedup_if_no_gap_saved
-        assert 1 / 1.5 < a.speedup / measured < 1.5
+        # the model predicts the graph's time; eager time drifts with the host between two measurements
+        assert 1 / 1.5 < a.graph_us / graph_us < 1.5
     assert rows[0][1] > rows[1][1]  # the small tensor is launch-bound, the large one is not
 
 
