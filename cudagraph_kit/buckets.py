@@ -611,8 +611,8 @@ def measure_bucket_costs(serve: "BucketedGraphs", *sample_args: torch.Tensor, si
     is mostly the host's work for small buckets and hides how the GPU time grows with the rows. So each size is
     served ``calls`` times queued behind a spin kernel and timed with CUDA events (``timing.device_time``),
     round-robin over the sizes for ``rounds`` rounds (slow drift hits every size alike); the median per size is
-    returned as a :class:`BucketCosts`. Its ``pad_us`` is what a padded request costs on top of its bucket (the
-    padding rows are written before the replay): requests one row short of a few buckets, timed the same way.
+    returned as a :class:`BucketCosts`. Its ``pad_us`` is what a padded request costs on top of its bucket: the
+    write of its padding rows before the replay (``pad_value``), timed the same way on a few buckets.
     ``sample_args`` must hold at least ``max(sizes)`` rows; ``sizes`` defaults to ``serve.sizes`` (capture one
     graph per size to measure every size exactly). Without CUDA the wall time per call is returned instead (there
     is no GPU time to measure) and ``pad_us`` is 0; the numbers then only exercise the planner.
@@ -632,25 +632,28 @@ def measure_bucket_costs(serve: "BucketedGraphs", *sample_args: torch.Tensor, si
         raise ValueError(f"the sample has {rows} rows along dim {serve.dim}, fewer than the largest size to measure "
                          f"({sizes[-1]}). Fix: pass a sample with at least {sizes[-1]} rows.")
     timing = _timing()
-    # padded requests: one row short of up to four buckets (spread over the sizes), when padding writes rows
-    padded = [] if serve.pad_value is None else [b for b in sizes if b >= 2 and serve.bucket_for(b - 1) == b]
-    padded = padded[:: max(1, len(padded) // 4)][:4]
-    keys = [(b, b) for b in sizes] + [(b, b - 1) for b in padded]      # (bucket, rows)
-    args = {k: tuple(a.narrow(serve.dim, 0, k[1]) for a in sample_args) for k in keys}
-    host = {k: timing.timeit(serve, *args[k], calls=calls, samples=3).median_us for k in keys}
+    fns = {b: (lambda a=tuple(a.narrow(serve.dim, 0, b) for a in sample_args): serve(*a)) for b in sizes}
+    # padding a request writes its padding rows into the bucket's static inputs before the replay (as __call__
+    # does): time that write for one padding row of up to four buckets spread over the sizes
+    padded = [b for b in serve.sizes if b >= 2] if serve.pad_value is not None and serve.mode == "graph" else []
+    for b in padded[:: max(1, len(padded) // 4)][:4]:
+        fns[("pad", b)] = (lambda b=b: [v.narrow(serve.dim, b - 1, 1).fill_(serve.pad_value)
+                                        for v in serve._views[b]])
+    host = {k: timing.timeit(f, calls=calls, samples=3).median_us for k, f in fns.items()}
     costs = BucketCosts()
     if not torch.cuda.is_available():
-        costs.update({b: host[(b, b)] for b in sizes})
+        costs.update({b: host[b] for b in sizes})
         costs.clock = "wall (no CUDA)"
         return costs
+    keys = list(fns)
     times = {k: [] for k in keys}
     for r in range(rounds):
         for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-            times[k].append(timing.device_time(serve, *args[k], calls=calls, host_us=host[k])[0])
+            times[k].append(timing.device_time(fns[k], calls=calls, host_us=host[k])[0])
     med = {k: float(statistics.median(t)) for k, t in times.items()}
-    costs.update({b: med[(b, b)] for b in sizes})
-    extra = [med[(b, b - 1)] - med[(b, b)] for b in padded]
-    costs.pad_us = max(float(statistics.median(extra)), 0.0) if extra else 0.0
+    costs.update({b: med[b] for b in sizes})
+    pads = [v for k, v in med.items() if isinstance(k, tuple)]
+    costs.pad_us = float(statistics.median(pads)) if pads else 0.0
     costs.clock = "GPU"
     return costs
 

@@ -393,6 +393,7 @@ def test_gpu_bucket_costs_are_gpu_time_and_grow_with_rows():
     print(f"\nGPU µs per request: {costs}, padding {costs.pad_us:.2f} µs; wall µs alone: {wall}")
     assert costs.clock == "GPU" and costs[1] < costs[64]   # more rows, more GPU work
     assert 0.0 < costs.pad_us < 0.5 * costs[1]             # writing padding rows: one small fill kernel
+    assert measure_bucket_costs(capture_buckets(model, sample, sizes=[1, 64], pad_value=None), sample).pad_us == 0
     assert costs[64] <= 1.2 * wall[64]                 # GPU time, not more than a request takes alone
 
 
