@@ -714,7 +714,8 @@ def plan_buckets(observed, *, max_graphs: int | None = None, memory_budget: floa
     minimise padded *time* instead (:func:`measure_bucket_costs` measures it). ``pad_cost`` is added for every
     request that is padded at all (writing its padding rows; default: ``cost.pad_us`` when ``cost`` came from
     :func:`measure_bucket_costs`, else 0), so a frequent size earns its own bucket. Constraints: at most
-    ``max_graphs`` buckets (capture time grows with their number), and ``sum(graph_memory(b)) <= memory_budget`` (a callable or ``{size: bytes}``, e.g. read
+    ``max_graphs`` buckets (capture time grows with their number), and
+    ``sum(graph_memory(b)) <= memory_budget`` (a callable or ``{size: bytes}``, e.g. read
     from a :class:`MemoryLedger`). The largest bucket is ``max_size`` (default: the largest observed size);
     larger observed requests are reported as overflows.
 
