@@ -5,8 +5,10 @@ One module per idea; the helpers stand alone so a single file can be copied into
 training step as one graph), ``partial`` (make_graphed_callables made safe), ``diagnose`` (find what breaks a
 graph before capture, verify a graph against eager, will a graph help?), ``timing`` (medians, spread, GPU-busy
 floor), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledger), ``ddp``
-(DistributedDataParallel under graphs, per-rank step timing). ``results`` (save/load a notebook's results and
-figures) needs ``env`` beside it; ``exercises`` holds the checks of the notebooks' exercises.
+(DistributedDataParallel under graphs, per-rank step timing).
+
+The course (notebook results, ``reproduce``, exercises) lives apart, in ``cudagraph_kit.course``; nothing here
+imports it.
 """
 from .buckets import (BucketedGraphs, BucketPlan, MemoryLedger, capture_buckets, evaluate_buckets, ladder,
                       plan_buckets, pool_usage)
@@ -16,12 +18,11 @@ from .env import bf16_supported, describe, env_table, has_cuda
 from .partial import graph_modules
 from .timing import compare, gpu_time, timeit
 from .train_step import GraphedTrainStep, capture_train_step
-from . import exercises, results
 
 __all__ = [
     "capture", "GraphedCallable", "shared_pool", "NoCudaError", "CaptureError",
     "has_cuda", "bf16_supported", "describe", "env_table",
-    "graph_modules", "timeit", "gpu_time", "compare", "results", "exercises",
+    "graph_modules", "timeit", "gpu_time", "compare",
     "check_capturable", "verify", "advise", "explain",
     "capture_buckets", "BucketedGraphs", "ladder", "plan_buckets", "BucketPlan", "evaluate_buckets",
     "MemoryLedger", "pool_usage",

@@ -25,10 +25,10 @@ def main(argv=None) -> int:
         print(env_table())
         return 0
     if args.command == "lab":
-        from .reproduce import lab as open_lab
+        from .course.reproduce import lab as open_lab
         open_lab(args.dir)
         return 0
-    from .reproduce import reproduce
+    from .course.reproduce import reproduce
     reproduce(args.names, out_dir=args.out, smoke=args.smoke, results_dir=args.results)
     return 0
 

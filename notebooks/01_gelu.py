@@ -92,7 +92,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from cudagraph_kit import capture, compare, env_table, has_cuda, results, timeit
+from cudagraph_kit import capture, compare, env_table, has_cuda, timeit
+from cudagraph_kit.course import results
 
 STEM = "01_gelu"
 CUDA = has_cuda()
@@ -504,7 +505,7 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb01_gelu.py` (try first).
 
 # %%
-from cudagraph_kit.exercises import HOST_COPY_WHY, check_fp16_sweep, check_fused_gelu, check_host_copies
+from cudagraph_kit.course.exercises import HOST_COPY_WHY, check_fp16_sweep, check_fused_gelu, check_host_copies
 
 # %% [markdown]
 # ### Exercise 1: one fused kernel instead of five

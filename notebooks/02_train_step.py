@@ -98,7 +98,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from cudagraph_kit import bf16_supported, capture_train_step, compare, env_table, graph_modules, has_cuda, results
+from cudagraph_kit import bf16_supported, capture_train_step, compare, env_table, graph_modules, has_cuda
+from cudagraph_kit.course import results
 
 STEM = "02_train_step"
 CUDA = has_cuda()
@@ -838,7 +839,7 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # first).
 
 # %%
-from cudagraph_kit.exercises import STEP_PARTS, check_amp_adam, check_lr_schedule, check_short_batches
+from cudagraph_kit.course.exercises import STEP_PARTS, check_amp_adam, check_lr_schedule, check_short_batches
 
 # %% [markdown]
 # ### Exercise 1: Adam with fp16 and a `GradScaler`

@@ -97,7 +97,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from cudagraph_kit import capture, compare, env_table, gpu_time, has_cuda, results
+from cudagraph_kit import capture, compare, env_table, gpu_time, has_cuda
+from cudagraph_kit.course import results
 
 STEM = "03_jit_compile"
 CUDA = has_cuda()
@@ -967,7 +968,7 @@ print(f"- Reading a reduce-overhead output after the next call: {ro_overwrite or
 # run by the test suite against these checks: `notebooks/solutions/nb03_jit_compile.py` (try first).
 
 # %%
-from cudagraph_kit.exercises import check_clone_cost, check_compiled_calls_per_graph, check_max_autotune, check_mlp_depth
+from cudagraph_kit.course.exercises import check_clone_cost, check_compiled_calls_per_graph, check_max_autotune, check_mlp_depth
 
 # %% [markdown]
 # ### Exercise 1: ten compiled calls in one graph

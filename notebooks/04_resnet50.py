@@ -102,7 +102,8 @@ import pandas as pd
 import torch
 import torchvision
 
-from cudagraph_kit import bf16_supported, capture, capture_train_step, compare, env_table, has_cuda, results
+from cudagraph_kit import bf16_supported, capture, capture_train_step, compare, env_table, has_cuda
+from cudagraph_kit.course import results
 
 STEM = "04_resnet50"
 CUDA = has_cuda()
@@ -909,7 +910,7 @@ recorded = results.show_recorded(STEM, columns=["section", "case", "variant", "e
 # %%
 import numpy as np
 
-from cudagraph_kit.exercises import check_batch_prediction, check_clip_norms
+from cudagraph_kit.course.exercises import check_batch_prediction, check_clip_norms
 
 # %% [markdown]
 # ### Exercise 1: predict, then measure, a batch size between two of the sweep

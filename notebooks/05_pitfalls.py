@@ -93,7 +93,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from cudagraph_kit import CaptureError, capture, capture_train_step, compare, env_table, has_cuda, results, shared_pool
+from cudagraph_kit import CaptureError, capture, capture_train_step, compare, env_table, has_cuda, shared_pool
+from cudagraph_kit.course import results
 from cudagraph_kit.diagnose import advise, check_capturable, explain, measure_replay_cost, predict_graph_time, verify
 
 STEM = "05_pitfalls"
@@ -117,14 +118,14 @@ if not CUDA:
 # it is **silently wrong**, it **warns**, or it **crashes the process**), which tool finds it, the fix, and
 # what this run saw. After each failure we check that the process still works (eager work and a fresh capture,
 # both compared with the CPU). Experiments that could kill the CUDA context, or need a fresh process, run in a
-# separate Python process: they are functions in `cudagraph_kit/pitfall_scripts.py`, and its `run_isolated(fn,
+# separate Python process: they are functions in `cudagraph_kit/course/pitfall_scripts.py`, and its `run_isolated(fn,
 # *args, timeout=...)` runs one in a fresh interpreter and returns the dict it reports, with the exit code (a
 # crash or a process killed after `timeout` seconds is a row in a table, never a stalled notebook).
 
 # %%
 import inspect
 
-from cudagraph_kit.pitfall_scripts import run_isolated
+from cudagraph_kit.course.pitfall_scripts import run_isolated
 
 
 def gelu(x):
@@ -343,7 +344,7 @@ print(report_lr)
 # recipe (the two-captures experiment of section 11 uses it too):
 
 # %%
-from cudagraph_kit.pitfall_scripts import docs_recipe_capture
+from cudagraph_kit.course.pitfall_scripts import docs_recipe_capture
 
 print(inspect.getsource(docs_recipe_capture))
 
@@ -469,7 +470,7 @@ record("random numbers: reseeding or another generator in the graph", "raises (c
 # that `run_isolated` runs in a fresh process:
 
 # %%
-from cudagraph_kit.pitfall_scripts import WARMUP_VARIANTS, warmup_stream
+from cudagraph_kit.course.pitfall_scripts import WARMUP_VARIANTS, warmup_stream
 
 print(inspect.getsource(warmup_stream))
 
@@ -498,7 +499,7 @@ record("warm-up not on a side stream", "warns; the capture can fail", "PyTorch's
 # once in each mode, each in a fresh process.
 
 # %%
-from cudagraph_kit.pitfall_scripts import CAPTURE_ERROR_MODES, background_thread_allocates
+from cudagraph_kit.course.pitfall_scripts import CAPTURE_ERROR_MODES, background_thread_allocates
 
 print(inspect.getsource(background_thread_allocates))
 
@@ -580,7 +581,7 @@ record("memory held by one private pool per graph", "wastes memory (can run out)
 # Compiling runs in a separate process with a time limit, so a slow or stuck compile cannot stall the notebook.
 
 # %%
-from cudagraph_kit.pitfall_scripts import reduce_overhead_pitfalls
+from cudagraph_kit.course.pitfall_scripts import reduce_overhead_pitfalls
 
 print(inspect.getsource(reduce_overhead_pitfalls))
 
@@ -628,7 +629,7 @@ record("reduce-overhead: skipped graphs, overwritten outputs",
 # `torch.cuda.memory_snapshot()`: still allocated, free in the allocator's cache, or returned to the driver.
 
 # %%
-from cudagraph_kit.pitfall_scripts import TWO_CAPTURE_VARIANTS, two_captures
+from cudagraph_kit.course.pitfall_scripts import TWO_CAPTURE_VARIANTS, two_captures
 
 print(inspect.getsource(two_captures))
 
@@ -944,7 +945,7 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "detected", "
 # %%
 import copy
 
-from cudagraph_kit.exercises import check_clip_without_sync, check_step_counter
+from cudagraph_kit.course.exercises import check_clip_without_sync, check_step_counter
 
 # %% [markdown]
 # ### Exercise 1: a step counter that a graph replays

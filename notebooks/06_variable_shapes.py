@@ -100,7 +100,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cudagraph_kit import capture, capture_train_step, compare, env_table, gpu_time, has_cuda, results, timeit
+from cudagraph_kit import capture, capture_train_step, compare, env_table, gpu_time, has_cuda, timeit
+from cudagraph_kit.course import results
 from cudagraph_kit.buckets import (MemoryLedger, capture_buckets, evaluate_buckets, ladder, measure_bucket_costs,
                                    plan_buckets, pool_usage)
 
@@ -890,7 +891,7 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # (try first).
 
 # %%
-from cudagraph_kit.exercises import MIXING_WHY, check_batch_mixing, check_uniform_plan
+from cudagraph_kit.course.exercises import MIXING_WHY, check_batch_mixing, check_uniform_plan
 
 # %% [markdown]
 # ### Exercise 1: buckets for uniform traffic

@@ -101,7 +101,8 @@ import torch.distributed as dist
 from IPython.display import Image, Markdown, display
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cudagraph_kit import capture_train_step, env_table, has_cuda, results
+from cudagraph_kit import capture_train_step, env_table, has_cuda
+from cudagraph_kit.course import results
 from cudagraph_kit.ddp import ddp_for_graphs, free_port, setup_distributed_for_graphs
 
 STEM = "07_data_parallel"              # what this notebook runs on this machine
@@ -422,7 +423,7 @@ else:
 # (try first).
 
 # %%
-from cudagraph_kit.exercises import check_item_per_step, check_rank_spread
+from cudagraph_kit.course.exercises import check_item_per_step, check_rank_spread
 
 # %% [markdown]
 # ### Exercise 1: the spread across ranks, from the raw step times

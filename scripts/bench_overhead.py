@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from cudagraph_kit import capture, env_table, results, timeit  # noqa: E402
+from cudagraph_kit import capture, env_table, timeit  # noqa: E402
+from cudagraph_kit.course import results  # noqa: E402
 
 
 def gelu(x):

@@ -436,7 +436,7 @@ SWEEP = [  # (model, mode, extra args); all on the same number of ranks
 
 def sweep(nproc: int, out: Path, runs_dir: Path | None = None, smoke: bool = False) -> Path:
     """Run eager and graph for the MLP and ResNet-50 back to back, then save ``<out>/07_data_parallel_sweep/``."""
-    from cudagraph_kit import results
+    from cudagraph_kit.course import results
     from cudagraph_kit.env import has_cuda
 
     if not has_cuda():
@@ -460,7 +460,7 @@ def sweep(nproc: int, out: Path, runs_dir: Path | None = None, smoke: bool = Fal
 
 def save_sweep(run_dirs: list, out: Path, seconds: float | None = None) -> Path:
     """Collect finished runs into ``<out>/07_data_parallel_sweep/``: results.csv, per_rank.csv, steps.csv.gz, env.json, PNGs."""
-    from cudagraph_kit import results
+    from cudagraph_kit.course import results
 
     table, per_rank, steps, meta = collect(run_dirs)
     world = meta[0]["world_size"]

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cudagraph_kit import results  # noqa: E402
+from cudagraph_kit.course import results  # noqa: E402
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cudagraph_kit.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT, execute_notebook
+from cudagraph_kit.course.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT, execute_notebook
 
 HAS_CUDA = torch.cuda.is_available()
 NBVAL_SANITIZE = Path(__file__).with_name("nbval_sanitize.cfg")

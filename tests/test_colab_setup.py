@@ -9,6 +9,7 @@ the clone's notebooks/, the recorded GPU results shown from the clone, and fresh
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from cudagraph_kit.reproduce import NOTEBOOKS_DIR, PROJECT_ROOT, _kernel_config, to_ipynb
+from cudagraph_kit.course.reproduce import NOTEBOOKS_DIR, PROJECT_ROOT, _kernel_config, to_ipynb
 
 pytestmark = pytest.mark.notebook
 MARKER = "2000-01-01 (the test's clone)"
@@ -25,6 +26,22 @@ KERNEL = "cgk-colab-test"
 
 def _git(*args, cwd):
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True)
+
+
+def _kernel_venv(venv: Path) -> Path:
+    """A virtual environment of its own that sees every package of the environment running the tests.
+
+    ``venv --system-site-packages`` would see the *base* interpreter's packages only, not those of a virtual
+    environment the tests run in (so no ipykernel there). A ``.pth`` file listing this interpreter's
+    site-packages works the same in a venv, in the system Python and in CI; pip still installs into the new one.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    paths = {p for p in site.getsitepackages() + [site.getusersitepackages()] if Path(p).is_dir()}
+    purelib = subprocess.run([str(venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")), "-c",
+                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "_parent_environment.pth").write_text("\n".join(sorted(paths)) + "\n")
+    return venv
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +66,7 @@ def colab(tmp_path_factory):
     (fake / "google" / "colab").mkdir(parents=True)  # no google/__init__.py: google stays a namespace package
     (fake / "google" / "colab" / "__init__.py").write_text('"""Stands in for Colab\'s module in tests."""\n')
 
-    venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    venv = _kernel_venv(base / "venv")
     python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     kernels = base / "jupyter" / "kernels" / KERNEL
     kernels.mkdir(parents=True)

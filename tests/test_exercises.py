@@ -16,11 +16,12 @@ import pandas as pd
 import pytest
 import torch
 
-from cudagraph_kit import capture, capture_train_step, compare, exercises
+from cudagraph_kit import capture, capture_train_step, compare
+from cudagraph_kit.course import exercises
 from cudagraph_kit.buckets import capture_buckets
 from cudagraph_kit.diagnose import verify
-from cudagraph_kit.exercises import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT
-from cudagraph_kit.reproduce import NOTEBOOKS_DIR
+from cudagraph_kit.course.exercises import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT
+from cudagraph_kit.course.reproduce import NOTEBOOKS_DIR
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -11,7 +11,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from cudagraph_kit.reproduce import PROJECT_ROOT, lab, lab_copies, notebook_sources
+from cudagraph_kit.course.reproduce import PROJECT_ROOT, lab, lab_copies, notebook_sources
 
 sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
 import sync_setup_cell  # noqa: E402

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from cudagraph_kit.pitfall_scripts import TWO_CAPTURE_VARIANTS, run_isolated, two_captures
+from cudagraph_kit.course.pitfall_scripts import TWO_CAPTURE_VARIANTS, run_isolated, two_captures
 
 CHILDREN = textwrap.dedent('''
     import json, os, signal, sys, time

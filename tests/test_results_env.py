@@ -12,10 +12,11 @@ import pandas as pd
 import pytest
 import torch
 
-from cudagraph_kit import describe, env_table, results
-from cudagraph_kit import reproduce as rep
+from cudagraph_kit import describe, env_table
+from cudagraph_kit.course import results
+from cudagraph_kit.course import reproduce as rep
 from cudagraph_kit.__main__ import main
-from cudagraph_kit.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT
+from cudagraph_kit.course.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT
 
 FAKE_ENV = {"gpu": "Stand-in GPU", "driver": "1.0", "torch": "x", "cuda": "12.0", "date": "today"}
 

@@ -10,7 +10,7 @@ Recorded and fresh results never share a folder:
 
 Example::
 
-    from cudagraph_kit import results
+    from cudagraph_kit.course import results
     folder = results.save("01_gelu", df, figures={"speedup": fig})   # fresh: build/figures/01_gelu
     rec = results.load("01_gelu")           # the recorded GPU run: rec.df, rec.env, rec.pngs
     results.show_recorded("01_gelu")        # in a notebook: caption + table + figures
@@ -22,13 +22,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .env import describe, has_cuda
+from ..env import describe, has_cuda
 
 __all__ = ["save", "load", "show_recorded", "results_root", "recorded_root", "checkout_root", "Recorded",
            "REQUIRED_COLUMNS"]
 
 REQUIRED_COLUMNS = ("case", "variant", "median_us", "speedup")
-_PACKAGE_PARENT = Path(__file__).resolve().parent.parent
+_PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the checkout holding cudagraph_kit/course/
 
 
 def _is_checkout(path: Path) -> bool:
@@ -112,7 +112,7 @@ def load(stem: str, root=None) -> Recorded | None:
 
 def _where_recorded_results_live() -> str:
     try:
-        from .reproduce import repository_url
+        from .paths import repository_url
         return f"the figures/ folder of the repository ({repository_url()})"
     except Exception:  # a copied results.py without the rest of the kit
         return "the project's figures/ folder"

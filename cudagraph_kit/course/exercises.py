@@ -18,7 +18,7 @@ runs_on)`` above ``@check(...)``), one ``exercise_<k>`` function per exercise in
 
 Example::
 
-    from cudagraph_kit.exercises import check_fused_gelu
+    from cudagraph_kit.course.exercises import check_fused_gelu
     check_fused_gelu(fused_gelu, fused_table, reference=main_table)   # in a notebook: prints the result
 """
 from __future__ import annotations
@@ -827,7 +827,7 @@ def _first_finding(report) -> str:
 
 def _check_learners_verify(report, verified, what, hint):
     """The learner's own ``verify`` report: a ``VerifyReport`` that passed."""
-    from .diagnose import VerifyReport
+    from ..diagnose import VerifyReport
 
     if is_todo(verified):
         report.todo(f"{what}: run verify(...) on your graph and keep its report")
@@ -850,8 +850,8 @@ def check_step_counter(report, ScaledByStepFixed, counter_verify):  # noqa: N803
 
     import torch
 
-    from .capture import capture
-    from .diagnose import check_capturable, verify
+    from ..capture import capture
+    from ..diagnose import check_capturable, verify
 
     cls, device, done = ScaledByStepFixed, "cuda" if cuda() else "cpu", False
     if is_todo(cls):
@@ -952,8 +952,8 @@ def check_clip_without_sync(report, clip_to_norm_fixed, clip_verify):
     is larger) without a host read; ``clip_verify``: ``verify`` of its graph against it (GPU)."""
     import torch
 
-    from .capture import capture
-    from .diagnose import check_capturable
+    from ..capture import capture
+    from ..diagnose import check_capturable
 
     fn, device = clip_to_norm_fixed, "cuda" if cuda() else "cpu"
     torch.manual_seed(0)
@@ -1192,7 +1192,7 @@ def check_uniform_plan(report, uniform_sizes, uniform_plan, moved, serve_uniform
     ``capture_buckets`` of the plan; ``reference``: the default ladder's ``BucketedGraphs`` (memory, GPU)."""
     import statistics
 
-    from .buckets import evaluate_buckets, ladder, plan_buckets
+    from ..buckets import evaluate_buckets, ladder, plan_buckets
 
     if is_todo(uniform_sizes):
         report.todo("uniform_sizes: HISTORY sizes drawn uniformly from 1..MAX_ROWS")
@@ -1265,7 +1265,7 @@ def check_uniform_plan(report, uniform_sizes, uniform_plan, moved, serve_uniform
         report.off("serve_uniform did not capture graphs into one shared pool", "capture_buckets(..., pool='shared'), "
                    "the default, on the GPU.")
         return
-    from .buckets import MemoryLedger
+    from ..buckets import MemoryLedger
     ledger = MemoryLedger()
     held = ledger.record("uniform plan", serve_uniform)["held"] / 2 ** 20
     text = f"{k} graphs in one shared pool, holding {held:.1f} MiB"
@@ -1293,7 +1293,7 @@ def check_batch_mixing(report, BatchMixingBlock, mixing_leak, why, d_block, head
 
     import torch
 
-    from .buckets import capture_buckets
+    from ..buckets import capture_buckets
 
     if is_todo(BatchMixingBlock):
         report.todo("write the class BatchMixingBlock")
@@ -1353,7 +1353,7 @@ def check_batch_mixing(report, BatchMixingBlock, mixing_leak, why, d_block, head
 def _rank_spread(steps) -> dict:
     """{variant: (rank_median_spread_us, step_rank_diff_p99_us)} from per-step, per-rank times, as the script
     computes them (``cudagraph_kit.ddp.jitter_summary``)."""
-    from .ddp import jitter_summary
+    from ..ddp import jitter_summary
 
     table = jitter_summary(steps)
     return {v: (r, p) for v, r, p in zip(table["variant"], table["rank_median_spread_us"],
