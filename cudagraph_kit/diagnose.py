@@ -304,7 +304,8 @@ class _Recorder:
         elif name == "index" and self._bool_index(args):
             self.add("data-dependent shape", "x[mask] with a boolean mask: the output's shape depends on the "
                      "mask's values (it runs nonzero and waits for the GPU)")
-        elif name in ("index_put", "index_put_", "_index_put_impl_") and self._bool_index(args):
+        elif name in ("index_put", "index_put_", "_index_put_impl_") and self._bool_index(args) \
+                and not self._lowers_to_masked_fill(args, kwargs):
             self.add("host sync", "x[mask] = v with a boolean mask runs nonzero, which waits for the GPU",
                      fix="x.masked_fill_(mask, v) or torch.where(mask, v, x): same result, fixed shapes, no sync")
 
@@ -363,6 +364,22 @@ class _Recorder:
             return False
         indices = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
         return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
+
+    def _lowers_to_masked_fill(self, args, kwargs) -> bool:
+        """ATen's own fast path (``canDispatchToMaskedFill`` in TensorAdvancedIndexing.cpp): ``x[mask] = v`` with a
+        single boolean mask, no accumulate, and a one-element value on the CPU runs ``masked_fill_``: no
+        ``nonzero``, no sync. Python numbers arrive as such a value (``lift_fresh``; PyTorch 2.14 sends
+        ``x[mask] = 0.0`` here, older releases call ``masked_fill_`` directly). A value that is a tensor of the
+        user's stays a candidate for the GPU, where the fast path does not apply."""
+        self_, indices = args[0], args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+        value = args[2] if len(args) > 2 else kwargs.get("values")
+        accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+        masks = [i for i in indices if isinstance(i, torch.Tensor)]
+        if accumulate or not isinstance(value, torch.Tensor) or value.numel() != 1 or len(masks) != 1 \
+                or masks[0].dtype not in (torch.bool, torch.uint8) or masks[0].device != self_.device:
+            return False
+        literal = value.dim() == 0 and self.literals.get(id(value)) is value
+        return literal or (value.device.type == "cpu" and self_.device.type == "cuda")
 
     def _copy(self, name, args, kwargs, printing):
         if name in ("_to_copy", "to"):

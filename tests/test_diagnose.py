@@ -66,6 +66,23 @@ def test_data_dependent_ops(op):
     assert "data-dependent shape" in report.kinds(), str(report)
 
 
+def _dispatched_ops(fn, *args):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Log() as log:
+        fn(*args)
+    return log.ops
+
+
 def test_boolean_mask_assignment_of_a_tensor_names_masked_fill():
     def assign(x, v):
         x = x.clone()
@@ -76,11 +93,16 @@ def test_boolean_mask_assignment_of_a_tensor_names_masked_fill():
     (f,) = _only(report, "host sync")
     assert "masked_fill_" in f.fix and f.code == "x[x < 0] = v"
 
-    def assign_number(x):  # PyTorch turns this into masked_fill_: fixed shapes, nothing to report
+    def assign_number(x):  # PyTorch runs this as masked_fill_: fixed shapes, nothing to report
         x = x.clone()
         x[x < 0] = 0.0
         return x
 
+    # Which path the running PyTorch takes: up to 2.13 Python calls masked_fill_ itself; 2.14 sends index_put_
+    # with the number as a one-element CPU tensor, which ATen lowers to masked_fill_ (canDispatchToMaskedFill).
+    # Either way no nonzero runs, so on every version in the range the verdict is the same.
+    ops = _dispatched_ops(assign_number, torch.randn(16))
+    assert "aten.nonzero.default" not in ops and ("aten.masked_fill_.Scalar" in ops or "aten.index_put_.default" in ops), ops
     assert check_capturable(assign_number, torch.randn(16)).ok
 
 
@@ -357,3 +379,34 @@ def test_explain_kit_errors_use_their_fix():
 def test_explain_unknown_error_points_to_check_capturable():
     e = explain(KeyError("something else"))
     assert "check_capturable" in e.fix and "KeyError" in e.original
+
+
+@pytest.mark.gpu
+def test_boolean_mask_assignment_verdict_matches_what_cuda_does():
+    """The ground truth on this GPU and PyTorch: CUDA's sync debug mode raises on a synchronizing call. The kit's
+    verdict for each form of x[mask] = v must agree with it."""
+    def assign(x, v):
+        x = x.clone()
+        x[x < 0] = v
+        return x
+
+    def assign_number(x):
+        x = x.clone()
+        x[x < 0] = 0.0
+        return x
+
+    x, v = torch.randn(1024, device="cuda"), torch.zeros(1, device="cuda")
+    cases = {"tensor value": (assign, (x, v)), "number": (assign_number, (x,))}
+    for name, (fn, args) in cases.items():
+        fn(*args)  # warm up (first-call allocations are not what is judged)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fn(*args)
+            syncs = False
+        except RuntimeError as e:
+            syncs = "synchroniz" in str(e)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        flagged = "host sync" in check_capturable(fn, *args).kinds()
+        assert flagged == syncs, f"{name}: CUDA syncs={syncs}, check_capturable flags a host sync={flagged}"

@@ -158,17 +158,21 @@ def test_compare_small_gelu_graph_is_faster_and_at_or_above_its_floor():
 
 @pytest.mark.gpu
 def test_no_profiler_residue_after_compare():
-    """A variant timed before and after compare()'s floor measurement, in one process, agrees within 5% (median of
-    several repeats). The host's speed drifts by a third within seconds, so each GPU sample is divided by a sample
-    of the same function on a one-element CPU tensor taken right after it: the same Python and dispatcher work,
-    no CUDA launch. Drift moves both; profiler residue (CUPTI callbacks on every launch) moves only the GPU one."""
+    """A variant timed before and after compare()'s floor measurement, in one process, keeps its launch cost.
+
+    Residue (CUPTI left attached after a profiler session) slows every later launch by a third or more. The host's
+    speed drifts by a third within seconds, so each GPU sample is divided by a sample of the same function on a
+    one-element CPU tensor taken right after it: the same Python and dispatcher work, no CUDA launch. Drift moves
+    both; residue moves only the GPU one. The bound allows for the spread this test measures itself (the
+    quartile ratio of the samples before): it fails only on a slowdown larger than both 1.2x and that spread, and
+    it says so, instead of passing, when the host is too noisy to see a 1.33x slowdown at all."""
     x, xc = torch.randn(1, 3, 224, 224, device="cuda"), torch.randn(1)
     g = capture(gelu, x)
     new = torch.randn_like(x)
     probes = {"eager": lambda: gelu(x), "kit call": lambda: g(new)}
     cpu_gelu = lambda: gelu(xc)  # noqa: E731
 
-    def launch_cost_ratios(fn, repeats=7):
+    def launch_cost_ratios(fn, repeats=15):
         out = []
         for _ in range(repeats):
             gpu_us = timeit(fn, samples=1).median_us
@@ -179,13 +183,20 @@ def test_no_profiler_residue_after_compare():
     compare({"eager": lambda: gelu(x), "graph": g.replay, "kit call": lambda: g(new)}, samples=5)
     compare({"eager": lambda: gelu(x), "graph": g.replay}, samples=5)  # a second profiler session
     after = {k: launch_cost_ratios(f) for k, f in probes.items()}
+    verdicts = {}
     for k in probes:
         b, a = statistics.median(before[k]), statistics.median(after[k])
-        print(f"{k}: time / same call on a CPU tensor, before {b:.3f}, after two compare() calls {a:.3f} "
-              f"({100 * (a / b - 1):+.1f}%)")
-    for k in probes:
-        b, a = statistics.median(before[k]), statistics.median(after[k])
-        assert a < 1.05 * b, (k, before[k], after[k])
+        q1, _, q3 = statistics.quantiles(before[k], n=4)
+        spread = q3 / q1
+        verdicts[k] = (a / b, max(1.2, spread), spread)
+        print(f"{k}: time / same call on a CPU tensor, before {b:.3f} (quartile ratio {spread:.2f}), after two "
+              f"compare() calls {a:.3f} ({100 * (a / b - 1):+.1f}%)")
+    for k, (moved, bound, spread) in verdicts.items():
+        assert moved < bound, (f"{k}: launches {moved:.2f}x slower after compare() (bound {bound:.2f}x): "
+                               f"profiler residue? before {before[k]}, after {after[k]}")
+    too_noisy = {k: v[2] for k, v in verdicts.items() if v[2] >= 1.33}
+    if too_noisy:
+        pytest.skip(f"no residue above the bound, but the host was too noisy to see a 1.33x slowdown: {too_noisy}")
 
 
 @pytest.mark.gpu
