@@ -104,9 +104,10 @@ CALLS = {
                                        **({"device_ids": [info.local_rank]} if cuda else {}))
             out = model(torch.randn(3, 4, device=info.device))
             assert out.shape == (3, 2) and (info.rank, info.world_size) == (0, 1)
-            if cuda:
+            if cuda:  # built on the kit's capture stream; torch's own default capture stream left alone
                 import capture
                 assert model._cudagraph_kit["stream"] == capture.capture_stream(info.device)
+                assert getattr(torch.cuda.graph, "default_capture_stream", None) is None
         finally:
             dist.destroy_process_group()
     """,
