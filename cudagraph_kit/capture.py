@@ -157,8 +157,8 @@ def capture_stream(device=None) -> "torch.cuda.Stream":
     """The kit's stream rule: every helper warms up and captures on this stream, one side stream per GPU, made
     on first use and reused for the life of the process.
 
-    ``capture``, ``capture_buckets`` and ``capture_train_step`` warm up and capture on it, ``ddp_for_graphs``
-    builds DistributedDataParallel on it, and the recovery after a failed capture runs on it. Why one stream:
+    ``capture``, ``capture_buckets`` and ``capture_train_step`` warm up and capture on it, and ``ddp_for_graphs``
+    builds DistributedDataParallel on it. Why one stream:
 
     - graphs that share a memory pool must be captured on the same stream (the ``torch.cuda.graph``
       documentation), so ``capture(..., pool=p)`` and ``capture_buckets(..., pool=p)`` can share ``p``;
@@ -254,7 +254,9 @@ class GraphedCallable:
             if a is not s:
                 s.copy_(a)
         self.graph.replay()
-        return tree_map_only(torch.Tensor, torch.clone, self.static_outputs) if self.clone_outputs else self.static_outputs
+        if self.clone_outputs:
+            return tree_map_only(torch.Tensor, torch.clone, self.static_outputs)
+        return self.static_outputs
 
     def _slow_call(self, args):
         self._check(args)  # raises on a wrong argument count
@@ -370,7 +372,7 @@ def recover_from_failed_capture(device=None) -> None:
         with torch.cuda.device(device):
             scratch = torch.zeros(1, device="cuda")
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=capture_stream(device)):
+            with torch.cuda.graph(graph):  # PyTorch's own capture stream, not the kit's (private pool, no cuBLAS)
                 scratch.add_(1)
             del graph
             torch.cuda.synchronize()
