@@ -152,6 +152,18 @@ def test_several_arguments_structured_outputs_and_another_dim():
     assert serve.stats.calls == {8: 1}
 
 
+def test_namedtuples_and_non_tensor_leaves_come_back_as_they_were():
+    from collections import namedtuple
+    Out = namedtuple("Out", "y label extra")
+
+    serve = fallback(lambda t: Out(t * 3, "rows", [t + 1, None, 7]), torch.randn(8, 4, device=DEVICE))
+    x = torch.randn(5, 4, device=DEVICE)
+    out = serve(x)
+    assert type(out) is Out and out.label == "rows" and out.extra[1:] == [None, 7]
+    torch.testing.assert_close(out.y, x * 3)
+    torch.testing.assert_close(out.extra[0], x + 1)
+
+
 def test_results_are_views_unless_cloned():
     serve = fallback(lambda t: t * 2, torch.randn(4, 3, device=DEVICE))
     first = serve(torch.ones(4, 3, device=DEVICE))
