@@ -46,11 +46,11 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 try:  # inside cudagraph_kit
     from .capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, _describe, capture_stream,
-                          explain_capture_failure, recover_from_failed_capture)
+                          recover_from_failed_capture)
 except ImportError:  # copied into a project: capture.py sits beside this file
     try:
         from capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, _describe, capture_stream,
-                             explain_capture_failure, recover_from_failed_capture)
+                             recover_from_failed_capture)
     except ModuleNotFoundError as exc:
         if exc.name != "capture":
             raise
@@ -259,7 +259,9 @@ class BucketedGraphs:
             except Exception as exc:
                 del graph
                 recover_from_failed_capture(device)
-                raise CaptureError(f"bucket of {b} rows: " + explain_capture_failure(exc)) from exc
+                err = CaptureError.from_exception(exc)  # .cause, .fix, .original as everywhere in the kit
+                err.args = (f"bucket of {b} rows: " + str(err),)
+                raise err from exc
             torch.cuda.synchronize(device)
             self.graphs[b] = graph
             self.capture_log.append({
