@@ -96,7 +96,8 @@ def test_torchs_default_capture_stream_is_not_the_kits():
 def test_repeated_captures_do_not_grow_device_memory():
     """PyTorch's test_repeat_graph_capture_cublas_workspace_memory (test/test_cuda.py), through the kit: a
     matmul captured 100 times (each graph dropped) may grow the device memory in use (torch.cuda.mem_get_info) by
-    at most 0.1 GB. A fresh warm-up stream per capture gave each capture a cuBLAS workspace of its own."""
+    at most 0.1 GB. Warm-ups on fresh streams (PyTorch hands them out from a pool per device) added cuBLAS
+    workspaces, one per stream, that stay allocated."""
     blas = getattr(torch.backends.cuda, "preferred_blas_library", None)
     saved = blas() if blas else None
     if blas:
@@ -104,14 +105,14 @@ def test_repeated_captures_do_not_grow_device_memory():
     try:
         a = torch.rand((1024, 512), device="cuda")
         b = torch.rand((512, 64), device="cuda")
-        torch.mm(a, b)  # warm-up, as there
+        want = torch.mm(a, b)  # warm-up, as there (and the eager result every graph is compared with)
         torch.cuda.synchronize()
         gc.collect()
         torch.cuda.empty_cache()
         free_before, total = torch.cuda.mem_get_info()
         for _ in range(100):
             g = capture(torch.mm, a, b)
-            torch.testing.assert_close(g.replay(), a @ b)
+            torch.testing.assert_close(g.replay(), want, rtol=1e-4, atol=1e-3)  # 512-term fp32 sums
             del g
         torch.cuda.synchronize()
         gc.collect()
