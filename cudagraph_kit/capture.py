@@ -160,11 +160,12 @@ def capture_stream(device=None) -> "torch.cuda.Stream":
     ``capture``, ``capture_buckets`` and ``capture_train_step`` warm up and capture on it, and ``ddp_for_graphs``
     builds DistributedDataParallel on it. Why one stream:
 
-    - graphs that share a memory pool must be captured on the same stream (the ``torch.cuda.graph``
-      documentation), so ``capture(..., pool=p)`` and ``capture_buckets(..., pool=p)`` can share ``p``;
-    - cuBLAS keeps one workspace per (handle, stream). Warming up on the stream that then captures makes that
-      workspace before the capture, outside every graph's pool, and reusing the stream keeps it to one per GPU
-      (a fresh warm-up stream per capture would add a workspace each time).
+    - graphs that share a memory pool should be captured on the same stream for the pool's memory to be shared
+      (the ``torch.cuda.graph`` documentation), so ``capture(..., pool=p)`` and ``capture_buckets(..., pool=p)``
+      can share ``p``;
+    - PyTorch keeps a cuBLAS workspace per (handle, stream). Warming up on the stream that then captures makes
+      that workspace before the capture, outside every graph's pool, and reusing the stream keeps it to one per
+      GPU (fresh warm-up streams would each add one, kept for the life of the process).
 
     ``device``: a GPU (``torch.device``, index or string); default the current one.
 
