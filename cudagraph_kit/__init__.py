@@ -1,6 +1,7 @@
 """cudagraph_kit: learn, measure and apply CUDA Graphs in PyTorch.
 
-One module per idea; the helpers stand alone so a single file can be copied into a project (only torch needed):
+One module per idea; a helper can be copied into a project (only torch needed), with ``capture.py`` beside it
+when it imports that (``train_step``, ``partial``, ``buckets``, ``ddp``; docs/ARCHITECTURE.md has the rules):
 ``env`` (what machine is this), ``capture`` (capture once, call with new inputs), ``train_step`` (whole
 training step as one graph), ``partial`` (make_graphed_callables made safe), ``diagnose`` (find what breaks a
 graph before capture, verify a graph against eager, will a graph help?), ``timing`` (medians, spread, GPU-busy
@@ -12,7 +13,7 @@ imports it.
 """
 from .buckets import (BucketedGraphs, BucketPlan, MemoryLedger, capture_buckets, evaluate_buckets, ladder,
                       plan_buckets, pool_usage)
-from .capture import CaptureError, GraphedCallable, NoCudaError, capture, shared_pool
+from .capture import CaptureError, GraphedCallable, NoCudaError, capture, capture_stream, shared_pool
 from .diagnose import advise, check_capturable, explain, verify
 from .env import bf16_supported, describe, env_table, has_cuda
 from .partial import graph_modules
@@ -20,7 +21,7 @@ from .timing import compare, gpu_time, timeit
 from .train_step import GraphedTrainStep, capture_train_step
 
 __all__ = [
-    "capture", "GraphedCallable", "shared_pool", "NoCudaError", "CaptureError",
+    "capture", "GraphedCallable", "shared_pool", "capture_stream", "NoCudaError", "CaptureError",
     "has_cuda", "bf16_supported", "describe", "env_table",
     "graph_modules", "timeit", "gpu_time", "compare",
     "check_capturable", "verify", "advise", "explain",

@@ -26,7 +26,8 @@ Example::
     y = serve(torch.randn(37, 512, device="cuda"))   # padded to 40 rows, replayed, sliced back: y has 37 rows
     print(serve.stats)                                # calls per bucket, padded rows, eager overflows
 
-The module needs only PyTorch (numpy for the planner, pandas for the ledger's table); copy it alone if you like.
+The module needs PyTorch and the kit's ``capture.py`` (numpy for the planner, pandas for the ledger's table): to
+use it in a project of yours, copy ``capture.py`` with it (and ``timing.py`` for :func:`measure_bucket_costs`).
 """
 from __future__ import annotations
 
@@ -41,46 +42,20 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
-try:  # inside cudagraph_kit: share the kit's error types and messages
-    from .capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, explain_capture_failure,
+try:  # inside cudagraph_kit
+    from .capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, _describe, capture_stream,
                           recover_from_failed_capture)
-except ImportError:  # pragma: no cover - this file copied on its own
-    class NoCudaError(RuntimeError):
-        """Raised when a CUDA graph is asked for on a machine without a usable CUDA GPU."""
-
-    class CaptureError(RuntimeError):
-        """Raised when stream capture fails."""
-
-    NO_CUDA_MESSAGE = ("CUDA graphs need an NVIDIA GPU, and torch.cuda.is_available() is False here. Fix: run on "
-                       "a machine with a CUDA GPU, or pass eager_fallback=True to run eagerly (labelled 'eager').")
-
-    def explain_capture_failure(exc: BaseException) -> str:
-        return (f"CUDA graph capture failed: {type(exc).__name__}: {exc}. Fix: check the function runs eagerly, "
-                "has no CPU synchronization (torch.cuda.set_sync_debug_mode('error')) and uses only GPU tensors.")
-
-    def recover_from_failed_capture(device=None) -> None:
-        """Leave the process usable after a capture failed: wait for the GPU, then clear the RNG's capture state.
-
-        A capture that fails before ``capture_end`` finishes leaves PyTorch's default CUDA generator marked as
-        capturing, and every later random op on that GPU raises "Offset increment outside graph capture encountered
-        unexpectedly". One tiny successful capture runs the generator's capture prologue and epilogue again and
-        clears it.
-        """
-        try:
-            torch.cuda.synchronize(device)
-        except Exception:  # a failed capture can leave an error to report; the caller's CaptureError says what
-            pass
-        try:
-            with torch.cuda.device(device):
-                scratch = torch.zeros(1, device="cuda")
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    scratch.add_(1)
-                del graph
-                torch.cuda.synchronize()
-        except Exception:  # nothing more can be done here; the next capture reports its own error
-            pass
+except ImportError:  # copied into a project: capture.py sits beside this file
+    try:
+        from capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, _describe, capture_stream,
+                             recover_from_failed_capture)
+    except ModuleNotFoundError as exc:
+        if exc.name != "capture":
+            raise
+        raise ImportError("buckets.py needs the kit's capture.py in the same folder (errors, recovery and the "
+                          "capture stream live there). Fix: copy cudagraph_kit/capture.py beside it.") from exc
 
 __all__ = [
     "BucketedGraphs", "BucketStats", "BucketOverflowWarning", "capture_buckets", "ladder",
@@ -119,59 +94,21 @@ def ladder(max_size: int, spacing: int | str = "default") -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------ pytrees
+_TENSOR = object()  # marks where a tensor sat among an output's leaves
+
+
 def _flatten(obj) -> tuple[list, Any]:
-    """Tensors in ``obj`` (nested tuples/lists/dicts) and a spec to rebuild it."""
-    if isinstance(obj, torch.Tensor):
-        return [obj], "T"
-    if isinstance(obj, (tuple, list)):
-        leaves, specs = [], []
-        for o in obj:
-            lv, sp = _flatten(o)
-            leaves += lv
-            specs.append(sp)
-        return leaves, (type(obj), specs)
-    if isinstance(obj, dict):
-        leaves, specs = [], []
-        for k, o in obj.items():
-            lv, sp = _flatten(o)
-            leaves += lv
-            specs.append((k, sp))
-        return leaves, (dict, specs)
-    return [], ("const", obj)
+    """The tensors in ``obj`` (nested tuples, lists, dicts, namedtuples: ``torch.utils._pytree``) and what
+    :func:`_unflatten` needs to rebuild it: the tree spec and the other leaves, kept as they are."""
+    leaves, spec = tree_flatten(obj)
+    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    return tensors, (spec, [_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves])
 
 
-def _unflatten(spec, leaves: Iterable):
-    it = iter(leaves)
-
-    def build(sp):
-        if sp == "T":
-            return next(it)
-        kind, payload = sp
-        if kind == "const":
-            return payload
-        if kind is dict:
-            return {k: build(s) for k, s in payload}
-        items = [build(s) for s in payload]
-        return kind(*items) if hasattr(kind, "_fields") else kind(items)
-    return build(spec)
-
-
-def _describe(t) -> str:
-    if not isinstance(t, torch.Tensor):
-        return type(t).__name__
-    return f"shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device}"
-
-
-_CAPTURE_STREAMS: dict = {}
-
-
-def _capture_stream(device: torch.device):
-    """One side stream per device for every bucket's warm-up and capture (so library workspaces that are
-    created per stream, such as cuBLAS's, are made once during warm-up and never land in a graph's pool)."""
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _CAPTURE_STREAMS:
-        _CAPTURE_STREAMS[key] = torch.cuda.Stream(device=key)
-    return _CAPTURE_STREAMS[key]
+def _unflatten(structure, tensors: Iterable):
+    spec, leaves = structure
+    it = iter(tensors)
+    return tree_unflatten([next(it) if leaf is _TENSOR else leaf for leaf in leaves], spec)
 
 
 # ------------------------------------------------------------------------------------------------ the callable
@@ -290,7 +227,7 @@ class BucketedGraphs:
 
     def _capture(self, warmup: int, pool):
         device = self.static_inputs[0].device
-        stream = _capture_stream(device)
+        stream = capture_stream(device)  # the kit's stream rule: warm-up and capture on one stream per GPU
         if pool == "shared":
             self.pool = torch.cuda.graph_pool_handle()
         elif pool is not None and pool != "private":
@@ -322,7 +259,9 @@ class BucketedGraphs:
             except Exception as exc:
                 del graph
                 recover_from_failed_capture(device)
-                raise CaptureError(f"bucket of {b} rows: " + explain_capture_failure(exc)) from exc
+                err = CaptureError.from_exception(exc)  # .cause, .fix, .original as everywhere in the kit
+                err.args = (f"bucket of {b} rows: " + str(err),)
+                raise err from exc
             torch.cuda.synchronize(device)
             self.graphs[b] = graph
             self.capture_log.append({

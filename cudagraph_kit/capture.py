@@ -4,6 +4,9 @@ What it arranges (all with PyTorch's own ``torch.cuda.graph``): warm-up on a sid
 buffers that new arguments are copied into, the capture itself (optionally into a shared memory pool, and
 optionally several calls in one graph), and checks that turn silent corruption into clear errors.
 
+It also holds the kit's shared parts: the error types and explanations of failed captures, the recovery after
+one, and the stream rule (:func:`capture_stream`) that every helper of the kit follows.
+
 Example::
 
     import torch
@@ -25,8 +28,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch.utils._pytree import tree_map_only
 
-__all__ = ["capture", "GraphedCallable", "shared_pool", "NoCudaError", "CaptureError", "recover_from_failed_capture", "explain_capture_failure"]
+__all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "NoCudaError", "CaptureError",
+           "recover_from_failed_capture", "explain_capture_failure"]
 
 
 class NoCudaError(RuntimeError):
@@ -145,21 +150,48 @@ def shared_pool():
     return torch.cuda.graph_pool_handle()
 
 
+_CAPTURE_STREAMS: dict = {}  # GPU index -> the kit's capture stream on it
+
+
+def capture_stream(device=None) -> "torch.cuda.Stream":
+    """The kit's stream rule: every helper warms up and captures on this stream, one side stream per GPU, made
+    on first use and reused for the life of the process.
+
+    ``capture``, ``capture_buckets`` and ``capture_train_step`` warm up and capture on it, and ``ddp_for_graphs``
+    builds DistributedDataParallel on it. Why one stream:
+
+    - graphs that share a memory pool should be captured on the same stream for the pool's memory to be shared
+      (the ``torch.cuda.graph`` documentation), so ``capture(..., pool=p)`` and ``capture_buckets(..., pool=p)``
+      can share ``p``;
+    - PyTorch keeps a cuBLAS workspace per (handle, stream). Warming up on the stream that then captures makes
+      that workspace before the capture, outside every graph's pool, and reusing the stream keeps it to one per
+      GPU (fresh warm-up streams would each add one, kept for the life of the process).
+
+    ``device``: a GPU (``torch.device``, index or string); default the current one.
+
+    Example::
+
+        s = capture_stream()            # the same object on every call for this GPU
+        with torch.cuda.graph(g, pool=pool, stream=s):   # capture by hand beside the kit's graphs
+            ...
+    """
+    if device is None:
+        index = torch.cuda.current_device()
+    else:
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"capture_stream needs a CUDA device, got {device}. Fix: pass the GPU the graph runs "
+                             "on, e.g. x.device for a CUDA tensor x.")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
+    return _CAPTURE_STREAMS[index]
+
+
 def _describe(t) -> str:
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
     return f"shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device}"
-
-
-def _tree_map(fn, obj):
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)):
-        mapped = [_tree_map(fn, o) for o in obj]
-        return type(obj)(*mapped) if hasattr(obj, "_fields") else type(obj)(mapped)
-    if isinstance(obj, dict):
-        return {k: _tree_map(fn, v) for k, v in obj.items()}
-    return obj
 
 
 class GraphedCallable:
@@ -223,7 +255,9 @@ class GraphedCallable:
             if a is not s:
                 s.copy_(a)
         self.graph.replay()
-        return _tree_map(torch.clone, self.static_outputs) if self.clone_outputs else self.static_outputs
+        if self.clone_outputs:
+            return tree_map_only(torch.Tensor, torch.clone, self.static_outputs)
+        return self.static_outputs
 
     def _slow_call(self, args):
         self._check(args)  # raises on a wrong argument count
@@ -252,7 +286,8 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
             eager_fallback: bool = False) -> GraphedCallable:
     """Capture ``fn(*sample_args)`` into a CUDA graph and return a :class:`GraphedCallable`.
 
-    - ``warmup``: eager calls on a side stream before capture (lazy init, cuBLAS handles, autotuning).
+    - ``warmup``: eager calls before capture (lazy init, cuBLAS handles, autotuning), on the stream that then
+      captures: :func:`capture_stream`, one per GPU, shared by every helper of the kit.
     - ``pool``: a handle from :func:`shared_pool` or another graph's ``graph.pool()`` to share memory.
     - ``calls_per_graph``: capture ``fn`` that many times in one graph, on the same static inputs, to amortize
       the graph launch for tiny work; each replay then does ``calls_per_graph`` calls (``timing`` divides by it).
@@ -302,7 +337,7 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
     # warm up and capture on the GPU that holds the inputs, whatever the current device is
     device = sample_args[0].device if sample_args else torch.device("cuda", torch.cuda.current_device())
     with torch.cuda.device(device):
-        side = torch.cuda.Stream(device)
+        side = capture_stream(device)  # warm-up and capture on the kit's one stream for this GPU
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side), grad_ctx():
             for _ in range(warmup):
@@ -311,7 +346,7 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
 
         graph = torch.cuda.CUDAGraph()
         try:
-            with grad_ctx(), torch.cuda.graph(graph, pool=pool, stream=_capture_stream(device)):
+            with grad_ctx(), torch.cuda.graph(graph, pool=pool, stream=side):
                 for _ in range(calls_per_graph):
                     out = fn(*static_inputs)
         except Exception as exc:
@@ -320,18 +355,6 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
             raise CaptureError.from_exception(exc) from exc
     return GraphedCallable(fn, static_inputs, out, graph, "graph", calls_per_graph, clone_outputs,
                            graph.pool(), no_grad=no_grad)
-
-
-_CAPTURE_STREAMS: dict = {}
-
-
-def _capture_stream(device: torch.device):
-    """One capture stream per GPU, reused by every capture: graphs that share a pool must be captured on
-    the same stream for the pool's memory to be reused (PyTorch's torch.cuda.graph documentation)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _CAPTURE_STREAMS:
-        _CAPTURE_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
-    return _CAPTURE_STREAMS[index]
 
 
 def recover_from_failed_capture(device=None) -> None:
@@ -350,7 +373,7 @@ def recover_from_failed_capture(device=None) -> None:
         with torch.cuda.device(device):
             scratch = torch.zeros(1, device="cuda")
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph):  # PyTorch's own capture stream, not the kit's (private pool, no cuBLAS)
                 scratch.add_(1)
             del graph
             torch.cuda.synchronize()

@@ -49,6 +49,17 @@ from dataclasses import dataclass
 
 import torch
 
+try:  # inside cudagraph_kit
+    from .capture import capture_stream
+except ImportError:  # copied into a project: capture.py sits beside this file
+    try:
+        from capture import capture_stream
+    except ModuleNotFoundError as exc:
+        if exc.name != "capture":
+            raise
+        raise ImportError("ddp.py needs the kit's capture.py in the same folder (the capture stream that DDP is "
+                          "built on lives there). Fix: copy cudagraph_kit/capture.py beside it.") from exc
+
 __all__ = ["setup_distributed_for_graphs", "ddp_for_graphs", "DistInfo", "StepTimer", "jitter_summary",
            "per_rank_summary", "async_error_handling_value", "free_port", "DDP_MIN_WARMUP"]
 
@@ -128,26 +139,14 @@ def setup_distributed_for_graphs(backend: str | None = None, **init_kwargs) -> D
     return DistInfo(rank, world, local_rank, device, backend)
 
 
-def _capture_stream(device: torch.device) -> "torch.cuda.Stream":
-    """The stream ``torch.cuda.graph`` captures on when it is given none (created the way PyTorch does)."""
-    stream = getattr(torch.cuda.graph, "default_capture_stream", None)
-    if stream is None:
-        with torch.cuda.device(device):
-            stream = torch.cuda.Stream()
-        torch.cuda.graph.default_capture_stream = stream
-    if stream.device != device:  # captured on another device before: use a side stream of this one
-        with torch.cuda.device(device):
-            stream = torch.cuda.Stream()
-    return stream
-
-
 def ddp_for_graphs(module: torch.nn.Module, stream=None, **ddp_kwargs):
     """Wrap ``module`` in ``DistributedDataParallel`` inside a side-stream context, ready for graph capture.
 
-    By default the side stream is the one ``torch.cuda.graph`` (and so ``capture_train_step``) captures on, so
-    the ``AccumulateGrad`` nodes DDP keeps belong to the capture stream. The returned model carries a
-    ``_cudagraph_kit`` dict (stream, async error handling at init) that ``capture_train_step`` checks. Without
-    CUDA (gloo on the CPU) it is a plain ``DistributedDataParallel``. Example::
+    By default the side stream is the kit's capture stream (``capture.capture_stream``), the one
+    ``capture_train_step`` warms up and captures on, so the ``AccumulateGrad`` nodes DDP keeps belong to the
+    capture stream. The returned model carries a ``_cudagraph_kit`` dict (stream, async error handling at init)
+    that ``capture_train_step`` checks. Without CUDA (gloo on the CPU) it is a plain
+    ``DistributedDataParallel``. Example::
 
         model = ddp_for_graphs(model.to(info.device), device_ids=[info.local_rank])
     """
@@ -157,7 +156,7 @@ def ddp_for_graphs(module: torch.nn.Module, stream=None, **ddp_kwargs):
     if not (torch.cuda.is_available() and params and params[0].is_cuda):
         return DDP(module, **ddp_kwargs)
     device = params[0].device
-    stream = _capture_stream(device) if stream is None else stream
+    stream = capture_stream(device) if stream is None else stream
     if stream == torch.cuda.default_stream(device):
         raise ValueError("ddp_for_graphs needs a side stream, got the default stream: a DDP model constructed on "
                          "the default stream cannot be captured. Fix: pass stream=torch.cuda.Stream() or leave "

@@ -50,8 +50,11 @@ import torch
 
 try:  # inside cudagraph_kit: one explanation table for every capture path
     from .capture import _GENERIC_CAUSE, CaptureError, diagnose_capture_failure
-except ImportError:  # this file copied on its own
-    CaptureError = diagnose_capture_failure = _GENERIC_CAUSE = None
+except ImportError:  # copied into a project: capture.py beside this file is optional
+    try:
+        from capture import _GENERIC_CAUSE, CaptureError, diagnose_capture_failure
+    except ImportError:  # this file copied on its own: explain() gives a generic cause and fix
+        CaptureError = diagnose_capture_failure = _GENERIC_CAUSE = None
 
 __all__ = ["check_capturable", "verify", "advise", "explain", "measure_replay_cost", "predict_graph_time",
            "graph_gpu_time", "ReplayCost", "Finding", "CheckReport", "VerifyReport", "Advice", "Explanation"]

@@ -12,6 +12,10 @@ Traps handled:
 - DDP: a module wrapped in DistributedDataParallel needs 11 warm-up iterations (raised automatically);
 - several modules graphed in one call share one memory pool (pass a tuple).
 
+Streams: ``make_graphed_callables`` chooses its own warm-up and capture streams (which ones depends on the PyTorch
+release), so the kit's stream rule (``capture.capture_stream``) cannot reach it. Share a pool among modules by
+graphing them in one call, not with the graphs of ``capture`` or ``capture_buckets``.
+
 Example::
 
     from cudagraph_kit.partial import graph_modules
@@ -26,48 +30,21 @@ import inspect
 
 import torch
 
-try:  # inside cudagraph_kit: share the kit's error types and explanations
-    from .capture import NO_CUDA_MESSAGE, CaptureError, NoCudaError, recover_from_failed_capture
-except ImportError:  # this file copied on its own
-    NO_CUDA_MESSAGE = ("CUDA graphs need an NVIDIA GPU, and torch.cuda.is_available() is False here. "
-                       "Fix: run on a machine (or Colab runtime) with a CUDA GPU.")
-
-    class NoCudaError(RuntimeError):
-        """Raised when a CUDA graph is asked for on a machine without a usable CUDA GPU."""
-
-    class CaptureError(RuntimeError):
-        """Raised when capture fails; the message has the cause, the fix and the original error."""
-
-        @classmethod
-        def from_exception(cls, exc):
-            return cls("CUDA graph capture failed. Fix: check that the callable runs eagerly, has no CPU "
-                       "synchronization (torch.cuda.set_sync_debug_mode('error') finds the line) and uses only "
-                       f"GPU tensors.\nOriginal error: {type(exc).__name__}: {exc}")
-
-    def recover_from_failed_capture(device=None) -> None:
-        """Leave the process usable after a capture failed: wait for the GPU, then clear the RNG's capture state.
-
-        A capture that fails before ``capture_end`` finishes leaves PyTorch's default CUDA generator marked as
-        capturing, and every later random op on that GPU raises "Offset increment outside graph capture encountered
-        unexpectedly". One tiny successful capture runs the generator's capture prologue and epilogue again and
-        clears it.
-        """
-        try:
-            torch.cuda.synchronize(device)
-        except Exception:  # a failed capture can leave an error to report; the caller's CaptureError says what
-            pass
-        try:
-            with torch.cuda.device(device):
-                scratch = torch.zeros(1, device="cuda")
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    scratch.add_(1)
-                del graph
-                torch.cuda.synchronize()
-        except Exception:  # nothing more can be done here; the next capture reports its own error
-            pass
+try:  # inside cudagraph_kit
+    from .capture import CaptureError, NoCudaError, recover_from_failed_capture
+except ImportError:  # copied into a project: capture.py sits beside this file
+    try:
+        from capture import CaptureError, NoCudaError, recover_from_failed_capture
+    except ModuleNotFoundError as exc:
+        if exc.name != "capture":
+            raise
+        raise ImportError("partial.py needs the kit's capture.py in the same folder (errors and recovery live "
+                          "there). Fix: copy cudagraph_kit/capture.py beside it.") from exc
 
 __all__ = ["graph_modules"]
+
+NO_CUDA_MESSAGE = ("CUDA graphs need an NVIDIA GPU, and torch.cuda.is_available() is False here. Fix: run on a "
+                   "machine (or Colab runtime) with a CUDA GPU; without one, call the modules themselves (eagerly).")
 
 
 def _autocast_enabled() -> bool:

@@ -4,8 +4,9 @@
 micro-batch of it, with ``accumulate``) on the batch it is given, so a loop that uses it trains like the eager
 loop it replaces:
 
-1. ``warmup`` optimizer steps run eagerly on a side stream (lazy initialisation, cuBLAS handles, optimizer
-   state), each window starting with ``optimizer.zero_grad(set_to_none=True)``;
+1. ``warmup`` optimizer steps run eagerly on the side stream the graph is then captured on (the kit's
+   ``capture_stream``: lazy initialisation, cuBLAS handles, optimizer state), each window starting with
+   ``optimizer.zero_grad(set_to_none=True)``;
 2. the next call: ``zero_grad(set_to_none=True)``, then forward + loss + backward (+ clipping) +
    ``optimizer.step()`` are captured into one ``torch.cuda.CUDAGraph`` over static batch buffers, then replayed
    once (capturing records the work, it does not run it);
@@ -53,7 +54,7 @@ What the graph fixes at capture time: the batch shapes, dtypes and device; optim
 than the LR (checked before every replay); the model's train/eval mode; the code path (no data-dependent Python
 control flow). Dropout still draws new masks each replay.
 
-This file stands alone (only ``torch`` is needed) so it can be copied into a project.
+To use this file in a project of yours, copy the kit's ``capture.py`` with it (only ``torch`` is needed).
 """
 from __future__ import annotations
 
@@ -63,46 +64,16 @@ from typing import Callable, Sequence
 
 import torch
 
-try:  # inside cudagraph_kit: share the kit's error types
-    from .capture import CaptureError, NoCudaError
-except ImportError:  # copied on its own
-    class NoCudaError(RuntimeError):
-        """Raised when a CUDA graph is asked for on a machine without a usable CUDA GPU."""
-
-    class CaptureError(RuntimeError):
-        """Raised when stream capture fails; the message names the likely cause and the fix."""
-
-try:  # inside cudagraph_kit: the kit's explanations of capture failures (cause and fix), and the recovery
-    from .capture import explain_capture_failure, recover_from_failed_capture
-except ImportError:  # copied on its own
-    def explain_capture_failure(exc: BaseException) -> str:
-        return ("CUDA graph capture failed. Common causes: a CPU synchronization in the model or loss (.item(), "
-                ".cpu(), print of a CUDA tensor, boolean-mask indexing), data-dependent shapes, or CPU tensors. "
-                "Fix: run one eager step under torch.cuda.set_sync_debug_mode('error') to find the line.\n"
-                f"Original error: {type(exc).__name__}: {exc}")
-
-    def recover_from_failed_capture(device=None) -> None:
-        """Leave the process usable after a capture failed: wait for the GPU, then clear the RNG's capture state.
-
-        A capture that fails before ``capture_end`` finishes leaves PyTorch's default CUDA generator marked as
-        capturing, and every later random op on that GPU raises "Offset increment outside graph capture encountered
-        unexpectedly". One tiny successful capture runs the generator's capture prologue and epilogue again and
-        clears it.
-        """
-        try:
-            torch.cuda.synchronize(device)
-        except Exception:  # a failed capture can leave an error to report; the caller's CaptureError says what
-            pass
-        try:
-            with torch.cuda.device(device):
-                scratch = torch.zeros(1, device="cuda")
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    scratch.add_(1)
-                del graph
-                torch.cuda.synchronize()
-        except Exception:  # nothing more can be done here; the next capture reports its own error
-            pass
+try:  # inside cudagraph_kit
+    from .capture import CaptureError, NoCudaError, capture_stream, recover_from_failed_capture
+except ImportError:  # copied into a project: capture.py sits beside this file
+    try:
+        from capture import CaptureError, NoCudaError, capture_stream, recover_from_failed_capture
+    except ModuleNotFoundError as exc:
+        if exc.name != "capture":
+            raise
+        raise ImportError("train_step.py needs the kit's capture.py in the same folder (errors, recovery and the "
+                          "capture stream live there). Fix: copy cudagraph_kit/capture.py beside it.") from exc
 
 __all__ = ["capture_train_step", "GraphedTrainStep", "NoCudaError", "CaptureError", "cuda_graph_capture"]
 
@@ -174,7 +145,7 @@ def cuda_graph_capture(work: Callable[[], object], pool, device: torch.device):
     stand-in that records ``work`` and runs it again on ``replay()``, to check the state machine on a CPU.
     """
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool, stream=capture_stream(device)):
         out = work()
     return graph, out
 
@@ -232,7 +203,7 @@ class GraphedTrainStep:
         self.static_batch = tuple(t.detach().clone() for t in sample_batch)
         self.device = self.static_batch[0].device
         cuda = mode == "graph" and self.device.type == "cuda"
-        self._side_stream = torch.cuda.Stream(self.device) if cuda else None
+        self._side_stream = capture_stream(self.device) if cuda else None  # warm-ups run where the capture will
 
     @property
     def graph(self):
@@ -468,11 +439,8 @@ class GraphedTrainStep:
                 recover_from_failed_capture(self.device)
             where = (f"capturing the training step ({key}) failed; nothing was trained by this call and the "
                      "process keeps working. ")
-            if hasattr(CaptureError, "from_exception"):  # the kit's error: .cause, .fix, .original as everywhere
-                err = CaptureError.from_exception(exc)
-                err.args = (where + str(err),)
-            else:
-                err = CaptureError(where + explain_capture_failure(exc))
+            err = CaptureError.from_exception(exc)  # the kit's error: .cause, .fix, .original as everywhere
+            err.args = (where + str(err),)
             raise err from exc
         if self._pool is None and hasattr(graph, "pool"):
             self._pool = graph.pool()  # later graphs (accumulate > 1) share this graph's memory pool

@@ -67,7 +67,7 @@ class StandInGraph:
 
 
 def _flat(obj):
-    return list(obj) if isinstance(obj, (tuple, list)) else [obj]
+    return [t for t in torch.utils._pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
 
 
 def _graphed(fn, *samples, clone_outputs=False):
@@ -138,6 +138,16 @@ def test_general_path_several_inputs_and_cloned_outputs():
     with pytest.raises(ValueError, match=r"argument 1: .*got shape \(2, 5\)"):
         g(a, torch.randn(2, 5))
     assert graph.replays == 2
+
+
+def test_cloned_outputs_keep_their_structure_and_non_tensor_leaves():
+    fn = lambda a, b: (a + b, {"scale": 2, "prod": a * b})  # noqa: E731
+    g, _ = _graphed(fn, torch.randn(3), torch.randn(3), clone_outputs=True)
+    a, b = torch.randn(3), torch.randn(3)
+    total, extra = g(a, b)
+    assert extra["scale"] == 2 and extra["prod"] is not g.static_outputs[1]["prod"]
+    torch.testing.assert_close(total, a + b)
+    torch.testing.assert_close(extra["prod"], a * b)
 
 
 def test_replay_uses_whatever_the_static_inputs_hold():

@@ -873,3 +873,34 @@ def test_crossover_of_reads_the_first_size_below_ten_percent():
     assert exercises.crossover_of(df) == 2
     assert exercises.crossover_of(df[df.numel == 1]) is None
     assert math.isclose(df.speedup.iloc[1], 3.0)
+
+
+def test_table_rows_is_the_one_table_check():
+    """exercises.table_rows: the placeholder, a wrong table, a missing row and a failed extra condition each give
+    one line; a good table gives its rows (a name ending in * is a prefix)."""
+    table = pd.DataFrame({"case": ["c", "c"], "variant": ["eager", "graph replay (eager fallback)"],
+                          "executed_as": ["eager", "eager"], "median_us": [2.0, 1.0], "speedup": [1.0, 2.0]})
+
+    def lines(tab, variants=(), **kw):
+        report = exercises.Report("x")
+        rows = exercises.table_rows(report, tab, variants, todo="fill in the table", missing="a row is missing",
+                                    hint="the hint", **kw)
+        return rows, report.result()
+
+    rows, result = lines(..., ["graph*"])
+    assert rows is None and result.status == NOT_DONE and "fill in the table" in result.text
+    rows, result = lines([1, 2], ["graph*"])
+    _off(result, "expected the DataFrame that compare() returns, got a list", "hint: the hint")
+    rows, result = lines(table.drop(columns="speedup"), ["graph*"])
+    _off(result, "lacks column(s) ['speedup']")
+    rows, result = lines(table.iloc[::-1], ["graph*"])
+    _off(result, "first row must be the baseline 'eager'")
+    rows, result = lines(table, ["graph*", "cuda graph"])
+    _off(result, "a row is missing", "hint: the hint")
+    rows, result = lines(table, ["graph*"], ok=lambda r: r[0]["executed_as"] == "cuda graph")
+    _off(result, "a row is missing")
+    rows, result = lines(table, ["graph*", "eager"])
+    assert [r["variant"] for r in rows] == ["graph replay (eager fallback)", "eager"]
+    assert len(result.lines) == 1 and "nothing was checked" in result.text      # it reported nothing itself
+    rows, result = lines(table.assign(numel=[1, 2]), columns=exercises.COMPARE_COLUMNS + ("numel",), baseline=None)
+    assert rows == []

@@ -170,7 +170,10 @@ def cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def table_problem(df, columns=("case", "variant", "executed_as", "median_us", "speedup"), baseline="eager"):
+COMPARE_COLUMNS = ("case", "variant", "executed_as", "median_us", "speedup")
+
+
+def table_problem(df, columns=COMPARE_COLUMNS, baseline="eager"):
     """A sentence saying what is wrong with a ``timing.compare`` table, or None when it looks like one."""
     import pandas as pd
 
@@ -188,10 +191,37 @@ def table_problem(df, columns=("case", "variant", "executed_as", "median_us", "s
 
 
 def row(df, variant: str):
-    """The row whose variant is ``variant`` (ignoring the ' (eager fallback)' suffix), or None."""
+    """The first row whose variant is ``variant`` (ignoring the ' (eager fallback)' suffix; a name ending in
+    ``*`` matches every variant that starts with what comes before it), or None."""
     names = df["variant"].astype(str).str.replace(" (eager fallback)", "", regex=False)
-    sel = df[names == variant]
+    sel = df[names.str.startswith(variant[:-1])] if variant.endswith("*") else df[names == variant]
     return sel.iloc[0] if len(sel) else None
+
+
+def table_rows(report, table, variants=(), *, todo: str, missing: str = "", hint: str = "",
+               columns=COMPARE_COLUMNS, baseline="eager", ok=None):
+    """The check every exercise makes of a ``compare`` table: its rows named ``variants`` (see :func:`row`), as a
+    list, or None after one line in ``report``: ``todo`` while the table is the placeholder ``...``, else what
+    :func:`table_problem` finds wrong with it, else ``missing`` (a row is absent, or ``ok(rows)`` is False);
+    ``hint`` goes with a wrong table.
+
+    Example::
+
+        rows = table_rows(report, table, ["whole-step graph"], todo="table = compare(...)",
+                          missing="no 'whole-step graph' row", hint="compare({'eager': ..., ...}, x, y)")
+        if rows is None:
+            return
+        (graph,) = rows
+    """
+    if is_todo(table):
+        report.todo(todo)
+        return None
+    problem = table_problem(table, columns, baseline)
+    rows = [] if problem else [row(table, v) for v in variants]
+    if problem or any(r is None for r in rows) or (ok is not None and not ok(rows)):
+        report.off(problem or missing, hint)
+        return None
+    return rows
 
 
 def max_abs_diff(a, b) -> float:
@@ -241,9 +271,7 @@ def _fmt_numel(n) -> str:
 
 
 def _graph_row(df):
-    names = df["variant"].astype(str).str.replace(" (eager fallback)", "", regex=False)
-    sel = df[names.str.startswith("graph")]
-    return sel.iloc[0] if len(sel) else None
+    return row(df, "graph*")
 
 
 # === Notebook 01: GELU =========================================================================================
@@ -276,16 +304,15 @@ def check_fused_gelu(report, fused_gelu, fused_table, reference=None):
             else:
                 report.off(f"fused_gelu calls {len(calls)} torch functions ({', '.join(calls)}), not one",
                            "return torch.nn.functional.gelu(x): one fused op.")
-    if is_todo(fused_table):
-        report.todo("time it: fused_table = compare({'eager': ..., 'graph replay': ...}, case='small', ...)")
+    rows = table_rows(report, fused_table, ["graph*"],
+                      todo="time it: fused_table = compare({'eager': ..., 'graph replay': ...}, case='small', ...)",
+                      missing="no row named 'graph ...' in the table",
+                      hint="one call: compare({'eager': lambda: fused_gelu(x), 'graph replay': g.replay}, "
+                           "case='small', samples=SAMPLES, calls=CALLS) with g = capture(fused_gelu, x, "
+                           "eager_fallback=True).")
+    if rows is None:
         return
-    problem = table_problem(fused_table)
-    graph = None if problem else _graph_row(fused_table)
-    if problem or graph is None:
-        report.off(problem or "no row named 'graph ...' in the table",
-                   "one call: compare({'eager': lambda: fused_gelu(x), 'graph replay': g.replay}, case='small', "
-                   "samples=SAMPLES, calls=CALLS) with g = capture(fused_gelu, x, eager_fallback=True).")
-        return
+    (graph,) = rows
     if not cuda():
         report.right("the table has eager as its baseline and a graph row, labelled eager on this CPU")
         report.needs_gpu("the speedup and the kernels per call need an NVIDIA GPU (on a CPU both rows run eagerly)")
@@ -323,14 +350,11 @@ def check_fp16_sweep(report, sweep16, crossover16, answer, reference_sweep=None)
     """``sweep16``: the section-5 sweep in float16 with a ``dtype`` column; ``crossover16``: its crossover (None if
     not reached); ``answer``: "larger", "smaller" or "same" (where the crossover moved); ``reference_sweep``: the
     notebook's float32 ``sweep``."""
-    if is_todo(sweep16):
-        report.todo("run the sweep in float16: sweep16 = pd.concat([...], ignore_index=True) with a 'dtype' column")
-        return
-    problem = table_problem(sweep16, ("case", "variant", "executed_as", "median_us", "speedup", "numel", "dtype"),
-                            baseline=None)
-    if problem:
-        report.off(problem, "build sweep16 like section 5 (one compare per size, df['numel'] = n), add "
-                            "df['dtype'] = 'float16', then pd.concat(...).")
+    if table_rows(report, sweep16, columns=COMPARE_COLUMNS + ("numel", "dtype"), baseline=None,
+                  todo="run the sweep in float16: sweep16 = pd.concat([...], ignore_index=True) with a 'dtype' "
+                       "column",
+                  hint="build sweep16 like section 5 (one compare per size, df['numel'] = n), add "
+                       "df['dtype'] = 'float16', then pd.concat(...).") is None:
         return
     dtypes = set(sweep16["dtype"].astype(str).str.replace("torch.", "", regex=False))
     if dtypes != {"float16"}:
@@ -500,15 +524,14 @@ def check_amp_adam(report, still_eager, amp_adam_table, max_param_diff, referenc
                    "same seed and model copy, same batches, Adam(capturable=True), a GradScaler for each loop.")
     else:
         report.right(f"parity first: graphed and eager AMP Adam agree (max |param diff| {max_param_diff:.2g})")
-    if is_todo(amp_adam_table):
-        report.todo("amp_adam_table = compare({'eager': ..., GRAPH: ...}, x, y, case=..., ...)")
+    rows = table_rows(report, amp_adam_table, ["whole-step graph"],
+                      todo="amp_adam_table = compare({'eager': ..., GRAPH: ...}, x, y, case=..., ...)",
+                      missing="no 'whole-step graph' row that ran as a CUDA graph",
+                      hint="compare({'eager': eager_amp_step(...), GRAPH: capture_train_step(...)}, x, y, case=...).",
+                      ok=lambda rows: rows[0]["executed_as"] == "cuda graph")
+    if rows is None:
         return
-    problem = table_problem(amp_adam_table)
-    graph = None if problem else row(amp_adam_table, "whole-step graph")
-    if problem or graph is None or graph["executed_as"] != "cuda graph":
-        report.off(problem or "no 'whole-step graph' row that ran as a CUDA graph",
-                   "compare({'eager': eager_amp_step(...), GRAPH: capture_train_step(...)}, x, y, case=...).")
-        return
+    (graph,) = rows
     text = f"Adam, fp16 + GradScaler: whole-step graph {graph['median_us']:.0f} µs, {graph['speedup']:.2f}x eager"
     ref = None
     if reference is not None and len(reference):
@@ -634,17 +657,14 @@ def check_compiled_calls_per_graph(report, g10, table):
             report.off(f"g10(x) differs from eager GELU by {err:.2g}")
         else:
             report.right(f"g10 runs the compiled GELU 10 times per call and matches eager (max |diff| {err:.1e})")
-    if is_todo(table):
-        report.todo("time them in one compare() with rows 'eager', 'compiled graph, 1 call' and "
-                    "'compiled graph, 10 calls'")
+    rows = table_rows(report, table, ["compiled graph, 1 call", "compiled graph, 10 calls"],
+                      todo="time them in one compare() with rows 'eager', 'compiled graph, 1 call' and "
+                           "'compiled graph, 10 calls'",
+                      missing="the table needs rows named 'compiled graph, 1 call' and 'compiled graph, 10 calls'",
+                      hint="one compare() with eager first; time g1.replay and g10.replay (input in place).")
+    if rows is None:
         return
-    problem = table_problem(table)
-    one = None if problem else row(table, "compiled graph, 1 call")
-    ten = None if problem else row(table, "compiled graph, 10 calls")
-    if problem or one is None or ten is None:
-        report.off(problem or "the table needs rows named 'compiled graph, 1 call' and 'compiled graph, 10 calls'",
-                   "one compare() with eager first; time g1.replay and g10.replay (input in place).")
-        return
+    one, ten = rows
     if not cuda():
         report.right("eager first, both graph rows present (eager on this CPU)")
         report.needs_gpu("time per call against the floor needs an NVIDIA GPU")
@@ -686,13 +706,8 @@ def check_mlp_depth(report, make_mlp, depth_table, ro_wins_from):
     if not cuda():
         report.needs_gpu("the depth sweep times reduce-overhead, which builds CUDA graphs: it needs an NVIDIA GPU")
         return
-    if is_todo(depth_table):
-        report.todo("depth_table: one compare() per depth, with df['layers'] = layers, then pd.concat")
-        return
-    problem = table_problem(depth_table, ("case", "variant", "executed_as", "median_us", "speedup", "layers"),
-                            baseline=None)
-    if problem:
-        report.off(problem)
+    if table_rows(report, depth_table, columns=COMPARE_COLUMNS + ("layers",), baseline=None,
+                  todo="depth_table: one compare() per depth, with df['layers'] = layers, then pd.concat") is None:
         return
     wins, depths = None, sorted(depth_table["layers"].unique())
     for n in depths:
@@ -730,17 +745,14 @@ def check_clone_cost(report, keep_output, clone_table, clone_cost_us, x):
     if not cuda():
         report.needs_gpu("reduce-overhead's graphs, and what a clone costs per call, need an NVIDIA GPU")
         return
-    if is_todo(clone_table):
-        report.todo("clone_table = compare({'eager': ..., 'reduce-overhead, y = f(x)': ..., "
-                    "'reduce-overhead, y = f(x).clone()': ...}, x, ...)")
+    rows = table_rows(report, clone_table, ["reduce-overhead, y = f(x)", "reduce-overhead, y = f(x).clone()"],
+                      todo="clone_table = compare({'eager': ..., 'reduce-overhead, y = f(x)': ..., "
+                           "'reduce-overhead, y = f(x).clone()': ...}, x, ...)",
+                      missing="the table needs rows 'reduce-overhead, y = f(x)' and "
+                              "'reduce-overhead, y = f(x).clone()'")
+    if rows is None:
         return
-    problem = table_problem(clone_table)
-    plain, cloned = (None, None) if problem else (row(clone_table, "reduce-overhead, y = f(x)"),
-                                                  row(clone_table, "reduce-overhead, y = f(x).clone()"))
-    if problem or plain is None or cloned is None:
-        report.off(problem or "the table needs rows 'reduce-overhead, y = f(x)' and "
-                   "'reduce-overhead, y = f(x).clone()'")
-        return
+    plain, cloned = rows
     if plain["executed_as"] != "cuda graph" or cloned["executed_as"] != "cuda graph":
         report.off("a reduce-overhead row did not run as a CUDA graph",
                    "call torch.compiler.cudagraph_mark_step_begin() before each call (with_mark_step).")
@@ -800,18 +812,17 @@ def check_max_autotune(report, autotuned, autotune_table, x):
     if not cuda():
         report.needs_gpu("floors come from graph replays on an NVIDIA GPU")
         return
-    if is_todo(autotune_table):
-        report.todo("autotune_table: one compare() with eager and a graph (input in place) of each compiled GELU")
+    rows = table_rows(report, autotune_table,
+                      ["torch.compile + graph, input in place", "max-autotune + graph, input in place"],
+                      todo="autotune_table: one compare() with eager and a graph (input in place) of each compiled "
+                           "GELU",
+                      missing="the table needs both '... + graph, input in place' rows, run as CUDA graphs (a floor "
+                              "is measured for graph rows only)",
+                      hint="capture each compiled function and time g.replay.",
+                      ok=lambda rows: all(r["floor_us"] == r["floor_us"] for r in rows))  # NaN: not a graph row
+    if rows is None:
         return
-    problem = table_problem(autotune_table)
-    a = b = None
-    if not problem:
-        a = row(autotune_table, "torch.compile + graph, input in place")
-        b = row(autotune_table, "max-autotune + graph, input in place")
-    if problem or a is None or b is None or a["floor_us"] != a["floor_us"] or b["floor_us"] != b["floor_us"]:
-        report.off(problem or "the table needs both '... + graph, input in place' rows, run as CUDA graphs (a floor "
-                   "is measured for graph rows only)", "capture each compiled function and time g.replay.")
-        return
+    a, b = rows
     report.right(f"floors: default mode {a['floor_us']:.2f} µs, max-autotune-no-cudagraphs {b['floor_us']:.2f} µs "
                  f"({b['floor_us'] / a['floor_us']:.2f}x); kernels per call {a['kernels_per_call']:g} and "
                  f"{b['kernels_per_call']:g}")
@@ -1063,17 +1074,14 @@ def check_batch_prediction(report, new_batch, predicted_speedup, new_graph, new_
             return
         report.right(f"correct before fast: the graph at batch {new_batch} matches eager on a fresh input "
                      f"(max |diff| {diff:.2g})")
-    if is_todo(new_table):
-        report.todo("new_table = compare({'eager': infer, GRAPH_INFER: new_graph}, x, case=..., samples=SAMPLES, "
-                    "calls=CALLS)")
+    rows = table_rows(report, new_table, ["cuda graph*"],
+                      todo="new_table = compare({'eager': infer, GRAPH_INFER: new_graph}, x, case=..., "
+                           "samples=SAMPLES, calls=CALLS)",
+                      missing="no row named 'cuda graph ...' (GRAPH_INFER) in the table",
+                      hint="compare({'eager': infer, GRAPH_INFER: new_graph}, x, ...).")
+    if rows is None:
         return
-    problem = table_problem(new_table)
-    graphs = None if problem else new_table[new_table["variant"].astype(str).str.startswith("cuda graph")]
-    graph = graphs.iloc[0] if graphs is not None and len(graphs) else None
-    if problem or graph is None:
-        report.off(problem or "no row named 'cuda graph ...' (GRAPH_INFER) in the table",
-                   "compare({'eager': infer, GRAPH_INFER: new_graph}, x, ...).")
-        return
+    (graph,) = rows
     if not cuda():
         report.right("the table has eager first and the graph row (both eager on this CPU)")
         report.needs_gpu("the prediction, the floor and launch- or GPU-bound need an NVIDIA GPU")
@@ -1407,17 +1415,14 @@ def check_item_per_step(report, item_table, item_cost_us, keeps_lead):
     """``item_table``: ``compare`` of rows "eager", "whole-step graph" and "whole-step graph + loss.item()" (one
     process, a DDP model); ``item_cost_us``: the last two medians' difference; ``keeps_lead``: whether the graph
     with a ``loss.item()`` per step is still faster than eager (its speedup > 1)."""
-    if is_todo(item_table):
-        report.todo("item_table = compare({'eager': ..., 'whole-step graph': step, "
-                    "'whole-step graph + loss.item()': ...}, x, y, ...)")
+    rows = table_rows(report, item_table, ["whole-step graph", "whole-step graph + loss.item()"],
+                      todo="item_table = compare({'eager': ..., 'whole-step graph': step, "
+                           "'whole-step graph + loss.item()': ...}, x, y, ...)",
+                      missing="the table needs rows 'whole-step graph' and 'whole-step graph + loss.item()'",
+                      hint="one compare() with eager first.")
+    if rows is None:
         return
-    problem = table_problem(item_table)
-    graph = None if problem else row(item_table, "whole-step graph")
-    synced = None if problem else row(item_table, "whole-step graph + loss.item()")
-    if problem or graph is None or synced is None:
-        report.off(problem or "the table needs rows 'whole-step graph' and 'whole-step graph + loss.item()'",
-                   "one compare() with eager first.")
-        return
+    graph, synced = rows
     diff = synced["median_us"] - graph["median_us"]
     if is_todo(item_cost_us):
         report.todo("item_cost_us: the '+ loss.item()' row's median_us minus the 'whole-step graph' row's")
