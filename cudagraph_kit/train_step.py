@@ -123,15 +123,18 @@ def _describe(t) -> str:
 
 def _check_capturable(optimizer: torch.optim.Optimizer) -> None:
     """Raise if the optimizer's step cannot be captured (Adam/AdamW & co. need capturable=True)."""
+    # Read per param group, as the optimizer's step does (its capture check reads every group's "capturable"):
+    # the defaults only seed groups added later, and groups may have been switched to capturable=True.
     name = type(optimizer).__name__
-    groups = [g for g in optimizer.param_groups if "capturable" in g]
-    if "capturable" in optimizer.defaults or groups:
-        if optimizer.defaults.get("capturable") is False or any(not g["capturable"] for g in groups):
-            raise ValueError(
-                f"{name} was constructed with capturable=False, so its step() keeps the step count on the CPU "
-                f"and cannot be captured in a CUDA graph (replays would reuse a stale step count). "
-                f"Fix: construct it with capturable=True, e.g. torch.optim.{name}(model.parameters(), "
-                f"lr=..., capturable=True).")
+    off = [i for i, g in enumerate(optimizer.param_groups) if "capturable" in g and not g["capturable"]]
+    if off:
+        which = "it was constructed with capturable=False" if len(off) == len(optimizer.param_groups) else \
+            f"param group(s) {off} have capturable=False"
+        raise ValueError(
+            f"{name}: {which}, so its step() keeps the step count on the CPU and cannot be captured in a CUDA "
+            f"graph (replays would reuse a stale step count). Fix: construct it with capturable=True, e.g. "
+            f"torch.optim.{name}(model.parameters(), lr=..., capturable=True), or set "
+            f"group['capturable'] = True in every param group before the first step.")
 
 
 def _check_amp(amp_dtype, scaler, device: torch.device) -> None:

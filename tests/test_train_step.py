@@ -158,8 +158,24 @@ def test_one_non_capturable_param_group_is_caught():
     model = make_model()
     opt = torch.optim.Adam([{"params": model[0].parameters()},
                             {"params": model[1].parameters(), "capturable": False}], capturable=True)
-    with pytest.raises(ValueError, match="capturable=True"):
+    with pytest.raises(ValueError, match=r"param group\(s\) \[1\] have capturable=False.*capturable=True"):
         capture_train_step(model, opt, torch.nn.MSELoss(), make_batches(1)[0])
+
+
+def test_capturable_is_read_per_param_group_not_from_the_defaults():
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # constructed with the default capturable=False
+    for group in opt.param_groups:
+        group["capturable"] = True                        # ... then every group switched on, as step() reads it
+    assert opt.defaults["capturable"] is False
+    from cudagraph_kit.train_step import _check_capturable
+    _check_capturable(opt)  # accepted: no group is capturable=False
+    if not HAS_CUDA:  # past the optimizer check, the next refusal is the missing GPU
+        with pytest.raises(NoCudaError):
+            capture_train_step(model, opt, torch.nn.MSELoss(), make_batches(1)[0])
+    opt.param_groups[0]["capturable"] = False
+    with pytest.raises(ValueError, match="constructed with capturable=False"):
+        _check_capturable(opt)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-CUDA error")
