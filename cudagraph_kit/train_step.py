@@ -20,6 +20,11 @@ What a real loop needs, and how the graph gets it:
   ``capturable=True`` (or ``fused=True``) and ``SGD`` with ``fused=True``. Others (plain ``SGD``) read the LR
   as a Python number, frozen at capture: an attached scheduler, or an LR (or other hyper-parameter) changed
   after capture, is refused with an error naming the fix, never silently ignored.
+- **Momentum schedules.** ``OneCycleLR`` and ``CyclicLR`` with ``cycle_momentum=True`` change Adam's beta1 (or
+  SGD's momentum) every step. Where this PyTorch's step path reads that value as a GPU tensor (found by probing
+  a throw-away optimizer, e.g. ``Adam/AdamW(capturable=True, foreach=False)``), it is kept in a GPU tensor and
+  refreshed before each replay like the LR; elsewhere the schedule is refused before anything runs, naming the
+  reason and the fix.
 - **Gradient clipping.** ``max_grad_norm=`` clips with ``torch.nn.utils.clip_grad_norm_(...,
   error_if_nonfinite=False)`` inside the graph (no host synchronization); ``step.grad_norm`` is the total norm
   before clipping, a GPU tensor.
@@ -50,7 +55,7 @@ Example::
     print(loss.item())                         # read losses when you need them, not every step
 
 What the graph fixes at capture time: the batch shapes, dtypes and device; optimizer hyper-parameters other
-than the LR (checked before every replay); the model's train/eval mode; the code path (no data-dependent Python
+than the LR and a refreshed beta1/momentum (checked before every replay); the model's train/eval mode; the code path (no data-dependent Python
 control flow). Dropout still draws new masks each replay.
 
 This file stands alone (only ``torch`` is needed) so it can be copied into a project.

@@ -53,7 +53,7 @@ def eager_train(model, opt, scheduler, batches, device_hparams_from=None):
         opt.zero_grad(set_to_none=True)
         mse(model(x), y).backward()
         group = opt.param_groups[0]
-        beta1s.append(group["betas"][0])
+        beta1s.append(group["betas"][0] if "betas" in group else group["momentum"])
         if device_hparams_from is not None and i >= device_hparams_from:
             lr, betas = group["lr"], group["betas"]
             if lr_t is None:
