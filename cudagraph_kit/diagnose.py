@@ -718,7 +718,8 @@ class _StateWatch:
         if isinstance(obj, dict):
             self._add(f"len({label})", lambda d=obj: len(d))
             for k in list(obj)[:self.ITEMS]:
-                self._member(f"{label}[{k!r}]", obj[k], lambda d=obj, k=k: d.get(k), depth)
+                shown = repr(k) if _is_scalar(k) else f"<{type(k).__name__}>"  # no tensor repr (a GPU read)
+                self._member(f"{label}[{shown}]", obj[k], lambda d=obj, k=k: d.get(k), depth)
             return
         if isinstance(obj, (list, tuple, collections.deque)):
             if not isinstance(obj, tuple):
