@@ -741,7 +741,9 @@ def capture_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     Optimizers: SGD (with or without momentum), Adam/AdamW constructed with ``capturable=True``; an optimizer
     whose ``capturable`` option is False raises ``ValueError``. LR schedulers need an optimizer that reads a
     tensor LR on the GPU: Adam/AdamW(capturable=True) or SGD(fused=True); a scheduler attached to another
-    optimizer, or a frozen hyper-parameter changed after capture, raises an error naming the fix.
+    optimizer, or a frozen hyper-parameter changed after capture, raises an error naming the fix. A scheduler
+    with ``cycle_momentum=True`` (OneCycleLR, CyclicLR) needs a step path that reads beta1/momentum as a GPU
+    tensor (probed; e.g. Adam/AdamW(capturable=True, foreach=False)), else it is refused up front.
 
     Example::
 
