@@ -179,11 +179,22 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
             raise TypeError("this PyTorch's make_graphed_callables has no pool argument; upgrade PyTorch "
                             "or graph the modules together in one call (they then share a pool).")
         kwargs["pool"] = pool
+    try:  # the kit's watch for reseeding inside the callables (a graph cannot replay a reseed)
+        from .capture import reseed_error, reseeding_calls
+    except ImportError:  # this file copied on its own: not watched
+        import contextlib
+        reseed_error, reseeding_calls = None, lambda: contextlib.nullcontext([])
+    reseeds = []
     try:
-        graphed = torch.cuda.make_graphed_callables(mods, args, **kwargs)
+        with reseeding_calls() as reseeds:
+            graphed = torch.cuda.make_graphed_callables(mods, args, **kwargs)
     except Exception as exc:
         recover_from_failed_capture()
+        if reseeds:
+            raise reseed_error(reseeds, "make_graphed_callables' warm-up and capture") from exc
         raise CaptureError.from_exception(exc) from exc
+    if reseeds:
+        raise reseed_error(reseeds, "make_graphed_callables' warm-up and capture")
     out = []
     for m, a, g in zip(mods, args, graphed):
         if isinstance(g, torch.nn.Module):

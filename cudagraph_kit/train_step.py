@@ -237,6 +237,7 @@ class GraphedTrainStep:
         self._live = []             # per param group: {"betas" or "momentum": GPU tensor the step reads}
         self._live_copied = []      # per param group: the host values last copied into those tensors
         self._frozen_why = []       # per param group: {key: why this PyTorch cannot read it on the GPU}
+        self._warmup_reseeds = []   # reseeding calls made inside warm-up steps (a graph cannot replay them)
         self.static_loss = None
         self.grad_norm = None
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -358,10 +359,11 @@ class GraphedTrainStep:
     def _warmup_step(self, batch, first, last):
         if self._side_stream is not None:
             self._side_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with self._side():
+        with self._side(), _reseed_watch() as reseeds:
             loss = self._eager_step(batch, first, last, set_to_none=True)
         if self._side_stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._side_stream)
+        self._warmup_reseeds += reseeds  # the step reseeds inside: refused when it comes to capture
         self.warmup_steps += last
         return loss
 
@@ -501,6 +503,10 @@ class GraphedTrainStep:
 
     # -- capture ------------------------------------------------------------------------------------------------
     def _capture(self, key, first, last):
+        where = (f"capturing the training step ({key}) failed; nothing was trained by this call and the "
+                 "process keeps working. ")
+        if self._warmup_reseeds:  # a graph cannot replay a reseed: refuse before capturing anything
+            raise _reseed_failure(self._warmup_reseeds, "the warm-up steps", where)
         if last and self.scaler is None and not self._frozen:
             self._prepare_hyperparameters()
         if not self._captured:
@@ -509,19 +515,24 @@ class GraphedTrainStep:
             # Graphs captured later (accumulate > 1) find them allocated and add to them in place.
             self.optimizer.zero_grad(set_to_none=True)
         work = functools.partial(self._captured_work, first, last)
+        reseeds = []
         try:
-            graph, (loss, norm) = self._capture_fn(work, self._pool, self.device)
+            with _reseed_watch() as reseeds:
+                graph, (loss, norm) = self._capture_fn(work, self._pool, self.device)
         except Exception as exc:
             if self.device.type == "cuda":
                 recover_from_failed_capture(self.device)
-            where = (f"capturing the training step ({key}) failed; nothing was trained by this call and the "
-                     "process keeps working. ")
+            if reseeds:
+                raise _reseed_failure(reseeds, "the capture", where) from exc
             if hasattr(CaptureError, "from_exception"):  # the kit's error: .cause, .fix, .original as everywhere
                 err = CaptureError.from_exception(exc)
                 err.args = (where + str(err),)
             else:
                 err = CaptureError(where + explain_capture_failure(exc))
             raise err from exc
+        if reseeds:
+            del graph
+            raise _reseed_failure(reseeds, "the capture", where)
         if self._pool is None and hasattr(graph, "pool"):
             self._pool = graph.pool()  # later graphs (accumulate > 1) share this graph's memory pool
         self._captured[key] = (graph, loss, norm)
@@ -535,6 +546,23 @@ class GraphedTrainStep:
         return (f"GraphedTrainStep(mode={self.mode!r}, state={self.state!r}, warmup_steps={self.warmup_steps}, "
                 f"eager_steps={self.eager_steps}, replays={self.replays}{acc}, "
                 f"batch=[{', '.join(_describe(s) for s in self.static_batch)}])")
+
+
+def _reseed_watch():
+    """``with _reseed_watch() as calls:`` the kit's ``reseeding_calls`` (capture.py): the reseeding calls made
+    inside the block. Where this file is copied on its own, nothing is watched (``calls`` stays empty)."""
+    try:
+        from .capture import reseeding_calls
+    except ImportError:
+        return contextlib.nullcontext([])
+    return reseeding_calls()
+
+
+def _reseed_failure(calls: list, during: str, where: str) -> Exception:
+    from .capture import reseed_error  # calls is only ever non-empty inside cudagraph_kit
+    err = reseed_error(calls, during)
+    err.args = (where + str(err),)
+    return err
 
 
 # Hyper-parameters that schedulers with cycle_momentum=True change each step (OneCycleLR, CyclicLR): Adam-like

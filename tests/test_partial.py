@@ -187,3 +187,20 @@ def test_dict_sample_args_and_a_real_input_without_grad_match_eager():
             torch.testing.assert_close(pg.grad, pe.grad)
         if requires_grad:
             torch.testing.assert_close(x.grad, x_e.grad)
+
+
+@pytest.mark.gpu
+def test_a_callable_that_reseeds_inside_is_refused():
+    class Reseeds(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            torch.manual_seed(0)
+            return torch.nn.functional.dropout(self.lin(x), 0.5)
+
+    from cudagraph_kit import CaptureError
+    with pytest.raises(CaptureError, match=r"torch.manual_seed.*seed before capture"):
+        graph_modules(Reseeds().cuda(), (torch.randn(4, 8, device="cuda"),))
+    torch.rand(2, device="cuda")  # the process keeps working

@@ -785,3 +785,20 @@ def test_step_with_item_raises_capture_error_and_process_keeps_working():
     torch.cuda.synchronize()
     assert good.state == "captured"
     torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-6, atol=1e-7)
+
+
+def test_a_step_that_reseeds_inside_is_refused_at_capture():
+    """torch.manual_seed inside the step: warm-up steps run it eagerly, but a graph would never reseed."""
+    def reseeding_loss(out, target):
+        torch.manual_seed(0)
+        return mse(out, target)
+
+    model = make_model()
+    step, fake = fake_graph_step(model, torch.optim.SGD(model.parameters(), lr=0.1), make_batches(1)[0],
+                                 warmup=2, loss_fn=reseeding_loss)
+    batches = make_batches(3)
+    step(*batches[0])
+    step(*batches[1])  # two eager warm-up steps: they train as eager would
+    with pytest.raises(CaptureError, match=r"torch.manual_seed.*seed before capture") as info:
+        step(*batches[2])
+    assert "warm-up steps" in str(info.value) and fake.graphs == [] and step.state == "warmup"
