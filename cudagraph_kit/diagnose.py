@@ -900,9 +900,10 @@ class _TensorState:
             for g in opt.param_groups:
                 for p in g["params"]:
                     tensors[id(p)] = p
+        tensors = {k: t for k, t in tensors.items() if not (hasattr(t, "is_inference") and t.is_inference())}
         self.saved = [(t, t.detach().clone()) for t in tensors.values()]
         self.grads = [(t, None if t.grad is None else t.grad.detach().clone()) for t in tensors.values()
-                      if t.requires_grad]
+                      if t.requires_grad and t.is_leaf]
         self.optimizers = [(opt, {p: {k: (v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v))
                                       for k, v in st.items()} for p, st in opt.state.items()})
                            for opt in {id(o): o for o in optimizers}.values()]
