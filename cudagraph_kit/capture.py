@@ -300,23 +300,24 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
                 "Fix: move it to the GPU before capturing, e.g. x.cuda().")
 
     # warm up and capture on the GPU that holds the inputs, whatever the current device is
+    reseeds: list = []  # reseeding calls made inside fn: a graph cannot replay them
+    watched = _watching_reseeds(fn, reseeds)
     device = sample_args[0].device if sample_args else torch.device("cuda", torch.cuda.current_device())
     with torch.cuda.device(device):
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side), grad_ctx(), reseeding_calls() as reseeds:
+        with torch.cuda.stream(side), grad_ctx():
             for _ in range(warmup):
-                fn(*static_inputs)
+                watched(*static_inputs)
         torch.cuda.current_stream(device).wait_stream(side)
         if reseeds:
             raise reseed_error(reseeds, "its warm-up")
 
         graph = torch.cuda.CUDAGraph()
         try:
-            with reseeding_calls() as reseeds, grad_ctx(), \
-                    torch.cuda.graph(graph, pool=pool, stream=_capture_stream(device)):
+            with grad_ctx(), torch.cuda.graph(graph, pool=pool, stream=_capture_stream(device)):
                 for _ in range(calls_per_graph):
-                    out = fn(*static_inputs)
+                    out = watched(*static_inputs)
         except Exception as exc:
             del graph
             recover_from_failed_capture(device)
@@ -361,6 +362,17 @@ class reseeding_calls:
         for name, original in self.originals.items():
             setattr(torch.cuda, name, original)
         return False
+
+
+def _watching_reseeds(fn, seen: list):
+    """``fn`` that adds to ``seen`` the reseeding calls it makes (see :class:`reseeding_calls`)."""
+    def watched(*args):
+        with reseeding_calls() as calls:
+            try:
+                return fn(*args)
+            finally:
+                seen.extend(calls)
+    return watched
 
 
 def reseed_error(calls: list, during: str) -> CaptureError:

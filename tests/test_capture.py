@@ -276,6 +276,10 @@ def test_reseeding_calls_sees_torch_manual_seed_however_imported_and_restores():
     with reseeding_calls() as calls:
         torch.randn(3)
     assert calls == []
+    from cudagraph_kit.capture import _watching_reseeds
+    seen = []
+    watched = _watching_reseeds(lambda x: torch.manual_seed(1) and x * 2, seen)
+    assert torch.equal(watched(torch.ones(2)), torch.full((2,), 2.0)) and seen == ["manual_seed_all"]
     err = reseed_error(["manual_seed_all"], "its warm-up")
     assert isinstance(err, CaptureError)
     assert "torch.manual_seed" in err.cause and "seed before capture" in err.fix
