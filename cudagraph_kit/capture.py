@@ -335,26 +335,95 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
                 "Fix: move it to the GPU before capturing, e.g. x.cuda().")
 
     # warm up and capture on the GPU that holds the inputs, whatever the current device is
+    reseeds: list = []  # reseeding calls made inside fn: a graph cannot replay them
+    watched = _watching_reseeds(fn, reseeds)
     device = sample_args[0].device if sample_args else torch.device("cuda", torch.cuda.current_device())
     with torch.cuda.device(device):
         side = capture_stream(device)  # warm-up and capture on the kit's one stream for this GPU
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side), grad_ctx():
             for _ in range(warmup):
-                fn(*static_inputs)
+                watched(*static_inputs)
         torch.cuda.current_stream(device).wait_stream(side)
+        if reseeds:
+            raise reseed_error(reseeds, "its warm-up")
 
         graph = torch.cuda.CUDAGraph()
         try:
             with grad_ctx(), torch.cuda.graph(graph, pool=pool, stream=side):
                 for _ in range(calls_per_graph):
-                    out = fn(*static_inputs)
+                    out = watched(*static_inputs)
         except Exception as exc:
             del graph
             recover_from_failed_capture(device)
+            if reseeds:
+                raise reseed_error(reseeds, "the capture") from exc
             raise CaptureError.from_exception(exc) from exc
+        if reseeds:
+            del graph
+            raise reseed_error(reseeds, "the capture")
     return GraphedCallable(fn, static_inputs, out, graph, "graph", calls_per_graph, clone_outputs,
                            graph.pool(), no_grad=no_grad)
+
+
+_RESEEDING = ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all")
+
+
+class reseeding_calls:
+    """``with reseeding_calls() as calls:`` collects the names of the calls that reseed or set the CUDA generator
+    while the block runs.
+
+    ``torch.manual_seed`` seeds CUDA through ``torch.cuda.manual_seed_all``, looked up when it is called, so
+    it is seen however it was imported. A graph cannot replay a reseed: replays would never reseed.
+    """
+
+    def __enter__(self) -> list:
+        self.seen: list = []
+        self.originals = {n: getattr(torch.cuda, n) for n in _RESEEDING if callable(getattr(torch.cuda, n, None))}
+        for name, original in self.originals.items():
+            setattr(torch.cuda, name, self._recording(name, original))
+        return self.seen
+
+    def _recording(self, name, original):
+        seen = self.seen
+
+        def call(*args, **kwargs):
+            seen.append(name)
+            return original(*args, **kwargs)
+        call.__name__, call.__doc__, call.__wrapped__ = original.__name__, original.__doc__, original
+        return call
+
+    def __exit__(self, *exc) -> bool:
+        for name, original in self.originals.items():
+            setattr(torch.cuda, name, original)
+        return False
+
+
+def _watching_reseeds(fn, seen: list):
+    """``fn`` that adds to ``seen`` the reseeding calls it makes (see :class:`reseeding_calls`)."""
+    def watched(*args):
+        with reseeding_calls() as calls:
+            try:
+                return fn(*args)
+            finally:
+                seen.extend(calls)
+    return watched
+
+
+def reseed_error(calls: list, during: str) -> CaptureError:
+    """The CaptureError for a function that reseeds the CUDA generator inside (``calls`` from reseeding_calls)."""
+    names = ", ".join(f"torch.cuda.{n}" for n in dict.fromkeys(calls))
+    cause = ("the function calls torch.manual_seed (or another reseeding call) inside: a CUDA graph cannot reseed, "
+             "so replays would never reseed and their random numbers would differ from eager; nothing was "
+             "captured")
+    fix = ("seed before capture, not inside the function (each replay advances the generator's offset and draws "
+           "fresh numbers); if every call must start from the same seed, call torch.manual_seed(s) before each "
+           "replay, outside the graph (a replay reads the generator's seed and offset when it starts), or draw "
+           "from a torch.Generator registered with the graph (graph.register_generator_state(gen) where this "
+           "PyTorch has it) and seed that one between replays")
+    err = CaptureError(_format_failure(cause, fix, f"{names} called {len(calls)} time(s) during {during}"))
+    err.cause, err.fix, err.original = cause, fix, f"{names} called during {during}"
+    return err
 
 
 def recover_from_failed_capture(device=None) -> None:

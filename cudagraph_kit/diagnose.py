@@ -9,7 +9,8 @@ what eager does; and say whether a graph will help at all.
   weight-cast cache on.
 - :func:`verify` replays a graph against eager on fresh (and poisoned) inputs for a few steps and reports the
   first divergence: the silent failures (a static input rebound instead of copied into, a frozen Python
-  number, an output kept across replays).
+  number, an output kept across replays). It first runs eager twice on identical inputs: outputs that differ
+  there depend on state the graph freezes, and the report says so rather than calling it a mismatch.
 - :func:`advise` measures eager time, the GPU-busy floor and kernels per call, and predicts the best speedup
   a graph can reach before anything is captured.
 - :func:`explain` turns any capture error into cause, fix and original error.
@@ -32,6 +33,7 @@ kit's ``timing`` module (and pandas).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -627,25 +629,86 @@ def _same(a, b) -> bool:
         return a is b
 
 
-class _StateWatch:
-    """Getters for the Python values a function can see: closure cells, referenced globals, attributes of
-    modules and objects it is bound to, optimizer hyper-parameters."""
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))  # parameters, buffers, hooks, training: not Python state
+_LIBRARY_ROOTS = ("torch", "numpy", "pandas", "typing", "collections", "functools", "threading", "logging",
+                  "builtins", "abc", "enum", "weakref")
 
-    LIMIT = 3000
+
+def _library_class(cls) -> bool:
+    """A class of PyTorch, the standard library or another package whose internals are not the user's state
+    (modules, optimizers and LR schedulers are handled on their own)."""
+    name = getattr(cls, "__module__", "") or ""
+    root = name.split(".")[0]
+    if root in _LIBRARY_ROOTS or root in getattr(sys, "stdlib_module_names", ()):
+        return True
+    path = getattr(sys.modules.get(name), "__file__", None) or ""
+    return bool(path) and not _is_own_code(path)
+
+
+def _is_own_code(filename: str) -> bool:
+    """Code of the user's project (not PyTorch, the standard library or an installed package)."""
+    return _is_user_file(filename) and "site-packages" not in filename and "dist-packages" not in filename
+
+
+_SCHEDULER = getattr(torch.optim.lr_scheduler, "LRScheduler", None) or torch.optim.lr_scheduler._LRScheduler
+
+
+def _library_object(obj) -> bool:
+    if isinstance(obj, _SCHEDULER):
+        return False
+    return _library_class(type(obj))
+
+
+class _StateWatch:
+    """Getters for the Python values a function can reach: closure cells, referenced globals, default arguments,
+    attributes of the objects it holds or is bound to (and of their classes), items of containers, optimizer
+    hyper-parameters, and the same for every helper function or method it can call. Tensors, modules and
+    optimizers met on the way are kept too (``verify`` restores their state between calls).
+
+    A mutable container is watched through its length and its items; an object through its attributes.
+    """
+
+    LIMIT = 3000     # getters at most
+    DEPTH = 4        # links followed from the function
+    ITEMS = 64       # items of one container
 
     def __init__(self):
         self.getters = {}
         self.seen = set()
+        self.tensors = {}      # id -> (label, tensor)
+        self.modules = {}      # id -> module
+        self.optimizers = {}   # id -> optimizer
 
     def _add(self, label, getter):
         if len(self.getters) < self.LIMIT and label not in self.getters:
             self.getters[label] = getter
 
+    def _member(self, label, value, getter, depth):
+        """A value found at ``label``: watch it if it is a number, follow it if it holds more."""
+        if _is_scalar(value):
+            self._add(label, getter)
+        elif isinstance(value, torch.Tensor):
+            self.tensors.setdefault(id(value), (label, value))
+        elif isinstance(value, types.ModuleType):
+            return
+        else:
+            self.add_object(label, value, depth + 1)
+
     def add_object(self, label, obj, depth=0):
-        if id(obj) in self.seen or depth > 2 or isinstance(obj, (torch.Tensor, types.ModuleType, type)):
+        if depth > self.DEPTH or id(obj) in self.seen or len(self.getters) >= self.LIMIT:
+            return
+        if isinstance(obj, torch.Tensor):
+            self.tensors.setdefault(id(obj), (label, obj))
+            return
+        if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType, types.CodeType, types.FrameType)) \
+                or _is_scalar(obj):
+            return
+        if isinstance(obj, (types.FunctionType, types.MethodType)):
+            self.add_callable(label, obj, depth + 1)  # a helper it can call: what that reaches counts too
             return
         self.seen.add(id(obj))
         if isinstance(obj, torch.optim.Optimizer):
+            self.optimizers[id(obj)] = obj
             for i, group in enumerate(obj.param_groups):
                 for k, v in group.items():
                     if k != "params" and _is_scalar(v):
@@ -653,31 +716,73 @@ class _StateWatch:
             return
         if isinstance(obj, torch.nn.Module):
             for mname, m in obj.named_modules():
-                for k, v in vars(m).items():
-                    if not k.startswith("__") and _is_scalar(v):
-                        path = f"{label}.{mname}.{k}" if mname else f"{label}.{k}"
-                        self._add(path, lambda m=m, k=k: getattr(m, k, None))
+                self.modules[id(m)] = m
+                self.seen.add(id(m))
+                for k, v in list(vars(m).items()):
+                    if k.startswith("__") or k in _MODULE_INTERNALS:
+                        continue
+                    path = f"{label}.{mname}.{k}" if mname else f"{label}.{k}"
+                    self._member(path, v, lambda m=m, k=k: getattr(m, k, None), depth)
+                self._add_class(f"{label}.{mname}" if mname else label, type(m), depth)
             return
         if isinstance(obj, functools.partial):
             self.add_callable(label, obj.func, depth + 1)
             for i, a in enumerate(obj.args):
-                self.add_object(f"{label}.args[{i}]", a, depth + 1)
+                self._member(f"{label}.args[{i}]", a, lambda p=obj, i=i: p.args[i], depth)
+            for k, a in obj.keywords.items():
+                self._member(f"{label}.keywords['{k}']", a, lambda p=obj, k=k: p.keywords.get(k), depth)
             return
-        if isinstance(obj, (types.FunctionType, types.MethodType)):
-            self.add_callable(label, obj, depth + 1)
+        if isinstance(obj, type):
+            self._add_class(label, obj, depth, seen_ok=True)
+            return
+        if isinstance(obj, dict):
+            self._add(f"len({label})", lambda d=obj: len(d))
+            for k in list(obj)[:self.ITEMS]:
+                shown = repr(k) if _is_scalar(k) else f"<{type(k).__name__}>"  # no tensor repr (a GPU read)
+                self._member(f"{label}[{shown}]", obj[k], lambda d=obj, k=k: d.get(k), depth)
+            return
+        if isinstance(obj, (list, tuple, collections.deque)):
+            if not isinstance(obj, tuple):
+                self._add(f"len({label})", lambda s=obj: len(s))
+            for i, v in enumerate(list(obj)[:self.ITEMS]):
+                self._member(f"{label}[{i}]", v, lambda s=obj, i=i: s[i] if i < len(s) else None, depth)
+            return
+        if isinstance(obj, (set, frozenset)):
+            if isinstance(obj, set):
+                self._add(f"len({label})", lambda s=obj: len(s))
+            return
+        if _library_object(obj):
             return
         attrs = getattr(obj, "__dict__", None)
         if isinstance(attrs, dict):
-            for k, v in list(attrs.items()):
+            for k, v in list(attrs.items())[:self.LIMIT]:
+                if not k.startswith("__"):
+                    self._member(f"{label}.{k}", v, lambda o=obj, k=k: getattr(o, k, None), depth)
+        self._add_class(f"{label}.__class__", type(obj), depth)
+
+    def _add_class(self, label, cls, depth, seen_ok=False):
+        """Class attributes of a user-defined class (and the helper methods it defines)."""
+        if depth > self.DEPTH or (id(cls) in self.seen and not seen_ok) or _library_class(cls):
+            return
+        self.seen.add(id(cls))
+        for klass in cls.__mro__:
+            if klass is object or _library_class(klass):
+                continue
+            for k, v in list(vars(klass).items()):
                 if k.startswith("__"):
                     continue
-                if _is_scalar(v):
-                    self._add(f"{label}.{k}", lambda o=obj, k=k: getattr(o, k, None))
-                elif isinstance(v, (torch.nn.Module, torch.optim.Optimizer)):
-                    self.add_object(f"{label}.{k}", v, depth + 1)
+                name = f"{klass.__name__}.{k}"
+                if isinstance(v, (staticmethod, classmethod)):
+                    v = v.__func__
+                if isinstance(v, types.FunctionType):
+                    self.add_callable(name, v, depth + 1)
+                elif isinstance(v, (property, types.MemberDescriptorType, types.GetSetDescriptorType)):
+                    continue
+                else:
+                    self._member(name, v, lambda c=klass, k=k: vars(c).get(k), depth)
 
     def add_callable(self, label, fn, depth=0):
-        if depth > 2:
+        if depth > self.DEPTH:
             return
         if isinstance(fn, types.MethodType):
             self.add_object(f"{label}.__self__" if label else "self", fn.__self__, depth)
@@ -689,7 +794,7 @@ class _StateWatch:
             if hasattr(fn, "__dict__") and not isinstance(fn, type):
                 self.add_object(label or type(fn).__name__, fn, depth)
             return
-        if id(fn) in self.seen:
+        if id(fn) in self.seen or not _is_own_code(fn.__code__.co_filename):
             return
         self.seen.add(id(fn))
         code = fn.__code__
@@ -701,18 +806,32 @@ class _StateWatch:
             if _is_scalar(value):
                 self._add(f"closure variable '{name}'", lambda c=cell: c.cell_contents)
             else:
-                self.add_object(name, value, depth + 1)
+                self._member(name, value, lambda c=cell: c.cell_contents, depth)
+        for i, value in enumerate(fn.__defaults__ or ()):
+            if not _is_scalar(value):
+                self._member(f"{code.co_name}.__defaults__[{i}]", value, lambda f=fn, i=i: f.__defaults__[i], depth)
         g = fn.__globals__
-        for name in _global_names(code):
+        names = _global_names(code)
+        for name in names:
             if name not in g:
                 continue
             value = g[name]
             if _is_scalar(value):
                 self._add(f"global '{name}'", lambda g=g, n=name: g.get(n))
-            elif isinstance(value, types.FunctionType):
-                self.add_callable(name, value, depth + 1)
+            elif isinstance(value, types.ModuleType):
+                self._add_module_attributes(name, value, names, depth)
             else:
-                self.add_object(name, value, depth + 1)
+                self._member(name, value, lambda g=g, n=name: g.get(n), depth)
+
+    def _add_module_attributes(self, label, module, names, depth):
+        """``cfg.step`` where ``cfg`` is a module of the user's: the attributes the code names."""
+        path = getattr(module, "__file__", None) or ""
+        if not path or not _is_own_code(path):
+            return
+        for name in names:
+            if name in vars(module):
+                self._member(f"{label}.{name}", vars(module)[name],
+                             lambda m=module, n=name: getattr(m, n, None), depth)
 
     def snapshot(self) -> dict:
         out = {}
@@ -766,6 +885,73 @@ class _ChangeTracer:
         return self.local_trace
 
 
+def _watch_for(fn, args=()) -> _StateWatch:
+    """A :class:`_StateWatch` of everything ``fn`` (a function, method, partial, module or callable object) and
+    its non-tensor arguments can reach."""
+    watch = _StateWatch()
+    watch.add_callable("", fn)
+    if not isinstance(fn, (types.FunctionType, types.MethodType, functools.partial)):
+        watch.add_object(_name_of(fn), fn)
+        forward = getattr(type(fn), "forward", None) or getattr(type(fn), "__call__", None)
+        if isinstance(forward, types.FunctionType):
+            watch.add_callable(f"{_name_of(fn)}.forward", forward)
+    for i, a in enumerate(args):
+        if isinstance(a, (torch.nn.Module, torch.optim.Optimizer)):
+            watch.add_object(f"args[{i}]", a)
+    return watch
+
+
+class _TensorState:
+    """The tensor state a function can reach (module parameters, gradients and buffers, optimizer state, tensors
+    it holds), saved now and put back in place by :meth:`restore` (the same tensors are written, so a graph that
+    reads them keeps working)."""
+
+    def __init__(self, watch: _StateWatch, extra=()):
+        tensors = {id(t): t for _, t in watch.tensors.values()}
+        self.grads = {}
+        for m in list(watch.modules.values()) + [e for e in extra if isinstance(e, torch.nn.Module)]:
+            for t in list(m.parameters()) + list(m.buffers()):
+                tensors[id(t)] = t
+        for e in extra:
+            if isinstance(e, torch.Tensor):
+                tensors[id(e)] = e
+        optimizers = list(watch.optimizers.values()) + [e for e in extra if isinstance(e, torch.optim.Optimizer)]
+        for opt in optimizers:
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    tensors[id(p)] = p
+        tensors = {k: t for k, t in tensors.items() if not (hasattr(t, "is_inference") and t.is_inference())}
+        self.saved = [(t, t.detach().clone()) for t in tensors.values()]
+        self.grads = [(t, None if t.grad is None else t.grad.detach().clone()) for t in tensors.values()
+                      if t.requires_grad and t.is_leaf]
+        self.optimizers = [(opt, {p: {k: (v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v))
+                                      for k, v in st.items()} for p, st in opt.state.items()})
+                           for opt in {id(o): o for o in optimizers}.values()]
+
+    def restore(self):
+        with torch.no_grad():
+            for t, v in self.saved:
+                t.copy_(v)
+            for t, g in self.grads:
+                if g is None:
+                    t.grad = None
+                elif t.grad is None or t.grad.shape != g.shape:
+                    t.grad = g.clone()
+                else:
+                    t.grad.copy_(g)
+            for opt, state in self.optimizers:
+                for p in [p for p in opt.state if p not in state]:
+                    del opt.state[p]  # state created after the save (a first optimizer step)
+                for p, st in state.items():
+                    now = opt.state[p]
+                    for k, v in st.items():
+                        if isinstance(v, torch.Tensor) and isinstance(now.get(k), torch.Tensor) \
+                                and now[k].shape == v.shape:
+                            now[k].copy_(v)
+                        else:
+                            now[k] = v.clone() if isinstance(v, torch.Tensor) else v
+
+
 # -------------------------------------------------------------------------------------- check_capturable
 def _perturbed(args, seed: int = 1234):
     """Tensors like ``args`` (same shapes, dtypes, devices, value ranges) with other values."""
@@ -804,8 +990,10 @@ def check_capturable(fn: Callable, *args, calls: int = 2) -> CheckReport:
 
     Checked with CUDA: host synchronizations (sync debug mode), CPU tensors mixed into GPU work and pageable
     host-to-device copies, data-dependent shapes, streams not forked from / joined back to the calling
-    stream, Python values that change between calls (closure variables, globals, module attributes,
-    optimizer hyper-parameters), random numbers outside the default CUDA generator and reseeding, optimizers
+    stream, Python values that change between calls however the function reaches them (closure variables and
+    globals, attributes of the objects it holds and of their classes, items of its containers, module attributes,
+    optimizer hyper-parameters, and all of these through the helper functions and methods it calls; a change
+    made by the first call alone, lazy initialisation, is left alone), random numbers outside the default CUDA generator and reseeding, optimizers
     with ``capturable=False``, autocast with its cache on. Without CUDA the same function runs on the CPU and
     only what is meaningful there is checked (Python state, data-dependent ops, value reads, optimizers,
     autocast, RNG seeding); the report says so.
@@ -834,19 +1022,11 @@ def check_capturable(fn: Callable, *args, calls: int = 2) -> CheckReport:
         recorder.add("autocast cache", "called inside an autocast region with cache_enabled=True",
                      where=entry_where)
 
-    watch = _StateWatch()
-    watch.add_callable("", fn)
-    if not isinstance(fn, (types.FunctionType, types.MethodType, functools.partial)):
-        watch.add_object(_name_of(fn), fn)
-        forward = getattr(type(fn), "forward", None) or getattr(type(fn), "__call__", None)
-        if isinstance(forward, types.FunctionType):
-            watch.add_callable(f"{_name_of(fn)}.forward", forward)
-    for i, a in enumerate(args):
-        if isinstance(a, (torch.nn.Module, torch.optim.Optimizer)):
-            watch.add_object(f"args[{i}]", a)
+    watch = _watch_for(fn, args)
     perturbed = _perturbed(args) if calls >= 2 else None
 
     history = {}          # label -> list of values seen
+    recurring = set()     # labels whose value changed during a call after the first
     shapes = []
     tracer = _ChangeTracer(watch)
     for label, v in tracer.last.items():
@@ -882,20 +1062,24 @@ def check_capturable(fn: Callable, *args, calls: int = 2) -> CheckReport:
                 history.setdefault(k, [v])
                 if not _same(history[k][-1], v):
                     history[k].append(v)
+                    if call >= 1 or calls == 1:
+                        # what changes on every call; a change made by the first call alone (lazy
+                        # initialisation) happens in the warm-up, before a capture, and is left alone
+                        recurring.add(k)
         del out
     if on_cuda:
         torch.cuda.synchronize()
 
     changed = {}  # location -> ["label (a -> b)", ...]
     for label, values in history.items():
-        if len(values) > 1:
+        if len(values) > 1 and label in recurring:
             shown = " -> ".join(repr(v) for v in values[:4]) + (" -> ..." if len(values) > 4 else "")
             loc = tracer.where.get(label, _definition_of(fn))
             changed.setdefault(loc, []).append(f"{label} ({shown})")
     for loc, items in changed.items():
         listed = "; ".join(items[:3]) + (f"; and {len(items) - 3} more" if len(items) > 3 else "")
         recorder.add("Python state", f"changed during the calls: {listed}. A replay keeps the values read at "
-                     "capture", where=loc)
+                     "capture and repeats no Python side effect", where=loc)
     if len(shapes) >= 2 and any(s != shapes[0] for s in shapes[1:]):
         dd = [recorder.events[k] for k in recorder.order if k[0] == "data-dependent shape"]
         loc = (dd[0].where, dd[0].code) if dd else _definition_of(fn)
@@ -1040,6 +1224,7 @@ class VerifyReport:
     outputs_reused: bool
     rows: list
     notes: list
+    frozen_state: dict | None = None  # from the behavioural check: eager itself differs on identical inputs
 
     def to_frame(self):
         import pandas as pd
@@ -1048,6 +1233,14 @@ class VerifyReport:
     def __str__(self):
         if self.ok:
             lines = [f"verify: the graph matches eager on all {self.steps} steps (fresh, poisoned and random inputs)."]
+        elif self.first is self.frozen_state:
+            f = self.first
+            diff = f.get("max_abs_diff")
+            lines = [f"verify: {f['what']}: two eager calls on identical inputs (RNG fixed, tensor state put back) "
+                     f"give different outputs ({f['path']}"
+                     + (f", max difference {diff:.3g}" if isinstance(diff, float) else "") + "), so comparing the "
+                     "graph with eager would only show a mismatch.",
+                     f"cause: {f['cause']}", f"fix: {FIXES['Python state']}"]
         else:
             f = self.first
             diff = f.get("max_abs_diff")
@@ -1085,6 +1278,12 @@ def verify(graphed: Callable, reference: Callable, *sample_args, steps: int = 3,
     buffers (``graphed.static_inputs`` / ``.static_batch``, or ``static_inputs=``) are filled with NaN, so a
     graph whose inputs are not copied in is caught. The RNG state is the same for both calls.
 
+    First, a behavioural check: ``reference`` runs eagerly on identical inputs (after one warm-up call) twice,
+    with the RNG fixed and the tensor state it reaches (parameters, gradients, buffers, optimizer state) put back
+    before each call. If even those outputs differ, the function depends on state that the graph freezes (a
+    Python value that changes from call to call): the report says so, with the values seen changing and the
+    line, instead of calling it a mismatch (``report.frozen_state``).
+
     - ``state``: pairs ``[(graph_side, reference_side), ...]`` of modules, optimizers or tensors to compare
       after each step (a training step: the model and the optimizer). The reference side is first set to
       the graph side's current state.
@@ -1106,9 +1305,13 @@ def verify(graphed: Callable, reference: Callable, *sample_args, steps: int = 3,
     devices = sorted({t.device.index if t.device.index is not None else torch.cuda.current_device()
                       for t in _leaves(sample_args) if isinstance(t, torch.Tensor) and t.is_cuda})
     statics = _static_buffers(graphed, static_inputs)
+    frozen = _repeat_eagerly(reference, sample_args, devices, [r for _, r in pairs], rtol, atol, seed)
     gen = torch.Generator().manual_seed(seed)
     rows, kept, kept_clones, ref_outputs, notes = [], [], [], [], []
-    first = None
+    if frozen is not None and "note" in frozen:
+        notes.append(frozen["note"])
+        frozen = None
+    first = frozen
     for step in range(steps):
         if before_step is not None:
             before_step(step)
@@ -1153,7 +1356,74 @@ def verify(graphed: Callable, reference: Callable, *sample_args, steps: int = 3,
     reused = _outputs_reused(kept, kept_clones)
     if reused and steps < 2:
         notes.append("one step only: whether outputs are reused across calls was not checked")
-    return VerifyReport(first is None, steps, first, reused, rows, notes)
+    return VerifyReport(first is None, steps, first, reused, rows, notes, frozen)
+
+
+def _repeat_eagerly(reference, sample_args, devices, extra, rtol, atol, seed) -> dict | None:
+    """The behavioural check of :func:`verify`: a warm-up call of ``reference``, then two calls on identical
+    inputs with the RNG fixed and the tensor state it reaches put back before each. Outputs that still differ
+    come from state that changes from one call to the next and is not a tensor updated in place: a Python value,
+    which a graph freezes at capture. Returns None, or what differs and the cause (the values seen changing and
+    the line that changed them). Everything it can put back (tensor state, RNG) is put back afterwards."""
+    watch = _watch_for(reference, sample_args)
+    gen = torch.Generator().manual_seed(seed + 7919)
+    inputs = tuple(_fresh_like(a, 0, gen, False) for a in sample_args)
+
+    def call():
+        args = tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in inputs)
+        return _clone_tree(reference(*args))
+
+    start = _TensorState(watch, extra)
+    rng = _rng_state(devices)
+    tracer = _ChangeTracer(watch)
+    previous_trace = sys.gettrace()
+    outs = []
+    try:
+        call()  # a warm-up, as before a capture: lazy initialisation happens here, not in the compared calls
+        warm = _TensorState(watch, extra)
+        before = tracer.last = watch.snapshot()
+        for _ in range(2):
+            warm.restore()
+            _set_rng_state(rng)
+            sys.settrace(tracer.global_trace)
+            try:
+                outs.append(call())
+            finally:
+                sys.settrace(previous_trace)
+        after = watch.snapshot()
+    finally:
+        start.restore()
+        _set_rng_state(rng)
+    if devices:
+        torch.cuda.synchronize()
+    bad = _compare_outputs(outs[1], outs[0], rtol, atol)
+    if bad is None:
+        return None
+    changed = [k for k in after if not _same(after[k], before.get(k))]
+    if changed:
+        items = []
+        for k in changed[:3]:
+            loc, code = tracer.where.get(k, ("?", ""))
+            items.append(f"{k} ({before.get(k)!r} -> {after[k]!r}), changed at {loc}" + (f": {code}" if code else ""))
+        more = f"; and {len(changed) - 3} more" if len(changed) > 3 else ""
+        cause = ("a Python value it reads changes on every call: " + "; ".join(items) + more + ". A replay keeps "
+                 "the value read at capture")
+        what = "depends on state that the graph freezes"
+    elif _compare_outputs(outs[1], outs[0], 1e-3, 1e-4) is None:
+        # no value seen changing and only a rounding-sized difference: nondeterministic kernels (atomics), not
+        # frozen state; the comparison with the graph below uses the usual tolerances
+        return {"note": f"two eager calls on identical inputs differ slightly ({bad['path']}, max "
+                        f"{bad['max_abs_diff']:.3g}) though no Python value it reaches changed: nondeterministic "
+                        "kernels, most likely"}
+    else:
+        cause = ("something it reads changes from one call to the next, and it is neither a tensor the check "
+                 "could put back nor a Python value it could reach (a module-level value in a library, a file, "
+                 "the clock): a graph replays what it read at capture. check_capturable(fn, *args) lists what it "
+                 "can see")
+        what = "depends on state that the graph freezes (not found)"
+    return {"step": "before", "inputs": "identical", "what": what, "cause": cause, "hint": cause,
+            "path": bad["path"], "max_abs_diff": bad["max_abs_diff"], "mismatched": bad.get("mismatched"),
+            "detail": bad.get("detail", ""), "changed": changed}
 
 
 _STATE_HINT = ("the graph's training state drifts from eager: a Python number frozen at capture (a learning "

@@ -6,9 +6,11 @@ optimizer step included, eager. Forward and backward of each part become one gra
 Traps handled:
 - autocast: capturing under ``torch.autocast`` needs ``cache_enabled=False`` (checked), and a graph captured
   with autocast on (or off) must be called the same way (checked at each call);
-- sample args: their ``requires_grad`` must match the real inputs (a data batch: False; an activation from an
-  earlier layer: True), and real inputs must have the sample's shape and dtype (checked at each call: the
-  plain API would silently broadcast a smaller tensor into the static input);
+- sample args: nested tuples, lists and dicts of tensors are accepted as ``make_graphed_callables`` accepts
+  them; real inputs must have the sample's structure, shapes and dtypes (checked at each call: the plain API
+  would silently broadcast a smaller tensor into the static input). A real input may skip a gradient its
+  sample asked for, but one that requires grad where its sample did not is refused: the captured backward
+  computes no gradient for it (a data batch: False; an activation from an earlier layer: True);
 - DDP: a module wrapped in DistributedDataParallel needs 11 warm-up iterations (raised automatically);
 - several modules graphed in one call share one memory pool (pass a tuple).
 
@@ -31,10 +33,10 @@ import inspect
 import torch
 
 try:  # inside cudagraph_kit
-    from .capture import CaptureError, NoCudaError, recover_from_failed_capture
+    from .capture import CaptureError, NoCudaError, recover_from_failed_capture, reseed_error, reseeding_calls
 except ImportError:  # copied into a project: capture.py sits beside this file
     try:
-        from capture import CaptureError, NoCudaError, recover_from_failed_capture
+        from capture import CaptureError, NoCudaError, recover_from_failed_capture, reseed_error, reseeding_calls
     except ModuleNotFoundError as exc:
         if exc.name != "capture":
             raise
@@ -58,22 +60,43 @@ def _spec(t):
     return (tuple(t.shape), t.dtype, t.device, t.requires_grad)
 
 
-def _checked(call, specs, autocast_at_capture, name, module=None):
+def _flat(args) -> tuple:
+    """(tensor leaves, structure) of a call's arguments, flattened as make_graphed_callables flattens them."""
+    from torch.utils._pytree import tree_flatten
+    return tree_flatten(tuple(args))
+
+
+def _checked(call, sample, autocast_at_capture, name, module=None):
     training_at_capture = module.training if module is not None else None
+    sample_leaves, sample_structure = _flat(sample)
+    specs = tuple(_spec(t) for t in sample_leaves)
 
     def checked_call(*args, **kwargs):
         # a module in another train/eval state than at capture runs its original forward: nothing to check
         if module is None or module.training == training_at_capture:
-            if len(args) != len(specs):
-                raise TypeError(f"{name} was graphed with {len(specs)} input(s), got {len(args)}.")
-            for i, (a, s) in enumerate(zip(args, specs)):
+            if len(args) != len(sample):
+                raise TypeError(f"{name} was graphed with {len(sample)} input(s), got {len(args)}.")
+            leaves, structure = _flat(args)
+            if structure != sample_structure:
+                raise ValueError(
+                    f"{name}: the inputs are nested differently from the sample args (containers, keys or their "
+                    f"order differ: {structure} vs {sample_structure}); the graph copies tensors into its static "
+                    "inputs in flattened order, so they would land in the wrong places. Nothing was replayed. Fix: "
+                    "pass the same structure as the sample args (same dict keys, in the same order).")
+            for i, (a, s) in enumerate(zip(leaves, specs)):
                 got = _spec(a) if isinstance(a, torch.Tensor) else type(a).__name__
-                if got != s:
+                if not isinstance(a, torch.Tensor) or got[:3] != s[:3]:
                     raise ValueError(
-                        f"{name}: input {i} is {got}, but the graph was captured for (shape, dtype, device, "
-                        f"requires_grad) = {s}. Nothing was replayed. Fix: pass inputs like the sample args "
-                        "(requires_grad=True only for activations that come from an earlier graphed or "
-                        "trainable layer), or graph again with matching sample args.")
+                        f"{name}: input {i} is {got[:3] if isinstance(got, tuple) else got}, but the graph was "
+                        f"captured for (shape, dtype, device) = {s[:3]}. Nothing was replayed. Fix: pass inputs like "
+                        "the sample args, or graph again with matching sample args.")
+                if a.requires_grad and not s[3] and torch.is_grad_enabled():
+                    # the other way round is fine: the graph computes a gradient that autograd then drops
+                    raise ValueError(
+                        f"{name}: input {i} requires grad, but its sample arg did not, so the captured backward "
+                        "computes no gradient for it: the layers before it would silently get none. Nothing was "
+                        "replayed. Fix: graph with a sample arg that has requires_grad=True (an activation from an "
+                        "earlier trainable layer), or pass the input detached if it needs no gradient.")
             if _autocast_enabled() != autocast_at_capture:
                 raise RuntimeError(
                     f"{name} was graphed with autocast {'on' if autocast_at_capture else 'off'} but is called "
@@ -96,8 +119,8 @@ def _as_arg_tuple(args, what: str) -> tuple:
 def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unused_input: bool = False):
     """Graph one module/function or a tuple of them with ``torch.cuda.make_graphed_callables``.
 
-    ``sample_args`` is a tuple of tensors for one callable, or a tuple of such tuples for several (a bare
-    tensor is refused: it would be split into rows). Returns what ``make_graphed_callables`` returns (modules
+    ``sample_args`` is a tuple of arguments for one callable, or a tuple of such tuples for several (a bare
+    tensor is refused: it would be split into rows); an argument is a tensor or a tuple, list or dict of them. Returns what ``make_graphed_callables`` returns (modules
     keep their type; their graphed ``forward`` checks its inputs first). Capture under
     ``torch.autocast("cuda", dtype, cache_enabled=False)`` for AMP. A failed capture raises ``CaptureError``
     (cause, fix, original error), like ``capture``.
@@ -115,10 +138,11 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
         raise NoCudaError(NO_CUDA_MESSAGE)
     for m, a in zip(mods, args):
         name = type(m).__name__
-        for i, t in enumerate(a):
+        for i, t in enumerate(_flat(a)[0]):  # sample args may nest tensors in tuples, lists and dicts
             if not isinstance(t, torch.Tensor) or not t.is_cuda:
-                raise ValueError(f"{name}: sample arg {i} must be a CUDA tensor, got "
-                                 f"{getattr(t, 'device', type(t).__name__)}. Fix: move it with .cuda().")
+                raise ValueError(f"{name}: sample arg {i} (flattened) must be a CUDA tensor, got "
+                                 f"{getattr(t, 'device', type(t).__name__)}. Fix: move it with .cuda(); bind "
+                                 "non-tensor arguments into the callable (functools.partial).")
     autocast_on = _autocast_enabled()
     if autocast_on and torch.is_autocast_cache_enabled():
         raise RuntimeError(
@@ -132,17 +156,23 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
             raise TypeError("this PyTorch's make_graphed_callables has no pool argument; upgrade PyTorch "
                             "or graph the modules together in one call (they then share a pool).")
         kwargs["pool"] = pool
+    # the kit's watch for reseeding inside the callables (a graph cannot replay a reseed)
+    reseeds = []
     try:
-        graphed = torch.cuda.make_graphed_callables(mods, args, **kwargs)
+        with reseeding_calls() as reseeds:
+            graphed = torch.cuda.make_graphed_callables(mods, args, **kwargs)
     except Exception as exc:
         recover_from_failed_capture()
+        if reseeds:
+            raise reseed_error(reseeds, "make_graphed_callables' warm-up and capture") from exc
         raise CaptureError.from_exception(exc) from exc
+    if reseeds:
+        raise reseed_error(reseeds, "make_graphed_callables' warm-up and capture")
     out = []
     for m, a, g in zip(mods, args, graphed):
-        specs = tuple(_spec(t) for t in a)
         if isinstance(g, torch.nn.Module):
-            g.forward = _checked(g.forward, specs, autocast_on, type(m).__name__, module=g)
+            g.forward = _checked(g.forward, a, autocast_on, type(m).__name__, module=g)
             out.append(g)
         else:
-            out.append(_checked(g, specs, autocast_on, getattr(m, "__name__", "callable")))
+            out.append(_checked(g, a, autocast_on, getattr(m, "__name__", "callable")))
     return out[0] if single else tuple(out)

@@ -21,6 +21,11 @@ What a real loop needs, and how the graph gets it:
   ``capturable=True`` (or ``fused=True``) and ``SGD`` with ``fused=True``. Others (plain ``SGD``) read the LR
   as a Python number, frozen at capture: an attached scheduler, or an LR (or other hyper-parameter) changed
   after capture, is refused with an error naming the fix, never silently ignored.
+- **Momentum schedules.** ``OneCycleLR`` and ``CyclicLR`` with ``cycle_momentum=True`` change Adam's beta1 (or
+  SGD's momentum) every step. Where this PyTorch's step path reads that value as a GPU tensor (found by probing
+  a throw-away optimizer, e.g. ``Adam/AdamW(capturable=True, foreach=False)``), it is kept in a GPU tensor and
+  refreshed before each replay like the LR; elsewhere the schedule is refused before anything runs, naming the
+  reason and the fix.
 - **Gradient clipping.** ``max_grad_norm=`` clips with ``torch.nn.utils.clip_grad_norm_(...,
   error_if_nonfinite=False)`` inside the graph (no host synchronization); ``step.grad_norm`` is the total norm
   before clipping, a GPU tensor.
@@ -51,7 +56,7 @@ Example::
     print(loss.item())                         # read losses when you need them, not every step
 
 What the graph fixes at capture time: the batch shapes, dtypes and device; optimizer hyper-parameters other
-than the LR (checked before every replay); the model's train/eval mode; the code path (no data-dependent Python
+than the LR and a refreshed beta1/momentum (checked before every replay); the model's train/eval mode; the code path (no data-dependent Python
 control flow). Dropout still draws new masks each replay.
 
 To use this file in a project of yours, copy the kit's ``capture.py`` with it (only ``torch`` is needed).
@@ -65,10 +70,12 @@ from typing import Callable, Sequence
 import torch
 
 try:  # inside cudagraph_kit
-    from .capture import CaptureError, NoCudaError, capture_stream, recover_from_failed_capture
+    from .capture import (CaptureError, NoCudaError, capture_stream, recover_from_failed_capture, reseed_error,
+                          reseeding_calls)
 except ImportError:  # copied into a project: capture.py sits beside this file
     try:
-        from capture import CaptureError, NoCudaError, capture_stream, recover_from_failed_capture
+        from capture import (CaptureError, NoCudaError, capture_stream, recover_from_failed_capture, reseed_error,
+                             reseeding_calls)
     except ModuleNotFoundError as exc:
         if exc.name != "capture":
             raise
@@ -94,15 +101,18 @@ def _describe(t) -> str:
 
 def _check_capturable(optimizer: torch.optim.Optimizer) -> None:
     """Raise if the optimizer's step cannot be captured (Adam/AdamW & co. need capturable=True)."""
+    # Read per param group, as the optimizer's step does (its capture check reads every group's "capturable"):
+    # the defaults only seed groups added later, and groups may have been switched to capturable=True.
     name = type(optimizer).__name__
-    groups = [g for g in optimizer.param_groups if "capturable" in g]
-    if "capturable" in optimizer.defaults or groups:
-        if optimizer.defaults.get("capturable") is False or any(not g["capturable"] for g in groups):
-            raise ValueError(
-                f"{name} was constructed with capturable=False, so its step() keeps the step count on the CPU "
-                f"and cannot be captured in a CUDA graph (replays would reuse a stale step count). "
-                f"Fix: construct it with capturable=True, e.g. torch.optim.{name}(model.parameters(), "
-                f"lr=..., capturable=True).")
+    off = [i for i, g in enumerate(optimizer.param_groups) if "capturable" in g and not g["capturable"]]
+    if off:
+        which = "it was constructed with capturable=False" if len(off) == len(optimizer.param_groups) else \
+            f"param group(s) {off} have capturable=False"
+        raise ValueError(
+            f"{name}: {which}, so its step() keeps the step count on the CPU and cannot be captured in a CUDA "
+            f"graph (replays would reuse a stale step count). Fix: construct it with capturable=True, e.g. "
+            f"torch.optim.{name}(model.parameters(), lr=..., capturable=True), or set "
+            f"group['capturable'] = True in every param group before the first step.")
 
 
 def _check_amp(amp_dtype, scaler, device: torch.device) -> None:
@@ -197,6 +207,10 @@ class GraphedTrainStep:
         self._lr_tensors = []       # per param group: the GPU tensor the captured step reads as its LR, or None
         self._lr_copied = []        # per param group: the host value last copied into that tensor
         self._frozen = []           # per param group: {key: value} the graph froze (checked before replays)
+        self._live = []             # per param group: {"betas" or "momentum": GPU tensor the step reads}
+        self._live_copied = []      # per param group: the host values last copied into those tensors
+        self._frozen_why = []       # per param group: {key: why this PyTorch cannot read it on the GPU}
+        self._warmup_reseeds = []   # reseeding calls made inside warm-up steps (a graph cannot replay them)
         self.static_loss = None
         self.grad_norm = None
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -258,16 +272,19 @@ class GraphedTrainStep:
         if last and self.scaler is None:
             if self.max_grad_norm is not None:
                 norm = self._clip()
-            swapped = []  # the step reads the LR from the GPU tensors that replays refresh
-            for group, lr in zip(self.optimizer.param_groups, self._lr_tensors):
+            swapped = []  # the step reads the LR (and beta1/momentum) from GPU tensors that replays refresh
+            for group, lr, live in zip(self.optimizer.param_groups, self._lr_tensors, self._live):
                 if lr is not None and group["lr"] is not lr:
-                    swapped.append((group, group["lr"]))
+                    swapped.append((group, "lr", group["lr"]))
                     group["lr"] = lr
+                for key, tensor in live.items():
+                    swapped.append((group, key, group[key]))
+                    group[key] = (tensor, *group["betas"][1:]) if key == "betas" else tensor
             try:
                 self.optimizer.step()
             finally:
-                for group, value in swapped:
-                    group["lr"] = value
+                for group, key, value in reversed(swapped):
+                    group[key] = value
         return loss.detach(), norm
 
     # -- validation -----------------------------------------------------------------------------------------
@@ -315,10 +332,11 @@ class GraphedTrainStep:
     def _warmup_step(self, batch, first, last):
         if self._side_stream is not None:
             self._side_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with self._side():
+        with self._side(), _reseed_watch() as reseeds:
             loss = self._eager_step(batch, first, last, set_to_none=True)
         if self._side_stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._side_stream)
+        self._warmup_reseeds += reseeds  # the step reseeds inside: refused when it comes to capture
         self.warmup_steps += last
         return loss
 
@@ -373,9 +391,12 @@ class GraphedTrainStep:
 
     # -- learning rate and other hyper-parameters --------------------------------------------------------------
     def _prepare_hyperparameters(self):
-        """Before capturing the step: a GPU LR tensor per group where the optimizer can read one, else freeze."""
+        """Before capturing the step: a GPU tensor per group for the LR where the optimizer can read one, and for
+        beta1 (Adam & co.) or momentum (SGD) where this PyTorch's step path reads a tensor one on the GPU (probed);
+        every other hyper-parameter is frozen and checked before each replay."""
         _refuse_scheduled_host_lr(self.optimizer)
         self._lr_tensors, self._lr_copied, self._frozen = [], [], []
+        self._live, self._live_copied, self._frozen_why = [], [], []
         for group in self.optimizer.param_groups:
             lr = group["lr"]
             frozen = {k: group[k] for k in self.optimizer.defaults
@@ -387,13 +408,36 @@ class GraphedTrainStep:
                 self._lr_tensors.append(lr)  # the user's own GPU LR tensor: schedulers update it in place
             else:
                 self._lr_tensors.append(torch.tensor(_host_value(lr), dtype=torch.float32, device=self.device))
+            live, why = {}, {}
+            for key in _CYCLED:
+                if key not in frozen:
+                    continue
+                works, reason = _reads_on_device(self.optimizer, group, key, self.device,
+                                                 self._lr_tensors[-1] is not None)
+                if works:
+                    live[key] = torch.tensor(_cycled_value(group, key), dtype=torch.float32, device=self.device)
+                    frozen.pop(key)
+                    if key == "betas":
+                        frozen["betas[1:]"] = tuple(group["betas"][1:])  # beta2 stays a number
+                else:
+                    why[key] = reason
             self._lr_copied.append(None)
             self._frozen.append(frozen)
+            self._live.append(live)
+            self._live_copied.append({k: _cycled_value(group, k) for k in live})
+            self._frozen_why.append(why)
 
     def _copy_lrs(self):
-        """Copy each group's current LR into the GPU tensor the graph reads (only when it changed)."""
+        """Copy each group's current LR (and beta1/momentum) into the GPU tensor the graph reads, when changed."""
         for i, (group, lr) in enumerate(zip(self.optimizer.param_groups, self._lr_tensors)):
             value = group["lr"]
+            for key, tensor in self._live[i].items():
+                now = _cycled_value(group, key)
+                if isinstance(now, torch.Tensor) and now.device.type != "cpu":
+                    tensor.copy_(now)
+                elif now != self._live_copied[i][key]:
+                    tensor.fill_(_host_value(now))
+                    self._live_copied[i][key] = now
             if lr is None or value is lr:
                 continue
             if isinstance(value, torch.Tensor) and value.device.type != "cpu":
@@ -408,7 +452,8 @@ class GraphedTrainStep:
         name = type(self.optimizer).__name__
         for i, (group, frozen) in enumerate(zip(self.optimizer.param_groups, self._frozen)):
             for key, value in frozen.items():
-                now = _host_value(group[key]) if key == "lr" else group[key]
+                now = _host_value(group[key]) if key == "lr" else \
+                    tuple(group["betas"][1:]) if key == "betas[1:]" else group[key]
                 if now == value:
                     continue
                 if key == "lr":
@@ -417,13 +462,24 @@ class GraphedTrainStep:
                         f"{'(fused=False) ' if name == 'SGD' else ''}reads the LR as a Python number that the "
                         f"CUDA graph froze at capture: replays would keep training with {value:g}. Nothing was "
                         f"run. Fix: {_DEVICE_LR_FIX}; the step then copies each new LR into the graph.")
+                if key in self._frozen_why[i]:
+                    raise RuntimeError(
+                        f"param group {i}'s {key!r} changed from {value} to {now} after capture (a scheduler with "
+                        f"cycle_momentum=True?), but the CUDA graph froze it: "
+                        f"{_cycled_unsupported(self.optimizer, group, key, self.device, self._frozen_why[i][key])} "
+                        "Nothing was run.")
                 raise RuntimeError(
                     f"param group {i}'s {key!r} changed from {value} to {now} after capture, but the CUDA graph "
-                    f"froze it at capture (only the LR is refreshed before replays). Nothing was run. Fix: keep "
-                    f"{key!r} fixed while the graph trains (e.g. OneCycleLR(..., cycle_momentum=False)).")
+                    f"froze it at capture (only the LR, and beta1 or momentum where the optimizer reads them on "
+                    f"the GPU, are refreshed before replays). Nothing was run. Fix: keep {key!r} fixed while the "
+                    f"graph trains.")
 
     # -- capture ------------------------------------------------------------------------------------------------
     def _capture(self, key, first, last):
+        where = (f"capturing the training step ({key}) failed; nothing was trained by this call and the "
+                 "process keeps working. ")
+        if self._warmup_reseeds:  # a graph cannot replay a reseed: refuse before capturing anything
+            raise _reseed_failure(self._warmup_reseeds, "the warm-up steps", where)
         if last and self.scaler is None and not self._frozen:
             self._prepare_hyperparameters()
         if not self._captured:
@@ -432,16 +488,21 @@ class GraphedTrainStep:
             # Graphs captured later (accumulate > 1) find them allocated and add to them in place.
             self.optimizer.zero_grad(set_to_none=True)
         work = functools.partial(self._captured_work, first, last)
+        reseeds = []
         try:
-            graph, (loss, norm) = self._capture_fn(work, self._pool, self.device)
+            with _reseed_watch() as reseeds:
+                graph, (loss, norm) = self._capture_fn(work, self._pool, self.device)
         except Exception as exc:
             if self.device.type == "cuda":
                 recover_from_failed_capture(self.device)
-            where = (f"capturing the training step ({key}) failed; nothing was trained by this call and the "
-                     "process keeps working. ")
+            if reseeds:
+                raise _reseed_failure(reseeds, "the capture", where) from exc
             err = CaptureError.from_exception(exc)  # the kit's error: .cause, .fix, .original as everywhere
             err.args = (where + str(err),)
             raise err from exc
+        if reseeds:
+            del graph
+            raise _reseed_failure(reseeds, "the capture", where)
         if self._pool is None and hasattr(graph, "pool"):
             self._pool = graph.pool()  # later graphs (accumulate > 1) share this graph's memory pool
         self._captured[key] = (graph, loss, norm)
@@ -455,6 +516,113 @@ class GraphedTrainStep:
         return (f"GraphedTrainStep(mode={self.mode!r}, state={self.state!r}, warmup_steps={self.warmup_steps}, "
                 f"eager_steps={self.eager_steps}, replays={self.replays}{acc}, "
                 f"batch=[{', '.join(_describe(s) for s in self.static_batch)}])")
+
+
+def _reseed_watch():
+    """``with _reseed_watch() as calls:`` the reseeding calls made inside the block (capture.py's
+    ``reseeding_calls``)."""
+    return reseeding_calls()
+
+
+def _reseed_failure(calls: list, during: str, where: str) -> Exception:
+    err = reseed_error(calls, during)
+    err.args = (where + str(err),)
+    return err
+
+
+# Hyper-parameters that schedulers with cycle_momentum=True change each step (OneCycleLR, CyclicLR): Adam-like
+# optimizers' beta1 (group["betas"][0]) and SGD-like optimizers' momentum.
+_CYCLED = ("betas", "momentum")
+
+
+def _cycled_value(group: dict, key: str):
+    return group["betas"][0] if key == "betas" else group[key]
+
+
+def _reads_on_device(optimizer, group: dict, key: str, device, lr_on_device: bool = True) -> tuple:
+    """``(True, "")`` if this optimizer's step, with this group's options, reads a GPU tensor ``key`` (beta1 or
+    momentum) on the device, with no host read; else ``(False, why)``.
+
+    Feature detection rather than a version table: a throw-away optimizer of the same class, with the group's
+    options, on one small parameter on ``device``, takes two steps with that hyper-parameter (and the LR, when
+    the kit feeds it one) as a GPU tensor, under a dispatch mode that watches for host reads
+    (``aten._local_scalar_dense``, behind ``.item()``, ``float()`` and ``if tensor``).
+    """
+    import inspect
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    options = {k: v for k, v in group.items() if k != "params" and k in accepted}
+    dtype = group["params"][0].dtype if group["params"] else torch.float32
+    reads = []
+
+    class HostReads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "overloadpacket", None) is torch.ops.aten._local_scalar_dense:
+                reads.append(func)
+            return func(*args, **(kwargs or {}))
+
+    try:
+        param = torch.zeros(4, device=device, dtype=dtype, requires_grad=True)
+        probe = type(optimizer)([param], **options)
+        probe_group = probe.param_groups[0]
+        value = torch.tensor(_cycled_value(group, key), dtype=torch.float32, device=device)
+        probe_group[key] = (value, *group["betas"][1:]) if key == "betas" else value
+        if lr_on_device:
+            probe_group["lr"] = torch.tensor(_host_value(group["lr"]), dtype=torch.float32, device=device)
+        param.grad = torch.ones_like(param)
+        with HostReads():
+            probe.step()
+            probe.step()
+    except Exception as exc:  # this path refuses a tensor there
+        return False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if reads:
+        return False, f"it reads the value on the host ({len(reads)} .item() call(s) per two steps)"
+    return True, ""
+
+
+def _cycled_unsupported(optimizer, group: dict, key: str, device, why: str) -> str:
+    """Why a scheduled beta1/momentum cannot reach the graph on this PyTorch, and the fix."""
+    name = type(optimizer).__name__
+    what = "beta1 (betas[0])" if key == "betas" else "momentum"
+    options = ", ".join(f"{k}={group[k]}" for k in ("foreach", "fused", "capturable") if k in group)
+    text = (f"{name}'s step with this param group's options ({options}) cannot read a GPU tensor {what} on "
+            f"PyTorch {torch.__version__} ({why}).")
+    fixes = []
+    if key == "betas":
+        alternative = dict(group, foreach=False, fused=False if "fused" in group else None, capturable=True)
+        alternative = {k: v for k, v in alternative.items() if v is not None or k != "fused"}
+        if (group.get("foreach") is not False or group.get("fused")) and \
+                _reads_on_device(optimizer, alternative, key, device)[0]:
+            fixes.append(f"construct it with foreach=False, capturable=True (its single-tensor step reads a tensor "
+                         f"beta1 on the GPU on this PyTorch)")
+        else:
+            fixes.append("use a PyTorch whose Adam/AdamW step reads Tensor betas on the GPU (Tensor betas came with "
+                         "pytorch/pytorch#134171; in PyTorch 2.14 the foreach=False, capturable=True path reads a "
+                         "tensor beta1 on the GPU, the foreach and fused paths read it on the host)")
+    else:
+        fixes.append(f"this PyTorch's {name} reads momentum on the host in every step path it has (a tensor "
+                     f"momentum needs a PyTorch whose {name} reads it on the GPU); use Adam/AdamW(capturable=True, "
+                     "foreach=False), whose beta1 the graph can refresh")
+    fixes.append("or keep it fixed: OneCycleLR/CyclicLR(..., cycle_momentum=False)")
+    return text + " Fix: " + "; ".join(fixes) + "."
+
+
+def _refuse_cycled_momentum(optimizer: torch.optim.Optimizer, device) -> None:
+    """Raise before anything runs if a scheduler cycles beta1/momentum (OneCycleLR, CyclicLR with
+    cycle_momentum=True: they add "max_momentum" to each group) that the graph would freeze."""
+    for i, group in enumerate(optimizer.param_groups):
+        if "max_momentum" not in group:
+            continue
+        key = "betas" if "betas" in group else "momentum"
+        if key not in group or not _is_number(group[key]):
+            continue
+        works, why = _reads_on_device(optimizer, group, key, device, _reads_lr_on_device(optimizer, group))
+        if not works:
+            raise ValueError(
+                "a scheduler with cycle_momentum=True (OneCycleLR or CyclicLR) changes param group "
+                f"{i}'s {'beta1' if key == 'betas' else 'momentum'} every step, but a CUDA graph would freeze it: "
+                + _cycled_unsupported(optimizer, group, key, device, why))
 
 
 def _refuse_scheduled_host_lr(optimizer: torch.optim.Optimizer) -> None:
@@ -566,7 +734,9 @@ def capture_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     Optimizers: SGD (with or without momentum), Adam/AdamW constructed with ``capturable=True``; an optimizer
     whose ``capturable`` option is False raises ``ValueError``. LR schedulers need an optimizer that reads a
     tensor LR on the GPU: Adam/AdamW(capturable=True) or SGD(fused=True); a scheduler attached to another
-    optimizer, or a frozen hyper-parameter changed after capture, raises an error naming the fix.
+    optimizer, or a frozen hyper-parameter changed after capture, raises an error naming the fix. A scheduler
+    with ``cycle_momentum=True`` (OneCycleLR, CyclicLR) needs a step path that reads beta1/momentum as a GPU
+    tensor (probed; e.g. Adam/AdamW(capturable=True, foreach=False)), else it is refused up front.
 
     Example::
 
@@ -617,6 +787,8 @@ def capture_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         raise ValueError(
             "the model's parameters and every sample_batch tensor must be on one CUDA device, got "
             f"{sorted(map(str, devices))}. Fix: model.cuda() and batch tensors .cuda() before capture_train_step.")
+    if scaler is None:  # OneCycleLR/CyclicLR(cycle_momentum=True): can the graph refresh beta1 / momentum?
+        _refuse_cycled_momentum(optimizer, batch[0].device)
     _check_amp(amp_dtype, scaler, batch[0].device)
     return GraphedTrainStep(model, optimizer, loss_fn, batch, warmup=warmup, amp_dtype=amp_dtype, scaler=scaler,
                             clone_loss=clone_loss, mode="graph", max_grad_norm=max_grad_norm,

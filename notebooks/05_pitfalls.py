@@ -416,6 +416,60 @@ record("a learning rate frozen into the graph", "silently wrong", "check_captura
        "lr as a GPU tensor updated in place (Adam/AdamW with capturable=True)", seen_lr, detected_lr)
 
 # %% [markdown]
+# ### Python state reached another way
+# A counter need not be a global or an attribute of `self`: it can sit in an object the function holds in a
+# closure, in a dict, in a class attribute, or in a helper the function calls. A replay freezes each of them
+# the same way. `check_capturable` follows what the function can reach and names the line; `verify` first runs
+# eager twice on identical inputs (RNG fixed, tensor state put back): if even eager differs, it reports
+# "depends on state that the graph freezes" instead of a mismatch. Tensor state updated in place (BatchNorm's
+# running statistics, an optimizer's moments) is not Python state, and neither is a local accumulator.
+
+# %%
+class Box:
+    calls = 0                      # a class attribute
+
+    def __init__(self):
+        self.n = 0                 # an attribute of an object
+
+
+def make_scaled(kind):
+    box, counts = Box(), {"calls": 0}
+
+    def bump():                    # a helper that changes what the caller reads
+        counts["calls"] += 1
+        return counts["calls"]
+
+    def scaled(x):
+        if kind == "object in a closure":
+            box.n += 1
+            return x * box.n
+        if kind == "dict item":
+            counts["calls"] += 1
+            return x * counts["calls"]
+        if kind == "class attribute":
+            Box.calls += 1
+            return x * Box.calls
+        return x * bump()          # "through a helper"
+    return scaled
+
+
+bn = torch.nn.BatchNorm1d(16).to(DEVICE)
+reached = []
+for kind in ("object in a closure", "dict item", "class attribute", "through a helper"):
+    fn = make_scaled(kind)
+    found = [f for f in check_capturable(fn, X).findings if f.kind == "Python state"]
+    frozen = verify(capture(fn, X, eager_fallback=True), fn, X, steps=2)  # a real graph on a GPU
+    reached.append({"state": kind, "check_capturable": found[0].code if found else "not found",
+                    "verify": frozen.frozen_state["what"] if frozen.frozen_state else "not found"})
+ordinary = check_capturable(lambda x: bn(x.view(-1, 16)), X)  # running stats change in place: not Python state
+print(pd.DataFrame(reached).to_string(index=False))
+print("BatchNorm in training mode:", "looks capturable" if ordinary.ok else ordinary)
+record("Python state reached through an object, a container, a class or a helper", "silently wrong",
+       "check_capturable: Python state; verify (eager twice)", "keep it in a GPU tensor updated in place",
+       "; ".join(f"{r['state']}: {r['check_capturable']}" for r in reached),
+       all(r["check_capturable"] != "not found" and r["verify"] != "not found" for r in reached) and ordinary.ok)
+
+# %% [markdown]
 # ## 6. Random numbers
 # Random numbers from PyTorch's **default** CUDA generator are fine in a graph: PyTorch records each random
 # kernel's offset relative to a per-graph base and moves the generator on before every replay, so each replay

@@ -270,3 +270,50 @@ def test_failed_capture_explains_and_process_keeps_working():
     torch.testing.assert_close(gelu(x).cpu(), gelu(x.cpu()), rtol=1e-5, atol=1e-5)
     g = capture(gelu, x)
     torch.testing.assert_close(g(x), gelu(x))
+
+
+# ---------------------------------------------------------------- reseeding inside the captured function
+def test_reseeding_calls_sees_torch_manual_seed_however_imported_and_restores():
+    from torch import manual_seed  # bound before the watch: still seen (it seeds CUDA via torch.cuda)
+
+    from cudagraph_kit.capture import reseed_error, reseeding_calls
+    original = torch.cuda.manual_seed_all
+    with reseeding_calls() as calls:
+        manual_seed(3)
+        torch.cuda.manual_seed(4)
+    assert calls == ["manual_seed_all", "manual_seed"]
+    assert torch.cuda.manual_seed_all is original
+    with reseeding_calls() as calls:
+        torch.randn(3)
+    assert calls == []
+    from cudagraph_kit.capture import _watching_reseeds
+    seen = []
+    watched = _watching_reseeds(lambda x: torch.manual_seed(1) and x * 2, seen)
+    assert torch.equal(watched(torch.ones(2)), torch.full((2,), 2.0)) and seen == ["manual_seed_all"]
+    err = reseed_error(["manual_seed_all"], "its warm-up")
+    assert isinstance(err, CaptureError)
+    assert "torch.manual_seed" in err.cause and "seed before capture" in err.fix
+    assert "register_generator_state" in err.fix and "torch.cuda.manual_seed_all" in str(err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("warmup", [3, 0])
+def test_reseeding_inside_the_function_is_refused_and_seeding_before_each_replay_matches_eager(warmup):
+    def noisy(x):
+        torch.manual_seed(0)
+        return x + torch.rand_like(x)
+
+    x = torch.zeros(16, device="cuda")
+    with pytest.raises(CaptureError, match=r"torch.manual_seed.*seed before capture") as info:
+        capture(noisy, x, warmup=warmup)
+    assert "nothing was captured" in str(info.value)
+    torch.rand(1, device="cuda")  # the process keeps working: the generator is usable
+
+    def draw(x):
+        return x + torch.rand_like(x)
+
+    g = capture(draw, x)
+    for _ in range(2):  # the fix: reseed before each replay, outside the graph
+        torch.manual_seed(0)
+        out = g(x).clone()
+        torch.testing.assert_close(out, noisy(x), rtol=0, atol=0)

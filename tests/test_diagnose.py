@@ -113,13 +113,14 @@ def test_python_counter_global_closure_and_attribute():
     def uses_closure(x):
         nonlocal scale
         scale = scale * 2            # changes a closure variable
-        state["calls"] += 1          # a dict entry is not a Python number: not tracked
+        state["calls"] += 1          # a dict item held in the closure: changes too
         return x * scale
 
     report = check_capturable(uses_closure, torch.randn(4), calls=3)
-    (f,) = _only(report, "Python state")
+    f, item = _only(report, "Python state")
     assert "closure variable 'scale' (1.0 -> 2.0 -> 4.0 -> 8.0)" in f.what
     assert f.code == "scale = scale * 2            # changes a closure variable"
+    assert "state['calls'] (0 -> 1 -> 2 -> 3)" in item.what and item.code.startswith('state["calls"] += 1')
 
     class Counter(torch.nn.Module):
         def __init__(self):

@@ -156,8 +156,24 @@ def test_one_non_capturable_param_group_is_caught():
     model = make_model()
     opt = torch.optim.Adam([{"params": model[0].parameters()},
                             {"params": model[1].parameters(), "capturable": False}], capturable=True)
-    with pytest.raises(ValueError, match="capturable=True"):
+    with pytest.raises(ValueError, match=r"param group\(s\) \[1\] have capturable=False.*capturable=True"):
         capture_train_step(model, opt, torch.nn.MSELoss(), make_batches(1)[0])
+
+
+def test_capturable_is_read_per_param_group_not_from_the_defaults():
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # constructed with the default capturable=False
+    for group in opt.param_groups:
+        group["capturable"] = True                        # ... then every group switched on, as step() reads it
+    assert opt.defaults["capturable"] is False
+    from cudagraph_kit.train_step import _check_capturable
+    _check_capturable(opt)  # accepted: no group is capturable=False
+    if not HAS_CUDA:  # past the optimizer check, the next refusal is the missing GPU
+        with pytest.raises(NoCudaError):
+            capture_train_step(model, opt, torch.nn.MSELoss(), make_batches(1)[0])
+    opt.param_groups[0]["capturable"] = False
+    with pytest.raises(ValueError, match="constructed with capturable=False"):
+        _check_capturable(opt)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-CUDA error")
@@ -752,3 +768,20 @@ def test_step_with_item_raises_capture_error_and_process_keeps_working():
     torch.cuda.synchronize()
     assert good.state == "captured"
     torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-6, atol=1e-7)
+
+
+def test_a_step_that_reseeds_inside_is_refused_at_capture():
+    """torch.manual_seed inside the step: warm-up steps run it eagerly, but a graph would never reseed."""
+    def reseeding_loss(out, target):
+        torch.manual_seed(0)
+        return mse(out, target)
+
+    model = make_model()
+    step, fake = fake_graph_step(model, torch.optim.SGD(model.parameters(), lr=0.1), make_batches(1)[0],
+                                 warmup=2, loss_fn=reseeding_loss)
+    batches = make_batches(3)
+    step(*batches[0])
+    step(*batches[1])  # two eager warm-up steps: they train as eager would
+    with pytest.raises(CaptureError, match=r"torch.manual_seed.*seed before capture") as info:
+        step(*batches[2])
+    assert "warm-up steps" in str(info.value) and fake.graphs == [] and step.state == "warmup"
