@@ -366,33 +366,63 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
                             *([f"--out {out_dir}"] if given_out is not None else []),
                             *([f"--results {results_dir}"] if given_results is not None else []), "--resume"])
     done = []
-    for i, src in enumerate(sources, 1):
-        if src.stem in done_before:
-            print(f"[{i}/{len(sources)}] {src.name}: published by run {run['id']} already; skipped", flush=True)
+    _sigterm_as_interrupt()
+    try:
+        for i, src in enumerate(sources, 1):
+            if src.stem in done_before:
+                print(f"[{i}/{len(sources)}] {src.name}: published by run {run['id']} already; skipped", flush=True)
+                done.append(out_dir / f"{src.stem}.ipynb")
+                continue
+            t0 = time.perf_counter()
+            print(f"[{i}/{len(sources)}] {src.name}: {_forecast(src)}", flush=True)
+            stage = STAGING_DIR / src.stem
+            if stage.exists():
+                shutil.rmtree(stage)  # reproduce's own scratch from an earlier try of this notebook
+            staged_nb, staged_results = stage / f"{src.stem}.ipynb", stage / "results"
+            params = {"SMOKE": True} if smoke else {}
+            try:
+                execute_notebook(src, staged_nb, params, staged_results, progress=True, run=run)
+            except BaseException as exc:  # noqa: BLE001 -- a failed cell, Ctrl-C, SIGTERM: publish nothing, say so
+                raise _stopped(src, staged_nb, exc, [out_dir / f"{src.stem}.ipynb", results_dir / src.stem],
+                               resume_hint) from exc
+            _stamp_run(staged_nb, run)
+            seconds = round(time.perf_counter() - t0, 1)
+            _publish(src.stem, staged_nb, staged_results, out_dir, results_dir, run, seconds)
+            shutil.rmtree(stage, ignore_errors=True)
             done.append(out_dir / f"{src.stem}.ipynb")
-            continue
-        t0 = time.perf_counter()
-        print(f"[{i}/{len(sources)}] {src.name}: {_forecast(src)}", flush=True)
-        stage = STAGING_DIR / src.stem
-        if stage.exists():
-            shutil.rmtree(stage)  # reproduce's own scratch from an earlier try of this notebook
-        staged_nb, staged_results = stage / f"{src.stem}.ipynb", stage / "results"
-        params = {"SMOKE": True} if smoke else {}
-        try:
-            execute_notebook(src, staged_nb, params, staged_results, progress=True, run=run)
-        except BaseException as exc:  # noqa: BLE001 -- a failed cell, Ctrl-C, SIGTERM: publish nothing, say so
-            raise _stopped(src, staged_nb, exc, [out_dir / f"{src.stem}.ipynb", results_dir / src.stem],
-                           resume_hint) from exc
-        _stamp_run(staged_nb, run)
-        seconds = round(time.perf_counter() - t0, 1)
-        _publish(src.stem, staged_nb, staged_results, out_dir, results_dir, run, seconds)
-        shutil.rmtree(stage, ignore_errors=True)
-        done.append(out_dir / f"{src.stem}.ipynb")
-        print(f"[{i}/{len(sources)}] {src.name} done in {seconds:.0f} s; published to {out_dir} and "
-              f"{results_dir}", flush=True)
-    if on_gpu and not smoke and (not names or "00" in names):
-        run_benchmarks(results_dir, run, resume_hint)
+            print(f"[{i}/{len(sources)}] {src.name} done in {seconds:.0f} s; published to {out_dir} and "
+                  f"{results_dir}", flush=True)
+        if on_gpu and not smoke and (not names or "00" in names):
+            run_benchmarks(results_dir, run, resume_hint)
+    except KeyboardInterrupt as exc:  # between two notebooks, or while one was being published (held back)
+        print(f"reproduce: interrupted; what run {run['id']} published so far is whole, nothing of the rest was "
+              f"published.\nreproduce: go on with: {resume_hint}", file=sys.stderr, flush=True)
+        raise RunStopped(130) from exc
+    finally:
+        _restore_sigterm()
     return done
+
+
+def _sigterm_as_interrupt():
+    """Until :func:`_restore_sigterm`: SIGTERM (a job's time limit, a closed session) stops the run the way
+    Ctrl-C does, so the kernel is shut down and the message says what was kept."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    _SAVED_SIGTERM.append(signal.signal(signal.SIGTERM, interrupt))
+
+
+def _restore_sigterm():
+    import signal
+    while _SAVED_SIGTERM:
+        signal.signal(signal.SIGTERM, _SAVED_SIGTERM.pop())
+
+
+_SAVED_SIGTERM: list = []
 
 
 BENCHMARKS = {"bench_overhead.py": "00_overhead", "crosscheck.py": "00_crosscheck"}  # scripts/ -> results folder
