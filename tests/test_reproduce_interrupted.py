@@ -314,7 +314,8 @@ def test_a_real_notebook_interrupted_midway_publishes_nothing(checkout, sig):
         'time.sleep(60)\n\n# %%\nprint("never reached")\n')
     before = _committed(checkout)
     (checkout / "driver.py").write_text(DRIVER)
-    proc = subprocess.Popen([sys.executable, str(checkout / "driver.py"), str(checkout)], cwd=rep.PROJECT_ROOT,
+    env = dict(os.environ, PYTHONPATH=str(rep.PROJECT_ROOT), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, str(checkout / "driver.py"), str(checkout)], cwd=checkout, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = ""
     deadline = time.monotonic() + 120

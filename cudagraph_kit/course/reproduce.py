@@ -38,8 +38,11 @@ def to_ipynb(source: Path, target: Path) -> Path:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.stem}.{os.getpid()}.tmp.ipynb")
-    jupytext.write(nb, partial)
-    os.replace(partial, target)  # whole or not at all
+    try:
+        jupytext.write(nb, partial)
+        os.replace(partial, target)  # whole or not at all
+    finally:
+        partial.unlink(missing_ok=True)
     return target
 
 

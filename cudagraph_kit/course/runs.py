@@ -89,7 +89,7 @@ class RunGroup:
             return f"run {self.run['id']} ({where}, commit {commit[:8]}{dirty}, code {self.run.get('code_sha')})"
         times = sorted(s[11:16] for s in self.saved if len(s) >= 16)
         span = f", saved {times[0]}-{times[-1]} UTC" if len(times) > 1 and times[0] != times[-1] else ""
-        return f"no run id recorded ({where}, {self.day}{span}: one or several runs, it cannot tell)"
+        return f"no run id recorded ({where}, {self.day}{span}; possibly several runs)"
 
 
 @dataclass
