@@ -118,7 +118,7 @@ def test_a_stopped_notebook_leaves_the_committed_files_byte_identical(checkout, 
     assert f"91_alpha.py {what}; nothing of it was published" in err
     cell = FakeKernel.STEPS.index(stop[1]) + 1
     assert f"its executed copy so far: {staged} (cell {cell}/{cell}: step = {stop[1]!r})" in err
-    assert "go on with: python -m cudagraph_kit reproduce --resume" in err
+    assert "go on with: python -m cudagraph_kit reproduce (nothing of this run was published yet)" in err
 
 
 def test_interrupted_at_several_points_then_resumed_gives_one_run(checkout, monkeypatch, capsys):
@@ -128,6 +128,7 @@ def test_interrupted_at_several_points_then_resumed_gives_one_run(checkout, monk
     monkeypatch.setattr(rep, "execute_notebook", kernel)
     with pytest.raises(rep.RunStopped):
         rep.reproduce()
+    assert "go on with: python -m cudagraph_kit reproduce --resume\n" in capsys.readouterr().err
     after = _committed(checkout)
     for stem in ("92_beta", "93_gamma"):
         assert {k: v for k, v in after.items() if stem in k} == {k: v for k, v in before.items() if stem in k}

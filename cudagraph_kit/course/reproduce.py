@@ -365,9 +365,12 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
     if not on_gpu:
         print("reproduce: CUDA graphs need an NVIDIA GPU; the notebooks run their CPU part and show the "
               "recorded GPU results from figures/ (left untouched).", flush=True)
-    resume_hint = " ".join(["python -m cudagraph_kit reproduce", *(names or []), *(["--smoke"] if smoke else []),
-                            *([f"--out {out_dir}"] if given_out is not None else []),
-                            *([f"--results {results_dir}"] if given_results is not None else []), "--resume"])
+    again = " ".join(["python -m cudagraph_kit reproduce", *(names or []), *(["--smoke"] if smoke else []),
+                      *([f"--out {out_dir}"] if given_out is not None else []),
+                      *([f"--results {results_dir}"] if given_results is not None else [])])
+
+    def hint():  # --resume once this run has published something to go on from
+        return again + " --resume" if resume or done else again + " (nothing of this run was published yet)"
     done = []
     _sigterm_as_interrupt()
     try:
@@ -387,7 +390,7 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
                 execute_notebook(src, staged_nb, params, staged_results, progress=True, run=run)
             except BaseException as exc:  # noqa: BLE001 -- a failed cell, Ctrl-C, SIGTERM: publish nothing, say so
                 raise _stopped(src, staged_nb, exc, [out_dir / f"{src.stem}.ipynb", results_dir / src.stem],
-                               resume_hint) from exc
+                               hint()) from exc
             _stamp_run(staged_nb, run)
             seconds = round(time.perf_counter() - t0, 1)
             _publish(src.stem, staged_nb, staged_results, out_dir, results_dir, run, seconds)
@@ -396,10 +399,10 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
             print(f"[{i}/{len(sources)}] {src.name} done in {seconds:.0f} s; published to {out_dir} and "
                   f"{results_dir}", flush=True)
         if on_gpu and not smoke and (not names or "00" in names):
-            run_benchmarks(results_dir, run, resume_hint)
+            run_benchmarks(results_dir, run, hint())
     except KeyboardInterrupt as exc:  # between two notebooks, or while one was being published (held back)
         print(f"reproduce: interrupted; what run {run['id']} published so far is whole, nothing of the rest was "
-              f"published.\nreproduce: go on with: {resume_hint}", file=sys.stderr, flush=True)
+              f"published.\nreproduce: go on with: {hint()}", file=sys.stderr, flush=True)
         raise RunStopped(130) from exc
     finally:
         _restore_sigterm()
