@@ -301,8 +301,8 @@ def noise_paragraph():
 
 
 def render():
-    return "\n".join([START, provenance_paragraph(), noise_paragraph(), gelu_section(), train_step_section(), jit_compile_section(),
-                      resnet_section(), advise_section(), buckets_section(), data_parallel_section(), overhead_section(),
+    return "\n".join([START, provenance_paragraph(), noise_paragraph(), gelu_section(), train_step_section(),
+                      jit_compile_section(), resnet_section(), advise_section(), buckets_section(), data_parallel_section(), overhead_section(),
                       crosscheck_section(), END])
 
 

@@ -266,7 +266,8 @@ def test_a_real_failing_notebook_publishes_nothing(checkout, monkeypatch, capsys
         # %%
         import pandas as pd
         from cudagraph_kit.course import results
-        results.save("91_alpha", pd.DataFrame({"case": ["c"], "variant": ["eager"], "median_us": [2.0], "speedup": [1.0]}))
+        results.save("91_alpha", pd.DataFrame({"case": ["c"], "variant": ["eager"], "median_us": [2.0],
+                                               "speedup": [1.0]}))
 
         # %%
         raise RuntimeError("deliberately failing cell")
@@ -291,7 +292,8 @@ def test_a_real_failing_notebook_publishes_nothing(checkout, monkeypatch, capsys
         rep.reproduce(["91"], resume=True)
     rep.reproduce(["91"])
     env = json.loads((checkout / "figures" / "91_alpha" / "env.json").read_text())
-    assert env["run"]["gpu"] == "Stand-in GPU" and env["run"]["commit"] == runs._git(rep.PROJECT_ROOT, "rev-parse", "HEAD")
+    assert env["run"]["gpu"] == "Stand-in GPU"
+    assert env["run"]["commit"] == runs._git(rep.PROJECT_ROOT, "rev-parse", "HEAD")
     assert "fixed" in (checkout / "notebooks" / "91_alpha.ipynb").read_text()
 
 
@@ -333,3 +335,48 @@ def test_a_real_notebook_interrupted_midway_publishes_nothing(checkout, sig):
     assert "91_alpha.py was interrupted; nothing of it was published" in err
     assert "(cell 3/4: import time)" in err, err
     assert _committed(checkout) == before
+
+
+FAKE_BENCHMARK = '''
+import os, sys
+import pandas as pd
+from cudagraph_kit.course import results
+seen = results.load("91_alpha", root=results.results_root())  # the notebooks' results it compares with
+results.save("00_fake_bench", pd.DataFrame({"case": ["c"], "variant": ["v"], "speedup": [1.0],
+                                            "median_us": [float(seen.df.median_us.iloc[0]) if seen else -1.0]}))
+if os.environ.get("CGK_FAKE_BENCH_FAILS"):
+    sys.exit(3)
+'''
+
+
+def test_benchmarks_publish_their_results_whole_or_not_at_all(tmp_path, monkeypatch, capsys):
+    """The benchmarks after the notebooks (GPU only) run into the staging folder too, seeded with the results
+    published so far (the cross-check compares with them); a failing one publishes nothing."""
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    (project / "scripts" / "fake_bench.py").write_text(FAKE_BENCHMARK)
+    figs = tmp_path / "figures"
+    results.save("91_alpha", _df(5.0), root=figs)
+    results.save("00_fake_bench", _df(9.0), root=figs)
+    (figs / "00_fake_bench" / "stale.png").write_bytes(b"old")
+    monkeypatch.setattr(rep, "PROJECT_ROOT", project)
+    monkeypatch.setattr(rep, "STAGING_DIR", tmp_path / "staging")
+    monkeypatch.setattr(rep, "BENCHMARKS", {"fake_bench.py": "00_fake_bench"})
+    monkeypatch.setenv("PYTHONPATH", str(rep.FIGURES_DIR.parent))  # the kit, for the script
+    run = runs.new_run(rep.FIGURES_DIR.parent, "Stand-in GPU", smoke=False)
+    before = _snapshot(figs)
+    monkeypatch.setenv("CGK_FAKE_BENCH_FAILS", "1")
+    with pytest.raises(rep.RunStopped) as stopped:
+        rep.run_benchmarks(figs, run, "python -m cudagraph_kit reproduce --resume")
+    assert stopped.value.code == 1 and _snapshot(figs) == before
+    assert "scripts/fake_bench.py failed; nothing of it was published" in capsys.readouterr().err
+    monkeypatch.delenv("CGK_FAKE_BENCH_FAILS")
+    rep.run_benchmarks(figs, run)
+    published = results.load("00_fake_bench", root=figs)
+    assert published.df.median_us.iloc[0] == 5.0  # it read the notebook's published result
+    assert published.env["run"]["id"] == run["id"] and not (figs / "00_fake_bench" / "stale.png").exists()
+    assert _snapshot(figs / "91_alpha") == {k: v for k, v in before.items() if "91_alpha" in k}
+    times = json.loads((figs / "reproduce_times.json").read_text())
+    assert times["run"]["id"] == run["id"] and list(times["benchmarks"]) == ["fake_bench.py"]
+    rep.run_benchmarks(figs, run)  # resumed: done already
+    assert "scripts/fake_bench.py: published by this run already; skipped" in capsys.readouterr().out

@@ -1,7 +1,9 @@
 """Execute the kit's notebooks headless (jupytext source -> papermill) and refresh their results.
 
 Every notebook lives in ``notebooks/`` of a source checkout as a jupytext ``py:percent`` file (the source of
-truth) next to the executed ``.ipynb`` that carries the outputs of a real GPU run.
+truth) next to the executed ``.ipynb`` that carries the outputs of a real GPU run. ``reproduce`` runs each one
+into a staging folder and publishes it (executed copy and results together) only when it finished without
+error, so an interrupted or failed run never leaves a half-executed notebook or a half-written results folder.
 
 Example::
 
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sys
 import sysconfig
@@ -344,7 +345,8 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
     on_gpu = torch.cuda.is_available()
     sources = [s for s in notebook_sources(NOTEBOOKS_DIR) if not names or any(s.stem.startswith(n) for n in names)]
     if not sources:
-        raise SystemExit(f"no notebook matches {names!r}; available: {[s.stem for s in notebook_sources(NOTEBOOKS_DIR)]}")
+        available = [s.stem for s in notebook_sources(NOTEBOOKS_DIR)]
+        raise SystemExit(f"no notebook matches {names!r}; available: {available}")
     recording = on_gpu and not smoke
     given_out, given_results = out_dir, results_dir
     if out_dir is None:

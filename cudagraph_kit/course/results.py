@@ -71,8 +71,9 @@ class Recorded:
     def caption(self) -> str:
         e = self.env
         where = e.get("gpu") or "CPU only (no CUDA)"
+        run = f", run {e['run']['id']}" if isinstance(e.get("run"), dict) and e["run"].get("id") else ""
         return (f"Recorded on {where} (driver {e.get('driver') or '-'}), PyTorch {e.get('torch')}, "
-                f"CUDA {e.get('cuda') or '-'}, {e.get('date')}")
+                f"CUDA {e.get('cuda') or '-'}, {e.get('date')}{run}")
 
 
 def save(stem: str, df, figures: dict | None = None, root=None, extra_env: dict | None = None) -> Path:
