@@ -1,35 +1,63 @@
-"""Command line: ``python -m cudagraph_kit env`` | ``reproduce [NAMES...] [--smoke] [--out DIR] [--results DIR]``
-| ``lab``."""
+"""Command line of cudagraph-kit: python -m cudagraph_kit {env, reproduce, check-figures, lab} [options].
+
+reproduce, check-figures and lab need a source checkout of the repository (git clone); env works wherever the
+kit is installed. python -m cudagraph_kit COMMAND --help describes each command.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cudagraph_kit", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("env", help="print the hardware/software environment")
-    rep = sub.add_parser("reproduce", help="execute the notebooks headless (papermill); on a GPU this refreshes "
-                                           "the recorded notebooks/*.ipynb and figures/")
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m cudagraph_kit", description=__doc__.strip(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("env", help="print the GPU, driver, PyTorch, CUDA, CPU and Python of this machine")
+    rep = sub.add_parser(
+        "reproduce", help="execute the notebooks headless (papermill); on a GPU this refreshes the recorded "
+                          "notebooks/*.ipynb and figures/",
+        description="Execute the notebooks headless. Each notebook runs into build/reproduce/<name>/ first; only "
+                    "a notebook that finished without error is moved into place, its results folder replacing "
+                    "the old one whole. A failed or interrupted notebook leaves the published files as they were.")
     rep.add_argument("names", nargs="*", help="notebook name prefixes, e.g. 01 02 (default: all)")
     rep.add_argument("--smoke", action="store_true", help="small sizes; nothing recorded is touched (build/)")
     rep.add_argument("--out", default=None, help="folder for the executed notebooks")
     rep.add_argument("--results", default=None, help="folder for the notebooks' results (default: figures/ on "
                                                      "a GPU, build/figures otherwise)")
-    lab = sub.add_parser("lab", help="open JupyterLab on working copies of the notebooks (build/lab)")
+    rep.add_argument("--resume", action="store_true",
+                     help="go on with the run recorded in the results folder (same code, GPU and PyTorch), "
+                          "skipping the notebooks it already published")
+    chk = sub.add_parser("check-figures", help="say whether figures/ comes from one run (exit 1 if it mixes runs)")
+    chk.add_argument("--figures", default=None, help="results folder to check (default: the recorded figures/)")
+    lab = sub.add_parser("lab", help="open JupyterLab on working copies of the notebooks (build/lab); other "
+                                     "options (--no-browser, --port 8889, --ip, --allow-root, ...) go to jupyter lab")
     lab.add_argument("--dir", default=None, help="folder for the working copies (default: build/lab)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "lab":  # only lab passes options on (to jupyter lab)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "env":
         from .env import env_table
         print(env_table())
         return 0
     if args.command == "lab":
         from .course.reproduce import lab as open_lab
-        open_lab(args.dir)
-        return 0
+        return open_lab(args.dir, extra_args=unknown)
+    if args.command == "check-figures":
+        from .course.paths import NOTEBOOKS_DIR, require_checkout
+        from .course.runs import check_figures
+        if args.figures is None:
+            require_checkout()
+        report = check_figures(args.figures, NOTEBOOKS_DIR if args.figures is None else None)
+        print(report.text())
+        return 0 if report.one_run else 1
     from .course.reproduce import reproduce
-    reproduce(args.names, out_dir=args.out, smoke=args.smoke, results_dir=args.results)
+    reproduce(args.names, out_dir=args.out, smoke=args.smoke, results_dir=args.results, resume=args.resume)
     return 0
 
 

@@ -9,13 +9,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cudagraph_kit.course import results  # noqa: E402
+from cudagraph_kit.course import results, runs  # noqa: E402
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
 def _env_caption(env):
-    return f"{env.get('gpu')}, PyTorch {env.get('torch')}, {str(env.get('date', ''))[:10]}"
+    run = f", run {env['run']['id']}" if env.get("run") else ""
+    return f"{env.get('gpu')}, PyTorch {env.get('torch')}, {str(env.get('date', ''))[:10]}{run}"
+
+
+def provenance_paragraph():
+    """Which results come from which run (``check-figures``), so that no reader compares across runs unawares."""
+    report = runs.check_figures(ROOT / "figures", ROOT / "notebooks")
+    if not report.groups:
+        return ""
+    if report.one_run:
+        g = report.groups[0]
+        return (f"**Where these results come from.** Every result below comes from one `reproduce` run: {g.label}.\n")
+    lines = [f"**Where these results come from.** The results below come from {len(report.groups)} groups of GPU "
+             "runs (`python -m cudagraph_kit check-figures` lists them); compare numbers within a group, not across:",
+             ""]
+    lines += [f"- {g.label}: {', '.join(f'`{f}`' for f in g.folders)}" for g in report.groups]
+    lines += [f"- notebook and results differ: {m}" for m in report.mismatched]
+    return "\n".join(lines) + "\n"
 
 
 def _row(df, case, variant_prefix):
@@ -272,7 +289,11 @@ def noise_paragraph():
     lo, hi = min(v for _, v in eager_small), max(v for _, v in eager_small)
     noisy = sum(v > 10 for v in spreads)
     where = ", ".join(f"{v:.1f} µs ({s})" for s, v in eager_small)
-    return (f"How much the host moves, in this very run: eager small GELU read {where}, a spread of "
+    report = runs.check_figures(ROOT / "figures")
+    sources = [report.group_of(stem) for stem, _ in eager_small]
+    one_run = all(g is sources[0] for g in sources) and sources[0] is not None and sources[0].run is not None
+    when = "in this very run" if one_run else "across the recorded runs named above"
+    return (f"How much the host moves, {when}: eager small GELU read {where}, a spread of "
             f"{100 * (hi / lo - 1):.0f}% between moments minutes apart, while graph replays barely move. Within a "
             f"table, {noisy} of {len(spreads)} timed rows have an IQR over 10% of their median (their `note` says "
             "so). Hence every speedup here is the median of per-round ratios, never two medians from different "
@@ -280,8 +301,8 @@ def noise_paragraph():
 
 
 def render():
-    return "\n".join([START, noise_paragraph(), gelu_section(), train_step_section(), jit_compile_section(),
-                      resnet_section(), advise_section(), buckets_section(), data_parallel_section(), overhead_section(),
+    return "\n".join([START, provenance_paragraph(), noise_paragraph(), gelu_section(), train_step_section(),
+                      jit_compile_section(), resnet_section(), advise_section(), buckets_section(), data_parallel_section(), overhead_section(),
                       crosscheck_section(), END])
 
 

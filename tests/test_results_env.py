@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -127,24 +128,28 @@ def test_colab_clone_layout_is_found_from_its_notebooks_folder(monkeypatch, tmp_
 
 
 def test_reproduce_writes_figures_only_when_recording_on_a_gpu(monkeypatch, tmp_path, capsys):
-    """Simulated GPU: `reproduce` passes figures/ explicitly only without --smoke; nothing is executed here."""
+    """Simulated GPU: `reproduce` publishes into figures/ and notebooks/ only without --smoke; each notebook runs
+    into the staging folder first. Nothing is executed here (a stand-in kernel) and nothing is published."""
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Stand-in GPU")
+    monkeypatch.setattr(rep, "STAGING_DIR", tmp_path / "staging")
     monkeypatch.setattr(rep, "execute_notebook", lambda src, out, params, results_dir, **kw: calls.append(
-        (src.stem, out, params, results_dir)) or out)
-    timed = []
-    monkeypatch.setattr(rep, "_record_times", lambda folder, seconds, gpu, smoke: timed.append((folder, gpu, smoke)))
+        (src.stem, out, params, results_dir, kw["run"]["gpu"])) or out)
+    monkeypatch.setattr(rep, "_stamp_run", lambda *a: None)
+    published = []
+    monkeypatch.setattr(rep, "_publish", lambda stem, nb, res, out_dir, results_dir, run, seconds: published.append(
+        (stem, out_dir, results_dir, run["smoke"])))
     rep.reproduce(["01"], smoke=True)
     rep.reproduce(["01"])
     rep.reproduce(["01"], out_dir=tmp_path / "nb", results_dir=tmp_path / "res")
-    assert calls == [
-        ("01_gelu", PROJECT_ROOT / "build" / "notebooks" / "01_gelu.ipynb", {"SMOKE": True}, PROJECT_ROOT / "build" / "figures"),
-        ("01_gelu", NOTEBOOKS_DIR / "01_gelu.ipynb", {}, FIGURES_DIR),
-        ("01_gelu", tmp_path / "nb" / "01_gelu.ipynb", {}, tmp_path / "res"),
-    ]
-    assert timed == [(PROJECT_ROOT / "build" / "figures", "Stand-in GPU", True), (FIGURES_DIR, "Stand-in GPU", False),
-                     (tmp_path / "res", "Stand-in GPU", False)]  # the times land beside the results of each run
+    staged = (tmp_path / "staging" / "01_gelu" / "01_gelu.ipynb", tmp_path / "staging" / "01_gelu" / "results")
+    assert calls == [("01_gelu", staged[0], {"SMOKE": True}, staged[1], "Stand-in GPU"),
+                     ("01_gelu", staged[0], {}, staged[1], "Stand-in GPU"),
+                     ("01_gelu", staged[0], {}, staged[1], "Stand-in GPU")]
+    assert published == [("01_gelu", PROJECT_ROOT / "build" / "notebooks", PROJECT_ROOT / "build" / "figures", True),
+                         ("01_gelu", NOTEBOOKS_DIR, FIGURES_DIR, False), ("01_gelu", tmp_path / "nb", tmp_path / "res",
+                                                                          False)]
     out = capsys.readouterr().out
     assert out.count("on CUDA: Stand-in GPU") == 3 and "small sizes (--smoke)" in out
 
@@ -164,27 +169,48 @@ def test_describe_and_cli(capsys):
     assert re.search(rf"(?m)^python\s+{re.escape(platform.python_version())}$", printed)
 
 
-def test_reproduce_from_a_pip_install_says_where_the_notebooks_are(tmp_path):
-    """`pip install` into another project, then `python -m cudagraph_kit reproduce`: a clear message."""
+def test_a_regular_pip_install_elsewhere_works_and_says_what_needs_the_checkout(tmp_path):
+    """`pip install .` (not editable) into a virtual environment, used from a project that is not this checkout:
+    the helpers import from the installed copy, `env` runs, and what needs the checkout says so clearly."""
+    from test_colab_setup import _kernel_venv
+
     src = tmp_path / "src"
     src.mkdir()
     shutil.copytree(PROJECT_ROOT / "cudagraph_kit", src / "cudagraph_kit", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(PROJECT_ROOT / name, src / name)
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), str(src)], check=True, capture_output=True, timeout=300)
+    venv = _kernel_venv(tmp_path / "venv")  # sees this environment's packages (torch, pip); installs into its own
+    python = str(venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
+    installed = subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                                str(src)], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
     work = tmp_path / "other-project"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CGK_RESULTS_DIR")}
-    env["PYTHONPATH"] = str(site)
-    done = subprocess.run([sys.executable, "-m", "cudagraph_kit", "reproduce"], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "The notebooks live in a source checkout" in done.stderr
-    assert f"git clone {rep.repository_url()} cudagraph-kit" in done.stderr
-    assert str(site / "cudagraph_kit") in done.stderr  # it ran the installed copy, not a checkout
-    assert "no notebook matches" not in done.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CGK_RESULTS_DIR", "VIRTUAL_ENV")}
+
+    def run(*args):
+        return subprocess.run([python, *args], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+
+    helper = run("-c", "import cudagraph_kit; from cudagraph_kit.capture import capture; "
+                       "from cudagraph_kit.timing import compare; from cudagraph_kit.buckets import capture_buckets; "
+                       "print(cudagraph_kit.__file__); print(capture.__module__, compare.__module__)")
+    assert helper.returncode == 0, helper.stderr
+    where = Path(helper.stdout.splitlines()[0]).resolve()
+    assert venv.resolve() in where.parents and PROJECT_ROOT not in where.parents  # the installed copy, not the checkout
+    assert helper.stdout.splitlines()[1] == "cudagraph_kit.capture cudagraph_kit.timing"
+    shown = run("-m", "cudagraph_kit", "env")
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(rf"(?m)^torch\s+{re.escape(torch.__version__)}$", shown.stdout)
+    for command in (["reproduce"], ["lab", "--no-browser"], ["check-figures"]):
+        done = run("-m", "cudagraph_kit", *command)
+        assert done.returncode == 1, (command, done.stdout + done.stderr)
+        assert "The notebooks live in a source checkout" in done.stderr, (command, done.stderr)
+        assert f"git clone {rep.repository_url()} cudagraph-kit" in done.stderr
+        assert str(where.parent) in done.stderr  # it ran the installed copy, and says where that is
+        assert "Traceback" not in done.stderr and "no notebook matches" not in done.stderr
+    recorded = run("-c", "from cudagraph_kit.course import results; results.show_recorded('01_gelu')")
+    assert recorded.returncode == 0 and "no source checkout found" in recorded.stdout, recorded.stderr
+    assert not list(work.iterdir())  # nothing written into the user's project
 
 
 @pytest.mark.notebook

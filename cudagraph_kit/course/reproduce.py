@@ -1,7 +1,9 @@
 """Execute the kit's notebooks headless (jupytext source -> papermill) and refresh their results.
 
 Every notebook lives in ``notebooks/`` of a source checkout as a jupytext ``py:percent`` file (the source of
-truth) next to the executed ``.ipynb`` that carries the outputs of a real GPU run.
+truth) next to the executed ``.ipynb`` that carries the outputs of a real GPU run. ``reproduce`` runs each one
+into a staging folder and publishes it (executed copy and results together) only when it finished without
+error, so an interrupted or failed run never leaves a half-executed notebook or a half-written results folder.
 
 Example::
 
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sys
 import sysconfig
@@ -37,7 +38,12 @@ def to_ipynb(source: Path, target: Path) -> Path:
     nb.metadata.pop("jupytext", None)  # no pairing: saving a notebook never rewrites another file
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    jupytext.write(nb, target)
+    partial = target.with_name(f".{target.stem}.{os.getpid()}.tmp.ipynb")
+    try:
+        jupytext.write(nb, partial)
+        os.replace(partial, target)  # whole or not at all
+    finally:
+        partial.unlink(missing_ok=True)
     return target
 
 
@@ -155,12 +161,13 @@ def strip_machine_paths(nb) -> None:
 
 
 def execute_notebook(source, output, parameters: dict | None = None, results_dir=None,
-                     timeout_s: int | None = None, progress: bool = False) -> Path:
+                     timeout_s: int | None = None, progress: bool = False, run: dict | None = None) -> Path:
     """Execute one notebook source with papermill; return the executed ``.ipynb`` (machine paths stripped).
 
     ``results_dir`` (if given) is where the notebook's ``results.save`` writes (``CGK_RESULTS_DIR``).
     The notebook runs with its folder as the working directory and the project on ``PYTHONPATH``.
-    ``progress=True`` prints a line as each code cell starts, with its time on the recorded run.
+    ``progress=True`` prints a line as each code cell starts, with its time on the recorded run. ``run`` (from
+    ``reproduce``) is recorded in the ``env.json`` of each result the notebook saves (``CGK_RUN``).
     """
     import nbformat
     import papermill
@@ -174,10 +181,12 @@ def execute_notebook(source, output, parameters: dict | None = None, results_dir
         code_cells = sum(c.cell_type == "code" for c in nbformat.read(unexecuted, as_version=4).cells)
         code_cells += 1 if parameters else 0  # papermill adds a cell with the injected parameters
         engine_kwargs["on_cell_start"] = _cell_printer(code_cells, recorded)
-    saved = {k: os.environ.get(k) for k in ("CGK_RESULTS_DIR", "PYTHONPATH")}
+    saved = {k: os.environ.get(k) for k in ("CGK_RESULTS_DIR", "PYTHONPATH", "CGK_RUN")}
     try:
         if results_dir is not None:
             os.environ["CGK_RESULTS_DIR"] = str(results_dir)
+        if run is not None:
+            os.environ["CGK_RUN"] = json.dumps(run)
         paths = [str(PROJECT_ROOT)] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else [])
         os.environ["PYTHONPATH"] = os.pathsep.join(paths)
         _register_engine()
@@ -230,108 +239,304 @@ def _forecast(src: Path) -> str:
     return f"the recorded run took {recorded[None]:.0f} s{where}{slow_text}"
 
 
-def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False, results_dir=None) -> list[Path]:
+STAGING_DIR = PROJECT_ROOT / "build" / "reproduce"  # scratch: a notebook's executed copy and results until published
+TIMES_FILE = "reproduce_times.json"  # in the results folder: the run's id and per-notebook wall times
+
+
+class RunStopped(SystemExit):
+    """A notebook failed or the run was interrupted: nothing of that notebook was published (exit status 1 or 130)."""
+
+
+def _resume_point(results_dir: Path, now: dict) -> tuple[dict, dict]:
+    """The run recorded in ``<results_dir>/reproduce_times.json`` and its published notebooks' times, if this
+    machine and code can go on with it; else a clear stop that says what differs."""
+    from .runs import setup_differences
+
+    path = results_dir / TIMES_FILE
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    run = data.get("run")
+    if not run:
+        raise SystemExit(f"reproduce --resume: {path} names no run to go on with (no `reproduce` has published a "
+                         "notebook there since runs were named). Fix: start a run without --resume.")
+    differ = setup_differences(run, now)
+    if differ:
+        raise SystemExit(f"reproduce --resume: run {run['id']} cannot go on here, its results would mix with "
+                         "different ones:\n  " + "\n  ".join(differ) + "\nFix: start a new run without --resume "
+                         "(or go back to that run's code, GPU and PyTorch).")
+    return run, dict(data.get("notebooks", {}))
+
+
+def _failing_cell(executed: Path) -> str:
+    """'cell N/M: <first code line>' of the cell that failed or was running when the run stopped."""
+    try:
+        nb = json.loads(Path(executed).read_text())
+    except (OSError, ValueError):
+        return "no executed copy was written"
+    code = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
+    failed = next((i for i, c in enumerate(code) if any(o.get("output_type") == "error" for o in c.get("outputs", []))
+                   or c.get("metadata", {}).get("papermill", {}).get("exception")), None)
+    if failed is None:
+        failed = next((i for i, c in enumerate(code) if c.get("metadata", {}).get("papermill", {}).get("status")
+                       in ("running", "pending")), None)
+    if failed is None:
+        return f"{len(code)} code cells, none marked as failed"
+    return f"cell {failed + 1}/{len(code)}: {_first_line(''.join(code[failed].get('source', '')))}"
+
+
+def _stopped(src: Path, staged: Path, exc: BaseException, committed: list, resume_hint: str) -> RunStopped:
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    what = "was interrupted" if interrupted else f"failed ({type(exc).__name__})"
+    kept = ", ".join(str(p) for p in committed)
+    print(f"reproduce: {src.name} {what}; nothing of it was published: {kept} are as they were.\n"
+          f"reproduce: its executed copy so far: {staged} ({_failing_cell(staged)})\n"
+          f"reproduce: go on with: {resume_hint}", file=sys.stderr, flush=True)
+    return RunStopped(130 if interrupted else 1)
+
+
+def _publish(stem: str, staged_nb: Path | None, staged_results: Path, out_dir: Path, results_dir: Path,
+             run: dict, seconds: float, key: str = "notebooks") -> None:
+    """Move a finished notebook's executed copy and results into place, all at once (interrupts held back):
+    each results folder replaces its old one whole, then the notebook, then the run's record of what is done."""
+    from .files import interrupts_deferred, move_file, replace_folder, write_text_atomic
+
+    folders = sorted(p for p in staged_results.iterdir() if p.is_dir()) if staged_results.is_dir() else []
+    times_path = results_dir / TIMES_FILE
+    data = json.loads(times_path.read_text()) if times_path.is_file() else {}
+    if (data.get("run") or {}).get("id") != run["id"]:  # a new run: its record starts afresh
+        data = {}
+    data.update({"gpu": run["gpu"], "smoke": run["smoke"], "date": run["started"][:10], "run": run})
+    data.setdefault(key, {})[stem] = seconds
+    with interrupts_deferred():
+        for folder in folders:
+            replace_folder(folder, results_dir / folder.name)
+        if staged_nb is not None:
+            move_file(staged_nb, out_dir / f"{stem}.ipynb")
+        write_text_atomic(times_path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _stamp_run(executed: Path, run: dict) -> None:
+    import nbformat
+    nb = nbformat.read(executed, as_version=4)
+    nb.metadata["cudagraph_kit"] = {"run": run}
+    nbformat.write(nb, executed)
+
+
+def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False, results_dir=None,
+              resume: bool = False) -> list[Path]:
     """Run every notebook (or those whose name starts with one of ``names``) and report progress per cell.
 
     With CUDA (and not ``smoke``), executed notebooks replace ``notebooks/*.ipynb`` and results refresh the
     recorded ``figures/``: the only run that writes there, and it says so. Otherwise nothing committed is
     touched: executed copies go to ``build/notebooks`` (or ``out_dir``) and results to ``build/figures``
     (or ``results_dir``); the notebooks show the recorded GPU results from ``figures/``.
+
+    Each notebook runs into ``build/reproduce/<name>/`` first. Only when it finished without error are its
+    executed copy and results moved into place, all at once, each results folder replacing the old one whole.
+    A failed or interrupted notebook leaves the published files as they were: ``reproduce`` says so, points to
+    the staged copy and its failing cell, and stops with status 1 (130 when interrupted). The run (commit, GPU,
+    PyTorch, date) is recorded in each ``env.json``, each notebook's metadata and ``reproduce_times.json``;
+    ``resume=True`` goes on with that run, skipping the notebooks it already published.
     """
     require_checkout()
     import torch
 
+    from .runs import new_run
+
     on_gpu = torch.cuda.is_available()
-    sources = [s for s in notebook_sources() if not names or any(s.stem.startswith(n) for n in names)]
+    sources = [s for s in notebook_sources(NOTEBOOKS_DIR) if not names or any(s.stem.startswith(n) for n in names)]
     if not sources:
-        raise SystemExit(f"no notebook matches {names!r}; available: {[s.stem for s in notebook_sources()]}")
+        available = [s.stem for s in notebook_sources(NOTEBOOKS_DIR)]
+        raise SystemExit(f"no notebook matches {names!r}; available: {available}")
     recording = on_gpu and not smoke
+    given_out, given_results = out_dir, results_dir
     if out_dir is None:
         out_dir = NOTEBOOKS_DIR if recording else PROJECT_ROOT / "build" / "notebooks"
     if results_dir is None:
         results_dir = FIGURES_DIR if recording else PROJECT_ROOT / "build" / "figures"
-    out_dir = Path(out_dir)
-    device = "CUDA: " + torch.cuda.get_device_name(0) if on_gpu else "CPU (no CUDA)"
+    out_dir, results_dir = Path(out_dir), Path(results_dir)
+    gpu = torch.cuda.get_device_name(0) if on_gpu else None
+    run = new_run(PROJECT_ROOT, gpu, smoke)
+    done_before = {}
+    if resume:
+        run, done_before = _resume_point(results_dir, run)
+    device = "CUDA: " + gpu if on_gpu else "CPU (no CUDA)"
     print(f"reproduce: {len(sources)} notebook(s) on {device}{', small sizes (--smoke)' if smoke else ''}; "
           f"executed notebooks -> {out_dir}, results -> {results_dir}", flush=True)
+    print(f"reproduce: run {run['id']}" + (f" (going on: {len(done_before)} notebook(s) published before)"
+                                            if resume else ""), flush=True)
     if not on_gpu:
         print("reproduce: CUDA graphs need an NVIDIA GPU; the notebooks run their CPU part and show the "
               "recorded GPU results from figures/ (left untouched).", flush=True)
-    done, seconds = [], {}
-    for i, src in enumerate(sources, 1):
-        t0 = time.perf_counter()
-        print(f"[{i}/{len(sources)}] {src.name}: {_forecast(src)}", flush=True)
-        params = {"SMOKE": True} if smoke else {}
-        done.append(execute_notebook(src, out_dir / f"{src.stem}.ipynb", params, results_dir, progress=True))
-        seconds[src.stem] = round(time.perf_counter() - t0, 1)
-        print(f"[{i}/{len(sources)}] {src.name} done in {seconds[src.stem]:.0f} s", flush=True)
-    _record_times(Path(results_dir), seconds, torch.cuda.get_device_name(0) if on_gpu else None, smoke)
-    if on_gpu and not smoke and (not names or "00" in names):
-        run_benchmarks(results_dir)
+    again = " ".join(["python -m cudagraph_kit reproduce", *(names or []), *(["--smoke"] if smoke else []),
+                      *([f"--out {out_dir}"] if given_out is not None else []),
+                      *([f"--results {results_dir}"] if given_results is not None else [])])
+
+    def hint():  # --resume once this run has published something to go on from
+        return again + " --resume" if resume or done else again + " (nothing of this run was published yet)"
+    done = []
+    _sigterm_as_interrupt()
+    try:
+        for i, src in enumerate(sources, 1):
+            if src.stem in done_before:
+                print(f"[{i}/{len(sources)}] {src.name}: published by run {run['id']} already; skipped", flush=True)
+                done.append(out_dir / f"{src.stem}.ipynb")
+                continue
+            t0 = time.perf_counter()
+            print(f"[{i}/{len(sources)}] {src.name}: {_forecast(src)}", flush=True)
+            stage = STAGING_DIR / src.stem
+            if stage.exists():
+                shutil.rmtree(stage)  # reproduce's own scratch from an earlier try of this notebook
+            staged_nb, staged_results = stage / f"{src.stem}.ipynb", stage / "results"
+            params = {"SMOKE": True} if smoke else {}
+            try:
+                execute_notebook(src, staged_nb, params, staged_results, progress=True, run=run)
+            except BaseException as exc:  # noqa: BLE001 -- a failed cell, Ctrl-C, SIGTERM: publish nothing, say so
+                raise _stopped(src, staged_nb, exc, [out_dir / f"{src.stem}.ipynb", results_dir / src.stem],
+                               hint()) from exc
+            _stamp_run(staged_nb, run)
+            seconds = round(time.perf_counter() - t0, 1)
+            _publish(src.stem, staged_nb, staged_results, out_dir, results_dir, run, seconds)
+            shutil.rmtree(stage, ignore_errors=True)
+            done.append(out_dir / f"{src.stem}.ipynb")
+            print(f"[{i}/{len(sources)}] {src.name} done in {seconds:.0f} s; published to {out_dir} and "
+                  f"{results_dir}", flush=True)
+        if on_gpu and not smoke and (not names or "00" in names):
+            run_benchmarks(results_dir, run, hint())
+    except KeyboardInterrupt as exc:  # between two notebooks, or while one was being published (held back)
+        print(f"reproduce: interrupted; what run {run['id']} published so far is whole, nothing of the rest was "
+              f"published.\nreproduce: go on with: {hint()}", file=sys.stderr, flush=True)
+        raise RunStopped(130) from exc
+    finally:
+        _restore_sigterm()
     return done
 
 
-BENCHMARKS = ("bench_overhead.py", "crosscheck.py")  # in scripts/; run after the notebooks, on a GPU only
+def _sigterm_as_interrupt():
+    """Until :func:`_restore_sigterm`: SIGTERM (a job's time limit, a closed session) stops the run the way
+    Ctrl-C does, so the kernel is shut down and the message says what was kept."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    _SAVED_SIGTERM.append(signal.signal(signal.SIGTERM, interrupt))
 
 
-def run_benchmarks(results_dir) -> None:
-    """Run the overhead benchmark and the kit-vs-plain-PyTorch cross-check into ``results_dir``.
+def _restore_sigterm():
+    import signal
+    while _SAVED_SIGTERM:
+        signal.signal(signal.SIGTERM, _SAVED_SIGTERM.pop())
 
-    They run after the notebooks so that the cross-check can set its numbers beside the notebooks' of the same run.
+
+_SAVED_SIGTERM: list = []
+
+
+BENCHMARKS = {"bench_overhead.py": "00_overhead", "crosscheck.py": "00_crosscheck"}  # scripts/ -> results folder
+
+
+def run_benchmarks(results_dir, run: dict | None = None, resume_hint: str = "") -> None:
+    """Run the overhead benchmark and the kit-vs-plain-PyTorch cross-check (GPU only) and publish their results
+    into ``results_dir`` the way notebooks are (staged, then moved in whole; nothing on failure).
+
+    They run after the notebooks so that the cross-check can set its numbers beside the notebooks' of the same
+    run: their staging folder starts with a copy of the results published so far.
     """
     import subprocess
 
-    env = dict(os.environ, CGK_RESULTS_DIR=str(results_dir), PYTHONUNBUFFERED="1")
-    for script in BENCHMARKS:
+    results_dir = Path(results_dir)
+    times = json.loads((results_dir / TIMES_FILE).read_text()) if (results_dir / TIMES_FILE).is_file() else {}
+    done_before = times.get("benchmarks", {}) if run is not None and (times.get("run") or {}).get("id") == run["id"] \
+        else {}
+    for script, stem in BENCHMARKS.items():
+        if script in done_before:
+            print(f"[bench] scripts/{script}: published by this run already; skipped", flush=True)
+            continue
+        stage = STAGING_DIR / stem
+        if stage.exists():
+            shutil.rmtree(stage)
+        staged_results = stage / "results"
+        staged_results.mkdir(parents=True)
+        for folder in results_dir.iterdir() if results_dir.is_dir() else []:
+            if folder.is_dir() and not folder.name.startswith("."):  # what the cross-check compares with
+                shutil.copytree(folder, staged_results / folder.name)
+        seeded = {p.name: _tree_digest(p) for p in staged_results.iterdir()}
+        env = dict(os.environ, CGK_RESULTS_DIR=str(staged_results), PYTHONUNBUFFERED="1")
+        if run is not None:
+            env["CGK_RUN"] = json.dumps(run)
         print(f"[bench] scripts/{script} ...", flush=True)
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / script)], env=env, check=True)
-        print(f"[bench] scripts/{script} done in {time.perf_counter() - t0:.0f} s", flush=True)
+        try:
+            subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / script)], env=env, check=True)
+        except BaseException as exc:  # noqa: BLE001
+            print(f"reproduce: scripts/{script} {'was interrupted' if isinstance(exc, KeyboardInterrupt) else 'failed'}"
+                  f"; nothing of it was published: {results_dir / stem} is as it was. Staged: {staged_results}\n"
+                  f"reproduce: go on with: {resume_hint}", file=sys.stderr, flush=True)
+            raise RunStopped(130 if isinstance(exc, KeyboardInterrupt) else 1) from exc
+        for name, digest in seeded.items():  # publish only what the benchmark wrote
+            if _tree_digest(staged_results / name) == digest:
+                shutil.rmtree(staged_results / name)
+        seconds = round(time.perf_counter() - t0, 1)
+        if run is not None:
+            _publish(script, None, staged_results, results_dir, results_dir, run, seconds, key="benchmarks")
+        else:
+            from .files import interrupts_deferred, replace_folder
+            with interrupts_deferred():
+                for folder in sorted(p for p in staged_results.iterdir() if p.is_dir()):
+                    replace_folder(folder, results_dir / folder.name)
+        shutil.rmtree(stage, ignore_errors=True)
+        print(f"[bench] scripts/{script} done in {seconds:.0f} s", flush=True)
 
 
-def _record_times(results_dir: Path, seconds: dict, gpu, smoke: bool) -> None:
-    """Add this run's per-notebook wall times to ``<results_dir>/reproduce_times.json`` (the facilitator's guide
-    quotes them)."""
-    path = results_dir / "reproduce_times.json"
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    if data.get("gpu") != gpu or data.get("smoke") != smoke:
-        data = {}
-    data.update({"gpu": gpu, "smoke": smoke, "date": time.strftime("%Y-%m-%d", time.gmtime())})
-    data.setdefault("notebooks", {}).update(seconds)
-    results_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+def _tree_digest(folder: Path) -> str:
+    import hashlib
+    digest = hashlib.sha256()
+    for p in sorted(Path(folder).rglob("*")):
+        if p.is_file():
+            digest.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes())
+    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------ JupyterLab
 def lab_copies(dest=None) -> Path:
     """Working copies of the notebooks for JupyterLab in ``build/lab`` (ignored by git), so a learner's runs
-    and saves never touch the committed notebooks. Existing copies are kept (delete one for a fresh one)."""
+    and saves never touch the committed notebooks. Existing copies are kept (delete one for a fresh one); a
+    new copy is written whole or not at all, so an interrupted ``lab`` never leaves half a notebook behind."""
+    from .files import copy_file_atomic
+
     require_checkout()
     dest = Path(dest) if dest is not None else PROJECT_ROOT / "build" / "lab"
     dest.mkdir(parents=True, exist_ok=True)
-    for src in notebook_sources():
+    for src in notebook_sources(NOTEBOOKS_DIR):
         target = dest / f"{src.stem}.ipynb"
         if target.exists():
             print(f"kept your working copy {target}")
         elif src.with_suffix(".ipynb").is_file():
-            shutil.copyfile(src.with_suffix(".ipynb"), target)  # with the recorded GPU outputs
+            copy_file_atomic(src.with_suffix(".ipynb"), target)  # with the recorded GPU outputs
         else:
             to_ipynb(src, target)
     return dest
 
 
-def lab(dest=None, start: bool = True) -> list[str]:
-    """Open JupyterLab on working copies of the notebooks (see :func:`lab_copies`); returns its command."""
+def lab(dest=None, start: bool = True, extra_args=()):
+    """Open JupyterLab on working copies of the notebooks (see :func:`lab_copies`).
+
+    ``extra_args`` go to ``jupyter lab`` as they are (e.g. ``["--no-browser", "--port", "8889"]``). Returns
+    JupyterLab's exit status, or with ``start=False`` the command it would run::
+
+        lab("build/lab", start=False)   # [python, "-m", "jupyterlab", "--ServerApp.root_dir=build/lab"]
+    """
     folder = lab_copies(dest)
-    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={folder}"]
-    if start:
-        import importlib.util
-        if importlib.util.find_spec("jupyterlab") is None:
-            raise SystemExit("JupyterLab is not installed. Fix: pip install -r requirements.txt (it lists jupyterlab).")
-        print(f"JupyterLab on {folder} (working copies; the committed notebooks/ stay as recorded)", flush=True)
-        import subprocess
-        subprocess.run(command, check=False)
-    return command
+    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={folder}", *extra_args]
+    if not start:
+        return command
+    import importlib.util
+    if importlib.util.find_spec("jupyterlab") is None:
+        raise SystemExit("JupyterLab is not installed. Fix: pip install -r requirements.txt (it lists jupyterlab).")
+    print(f"JupyterLab on {folder} (working copies; the committed notebooks/ stay as recorded)", flush=True)
+    import subprocess
+    return subprocess.run(command, check=False).returncode
 
 
 if __name__ == "__main__":  # pragma: no cover

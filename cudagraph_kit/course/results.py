@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..env import describe, has_cuda
+from .files import interrupts_deferred, replace_folder
 
 __all__ = ["save", "load", "show_recorded", "results_root", "recorded_root", "checkout_root", "Recorded",
            "REQUIRED_COLUMNS"]
@@ -69,30 +71,44 @@ class Recorded:
     def caption(self) -> str:
         e = self.env
         where = e.get("gpu") or "CPU only (no CUDA)"
+        run = f", run {e['run']['id']}" if isinstance(e.get("run"), dict) and e["run"].get("id") else ""
         return (f"Recorded on {where} (driver {e.get('driver') or '-'}), PyTorch {e.get('torch')}, "
-                f"CUDA {e.get('cuda') or '-'}, {e.get('date')}")
+                f"CUDA {e.get('cuda') or '-'}, {e.get('date')}{run}")
 
 
 def save(stem: str, df, figures: dict | None = None, root=None, extra_env: dict | None = None) -> Path:
     """Write ``df`` as ``<root>/<stem>/results.csv`` with ``env.json`` and each figure as ``<name>.png``.
 
-    ``root`` defaults to ``results_root()`` (fresh results, never the recorded ``figures/``).
+    ``root`` defaults to ``results_root()`` (fresh results, never the recorded ``figures/``). The folder is
+    written whole: built beside its place and swapped in, replacing an older ``<stem>`` folder entirely, so an
+    interruption leaves the old folder or the new one, never a table and figures from different runs. Under
+    ``reproduce``, ``env.json`` also names the run (``$CGK_RUN``: commit, GPU, PyTorch, date).
     """
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"results for {stem!r} lack column(s) {missing}; every row needs "
                          f"{list(REQUIRED_COLUMNS)} (and floor_us where known). Fix: add them before saving.")
-    folder = Path(root or results_root()) / stem
-    folder.mkdir(parents=True, exist_ok=True)
-    df.to_csv(folder / "results.csv", index=False)
-    env = describe()
-    env["executed_as"] = "cuda" if has_cuda() else "cpu (eager only)"
-    env["notebook"] = stem
-    env.update(extra_env or {})
-    (folder / "env.json").write_text(json.dumps(env, indent=2, default=str) + "\n")
-    for name, fig in (figures or {}).items():
-        fig.savefig(folder / f"{name}.png", dpi=110, bbox_inches="tight")
-    return folder
+    target = Path(root or results_root()) / stem
+    building = target.with_name(f".{stem}.saving-{os.getpid()}")
+    if building.exists():
+        shutil.rmtree(building)
+    building.mkdir(parents=True)
+    try:
+        df.to_csv(building / "results.csv", index=False)
+        env = describe()
+        env["executed_as"] = "cuda" if has_cuda() else "cpu (eager only)"
+        env["notebook"] = stem
+        if os.environ.get("CGK_RUN"):
+            env["run"] = json.loads(os.environ["CGK_RUN"])
+        env.update(extra_env or {})
+        (building / "env.json").write_text(json.dumps(env, indent=2, default=str) + "\n")
+        for name, fig in (figures or {}).items():
+            fig.savefig(building / f"{name}.png", dpi=110, bbox_inches="tight")
+        with interrupts_deferred():
+            replace_folder(building, target)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return target
 
 
 def load(stem: str, root=None) -> Recorded | None:

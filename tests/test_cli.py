@@ -1,0 +1,83 @@
+"""The command line: plain-text help, lab's options passed on to JupyterLab and its exit status, notebooks listed
+once in JupyterLab, lab copies written whole."""
+import subprocess
+import sys
+
+import pytest
+
+from cudagraph_kit.__main__ import main
+from cudagraph_kit.course import reproduce as rep
+from cudagraph_kit.course.paths import NOTEBOOKS_DIR, notebook_sources
+
+
+def test_help_is_plain_text(capsys):
+    for argv in (["--help"], ["reproduce", "--help"], ["lab", "--help"], ["check-figures", "--help"]):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith("usage: python -m cudagraph_kit")
+        for markup in ("``", ":func:", ":data:", "::", ".. "):
+            assert markup not in out, (argv, markup)
+    main_help = subprocess.run([sys.executable, "-m", "cudagraph_kit", "--help"], capture_output=True, text=True,
+                               cwd=rep.PROJECT_ROOT).stdout
+    for command in ("env", "reproduce", "check-figures", "lab"):
+        assert f"\n    {command}" in main_help
+
+
+def test_only_lab_takes_options_it_does_not_know(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["reproduce", "--no-browser"])
+    assert done.value.code == 2 and "unrecognized arguments: --no-browser" in capsys.readouterr().err
+
+
+def test_lab_passes_its_unknown_options_to_jupyterlab_and_returns_its_status(tmp_path, monkeypatch):
+    ran = []
+
+    def fake_run(command, check=False):
+        ran.append(command)
+        return subprocess.CompletedProcess(command, 3)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    status = main(["lab", "--no-browser", "--port", "8889", "--dir", str(tmp_path / "lab"), "--ip=0.0.0.0",
+                   "--allow-root"])
+    assert status == 3
+    assert ran == [[sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={tmp_path / 'lab'}", "--no-browser",
+                    "--port", "8889", "--ip=0.0.0.0", "--allow-root"]]
+
+
+def test_lab_exits_non_zero_when_jupyterlab_fails(tmp_path):
+    pytest.importorskip("jupyterlab")
+    done = subprocess.run([sys.executable, "-m", "cudagraph_kit", "lab", "--dir", str(tmp_path / "lab"),
+                           "--no-browser", "--port", "not-a-port"], capture_output=True, text=True, timeout=120,
+                          cwd=rep.PROJECT_ROOT)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "not-a-port" in done.stdout + done.stderr
+
+
+def test_jupyterlab_lists_each_notebook_once():
+    """jupytext's contents manager (what JupyterLab uses with jupytext installed) on notebooks/: each notebook is
+    a notebook once (its executed .ipynb); its .py source is a text file."""
+    cm_class = pytest.importorskip("jupytext").TextFileContentsManager
+    listing = cm_class(root_dir=str(NOTEBOOKS_DIR)).get("", content=True)["content"]
+    notebooks = sorted(e["name"] for e in listing if e["type"] == "notebook")
+    assert notebooks == sorted(f"{s.stem}.ipynb" for s in notebook_sources() if s.with_suffix(".ipynb").is_file())
+    assert {e["name"]: e["type"] for e in listing}[notebook_sources()[0].name] == "file"
+    # from the repository root too (jupyter lab in the checkout)
+    root_listing = cm_class(root_dir=str(rep.PROJECT_ROOT)).get("notebooks", content=True)["content"]
+    assert sorted(e["name"] for e in root_listing if e["type"] == "notebook") == notebooks
+
+
+def test_an_interrupted_lab_copy_leaves_no_half_notebook(tmp_path, monkeypatch):
+    """Ctrl-C while `lab` copies a notebook: no partial copy that a later `lab` would keep as the learner's work."""
+    calls = []
+
+    def interrupted_copy(src, dst, *a, **k):
+        calls.append(dst)
+        with open(dst, "wb") as f:
+            f.write(open(src, "rb").read()[:100])  # half written
+        raise KeyboardInterrupt
+    import shutil
+    monkeypatch.setattr(shutil, "copyfile", interrupted_copy)
+    with pytest.raises(KeyboardInterrupt):
+        rep.lab_copies(tmp_path / "lab")
+    assert calls and not list((tmp_path / "lab").iterdir())  # neither a half copy nor its temporary file
