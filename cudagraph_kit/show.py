@@ -45,6 +45,7 @@ __all__ = ["record", "trace_events", "timeline", "timelines", "graph_nodes", "pa
 
 HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+MARK = "show.record"  # the record_function range around the recorded calls
 LAUNCH_COLORS = {"graph": "#e6550d", "kernel": "#3182bd", "other": "#bdbdbd"}
 GPU_COLORS = {"kernel": "#31a354", "gpu_memcpy": "#756bb1", "gpu_memset": "#756bb1"}
 NODE_KINDS = ("KERNEL", "MEMCPY", "MEMSET", "HOST", "EMPTY", "WAIT_EVENT", "EVENT_RECORD", "MEM_ALLOC", "MEM_FREE",
@@ -71,8 +72,9 @@ def record(fn, *args, calls: int = 5, warmup: int = 3) -> dict:
     """Run ``fn(*args)`` ``calls`` times under ``torch.profiler`` (CPU and CUDA activity); return the trace.
 
     The trace is the Chrome-trace dict of ``prof.export_chrome_trace`` (``{"traceEvents": [...]}``), which
-    ``timeline`` draws. ``fn`` is warmed up ``warmup`` times first, outside the profiler. Call it after your
-    timings (see the module docstring).
+    ``timeline`` draws; the calls are marked by a ``record_function`` range named ``show.record``, and
+    ``trace_events`` keeps what happened inside it. ``fn`` is warmed up ``warmup`` times first, outside the
+    profiler. Call it after your timings (see the module docstring).
 
     Example::
 
@@ -80,22 +82,34 @@ def record(fn, *args, calls: int = 5, warmup: int = 3) -> dict:
         timeline(trace)
     """
     _require_cuda("record")
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     for _ in range(warmup):
         fn(*args)
     torch.cuda.synchronize()
     if _cupti_teardown_supported():
         os.environ.setdefault("TEARDOWN_CUPTI", "1")  # read when the session ends; a value you set is respected
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn(*args)
-            torch.cuda.synchronize()
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        return json.loads(path.read_text())
+    trace = None
+    for _attempt in range(3):  # a session that saw no GPU activity at all is tried again
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                if hasattr(torch.cuda, "_sleep"):  # let the session settle on a busy GPU, then start from idle
+                    torch.cuda._sleep(1_000_000)
+                torch.cuda.synchronize()
+                with record_function(MARK):
+                    for _ in range(calls):
+                        fn(*args)
+                torch.cuda.synchronize()
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            trace = json.loads(path.read_text())
+        try:
+            if trace_events(trace)["gpu"]:
+                break
+        except ValueError:
+            pass
+    return trace
 
 
 def _launch_kind(name: str) -> str:
@@ -128,17 +142,27 @@ def trace_events(trace) -> dict:
     elif isinstance(trace, (str, Path)):
         trace = json.loads(Path(trace).read_text())
     events = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
-    host, gpu = [], []
+    events = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    # record() marks its calls with a range: keep the host calls inside it and the GPU work they launched
+    marks = [e for e in events if e.get("name") == MARK and e.get("cat") in ("user_annotation", "cpu_op")]
+    window = (float(marks[0]["ts"]), float(marks[0]["ts"]) + float(marks[0]["dur"])) if marks else None
+    host, gpu, outside = [], [], set()
     for e in events:
-        if e.get("ph") != "X" or "dur" not in e:
-            continue
         cat, name = e.get("cat", ""), e.get("name", "")
         item = {"name": name, "cat": cat, "start": float(e["ts"]), "end": float(e["ts"]) + float(e["dur"])}
         if cat in HOST_CATEGORIES:
-            item["kind"] = _launch_kind(name)
-            host.append(item)
-        elif cat in GPU_CATEGORIES and "spin_kernel" not in name:
-            gpu.append(item)
+            if window is None or window[0] <= item["start"] <= window[1]:
+                item["kind"] = _launch_kind(name)
+                host.append(item)
+            else:
+                outside.add((e.get("args") or {}).get("correlation", -1))
+    for e in events:
+        cat, name = e.get("cat", ""), e.get("name", "")
+        if cat not in GPU_CATEGORIES or "spin_kernel" in name:
+            continue
+        if window is not None and (float(e["ts"]) < window[0] or (e.get("args") or {}).get("correlation") in outside):
+            continue  # launched outside the recorded calls
+        gpu.append({"name": name, "cat": cat, "start": float(e["ts"]), "end": float(e["ts"]) + float(e["dur"])})
     if not host and not gpu:
         raise ValueError("the trace has no CUDA runtime calls and no GPU activity: was it recorded with "
                          "ProfilerActivity.CUDA on a GPU? Fix: record it with show.record(fn, *args).")

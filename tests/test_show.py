@@ -196,3 +196,19 @@ def test_gpu_gelu_timeline_and_graph_nodes(tmp_path):
     plt.close(ax.figure)
     # a graph made after profiling still matches eager
     torch.testing.assert_close(gelu(x), out)
+
+
+def test_a_recorded_range_keeps_only_its_calls_and_the_gpu_work_they_launched():
+    events = [
+        _x("cuda_runtime", "cudaLaunchKernel", 0, 3) | {"args": {"correlation": 1}},   # before the range
+        _x("kernel", "spin_kernel(long)", 4, 500) | {"args": {"correlation": 1}},
+        _x("user_annotation", show.MARK, 600, 30),
+        _x("cuda_runtime", "cudaGraphLaunch", 601, 5) | {"args": {"correlation": 7}},
+        _x("kernel", ERF, 607, 2) | {"args": {"correlation": 7}},
+        _x("kernel", MUL, 610, 2) | {"args": {"correlation": 7}},
+        _x("cuda_runtime", "cudaLaunchKernel", 700, 3) | {"args": {"correlation": 9}},  # after the range
+        _x("kernel", ADD, 705, 2) | {"args": {"correlation": 9}},
+    ]
+    ev = show.trace_events({"traceEvents": events})
+    assert [h["name"] for h in ev["host"]] == ["cudaGraphLaunch"] and ev["host"][0]["start"] == 0.0
+    assert [g["name"] for g in ev["gpu"]] == [ERF, MUL] and ev["gpu"][0]["start"] == 6.0
