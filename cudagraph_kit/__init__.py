@@ -34,4 +34,4 @@ try:  # needs torch.distributed (absent from a few PyTorch builds)
 except ImportError:  # pragma: no cover
     pass
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
