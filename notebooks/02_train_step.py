@@ -364,6 +364,42 @@ fig_loss.tight_layout()
 # the copies per step. Every step of the cell runs under a warnings filter that records who triggers
 # autograd's `AccumulateGrad` stream warning, if anyone (explained below the table).
 
+# %% [markdown]
+# **First, the plain PyTorch call.** `torch.cuda.make_graphed_callables(module, sample_args)` warms the module
+# up, captures its forward and its backward as two graphs, and returns the module with its forward replaced by
+# the graphed one: a drop-in part of an ordinary autograd training loop. Its rules (from its docstring): each
+# sample tensor's `requires_grad` must match the real input's (a data batch: `False`); real inputs must come in
+# the sample's order and format (same shape: the graph reads fixed addresses); under autocast it needs
+# `cache_enabled=False`; no module hooks when it is passed; several modules graphed in one call share a memory
+# pool. The kit's `graph_modules`, used below, calls the same function and turns those rules into checks.
+# The cell graphs a copy of the small network (without dropout, so the two can be compared exactly) and checks
+# its output and gradients against eager on a new batch.
+
+# %%
+if CUDA:
+    n, d_in, h, d_out = SIZES["32x128x256x16"]
+    eager_model = make_model(d_in, h, d_out, dropout=False)
+    plain_model = copy.deepcopy(eager_model)
+    sample_x = torch.randn(n, d_in, device="cuda")              # a data batch: requires_grad=False, as in training
+    plain_model = torch.cuda.make_graphed_callables(plain_model, (sample_x,))
+    x_new, y_new = torch.randn(n, d_in, device="cuda"), torch.randn(n, d_out, device="cuda")
+    outputs = {}
+    for name, m in {"eager": eager_model, "make_graphed_callables": plain_model}.items():
+        out = m(x_new)
+        loss_fn(out, y_new).backward()                         # autograd runs the captured backward graph
+        outputs[name] = out.detach().clone()
+    torch.testing.assert_close(outputs["make_graphed_callables"], outputs["eager"])
+    for a, b in zip(plain_model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+    plain_grad_err = max((a.grad - b.grad).abs().max().item()
+                         for a, b in zip(plain_model.parameters(), eager_model.parameters()))
+    print(f"plain make_graphed_callables == eager on a new batch: output and gradients "
+          f"(largest gradient difference {plain_grad_err:.1e})")
+    del eager_model, plain_model, sample_x, outputs
+else:
+    plain_grad_err = None
+    print("skipped: torch.cuda.make_graphed_callables needs an NVIDIA GPU")
+
 # %%
 def eager_step(model, opt):
     def run(x, y):
@@ -722,7 +758,8 @@ if "fp16 + GradScaler" in " ".join(amp_timing.case):
 all_rows = pd.concat([timing, amp_timing, *part_tables, parity, amp_parity], ignore_index=True)
 folder = results.save(STEM, all_rows, figures={"loss_curves": fig_loss, "step_time": fig_time},
                       extra_env={"accumulate_grad_stream_warning": list(stream_warning_from) if stream_warning_from
-                                 else None, "amp_cases": [label for label, _, _ in AMP_CASES]})
+                                 else None, "amp_cases": [label for label, _, _ in AMP_CASES],
+                                 "plain_make_graphed_callables_grad_err": plain_grad_err})
 print("saved to", folder)
 
 # %% [markdown]
