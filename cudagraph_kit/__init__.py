@@ -5,7 +5,8 @@ One module per idea; the helpers stand alone so a single file can be copied into
 training step as one graph), ``partial`` (make_graphed_callables made safe), ``diagnose`` (find what breaks a
 graph before capture, verify a graph against eager, will a graph help?), ``timing`` (medians, spread, GPU-busy
 floor), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledger), ``ddp``
-(DistributedDataParallel under graphs, per-rank step timing).
+(DistributedDataParallel under graphs, per-rank step timing), ``show`` (pictures: eager vs graph on one timeline,
+a graph's nodes; needs matplotlib; import it as ``from cudagraph_kit import show``).
 
 The course (notebook results, ``reproduce``, exercises) lives apart, in ``cudagraph_kit.course``; nothing here
 imports it.

@@ -41,7 +41,7 @@ def test_graph_modules_refuses_bare_tensors_before_anything_else(modules, sample
         graph_modules(modules, sample_args)
 
 
-HELPERS = ["capture", "diagnose", "env", "partial", "pitfall_scripts", "timing", "train_step"]
+HELPERS = ["capture", "diagnose", "env", "partial", "show", "timing", "train_step"]  # pitfall_scripts is course code now
 
 
 @pytest.mark.parametrize("name", HELPERS)
