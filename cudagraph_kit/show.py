@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["record", "trace_events", "timeline", "timelines", "graph_nodes", "parse_dot", "draw_graph",
-           "short_kernel_name"]
+           "short_kernel_name", "demangle"]
 
 HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -206,15 +206,16 @@ def timeline(trace, ax=None, title: str | None = None, xmax: float | None = None
     for g in ev["gpu"]:
         ax.broken_barh([(g["start"], max(g["end"] - g["start"], end * 0.001))], (rows["gpu"] - 0.35, 0.7),
                        facecolors=GPU_COLORS.get(g["cat"], "#31a354"), edgecolor="white", linewidth=0.3)
-    busy = _union(ev["gpu"], end)
+    span = min(_end_of(ev), end)  # this trace's own span: from its first launch to its last activity
+    busy = _union(ev["gpu"], span)
     n_kernel = sum(h["kind"] == "kernel" for h in ev["host"] if h["start"] < end)
     n_graph = sum(h["kind"] == "graph" for h in ev["host"] if h["start"] < end)
     ax.set_yticks([rows["gpu"], rows["host"]], ["GPU", "host (CUDA API)"])
     ax.set_ylim(-0.6, 1.6)
     ax.set_xlim(0, end)
     ax.set_xlabel("time (µs) from the first launch")
-    note = (f"{n_kernel} kernel launches, {n_graph} graph launches; GPU busy {busy:.0f} of {end:.0f} µs "
-            f"({busy / end:.0%})" if end > 0 else "")
+    note = (f"{n_kernel} kernel launches, {n_graph} graph launches; GPU busy {busy:.0f} of {span:.0f} µs "
+            f"({busy / span:.0%})" if span > 0 else "")
     ax.set_title(f"{title}: {note}" if title else note, fontsize=10, loc="left")
     ax.legend(handles=[Patch(color=LAUNCH_COLORS["kernel"], label="cudaLaunchKernel"),
                        Patch(color=LAUNCH_COLORS["graph"], label="cudaGraphLaunch"),
@@ -281,7 +282,7 @@ def short_kernel_name(name: str) -> str:
                           "std::array<char*, 3ul> >(int, at::native::MulFunctor<float>, std::array<char*, 3ul>)")
         # 'vectorized_elementwise_kernel [Mul]'
     """
-    s = name.strip()
+    s = demangle(name.strip())
     s = re.sub(r"^void\s+", "", s)
     depth, head, cut = 0, [], len(s)
     for i, ch in enumerate(s):  # the part before the argument list (the first '(' outside template brackets)
@@ -300,6 +301,40 @@ def short_kernel_name(name: str) -> str:
     if detail and detail != base:
         return f"{base} [{detail}]"
     return base
+
+
+def demangle(name: str) -> str:
+    """A C++ symbol as source text (``_ZN2at6native...`` -> ``void at::native::...``), as far as this PyTorch can.
+
+    Uses PyTorch's own demangler (``torch._C._demangle``) where it has one; otherwise spells out the identifiers
+    of the mangled name (``at::native::vectorized_elementwise_kernel<MulFunctor>``), enough for a label.
+    The profiler's kernel names are demangled already; a graph's DOT dump has them mangled.
+    """
+    if not name.startswith("_Z"):
+        return name
+    core = re.sub(r"<<<.*$", "", name)  # the DOT dump appends the launch configuration
+    demangler = getattr(torch._C, "_demangle", None)
+    if demangler is not None:
+        try:
+            text = demangler(core)
+            if text and text != core:
+                return text
+        except Exception:
+            pass
+    idents, i = [], 0
+    while i < len(core):  # <length><identifier> runs of the Itanium mangling
+        m = re.match(r"(\d+)", core[i:])
+        if m and core[i + len(m.group(1)):i + len(m.group(1)) + int(m.group(1))]:
+            start = i + len(m.group(1))
+            idents.append(core[start:start + int(m.group(1))])
+            i = start + int(m.group(1))
+        else:
+            i += 1
+    if not idents:
+        return name
+    head = [t for t in idents if "kernel" in t.lower()][:1] or idents[:1]
+    rest = [t for t in idents[idents.index(head[0]) + 1:]]
+    return "::".join(idents[:idents.index(head[0]) + 1]) + (f"<{', '.join(rest)}>" if rest else "")
 
 
 # how PyTorch's elementwise kernels name their operation in their template arguments
@@ -371,16 +406,27 @@ def _warm_up_and_capture(fn, args, graph):
 
 
 def _dot_of(fn, args) -> str | None:
-    """DOT text of ``fn`` captured with debug mode on, or None where this PyTorch cannot dump it."""
-    graph = torch.cuda.CUDAGraph()
-    if not hasattr(graph, "enable_debug_mode") or not hasattr(graph, "debug_dump"):
+    """DOT text of ``fn``'s captured graph, or None where this PyTorch cannot dump it.
+
+    The dump needs the captured graph (``cudaGraph_t``) to outlive the capture: ``CUDAGraph(keep_graph=True)``
+    where PyTorch has it (``enable_debug_mode()`` alone no longer keeps it there), ``enable_debug_mode()`` in older
+    versions. Where neither keeps it, ``debug_dump`` writes nothing (with a warning) and this returns None.
+    """
+    if not hasattr(torch.cuda.CUDAGraph, "debug_dump"):
         return None
-    graph.enable_debug_mode()  # keeps the captured graph so it can be dumped
+    try:
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:  # older PyTorch: no keep_graph; debug mode keeps the graph there
+        graph = torch.cuda.CUDAGraph()
+    if hasattr(graph, "enable_debug_mode"):
+        graph.enable_debug_mode()
     _warm_up_and_capture(fn, args, graph)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "graph.dot"
         try:
-            graph.debug_dump(str(path))  # some versions need the cuda-bindings package and raise without it
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "DEBUG: calling debug_dump()" and the like
+                graph.debug_dump(str(path))  # some versions need the cuda-bindings package and raise without it
         except Exception:
             return None
         text = path.read_text() if path.is_file() else ""

@@ -454,7 +454,9 @@ else:
 # Read the top panel from left to right: each blue launch on the host is followed, a little later, by one short
 # green kernel on the GPU, and between kernels the GPU waits. In the bottom panel one orange `cudaGraphLaunch`
 # per replay sends all five kernels of a call, and they follow one another without waiting for the host. The
-# GPU work is the same; what the graph removes is the host's launches and the gaps they leave.
+# GPU work is the same; what the graph removes is the host's launches and the gaps they leave. Read the picture
+# for its shape, not its times: the profiler itself slows the host's launches (compare the eager time per call
+# of section 4), which makes the eager gaps wider than they are without it.
 
 # %% [markdown]
 # ## 8. Save the results

@@ -212,3 +212,41 @@ def test_a_recorded_range_keeps_only_its_calls_and_the_gpu_work_they_launched():
     ev = show.trace_events({"traceEvents": events})
     assert [h["name"] for h in ev["host"]] == ["cudaGraphLaunch"] and ev["host"][0]["start"] == 0.0
     assert [g["name"] for g in ev["gpu"]] == [ERF, MUL] and ev["gpu"][0]["start"] == 6.0
+
+
+# node 1 of a real DOT dump (PyTorch 2.11, H100): mangled names, the launch configuration appended
+REAL_DOT = r'''digraph dot {
+subgraph cluster_4 {
+label="graph_4" graph[style="dashed"];
+"graph_4_node_0"[style="bold" shape="record" label="{KERNEL
+| {ID | 0 (topoId: 1) | _ZN2at6native29vectorized_elementwise_kernelILi4ENS0_13AUnaryFunctorIfffNS0_15binary_internal10MulFunctorIfEEEESt5arrayIPcLm2EEEEviT0_T1_\<\<\<1,128,0\>\>\>}
+| {{node handle | func handle} | {0x000000001705B298 | 0x00000000149880F0}}
+| {accessPolicyWindow | {base_ptr | num_bytes | hitRatio | hitProp | missProp} | {0x0000000000000000 | 0 | 0.000000 | N | N}}
+| {cooperative | 0}
+| {priority | 0}
+}"];
+
+"graph_4_node_1"[style="bold" shape="record" label="{KERNEL
+| {ID | 1 (topoId: 0) | _ZN2at6native29vectorized_elementwise_kernelILi4EZZZNS0_15erf_kernel_cudaERNS_18TensorIteratorBaseEENKUlvE_clEvENKUlvE0_clEvEUlfE_St5arrayIPcLm2EEEEviT0_T1_\<\<\<1,128,0\>\>\>}
+| {{node handle | func handle} | {0x000000001705AB30 | 0x000000001546E690}}
+| {cooperative | 0}
+}"];
+
+"graph_4_node_0" -> "graph_4_node_1" [headlabel=0];
+}
+}
+'''
+
+
+def test_parse_dot_of_a_real_dump_demangles_the_kernel_names():
+    nodes, edges = show.parse_dot(REAL_DOT)
+    assert [n["label"] for n in nodes] == ["vectorized_elementwise_kernel [Mul]", "vectorized_elementwise_kernel [erf]"]
+    assert edges == [("graph_4_node_0", "graph_4_node_1")]
+
+
+def test_demangle_without_pytorchs_demangler_still_names_kernel_and_operation(monkeypatch):
+    monkeypatch.delattr(torch._C, "_demangle", raising=False)
+    mangled = "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_21CUDAFunctorOnSelf_addIfEESt5arrayIPcLm2EEEEviT0_T1_"
+    assert show.demangle(mangled).startswith("at::native::vectorized_elementwise_kernel<")
+    assert show.short_kernel_name(mangled) == "vectorized_elementwise_kernel [add]"
+    assert show.demangle("sm90_xmma_gemm") == "sm90_xmma_gemm"
