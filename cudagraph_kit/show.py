@@ -93,9 +93,11 @@ def record(fn, *args, calls: int = 5, warmup: int = 3) -> dict:
     for _attempt in range(3):  # a session that saw no GPU activity at all is tried again
         with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
+            if hasattr(torch.cuda, "_sleep"):
+                # start the session while the GPU is busy (a session that starts on an idle GPU right after another
+                # one can record no GPU activity), then wait, so the recorded calls start from an idle GPU
+                torch.cuda._sleep(20_000_000)
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                if hasattr(torch.cuda, "_sleep"):  # let the session settle on a busy GPU, then start from idle
-                    torch.cuda._sleep(1_000_000)
                 torch.cuda.synchronize()
                 with record_function(MARK):
                     for _ in range(calls):

@@ -163,8 +163,9 @@ def markdown(f: dict) -> str:
         "![decision chart](decision_chart.png)",
         "",
         "The same chart as a list. Every number comes from a recorded run (`figures/<notebook>/results.csv`), with "
-        "the GPU it was measured on; each branch links the notebook section that measures it. Speedups are "
-        "eager time / graph time from one round-robin window. Recipes for each tool: [CHEATSHEET.md](CHEATSHEET.md).",
+        "the GPU it was measured on; each branch links the notebook section that measures it. A speedup is the "
+        "median of the per-round ratios eager time / variant time, timed round-robin in one window. Recipes for each "
+        "tool: [CHEATSHEET.md](CHEATSHEET.md).",
         "",
         f"1. **{q1['question']}** {q1['how']}{ev(q1, 'evidence')}",
         f"   - **No** → {q1['no']} ({q1['no_link']}){ev(q1, 'no_evidence')}",
