@@ -6,7 +6,8 @@ when it imports that (``train_step``, ``partial``, ``buckets``, ``ddp``; docs/AR
 training step as one graph), ``partial`` (make_graphed_callables made safe), ``diagnose`` (find what breaks a
 graph before capture, verify a graph against eager, will a graph help?), ``timing`` (medians, spread, GPU-busy
 floor), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledger), ``ddp``
-(DistributedDataParallel under graphs, per-rank step timing).
+(DistributedDataParallel under graphs, per-rank step timing), ``show`` (pictures: eager vs graph on one timeline,
+a graph's nodes; needs matplotlib; import it as ``from cudagraph_kit import show``).
 
 The course (notebook results, ``reproduce``, exercises) lives apart, in ``cudagraph_kit.course``; nothing here
 imports it.
@@ -35,4 +36,4 @@ try:  # needs torch.distributed (absent from a few PyTorch builds)
 except ImportError:  # pragma: no cover
     pass
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 01 · GELU on a small vs a large tensor: where CUDA graphs help, and where they stop helping
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/01_gelu.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/v0.2.0/notebooks/01_gelu.ipynb)
 #
 # Every PyTorch operation on a GPU costs two things: the CPU has to *launch* a kernel (a few microseconds
 # of Python, dispatcher and driver work), and the GPU has to *run* it. When the tensor is small the GPU
@@ -38,43 +38,31 @@
 # under a minute on a CPU (small sizes).
 
 # %%
-# Setup. In a checkout of cudagraph-kit (this folder or one above it has cudagraph_kit/): use its kit. In Colab:
-# first make a shallow clone (the kit and its recorded GPU results), install it, and work in its notebooks/.
-import importlib.util, os, subprocess, sys
+# Setup: use the kit of this checkout; in Colab first make a shallow clone of the release REPO_REF (the kit and
+# its recorded GPU results). cudagraph_kit.course.setup_notebook then checks PyTorch and, in Colab, installs it.
+import os, subprocess, sys
 from pathlib import Path
 
 REPO_URL = os.environ.get("CGK_REPO_URL", "https://github.com/cudagraph-kit/cudagraph-kit")
-REPO_REF = os.environ.get("CGK_REPO_REF", "main")
-
-
-def setup_run(*command):
-    """Run one setup command; if it fails, raise with the command's own error output."""
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"setup failed (exit {done.returncode}): {' '.join(command)}\n"
-                           + (done.stderr or done.stdout).strip())
-
-
+REPO_REF = os.environ.get("CGK_REPO_REF", "v0.2.0")
 try:
     import google.colab  # noqa: F401  (importable only in Colab)
     IN_COLAB = True
 except ImportError:
     IN_COLAB = False
-cwd = Path.cwd().resolve()
-checkout = next((p for p in (cwd, *cwd.parents) if (p / "cudagraph_kit" / "__init__.py").is_file()), None)
+here = Path.cwd().resolve()
+checkout = next((p for p in (here, *here.parents) if (p / "cudagraph_kit").is_dir()), None)
 if checkout is None and IN_COLAB:
-    checkout = cwd / "cudagraph-kit"
+    checkout = here / "cudagraph-kit"
     if not checkout.is_dir():
-        setup_run("git", "clone", "--quiet", "--depth", "1", "--branch", REPO_REF, REPO_URL, str(checkout))
-    installed = importlib.util.find_spec("cudagraph_kit")
-    if installed is None or checkout not in Path(installed.origin).resolve().parents:
-        # --no-deps: Colab's own torch, numpy, pandas and matplotlib stay as they are
-        setup_run(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                  "--editable", str(checkout))
-    os.chdir(checkout / "notebooks")  # where the notebooks run; the recorded results are in ../figures
-    print(f"cudagraph-kit ({REPO_REF}) in {checkout}, installed; working in {Path.cwd()}")
+        cloned = subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", REPO_REF, REPO_URL,
+                                 str(checkout)], capture_output=True, text=True)
+        if cloned.returncode != 0:
+            raise RuntimeError(f"setup failed: git clone --branch {REPO_REF} {REPO_URL}\n{cloned.stderr.strip()}")
 if checkout is not None and str(checkout) not in sys.path:
     sys.path.insert(0, str(checkout))
+from cudagraph_kit.course.setup_notebook import setup_notebook  # noqa: E402
+setup_notebook(checkout, REPO_REF, in_colab=IN_COLAB)
 
 # %% tags=["parameters"]
 SMOKE = None           # tiny run (CI / tests): few sizes and calls; None reads $CGK_SMOKE (1 means on)
@@ -412,19 +400,79 @@ ax.legend()
 fig_k.tight_layout()
 
 # %% [markdown]
-# ## 7. Save the results
+# ## 7. The picture: what a graph changes on the timeline
+# All timings are done, so the profiler may run now (a profiler session slows every later kernel launch in the
+# process unless CUPTI is torn down, which is why it comes last). `show.record` runs the small GELU three times
+# under `torch.profiler`, eagerly and as graph replays, and `show.timelines` draws both traces on one time
+# scale: the host's CUDA API calls above (one `cudaLaunchKernel` per kernel, one `cudaGraphLaunch` per graph),
+# the kernels on the GPU below. White space on the GPU row is time the GPU sat idle, waiting for the host.
+#
+# Then the graph itself: `show.graph_nodes` captures the GELU once more and reads its nodes and their
+# dependencies from the graph's DOT dump (`CUDAGraph.enable_debug_mode()` before the capture, then
+# `debug_dump(path)`), or, where this PyTorch cannot write one, the kernels of one profiled replay in the order
+# they ran. The helpers are in `cudagraph_kit/show.py`: call them on your own graph.
+
+# %%
+from cudagraph_kit import show
+
+PICTURES = ("timeline", "graph_nodes")
+pictures, picture_facts = {}, {}
+if CUDA:
+    x = inputs["small"]
+    traces = {"eager: 3 calls": show.record(gelu, x, calls=3),
+              "CUDA graph: 3 replays": show.record(graphs["small"].replay, calls=3)}
+    pictures["timeline"] = show.timelines(traces, title=f"Small GELU {SHAPES['small']} on {where}")
+    for name, trace in traces.items():
+        ev = show.trace_events(trace)
+        kinds = [h["kind"] for h in ev["host"]]
+        picture_facts[name] = {"kernel_launches": kinds.count("kernel"), "graph_launches": kinds.count("graph"),
+                               "gpu_kernels": sum(e["cat"] == "kernel" for e in ev["gpu"])}
+        print(f"{name}: {kinds.count('kernel')} cudaLaunchKernel, {kinds.count('graph')} cudaGraphLaunch on the "
+              f"host; {picture_facts[name]['gpu_kernels']} kernels on the GPU")
+    nodes, edges, node_source = show.graph_nodes(gelu, x)
+    picture_facts["graph_nodes"] = {"source": node_source, "nodes": len(nodes), "edges": len(edges),
+                                    "kernels": sum(n["kind"] == "kernel" for n in nodes)}
+    print(f"the captured GELU: {len(nodes)} nodes, {len(edges)} edges (read from "
+          f"{'its DOT dump' if node_source == 'dot' else 'a profiled replay, in the order they ran'}):")
+    for n in nodes:
+        print(f"  {n['kind']:7s} {n['label']}")
+    pictures["graph_nodes"] = show.draw_graph(
+        nodes, edges, title=f"The captured GELU: {len(nodes)} nodes (from {node_source})").figure
+else:
+    print("The pictures need an NVIDIA GPU: they are read from what the GPU ran (torch.profiler, the graph's DOT dump).")
+    shown = results.load(STEM)
+    recorded_pictures = [p for p in (shown.pngs if shown else []) if p.stem in PICTURES]
+    if recorded_pictures:
+        from IPython.display import Image, display
+        print(f"The recorded ones ({shown.caption}):")
+        for png in recorded_pictures:
+            display(Image(filename=str(png)))
+    else:
+        print("No recorded pictures found (figures/01_gelu/timeline.png, graph_nodes.png).")
+
+# %% [markdown]
+# Read the top panel from left to right: each blue launch on the host is followed, a little later, by one short
+# green kernel on the GPU, and between kernels the GPU waits. In the bottom panel one orange `cudaGraphLaunch`
+# per replay sends all five kernels of a call, and they follow one another without waiting for the host. The
+# GPU work is the same; what the graph removes is the host's launches and the gaps they leave. Read the picture
+# for its shape, not its times: the profiler itself slows the host's launches (compare the eager time per call
+# of section 4), which makes the eager gaps wider than they are without it.
+
+# %% [markdown]
+# ## 8. Save the results
 # One row per measurement in `figures/01_gelu/results.csv`, the machine in `env.json`, and the figures as
 # PNG. A run without CUDA writes to `build/figures/` instead, so it never overwrites the recorded GPU run.
 
 # %%
 all_rows = pd.concat([main_table, sweep, per_graph], ignore_index=True)
-folder = results.save(STEM, all_rows, figures={"size_sweep": fig_sweep, "calls_per_graph": fig_k},
+folder = results.save(STEM, all_rows, figures={"size_sweep": fig_sweep, "calls_per_graph": fig_k, **pictures},
                       extra_env={"crossover_numel": crossover, "headline_vs_sweep": consistency,
-                                 "copy_bandwidth_TBps": copy_bandwidth / 1e12 if copy_bandwidth else None})
+                                 "copy_bandwidth_TBps": copy_bandwidth / 1e12 if copy_bandwidth else None,
+                                 "pictures": picture_facts})
 print("saved to", folder)
 
 # %% [markdown]
-# ## 8. Side by side with the published K80 figures
+# ## 9. Side by side with the published K80 figures
 # The blog timed 10,000 calls with `time.time()` on a Tesla K80, PyTorch 1.10, CUDA 11.1 (mean per call).
 # Its graph figures replayed on data already in place. Here both speedups are shown: replay on data in
 # place, and `g(x)` with the input copy. The floor quoted is the `floor_us` of the graph replay row (the
@@ -479,7 +527,7 @@ else:
     print("The measured side needs an NVIDIA GPU; the recorded GPU run is shown below.")
 
 # %% [markdown]
-# ## 9. Recorded GPU results
+# ## 10. Recorded GPU results
 # The table and figures of the last GPU run committed to this repository (what a reader without a GPU sees).
 
 # %%

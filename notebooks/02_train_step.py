@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 02 · A whole training step as one CUDA graph
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/02_train_step.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/v0.2.0/notebooks/02_train_step.ipynb)
 #
 # A training step of a small network is a few dozen small kernels: forward, loss, backward and the
 # optimizer update (section 5 counts them with the profiler). On a modern GPU each of them finishes faster
@@ -43,43 +43,31 @@
 # under a minute on a CPU (small sizes).
 
 # %%
-# Setup. In a checkout of cudagraph-kit (this folder or one above it has cudagraph_kit/): use its kit. In Colab:
-# first make a shallow clone (the kit and its recorded GPU results), install it, and work in its notebooks/.
-import importlib.util, os, subprocess, sys
+# Setup: use the kit of this checkout; in Colab first make a shallow clone of the release REPO_REF (the kit and
+# its recorded GPU results). cudagraph_kit.course.setup_notebook then checks PyTorch and, in Colab, installs it.
+import os, subprocess, sys
 from pathlib import Path
 
 REPO_URL = os.environ.get("CGK_REPO_URL", "https://github.com/cudagraph-kit/cudagraph-kit")
-REPO_REF = os.environ.get("CGK_REPO_REF", "main")
-
-
-def setup_run(*command):
-    """Run one setup command; if it fails, raise with the command's own error output."""
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"setup failed (exit {done.returncode}): {' '.join(command)}\n"
-                           + (done.stderr or done.stdout).strip())
-
-
+REPO_REF = os.environ.get("CGK_REPO_REF", "v0.2.0")
 try:
     import google.colab  # noqa: F401  (importable only in Colab)
     IN_COLAB = True
 except ImportError:
     IN_COLAB = False
-cwd = Path.cwd().resolve()
-checkout = next((p for p in (cwd, *cwd.parents) if (p / "cudagraph_kit" / "__init__.py").is_file()), None)
+here = Path.cwd().resolve()
+checkout = next((p for p in (here, *here.parents) if (p / "cudagraph_kit").is_dir()), None)
 if checkout is None and IN_COLAB:
-    checkout = cwd / "cudagraph-kit"
+    checkout = here / "cudagraph-kit"
     if not checkout.is_dir():
-        setup_run("git", "clone", "--quiet", "--depth", "1", "--branch", REPO_REF, REPO_URL, str(checkout))
-    installed = importlib.util.find_spec("cudagraph_kit")
-    if installed is None or checkout not in Path(installed.origin).resolve().parents:
-        # --no-deps: Colab's own torch, numpy, pandas and matplotlib stay as they are
-        setup_run(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                  "--editable", str(checkout))
-    os.chdir(checkout / "notebooks")  # where the notebooks run; the recorded results are in ../figures
-    print(f"cudagraph-kit ({REPO_REF}) in {checkout}, installed; working in {Path.cwd()}")
+        cloned = subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", REPO_REF, REPO_URL,
+                                 str(checkout)], capture_output=True, text=True)
+        if cloned.returncode != 0:
+            raise RuntimeError(f"setup failed: git clone --branch {REPO_REF} {REPO_URL}\n{cloned.stderr.strip()}")
 if checkout is not None and str(checkout) not in sys.path:
     sys.path.insert(0, str(checkout))
+from cudagraph_kit.course.setup_notebook import setup_notebook  # noqa: E402
+setup_notebook(checkout, REPO_REF, in_colab=IN_COLAB)
 
 # %% tags=["parameters"]
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
@@ -375,6 +363,50 @@ fig_loss.tight_layout()
 # all timings with `torch.profiler`, the **floor** (`floor_us`, the GPU-busy time per step), the kernels and
 # the copies per step. Every step of the cell runs under a warnings filter that records who triggers
 # autograd's `AccumulateGrad` stream warning, if anyone (explained below the table).
+
+# %% [markdown]
+# **First, the plain PyTorch call.** `torch.cuda.make_graphed_callables(module, sample_args)` warms the module
+# up, captures its forward and its backward as two graphs, and returns the module with its forward replaced by
+# the graphed one: a drop-in part of an ordinary autograd training loop. Its rules (from its docstring): each
+# sample tensor's `requires_grad` must match the real input's (a data batch: `False`); real inputs must come in
+# the sample's order and format (same shape: the graph reads fixed addresses); under autocast it needs
+# `cache_enabled=False`; no module hooks when it is passed; several modules graphed in one call share a memory
+# pool. The kit's `graph_modules`, used below, calls the same function and turns those rules into checks.
+# The cell graphs a copy of the small network (without dropout, so the two can be compared exactly) and checks
+# its output and gradients against eager on a new batch.
+
+# %%
+if CUDA:
+    n, d_in, h, d_out = SIZES["32x128x256x16"]
+    eager_model = make_model(d_in, h, d_out, dropout=False)
+    plain_model = copy.deepcopy(eager_model)
+    sample_x = torch.randn(n, d_in, device="cuda")              # a data batch: requires_grad=False, as in training
+    with warnings.catch_warnings(record=True) as caught:        # autograd's stream warning: explained below 5's table
+        warnings.simplefilter("always")
+        plain_model = torch.cuda.make_graphed_callables(plain_model, (sample_x,))
+        x_new, y_new = torch.randn(n, d_in, device="cuda"), torch.randn(n, d_out, device="cuda")
+        outputs = {}
+        for name, m in {"eager": eager_model, "make_graphed_callables": plain_model}.items():
+            out = m(x_new)
+            loss_fn(out, y_new).backward()                     # autograd runs the captured backward graph
+            outputs[name] = out.detach().clone()
+    stream_warned = [w for w in caught if "AccumulateGrad node's stream does not match" in str(w.message)]
+    for w in caught:
+        if w not in stream_warned:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if stream_warned:
+        print("autograd's AccumulateGrad stream warning was raised here (explained below this section's table)")
+    torch.testing.assert_close(outputs["make_graphed_callables"], outputs["eager"])
+    for a, b in zip(plain_model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+    plain_grad_err = max((a.grad - b.grad).abs().max().item()
+                         for a, b in zip(plain_model.parameters(), eager_model.parameters()))
+    print(f"plain make_graphed_callables == eager on a new batch: output and gradients "
+          f"(largest gradient difference {plain_grad_err:.1e})")
+    del eager_model, plain_model, sample_x, outputs
+else:
+    plain_grad_err = None
+    print("skipped: torch.cuda.make_graphed_callables needs an NVIDIA GPU")
 
 # %%
 def eager_step(model, opt):
@@ -734,7 +766,8 @@ if "fp16 + GradScaler" in " ".join(amp_timing.case):
 all_rows = pd.concat([timing, amp_timing, *part_tables, parity, amp_parity], ignore_index=True)
 folder = results.save(STEM, all_rows, figures={"loss_curves": fig_loss, "step_time": fig_time},
                       extra_env={"accumulate_grad_stream_warning": list(stream_warning_from) if stream_warning_from
-                                 else None, "amp_cases": [label for label, _, _ in AMP_CASES]})
+                                 else None, "amp_cases": [label for label, _, _ in AMP_CASES],
+                                 "plain_make_graphed_callables_grad_err": plain_grad_err})
 print("saved to", folder)
 
 # %% [markdown]

@@ -5,6 +5,11 @@ tests/test_notebook_sources.py checks that every source carries it unchanged.
 
     python scripts/sync_setup_cell.py           # rewrite the sources
     python scripts/sync_setup_cell.py --check   # exit 1 and name the sources that differ
+    python scripts/sync_setup_cell.py --ipynb   # also put it into each committed executed notebook
+
+The setup cell prints nothing in a checkout (where ``reproduce`` executes the notebooks), so its code can be
+updated in a committed .ipynb without a GPU re-run: ``--ipynb`` rewrites that one cell's code and refuses a
+notebook whose setup cell has outputs.
 """
 import sys
 from pathlib import Path
@@ -58,6 +63,24 @@ def sync(source: Path) -> bool:
     return new != text
 
 
+def sync_ipynb(ipynb: Path) -> bool:
+    """Put the canonical cell into the setup cell of an executed notebook; True if it changed."""
+    import nbformat
+
+    nb = nbformat.read(ipynb, as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and "google.colab" in c.source]
+    if len(cells) != 1:
+        raise ValueError(f"{ipynb.name}: expected exactly one setup cell, found {len(cells)}")
+    cell = cells[0]
+    if cell.source == canonical():
+        return False
+    if cell.get("outputs"):
+        raise ValueError(f"{ipynb.name}: its setup cell has outputs; re-run the notebook instead")
+    cell.source = canonical()
+    nbformat.write(nb, ipynb)
+    return True
+
+
 def main(argv):
     sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
     if "--check" in argv:
@@ -69,6 +92,9 @@ def main(argv):
         return
     for source in sources:
         print(f"{source.name}: {'updated' if sync(source) else 'already canonical'}")
+        ipynb = source.with_suffix(".ipynb")
+        if "--ipynb" in argv and ipynb.is_file():
+            print(f"{ipynb.name}: {'updated' if sync_ipynb(ipynb) else 'already canonical'}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ COMPANIONS = {
     "partial": ["capture"],
     "buckets": ["capture"],    # timing.py for measure_bucket_costs()
     "ddp": ["capture"],
+    "show": [],
 }
 
 # a small call of each helper's main function; `cuda` says whether a GPU is there
@@ -94,6 +95,11 @@ CALLS = {
         torch.testing.assert_close(serve(x), torch.relu(x))
         assert serve.stats.padded_rows == 3                        # 5 rows served by the bucket of 8
         assert buckets.plan_buckets([1, 2, 3], max_graphs=1).sizes == [3]
+    """,
+    "show": """
+        import show
+        nodes, edges = show.parse_dot('digraph g { "a" [label="KERNEL\\nk(float*)"]; b [label="EMPTY"]; "a" -> b; }')
+        assert [n["kind"] for n in nodes] == ["kernel", "empty"] and edges == [("a", "b")]
     """,
     "ddp": """
         import ddp

@@ -44,3 +44,24 @@ def test_a_malformed_run_is_refused(tmp_path):
         assert "needs a 'gpu' name" in str(exc)
     else:
         raise AssertionError("a run without a GPU name was accepted")
+
+
+def test_the_plan_adds_up_to_three_hours_and_quotes_only_measured_run_times(tmp_path):
+    assert sum(minutes for minutes, _, _ in timings.PLAN) == timings.TOTAL_MINUTES == 180
+    text = timings.GUIDE.read_text()
+    plan = text.split(timings.PLAN_START, 1)[1].split(timings.PLAN_END, 1)[0]
+    rows = [l for l in plan.splitlines() if l.startswith("| ") and l[2].isdigit()]
+    assert sum(int(r.split("|")[2]) for r in rows[:-1]) == 180 and rows[-1].startswith("| 3:00 |")
+    assert sum("Break" in r for r in rows) == 2
+    for stem in timings.notebook_stems():  # every notebook has a place in the plan
+        assert f"**{stem[:2]}**" in plan, f"notebook {stem} is not in the three-hour plan"
+    run = {"gpu": "NVIDIA H200", "notebooks": {"01_gelu": 19.4}}
+    block = timings.render_plan([run], [(170, "01", ["01_gelu"]), (10, "02", ["02_train_step"])])
+    assert "01: 19 s on NVIDIA H200" in block and "02: not measured" in block
+    try:
+        timings.render_plan([run], [(100, "too short", [])])
+    except SystemExit as exc:
+        assert "adds up to 100 minutes" in str(exc)
+    else:
+        raise AssertionError("a plan that is not three hours was accepted")
+    assert "A T4 is not measured" in text

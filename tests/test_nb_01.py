@@ -39,9 +39,18 @@ def test_gelu_notebook_records_correct_and_honest_results(run_notebook):
         assert (copy.copies_per_call >= 1).all() and (replay.copies_per_call == 0).all()
         assert (copy.kernels_per_call.values == replay.kernels_per_call.values).all()
         assert env["gpu"] and env["copy_bandwidth_TBps"] > 0
+        # the pictures (section 7), read from the profiler after all timings: 3 eager calls launch 15 kernels
+        # one by one; 3 replays are 3 graph launches and the same 15 kernels on the GPU
+        pictures = env["pictures"]
+        eager, graph = pictures["eager: 3 calls"], pictures["CUDA graph: 3 replays"]
+        assert eager["kernel_launches"] == 15 and eager["graph_launches"] == 0 and eager["gpu_kernels"] == 15
+        assert graph["graph_launches"] == 3 and graph["kernel_launches"] == 0 and graph["gpu_kernels"] == 15
+        assert pictures["graph_nodes"]["kernels"] == 5 and pictures["graph_nodes"]["source"] in ("dot", "profiler")
+        assert (folder / "timeline.png").stat().st_size > 10_000 and (folder / "graph_nodes.png").is_file()
     else:  # honest labels: nothing that ran on the CPU is called a graph
         assert (df.executed_as == "eager").all()
         assert df[df.variant.str.contains("graph")].variant.str.endswith("(eager fallback)").all()
         assert env["executed_as"] == "cpu (eager only)" and env["gpu"] is None
+        assert env["pictures"] == {} and not (folder / "timeline.png").exists()  # the pictures need a GPU
     assert (folder / "size_sweep.png").stat().st_size > 10_000
     assert (folder / "calls_per_graph.png").is_file()

@@ -56,6 +56,9 @@ def test_train_step_notebook_records_parity_and_honest_labels(run_notebook):
         # AMP through capture_train_step: fp16 + GradScaler always, bf16 where the GPU has it
         expected = ["bf16", "fp16 + GradScaler"] if env["bf16"] else ["fp16 + GradScaler"]
         assert env["amp_cases"] == expected
+        # the plain torch.cuda.make_graphed_callables cell checked output and gradients against eager
+        assert env["plain_make_graphed_callables_grad_err"] is not None
+        assert env["plain_make_graphed_callables_grad_err"] < 1e-4
         for label in expected:
             rows = amp_timed[amp_timed.case == f"MLP 32x128x256x16, SGD, AMP {label}"]
             assert list(rows.variant) == ["eager", "whole-step graph"]
@@ -80,6 +83,7 @@ def test_train_step_notebook_records_parity_and_honest_labels(run_notebook):
         graphish = df[df.variant.str.contains("graph")]
         assert len(graphish) == 5 and graphish.variant.str.endswith("(eager fallback)").all()
         assert env["executed_as"] == "cpu (eager only)" and env["gpu"] is None
+        assert env["plain_make_graphed_callables_grad_err"] is None  # the plain API needs a GPU
         assert len(amp_parity) == 0 and len(amp_timed) == 0 and env["amp_cases"] == []
     assert (folder / "loss_curves.png").stat().st_size > 10_000
     assert (folder / "step_time.png").is_file()
