@@ -365,16 +365,22 @@ def to_hf_llama(model: TinyLLM, max_position_embeddings: int = 4096):
     return hf.eval()
 
 
-def hf_generate(hf_model, prompt, new_tokens: int, cache_implementation: str | None = "static", **kwargs):
+def hf_generate(hf_model, prompt, new_tokens: int, cache_implementation: str | None = "static", logits_out=None,
+                **kwargs):
     """Greedy ``generate`` of exactly ``new_tokens`` tokens (no end-of-sequence token): returns (b, new_tokens).
 
     ``cache_implementation="static"`` makes transformers allocate a static cache; on a GPU its ``generate`` then
-    compiles the decoding forward with ``torch.compile(mode="reduce-overhead")`` by itself (transformers 4.48+)."""
+    compiles the decoding forward with ``torch.compile(mode="reduce-overhead")`` by itself (transformers 4.48+).
+    ``None`` uses its default dynamic cache (eager). ``logits_out``, a list, receives each step's logits."""
     from transformers import GenerationConfig
 
+    extra = dict(return_dict_in_generate=True, output_logits=True) if logits_out is not None else {}
     config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                               eos_token_id=None, pad_token_id=0, cache_implementation=cache_implementation,
-                              **kwargs)
+                              **extra, **kwargs)
     mask = torch.ones_like(prompt)
     out = hf_model.generate(prompt, attention_mask=mask, generation_config=config)
+    if logits_out is not None:
+        logits_out.extend(lg.float() for lg in out.logits)
+        out = out.sequences
     return out[:, prompt.shape[1]:]
