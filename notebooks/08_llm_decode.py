@@ -91,7 +91,7 @@ BATCHES = None        # decode batch sizes timed (None: 1, 4, 16, 64 on a GPU; 1
 PROMPT_LEN = 16       # prompt tokens per sequence
 NEW_TOKENS = None     # tokens generated per sequence in a timed generation (None: 32 on a GPU; 6 small)
 DTYPE = "float32"     # model dtype on a GPU ("bfloat16" is what serving uses: see exercise 2); float32 on a CPU
-SERVE_STEPS = None    # decode steps of the serving loop (None: 400 on a GPU; 30 small)
+SERVE_STEPS = None    # decode steps of the serving loop (None: 200 on a GPU; 30 small)
 SAMPLES = None        # timing rounds per comparison; medians reported (None: 5 on a GPU; 3 small)
 COMPILE = True        # torch.compile(mode="reduce-overhead") of the decode step (GPU only)
 HF = True             # transformers' generate on the same weights (skipped, with a message, if not installed)
@@ -126,7 +126,7 @@ small = SMOKE or not CUDA
 BATCHES = BATCHES or ([1, 4] if small else [1, 4, 16, 64])
 MAX_BATCH = max(BATCHES)
 NEW_TOKENS = NEW_TOKENS or (6 if small else 32)
-SERVE_STEPS = SERVE_STEPS or (30 if small else 400)
+SERVE_STEPS = SERVE_STEPS or (30 if small else 200)
 SAMPLES = SAMPLES or (3 if small else 5)
 COMPILE = COMPILE and CUDA
 DT = getattr(torch, DTYPE) if CUDA else torch.float32
@@ -444,11 +444,13 @@ for v in variant_errors:
 # per second.
 
 # %%
-def safe_compare(runners, case, **kw):
+def safe_compare(runners, case, floor=True, **kw):
     """compare(), and if the profiler part fails, again without the floors; None if even that fails."""
-    for floor in ((CUDA, False) if CUDA else (False,)):
+    for floor in ((CUDA, False) if CUDA and floor else (False,)):
         try:
-            return compare(runners, case=case, samples=SAMPLES, floor=floor, **kw)
+            df = compare(runners, case=case, samples=SAMPLES, floor=floor, **kw)
+            print(f"[{case}: timed at {elapsed():.0f} s since the start]")
+            return df
         except Exception as exc:  # noqa: BLE001
             print(f"{case}: compare(floor={floor}) failed: {type(exc).__name__}: {exc}\n"
                   + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4)[-6:-1]))
@@ -489,13 +491,19 @@ step_df = pd.concat(step_tables, ignore_index=True) if step_tables else pd.DataF
 # tokens per second count every sequence of the batch.
 
 # %%
-gen_tables = []
+gen_tables, gen_executed_as = [], {}
 for b in BATCHES:
     runners = {v: (lambda v=v, b=b: VARIANTS[v](b)) for v in VARIANTS
                if v not in variant_errors and (v, b) in setup}
-    df = safe_compare(runners, f"generate, batch {b}", calls=1)
+    # the profiler (which also tells graph replays from eager launches) on the smallest batch only: long traces
+    # of whole generations take a while to read, and a variant runs the same way at every batch size
+    df = safe_compare(runners, f"generate, batch {b}", floor=not gen_executed_as, calls=1)
     if df is None:
         continue
+    if not gen_executed_as:
+        gen_executed_as = dict(zip(df.variant, df.executed_as))
+    else:
+        df["executed_as"] = df.variant.map(gen_executed_as).fillna("unknown")
     df["batch"] = b
     df["us_per_token"] = df.median_us / NEW_TOKENS
     df["tokens_per_s"] = b * NEW_TOKENS / (df.median_us * 1e-6)
@@ -661,9 +669,12 @@ for s in strategies.values():
     if hasattr(s, "reset_stats"):
         s.reset_stats()
 serve_df = safe_compare({name: (lambda step=step: serve(step, stream)) for name, step in strategies.items()},
-                        "serving loop", calls=1)
+                        "serving loop", floor=False, calls=1)
 if serve_df is not None:
     steps = len(observed)
+    # what ran: the eager step, or BucketedGraphs whose mode says whether they hold captured graphs
+    serve_df["executed_as"] = [("cuda graph" if getattr(s, "mode", None) == "graph" else "eager")
+                               for s in strategies.values()]
     serve_df["us_per_step"] = serve_df.median_us / steps
     serve_df["tokens_per_s"] = sum(observed) / (serve_df.median_us * 1e-6)
     serve_df["same_tokens_as_eager"] = [serve_checks.get(v.replace(" (eager fallback)", ""), float("nan"))
