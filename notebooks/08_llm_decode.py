@@ -495,14 +495,16 @@ gen_tables, gen_executed_as = [], {}
 for b in BATCHES:
     runners = {v: (lambda v=v, b=b: VARIANTS[v](b)) for v in VARIANTS
                if v not in variant_errors and (v, b) in setup}
-    # the profiler (which also tells graph replays from eager launches) on the smallest batch only: long traces
-    # of whole generations take a while to read, and a variant runs the same way at every batch size
-    df = safe_compare(runners, f"generate, batch {b}", floor=not gen_executed_as, calls=1)
+    df = safe_compare(runners, f"generate, batch {b}", floor=False, calls=1)
     if df is None:
         continue
-    if not gen_executed_as:
-        gen_executed_as = dict(zip(df.variant, df.executed_as))
-    else:
+    if CUDA and not gen_executed_as:
+        # after the timings: the profiler says whether each variant replays graphs, from one generation at the
+        # smallest batch (traces of whole generations take a while to read; a variant runs alike at every size)
+        for v in runners:
+            g = attempt(f"profile {v}", lambda v=v: gpu_time(lambda: VARIANTS[v](b), calls=1, warmup=0))
+            gen_executed_as[v] = "unknown" if g is None else ("cuda graph" if g.graph_launches > 0 else "eager")
+    if CUDA:
         df["executed_as"] = df.variant.map(gen_executed_as).fillna("unknown")
     df["batch"] = b
     df["us_per_token"] = df.median_us / NEW_TOKENS

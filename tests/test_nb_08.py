@@ -48,19 +48,18 @@ def test_llm_decode_notebook_checks_correctness_and_records_honest_results(run_n
     assert serve[serve.variant.str.contains("one per batch size")].pad_fraction.iloc[0] == 0
     assert len(df[df.case.str.startswith("prefill")]) == 2
     capture = df[df.case == "capture"]
-    assert sorted(capture.batch.astype(int)) == sorted(env["ladder"])
 
     if HAS_CUDA:
         assert env["executed_as"] == "cuda"
         timed = df[df.median_us.notna()]
         assert (timed[timed.variant == "eager"].executed_as == "eager").all()
         assert (timed[timed.variant.str.startswith(("kit", "graphs"))].executed_as == "cuda graph").all()
-        assert (capture.setup_s > 0).all()
+        assert sorted(capture.batch.astype(int)) == sorted(env["ladder"]) and (capture.setup_s > 0).all()
     else:
         # honest labels: nothing that ran on the CPU is called a graph
         assert env["executed_as"] == "cpu (eager only)" and env["gpu"] is None
         timed = df[df.median_us.notna()]
         assert (timed.executed_as == "eager").all()
         assert timed[timed.variant.str.contains("graph")].variant.str.endswith("(eager fallback)").all()
-        assert not df.variant.str.startswith("reduce-overhead").any()
+        assert not df.variant.str.startswith("reduce-overhead").any() and capture.empty  # nothing was captured
     assert (folder / "decode.png").stat().st_size > 10_000
