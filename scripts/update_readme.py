@@ -207,6 +207,39 @@ def buckets_section():
     return "\n".join(l for l in lines if l is not None)
 
 
+def llm_decode_section():
+    rec = results.load("08_llm_decode")
+    if rec is None:
+        return "_Notebook 08 (LLM decoding) has no recorded GPU run yet._\n"
+    df, env = rec.df, rec.env
+    gen = df[df.case.astype(str).str.startswith("generate, batch") & df.median_us.notna()]
+    steps = df[df.case.astype(str).str.startswith("decode step, batch") & df.median_us.notna()]
+    lines = [f"**LLM decoding with a static KV cache** (notebook 08; {_env_caption(env)}; a "
+             f"{env.get('config', {}).get('layers', '?')}-layer LLaMA-style model with random weights, "
+             f"{env.get('dtype')}, greedy, {env.get('new_tokens')} tokens after a {env.get('prompt_len')}-token prompt), "
+             "whole generations timed round-robin; time per token and speedup over eager:", "",
+             "| batch | variant | runs as | µs per token | speedup | tokens/s | first call (compile/record) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in gen.itertuples():
+        first = "-" if r.first_call_s != r.first_call_s else f"{r.first_call_s:.1f} s"
+        lines.append(f"| {int(r.batch)} | {r.variant} | {r.executed_as} | {r.us_per_token:.0f} | {r.speedup:.2f}x | "
+                     f"{r.tokens_per_s:,.0f} | {first} |")
+    floors = steps.drop_duplicates("batch")
+    if len(floors) and "floor_step_us" in floors:
+        lines += ["", "GPU-busy floor of one decode step (the kit's graph replayed, profiler): " + ", ".join(
+            f"batch {int(r.batch)}: {r.floor_step_us:.0f} µs" for r in floors.itertuples() if r.floor_step_us == r.floor_step_us)
+            + "."]
+    serve = df[(df.case == "serving loop") & df.median_us.notna()]
+    if len(serve):
+        lines += ["", "Serving loop (batch size changing every step): " + "; ".join(
+            f"{r.variant}: {r.us_per_step:.0f} µs per step ({r.speedup:.2f}x)" for r in serve.itertuples()) + "."]
+    errors = env.get("variant_errors") or {}
+    if errors:
+        lines += ["", "Variants that failed in that run: " + "; ".join(f"{k}: {v}" for k, v in errors.items()) + "."]
+    lines += ["", f"![LLM decoding on {env.get('gpu')}](figures/08_llm_decode/decode.png)", ""]
+    return "\n".join(lines)
+
+
 def advise_section():
     rec = results.load("05_pitfalls")
     if rec is None or "measured_speedup" not in rec.df:
@@ -302,7 +335,8 @@ def noise_paragraph():
 
 def render():
     return "\n".join([START, provenance_paragraph(), noise_paragraph(), gelu_section(), train_step_section(),
-                      jit_compile_section(), resnet_section(), advise_section(), buckets_section(), data_parallel_section(), overhead_section(),
+                      jit_compile_section(), resnet_section(), advise_section(), buckets_section(), data_parallel_section(), llm_decode_section(),
+                      overhead_section(),
                       crosscheck_section(), END])
 
 

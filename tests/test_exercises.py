@@ -264,6 +264,72 @@ def nb07():
 
 
 @pytest.fixture(scope="module")
+def nb08():
+    """Section 1's model and cache, section 4's capture step and section 10's serving loop, small."""
+    from cudagraph_kit.course.tiny_llm import StaticKVCache, TinyConfig, TinyLLM
+
+    torch.set_grad_enabled(False)
+    cfg = TinyConfig(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, hidden=176)
+    max_batch, max_gen = 8, 6
+    model = TinyLLM(cfg, seed=0, device=DEVICE).eval()
+    cache = StaticKVCache(cfg, max_batch=max_batch, max_len=max_gen + 1, device=DEVICE)
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+
+    def graph_step(tokens, pos):
+        if CUDA and clear is not None and torch.cuda.is_current_stream_capturing():
+            clear()
+        return model.decode(tokens, pos, cache)
+
+    def make_stream(seed, steps):
+        g = torch.Generator().manual_seed(seed)
+        arrivals = torch.poisson(torch.full((steps,), 1.5), generator=g).long().tolist()
+        lengths = iter((1 + (torch.rand(sum(arrivals) + 1, generator=g) * max_gen).long()).tolist())
+        return [[next(lengths) for _ in range(k)] for k in arrivals]
+
+    def serve(step, stream, record=None):
+        tokens = torch.zeros(max_batch, dtype=torch.long, device=DEVICE)
+        pos = torch.zeros(max_batch, dtype=torch.long, device=DEVICE)
+        active, queue, next_id, sizes = [], [], 0, []
+        for arriving in stream:
+            queue += [(next_id + i, n) for i, n in enumerate(arriving)]
+            next_id += len(arriving)
+            while queue and len(active) < max_batch:
+                rid, n = queue.pop(0)
+                tokens[len(active)], pos[len(active)] = 1 + rid % (cfg.vocab_size - 1), 0
+                active.append([rid, n])
+            if not active:
+                continue
+            n = len(active)
+            sizes.append(n)
+            nxt = step(tokens[:n], pos[:n]).argmax(-1)
+            tokens[:n] = nxt
+            pos[:n] += 1
+            if record is not None:
+                for (rid, _), t in zip(active, nxt.tolist()):
+                    record.setdefault(rid, []).append(t)
+            for a in active:
+                a[1] -= 1
+            for i in reversed([i for i, a in enumerate(active) if a[1] == 0]):
+                last = len(active) - 1
+                if i != last:
+                    cache.move_row(last, i)
+                    tokens[i], pos[i], active[i] = tokens[last], pos[last], active[last]
+                active.pop()
+        return sizes
+
+    stream = make_stream(10, 30)
+    eager_tokens = {}
+    observed = serve(lambda t, p: model.decode(t, p, cache), stream, record=eager_tokens)
+    history = serve(lambda t, p: model.decode(t, p, cache), make_stream(11, 120))
+    z = torch.zeros(max_batch, dtype=torch.long, device=DEVICE)
+    prompt = torch.randint(0, cfg.vocab_size, (4, 16), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    yield types.SimpleNamespace(cfg=cfg, max_batch=max_batch, graph_step=graph_step, serve=serve, stream=stream,
+                                observed=observed, history=history, eager_tokens=eager_tokens, sample=z,
+                                prompt=prompt, new_tokens=6, sol=solutions("08_llm_decode"))
+    torch.set_grad_enabled(True)
+
+
+@pytest.fixture(scope="module")
 def nb05():
     torch.manual_seed(0)
     return types.SimpleNamespace(X=torch.randn(256, device=DEVICE) + 2.0, sol=solutions("05_pitfalls"))
@@ -352,6 +418,18 @@ def run_07_2(s):
     return s.sol.exercise_2(s.demo_model, s.demo_batches, torch.nn.functional.cross_entropy, CUDA, SAMPLES, CALLS), {}
 
 
+def run_08_1(s):
+    out = s.sol.exercise_1(s.history, s.observed, s.max_batch, s.graph_step, s.sample, s.sample.clone(), s.serve,
+                           s.stream)
+    return out, {"history": s.history, "observed": s.observed, "max_batch": s.max_batch,
+                 "eager_tokens": s.eager_tokens}
+
+
+def run_08_2(s):
+    out = s.sol.exercise_2(s.cfg, 0, DEVICE, s.prompt, s.new_tokens)
+    return out, {"prompt": s.prompt, "cfg": s.cfg, "seed": 0, "new_tokens": s.new_tokens}
+
+
 RUNNERS = {("01_gelu", 1): ("nb01", run_01_1), ("01_gelu", 2): ("nb01", run_01_2), ("01_gelu", 3): ("nb01", run_01_3),
            ("02_train_step", 1): ("nb02", run_02_1), ("02_train_step", 2): ("nb02", run_02_2),
            ("02_train_step", 3): ("nb02", run_02_3),
@@ -360,7 +438,8 @@ RUNNERS = {("01_gelu", 1): ("nb01", run_01_1), ("01_gelu", 2): ("nb01", run_01_2
            ("04_resnet50", 1): ("nb04", run_04_1), ("04_resnet50", 2): ("nb04", run_04_2),
            ("05_pitfalls", 1): ("nb05", run_05_1), ("05_pitfalls", 2): ("nb05", run_05_2),
            ("06_variable_shapes", 1): ("nb06", run_06_1), ("06_variable_shapes", 2): ("nb06", run_06_2),
-           ("07_data_parallel", 1): ("nb07", run_07_1), ("07_data_parallel", 2): ("nb07", run_07_2)}
+           ("07_data_parallel", 1): ("nb07", run_07_1), ("07_data_parallel", 2): ("nb07", run_07_2),
+           ("08_llm_decode", 1): ("nb08", run_08_1), ("08_llm_decode", 2): ("nb08", run_08_2)}
 ALL = [(stem, ex) for stem, exs in EXERCISES.items() for ex in exs]
 
 
@@ -904,3 +983,29 @@ def test_table_rows_is_the_one_table_check():
     assert len(result.lines) == 1 and "nothing was checked" in result.text      # it reported nothing itself
     rows, result = lines(table.assign(numel=[1, 2]), columns=exercises.COMPARE_COLUMNS + ("numel",), baseline=None)
     assert rows == []
+
+
+def test_08_1_rejects_a_plan_on_the_stream_and_tokens_that_differ(nb08):
+    from cudagraph_kit.buckets import plan_buckets
+    out = nb08.sol.exercise_1(nb08.history, nb08.observed, nb08.max_batch, nb08.graph_step, nb08.sample,
+                              nb08.sample.clone(), nb08.serve, nb08.stream)
+    kw = {"history": nb08.history, "observed": nb08.observed, "max_batch": nb08.max_batch,
+          "eager_tokens": nb08.eager_tokens}
+    too_many = plan_buckets(nb08.history, max_graphs=6, max_size=nb08.max_batch)
+    if too_many.n_graphs > 4:
+        _off(exercises.check_decode_buckets(**dict(out, few_buckets=too_many), **kw), "at most 4")
+    _off(exercises.check_decode_buckets(**dict(out, pad_fraction=out["pad_fraction"] + 0.1), **kw), "pad_fraction")
+    wrong = {rid: [t + 1 for t in toks] for rid, toks in out["few_tokens"].items()}
+    _off(exercises.check_decode_buckets(**dict(out, few_tokens=wrong), **kw), "decoded differently")
+
+
+def test_08_2_rejects_float32_tokens_and_a_wrong_why(nb08):
+    from cudagraph_kit.course.tiny_llm import StaticKVCache, TinyLLM, greedy_generate
+    kw = {"prompt": nb08.prompt, "cfg": nb08.cfg, "seed": 0, "new_tokens": nb08.new_tokens}
+    model = TinyLLM(nb08.cfg, seed=0, device=DEVICE).eval()
+    cache = StaticKVCache(nb08.cfg, 4, 32, device=DEVICE)
+    with torch.no_grad():
+        fp32 = greedy_generate(model, cache, nb08.prompt, nb08.new_tokens) + 1   # not the bfloat16 model's tokens
+    out = nb08.sol.exercise_2(nb08.cfg, 0, DEVICE, nb08.prompt, nb08.new_tokens)
+    _off(exercises.check_low_precision_ties(**dict(out, bf16_tokens=fp32), **kw), "not those of the bfloat16 model")
+    _off(exercises.check_low_precision_ties(**dict(out, tie_why="a"), **kw), '"a" is not it', "hint:")

@@ -181,7 +181,7 @@ def test_a_regular_pip_install_elsewhere_works_and_says_what_needs_the_checkout(
         shutil.copy(PROJECT_ROOT / name, src / name)
     venv = _kernel_venv(tmp_path / "venv")  # sees this environment's packages (torch, pip); installs into its own
     python = str(venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
-    installed = subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+    installed = subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps",
                                 str(src)], capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     work = tmp_path / "other-project"

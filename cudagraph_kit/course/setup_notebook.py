@@ -89,7 +89,7 @@ def setup_notebook(checkout, ref: str, in_colab: bool = False) -> None:
     found = check_torch(checkout)
     if in_colab:
         if not _installed_from(checkout):
-            run_step(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+            run_step(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
                      "--editable", str(checkout))
         os.chdir(checkout / "notebooks")  # where the notebooks run; the recorded results are in ../figures
         print(f"cudagraph-kit ({ref}) in {checkout}, installed; working in {Path.cwd()}; PyTorch {found}")

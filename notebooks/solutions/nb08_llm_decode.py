@@ -1,0 +1,36 @@
+"""Solutions to the exercises of notebook 08 (LLM decoding with a static KV cache). Try them first.
+
+Each ``exercise_<k>`` holds the code of exercise k's cell. Its arguments are the notebook variables that cell uses
+(same names, lower case where the notebook uses capitals), and it returns what the check cell passes to the check.
+``tests/test_exercises.py`` runs every solution against its check, so these stay working as PyTorch moves.
+"""
+import torch
+
+from cudagraph_kit.buckets import capture_buckets, evaluate_buckets, plan_buckets
+from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyLLM, first_divergence, greedy_generate,
+                                           greedy_generate_no_cache)
+
+
+def exercise_1(history, observed, max_batch, graph_step, sample_tokens, sample_pos, serve, stream):
+    """Four planned buckets for the serving loop: capture them, serve the stream, and read the padding."""
+    few_buckets = plan_buckets(history, max_graphs=4, max_size=max_batch)
+    serve_few = capture_buckets(graph_step, sample_tokens, sample_pos, sizes=few_buckets.sizes, eager_fallback=True)
+    few_tokens = {}
+    serve(serve_few, stream, record=few_tokens)
+    pad_fraction = evaluate_buckets(observed, few_buckets.sizes)["pad_fraction"]
+    print(f"buckets {few_buckets.sizes}: {pad_fraction:.1%} of the computed rows are padding; {serve_few.stats}")
+    return {"few_buckets": few_buckets, "serve_few": serve_few, "few_tokens": few_tokens, "pad_fraction": pad_fraction}
+
+
+def exercise_2(cfg, seed, device, prompt, new_tokens):
+    """The same model in bfloat16: static cache against full recompute, and where they part."""
+    model = TinyLLM(cfg, seed=seed, device=device, dtype=torch.bfloat16).eval()
+    cache = StaticKVCache(cfg, prompt.shape[0], prompt.shape[1] + new_tokens, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        cached_logits, ref_logits = [], []
+        bf16_tokens = greedy_generate(model, cache, prompt, new_tokens, logits_out=cached_logits)
+        bf16_reference = greedy_generate_no_cache(model, prompt, new_tokens, logits_out=ref_logits)
+    bf16_divergence = first_divergence(bf16_tokens, bf16_reference, cached_logits, ref_logits)
+    print(bf16_divergence)
+    return {"bf16_tokens": bf16_tokens, "bf16_reference": bf16_reference, "bf16_divergence": bf16_divergence,
+            "tie_why": "b"}

@@ -1,0 +1,115 @@
+"""The course's tiny LLaMA-style model: static-cache decoding equals full recompute, the transformers copy computes
+the same function, bad sizes get clear errors; on a GPU, its decode step captured per bucket equals eager."""
+import pytest
+import torch
+
+from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, first_divergence, greedy_generate,
+                                           greedy_generate_no_cache, hf_generate, to_hf_llama)
+
+CFG = TinyConfig(vocab_size=256, dim=64, layers=2, heads=4, kv_heads=2, hidden=128)
+
+
+def prompt(b=3, n=8, seed=1):
+    return torch.randint(0, CFG.vocab_size, (b, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_grad_enabled(False)
+    yield TinyLLM(CFG, seed=0).eval()
+    torch.set_grad_enabled(True)
+
+
+def test_weights_come_from_the_seed(model):
+    again, other = TinyLLM(CFG, seed=0), TinyLLM(CFG, seed=1)
+    for (n, p), q, r in zip(model.named_parameters(), again.parameters(), other.parameters()):
+        assert torch.equal(p, q), n
+        if "norm" not in n:
+            assert not torch.equal(p, r), n
+
+
+def test_static_cache_decoding_equals_recomputing_everything(model):
+    x = prompt()
+    cache = StaticKVCache(CFG, max_batch=4, max_len=32)
+    cached_l, ref_l = [], []
+    tokens = greedy_generate(model, cache, x, 12, logits_out=cached_l)
+    ref = greedy_generate_no_cache(model, x, 12, logits_out=ref_l)
+    assert tokens.shape == (3, 12) and torch.equal(tokens, ref)
+    assert max((a - b).abs().max().item() for a, b in zip(cached_l, ref_l)) < 1e-5
+    assert first_divergence(tokens, ref)["equal"]
+
+
+def test_rows_are_independent_with_their_own_positions(model):
+    """Row i of a decode step depends on its own token, position and cache row only (what bucket padding needs)."""
+    cache = StaticKVCache(CFG, max_batch=4, max_len=32)
+    model.prefill(prompt(4, 8), cache)
+    tok = torch.tensor([5, 6, 7, 8])
+    pos = torch.tensor([8, 3, 8, 0])
+    full = model.decode(tok, pos, cache)
+    cache2 = StaticKVCache(CFG, max_batch=4, max_len=32)
+    model.prefill(prompt(4, 8), cache2)
+    part = model.decode(tok[:2], pos[:2], cache2)
+    torch.testing.assert_close(part, full[:2])
+
+
+def test_a_divergence_is_located_and_sized():
+    ref = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    got = torch.tensor([[1, 2, 3], [4, 9, 9]])
+    logits = [torch.zeros(2, 10) for _ in range(3)]
+    ref_logits = [torch.zeros(2, 10) for _ in range(3)]
+    ref_logits[1][1, 5], ref_logits[1][1, 9] = 1.0, 0.99
+    logits[1][1, 9] = 1.0
+    d = first_divergence(got, ref, logits, ref_logits)
+    assert not d["equal"] and d["rows_differing"] == 1 and d["first_step"] == 1
+    assert d["margin"] == pytest.approx(0.01) and d["logit_diff"] == pytest.approx(1.0)
+
+
+def test_bad_sizes_get_clear_errors(model):
+    with pytest.raises(ValueError, match="multiple of"):
+        TinyConfig(dim=65, heads=4)
+    cache = StaticKVCache(CFG, max_batch=2, max_len=10)
+    with pytest.raises(ValueError, match="does not fit"):
+        model.prefill(prompt(3, 4), cache)
+    with pytest.raises(ValueError, match="cache positions"):
+        greedy_generate(model, cache, prompt(2, 8), 5)
+
+
+def test_transformers_llama_with_the_same_weights_computes_the_same(model):
+    pytest.importorskip("transformers")
+    hf = to_hf_llama(model)
+    x = prompt()
+    torch.testing.assert_close(hf(x).logits, model(x), rtol=1e-5, atol=1e-5)
+    cache = StaticKVCache(CFG, max_batch=4, max_len=32)
+    ours = greedy_generate(model, cache, x, 10)
+    for impl in ("static", None):
+        logits = []
+        assert torch.equal(hf_generate(hf, x, 10, cache_implementation=impl, logits_out=logits), ours)
+        assert len(logits) == 10
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_step_graphed_per_bucket_equals_eager_on_the_gpu(dtype):
+    from cudagraph_kit.buckets import capture_buckets
+
+    cfg = TinyConfig(vocab_size=1024, dim=256, layers=2, heads=8, kv_heads=2, hidden=512)
+    m = TinyLLM(cfg, seed=0, device="cuda", dtype=dtype).eval()
+    cache = StaticKVCache(cfg, max_batch=16, max_len=40, device="cuda", dtype=dtype)
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+
+    def step(t, p):
+        if clear is not None and torch.cuda.is_current_stream_capturing():
+            clear()   # the cuBLAS workspace in the graph's own pool (notebook 08, section 4)
+        return m.decode(t, p, cache)
+
+    with torch.no_grad():
+        z = torch.zeros(16, dtype=torch.long, device="cuda")
+        graphs = capture_buckets(step, z, z.clone(), sizes=[1, 4, 8, 16])
+        assert graphs.mode == "graph"
+        # same shapes run the same kernels: bitwise equal; a padded batch (3, 13) may pick other matmul kernels,
+        # whose float32 rounding cannot flip a greedy token here, bfloat16's can (notebook 08, exercise 2)
+        for b in ((1, 3, 8, 13) if dtype == torch.float32 else (1, 8)):
+            x = prompt(b, 8).cuda()
+            eager = greedy_generate(m, cache, x, 20)
+            graphed = greedy_generate(m, cache, x, 20, step=graphs)
+            assert torch.equal(graphed, eager), b
