@@ -268,10 +268,11 @@ def nb08():
     """Section 1's model and cache, section 4's capture step and section 10's serving loop, small."""
     from cudagraph_kit.course.tiny_llm import StaticKVCache, TinyConfig, TinyLLM
 
-    torch.set_grad_enabled(False)
     cfg = TinyConfig(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, hidden=176)
     max_batch, max_gen = 8, 6
-    model = TinyLLM(cfg, seed=0, device=DEVICE).eval()
+    # inference: no parameter needs a gradient (never torch.set_grad_enabled(False) in a fixture: it would leak
+    # into every test that runs while the fixture is alive)
+    model = TinyLLM(cfg, seed=0, device=DEVICE).eval().requires_grad_(False)
     cache = StaticKVCache(cfg, max_batch=max_batch, max_len=max_gen + 1, device=DEVICE)
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
 
@@ -323,10 +324,9 @@ def nb08():
     history = serve(lambda t, p: model.decode(t, p, cache), make_stream(11, 120))
     z = torch.zeros(max_batch, dtype=torch.long, device=DEVICE)
     prompt = torch.randint(0, cfg.vocab_size, (4, 16), generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    yield types.SimpleNamespace(cfg=cfg, max_batch=max_batch, graph_step=graph_step, serve=serve, stream=stream,
+    return types.SimpleNamespace(cfg=cfg, max_batch=max_batch, graph_step=graph_step, serve=serve, stream=stream,
                                 observed=observed, history=history, eager_tokens=eager_tokens, sample=z,
                                 prompt=prompt, new_tokens=6, sol=solutions("08_llm_decode"))
-    torch.set_grad_enabled(True)
 
 
 @pytest.fixture(scope="module")

@@ -68,15 +68,21 @@ def check_torch(checkout: Path, found: str | None = None) -> str:
 
 
 def _installed_from(checkout: Path) -> bool:
-    """True if the installed cudagraph-kit is an editable install of ``checkout``."""
-    try:
-        text = importlib.metadata.distribution(DIST).read_text("direct_url.json")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    if not text:
-        return False
-    info = json.loads(text)
-    return bool(info.get("dir_info", {}).get("editable")) and info.get("url") == Path(checkout).resolve().as_uri()
+    """True if an installed cudagraph-kit is an editable install of ``checkout``.
+
+    Every distribution of that name on ``sys.path`` counts: the checkout itself is on it too, and the
+    ``cudagraph_kit.egg-info`` that building the editable install leaves there has no ``direct_url.json``.
+    """
+    want = Path(checkout).resolve().as_uri()
+    for dist in importlib.metadata.distributions():
+        if re.sub(r"[-_.]+", "-", (dist.metadata["Name"] or "").lower()) != DIST:
+            continue
+        text = dist.read_text("direct_url.json")
+        if text:
+            info = json.loads(text)
+            if info.get("dir_info", {}).get("editable") and info.get("url") == want:
+                return True
+    return False
 
 
 def setup_notebook(checkout, ref: str, in_colab: bool = False) -> None:
