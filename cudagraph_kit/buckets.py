@@ -45,11 +45,11 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 try:  # inside cudagraph_kit
-    from .capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, _describe, capture_stream,
+    from .capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, _describe, capture_stream, graph_capture,
                           recover_from_failed_capture)
 except ImportError:  # copied into a project: capture.py sits beside this file
     try:
-        from capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, _describe, capture_stream,
+        from capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, _describe, capture_stream, graph_capture,
                              recover_from_failed_capture)
     except ModuleNotFoundError as exc:
         if exc.name != "capture":
@@ -250,7 +250,7 @@ class BucketedGraphs:
             reserved = torch.cuda.memory_reserved(device)
             graph = torch.cuda.CUDAGraph()
             try:
-                with grad(), torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                with grad(), graph_capture(graph, pool=self.pool, stream=stream):
                     out = self.fn(*views)
                     leaves = _flatten(out)[0]
                     for i, buf in enumerate(self.static_outputs):

@@ -25,13 +25,15 @@ result yourself) when you keep outputs across calls.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 from typing import Any, Callable
 
 import torch
 from torch.utils._pytree import tree_map_only
 
-__all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "NoCudaError", "CaptureError",
-           "recover_from_failed_capture", "explain_capture_failure"]
+__all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "NoCudaError",
+           "CaptureError", "recover_from_failed_capture", "explain_capture_failure"]
 
 
 class NoCudaError(RuntimeError):
@@ -186,6 +188,34 @@ def capture_stream(device=None) -> "torch.cuda.Stream":
     if index not in _CAPTURE_STREAMS:
         _CAPTURE_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
     return _CAPTURE_STREAMS[index]
+
+
+@contextlib.contextmanager
+def graph_capture(graph, pool=None, stream=None):
+    """``torch.cuda.graph(graph, pool=pool, stream=stream)`` with Python's cyclic garbage collector run just before
+    the capture and paused during it; every helper of the kit captures through this.
+
+    A ``CUDAGraph`` left in a reference cycle (an old graph, a helper holding one) is freed whenever the collector
+    happens to run. If that is during another capture, its teardown calls CUDA, which is not permitted while a
+    stream captures, and the capture fails ("operation failed due to a previous error during capture"). Older
+    PyTorch collected before every capture; newer releases only do with ``torch.compiler.config.force_cudagraph_gc``
+    (it costs time on many back-to-back captures).
+
+    Example::
+
+        g = torch.cuda.CUDAGraph()
+        with graph_capture(g, stream=capture_stream()):
+            y = model(static_x)
+    """
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            yield graph
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _describe(t) -> str:
@@ -350,7 +380,7 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
 
         graph = torch.cuda.CUDAGraph()
         try:
-            with grad_ctx(), torch.cuda.graph(graph, pool=pool, stream=side):
+            with grad_ctx(), graph_capture(graph, pool=pool, stream=side):
                 for _ in range(calls_per_graph):
                     out = watched(*static_inputs)
         except Exception as exc:

@@ -70,11 +70,12 @@ from typing import Callable, Sequence
 import torch
 
 try:  # inside cudagraph_kit
-    from .capture import (CaptureError, NoCudaError, capture_stream, recover_from_failed_capture, reseed_error,
+    from .capture import (CaptureError, NoCudaError, capture_stream, graph_capture, recover_from_failed_capture, reseed_error,
                           reseeding_calls)
 except ImportError:  # copied into a project: capture.py sits beside this file
     try:
-        from capture import (CaptureError, NoCudaError, capture_stream, recover_from_failed_capture, reseed_error,
+        from capture import (CaptureError, NoCudaError, capture_stream, graph_capture, recover_from_failed_capture,
+                             reseed_error,
                              reseeding_calls)
     except ModuleNotFoundError as exc:
         if exc.name != "capture":
@@ -155,7 +156,7 @@ def cuda_graph_capture(work: Callable[[], object], pool, device: torch.device):
     stand-in that records ``work`` and runs it again on ``replay()``, to check the state machine on a CPU.
     """
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool, stream=capture_stream(device)):
+    with torch.cuda.device(device), graph_capture(graph, pool=pool, stream=capture_stream(device)):
         out = work()
     return graph, out
 
