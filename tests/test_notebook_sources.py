@@ -98,10 +98,6 @@ def test_repository_address_and_ref_are_the_same_everywhere():
 # Notebooks whose GPU execution is still owed, with the reason. The test below is an expected failure for them
 # (strict: once the executed notebook is committed it passes, the xfail turns into a failure, and the entry must go).
 AWAITING_GPU_RUN: dict = {
-    "02_train_step": "section 5 shows plain torch.cuda.make_graphed_callables before graph_modules: needs a GPU run",
-    "01_gelu": "section 7 draws the eager-vs-graph timeline and the graph's nodes (cudagraph_kit.show): needs a GPU run",
-    "08_llm_decode": "new notebook: no executed .ipynb yet (python -m cudagraph_kit reproduce 08 on a GPU)",
-    "05_pitfalls": "a new section on Python state reached through objects (check_capturable, verify): needs a GPU run",
 }
 
 
