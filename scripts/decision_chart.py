@@ -83,7 +83,11 @@ def facts(figures: Path = FIGURES) -> dict:
     f["planned"] = _value(df, "speedup", case="MLP", variant="planned")
     f["ro_stream"] = _value(df, "speedup", case="MLP", variant="reduce-overhead")
     f["single_bucket"] = _value(df, "speedup", case="MLP", variant="single bucket")
-    f["llm_decode"] = None  # notebook 08 has no recorded result yet
+    df, env = _load("08_llm_decode", figures)
+    f["gpu08"] = env.get("gpu")
+    f["llm_kit"] = _value(df, "speedup", case="decode step, batch 1", variant="kit graph (bucket)")
+    f["llm_ro"] = _value(df, "speedup", case="decode step, batch 1", variant="reduce-overhead")
+    f["llm_serving"] = _value(df, "speedup", case="serving loop", variant="graphs, planned buckets")
     return f
 
 
@@ -116,10 +120,14 @@ def branches(f: dict) -> list[dict]:
     q2 = {"question": "Do the input shapes change from call to call (batch size, sequence length)?",
           "yes": "Is it autoregressive LLM decoding (one token per step, a KV cache)?",
           "yes_yes": "LLM decode: notebook 08.",
-          "yes_yes_link": "no recorded result yet",
+          "yes_yes_link": f"[08]({NB}08_llm_decode.ipynb)",
           "yes_no": "Buckets: one graph per bucket size in a shared pool; pad, replay, slice "
                     "(`capture_buckets`, `plan_buckets`).",
           "yes_no_link": f"[06, sections 3-11]({NB}06_variable_shapes.ipynb)"}
+    if _have(f, "llm_kit", "llm_ro", "llm_serving", "gpu08"):
+        q2["yes_yes_evidence"] = (f"A small LLaMA-style model ({f['gpu08']}): one decode step at batch 1, the kit's "
+                                  f"graph {_x(f['llm_kit'])} vs eager, `reduce-overhead` {_x(f['llm_ro'])}; a "
+                                  f"serving loop on planned buckets {_x(f['llm_serving'])}.")
     if _have(f, "planned", "ro_stream", "single_bucket", "gpu06"):
         q2["yes_no_evidence"] = (f"MLP on a stream of request sizes ({f['gpu06']}): planned buckets "
                                  f"{_x(f['planned'])} vs eager, a single bucket {_x(f['single_bucket'])}, "
