@@ -224,7 +224,8 @@ def draw(f: dict, path: Path = PNG):
 
     def arrow(x0, y0, x1, y1, label):
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=dict(arrowstyle="-|>", color="#636363", lw=1.2))
-        ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 0.12, label, ha="center", fontsize=9, color="#636363", weight="bold")
+        ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 0.12, label, ha="center", fontsize=9, color="#636363", weight="bold",
+                bbox=dict(fc="white", ec="none", pad=1.0))  # the label sits on the line, not struck through
 
     strip = lambda s: s.replace("`", "")  # noqa: E731
     qx, tx = 2.7, 9.0
