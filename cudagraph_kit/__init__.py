@@ -5,7 +5,8 @@ when it imports that (``train_step``, ``partial``, ``buckets``, ``ddp``; docs/AR
 ``env`` (what machine is this), ``capture`` (capture once, call with new inputs), ``train_step`` (whole
 training step as one graph), ``partial`` (make_graphed_callables made safe), ``diagnose`` (find what breaks a
 graph before capture, verify a graph against eager, will a graph help?), ``timing`` (medians, spread, GPU-busy
-floor), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledger), ``ddp``
+floor), ``intervals`` (where a rerun will land: prediction intervals over timing windows, and the verdict
+they support), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledger), ``ddp``
 (DistributedDataParallel under graphs, per-rank step timing), ``show`` (pictures: eager vs graph on one timeline,
 a graph's nodes; needs matplotlib; import it as ``from cudagraph_kit import show``).
 
@@ -17,6 +18,7 @@ from .buckets import (BucketedGraphs, BucketPlan, MemoryLedger, capture_buckets,
 from .capture import CaptureError, GraphedCallable, NoCudaError, capture, capture_stream, shared_pool
 from .diagnose import advise, check_capturable, explain, verify
 from .env import bf16_supported, describe, env_table, has_cuda
+from .intervals import combine_windows, prediction_interval, verdict
 from .partial import graph_modules
 from .timing import compare, gpu_time, timeit
 from .train_step import GraphedTrainStep, capture_train_step
@@ -24,7 +26,7 @@ from .train_step import GraphedTrainStep, capture_train_step
 __all__ = [
     "capture", "GraphedCallable", "shared_pool", "capture_stream", "NoCudaError", "CaptureError",
     "has_cuda", "bf16_supported", "describe", "env_table",
-    "graph_modules", "timeit", "gpu_time", "compare",
+    "graph_modules", "timeit", "gpu_time", "compare", "prediction_interval", "verdict", "combine_windows",
     "check_capturable", "verify", "advise", "explain",
     "capture_buckets", "BucketedGraphs", "ladder", "plan_buckets", "BucketPlan", "evaluate_buckets",
     "MemoryLedger", "pool_usage",

@@ -26,6 +26,7 @@ COMPANIONS = {
     "buckets": ["capture"],    # timing.py for measure_bucket_costs()
     "ddp": ["capture"],
     "show": [],
+    "intervals": [],
 }
 
 # a small call of each helper's main function; `cuda` says whether a GPU is there
@@ -95,6 +96,11 @@ CALLS = {
         torch.testing.assert_close(serve(x), torch.relu(x))
         assert serve.stats.padded_rows == 3                        # 5 rows served by the bucket of 8
         assert buckets.plan_buckets([1, 2, 3], max_graphs=1).sizes == [3]
+    """,
+    "intervals": """
+        import intervals
+        lo, hi = intervals.prediction_interval([6.1, 6.8, 5.4])
+        assert lo < 5.4 and hi > 6.8 and intervals.verdict(lo, hi, above=1.0) == "holds"
     """,
     "show": """
         import show

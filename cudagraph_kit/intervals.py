@@ -1,0 +1,117 @@
+"""Where a rerun will land: prediction intervals from several timing windows, and the verdict they support.
+
+One window's quartiles say how much that window wobbled, not where the next run will land: on a shared GPU host,
+eager (host-bound) times move by 0.5-2x between runs while graph replays hardly move. And the min-max of ``n``
+runs holds one more run only ``(n-1)/(n+1)`` of the time (half the time for three). So a speedup worth quoting
+is measured in several windows separated in time (or in several processes), and published with a *prediction
+interval*: the range that one more window, taken the same way, falls in with the stated probability. It is
+computed on logarithms (speedups are ratios), with Student's t for the few windows one can afford.
+
+A comparison is then a **verdict**, not a reading: ``holds`` when the whole interval clears the threshold,
+``fails`` when the whole interval is on the other side, ``unclear`` when it straddles it (say "no clear
+difference").
+
+Example::
+
+    from cudagraph_kit.timing import compare
+    from cudagraph_kit.intervals import combine_windows, verdict
+    windows = [compare({"eager": eager, "graph": g.replay}, case="small") for _ in range(5)]  # minutes apart
+    table = combine_windows(windows)            # one row per (case, variant): speedup, speedup_pi_lo/hi
+    row = table.set_index("variant").loc["graph"]
+    print(verdict(row.speedup_pi_lo, row.speedup_pi_hi, above=1.0))   # 'holds': the graph is faster
+
+Needs only the standard library (and pandas for ``combine_windows``).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+__all__ = ["prediction_interval", "verdict", "combine_windows", "LEVEL"]
+
+LEVEL = 0.90  # the default: one more window lands inside 9 times out of 10
+
+# Student's t quantiles t(q, df) for the two-sided levels offered, df = 1..30 (beyond 30: the normal quantile).
+_T = {
+    0.90: (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753,
+           1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697),
+    0.95: (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+           2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042),
+}
+
+
+def _t_quantile(level: float, df: int) -> float:
+    if level not in _T:
+        raise ValueError(f"level must be one of {sorted(_T)}, got {level}.")
+    if df <= len(_T[level]):
+        return _T[level][df - 1]
+    return statistics.NormalDist().inv_cdf(0.5 + level / 2)
+
+
+def prediction_interval(values, level: float = LEVEL) -> tuple[float, float]:
+    """The range one more value, measured like ``values`` (one per window or process), falls in with
+    probability ``level``: ``exp(mean ± t * sd * sqrt(1 + 1/n))`` of the logarithms. Needs two or more positive
+    values; with fewer it returns ``(nan, nan)``, which every verdict reads as ``unclear``.
+
+    Example::
+
+        lo, hi = prediction_interval([6.1, 6.8, 5.4])     # speedups of three windows
+    """
+    xs = [float(v) for v in values if v == v]  # drop NaN
+    if any(v <= 0 for v in xs):
+        raise ValueError(f"prediction_interval takes positive values (times or speedups), got {sorted(xs)[:3]}...")
+    if len(xs) < 2:
+        return float("nan"), float("nan")
+    logs = [math.log(v) for v in xs]
+    n = len(logs)
+    half = _t_quantile(level, n - 1) * statistics.stdev(logs) * math.sqrt(1 + 1 / n)
+    mean = statistics.fmean(logs)
+    return math.exp(mean - half), math.exp(mean + half)
+
+
+def verdict(lo: float, hi: float, above: float = 1.0) -> str:
+    """``holds`` if the interval ``[lo, hi]`` lies above ``above``, ``fails`` if it lies at or below it,
+    ``unclear`` if it straddles it or is unknown (NaN)."""
+    if not (lo == lo and hi == hi):
+        return "unclear"
+    if lo > hi:
+        raise ValueError(f"an interval needs lo <= hi, got [{lo}, {hi}].")
+    if lo > above:
+        return "holds"
+    if hi <= above:
+        return "fails"
+    return "unclear"
+
+
+def combine_windows(frames, level: float = LEVEL):
+    """Several ``compare()`` tables of the same variants (one per window) → one row per (case, variant).
+
+    Columns: case, variant, windows, median_us (median of the windows' medians), median_pi_lo/hi, speedup (median
+    of the windows' speedups), speedup_pi_lo/hi (prediction intervals, ``level``), window_speedups (the values,
+    ";"-joined), and executed_as, floor_us, kernels_per_call from the first window where present.
+    """
+    import pandas as pd
+
+    frames = [f for f in frames if f is not None and len(f)]
+    if not frames:
+        raise ValueError("combine_windows needs at least one compare() table.")
+    for f in frames:
+        missing = {"case", "variant", "median_us", "speedup"} - set(f.columns)
+        if missing:
+            raise ValueError(f"combine_windows takes compare() tables; this one lacks {sorted(missing)}.")
+    keys = list(dict.fromkeys(zip(frames[0].case, frames[0].variant)))
+    rows = []
+    for case, variant in keys:
+        picked = [f[(f.case == case) & (f.variant == variant)] for f in frames]
+        picked = [p.iloc[0] for p in picked if len(p)]
+        medians = [p.median_us for p in picked]
+        speedups = [p.speedup for p in picked]
+        m_lo, m_hi = prediction_interval(medians, level)
+        s_lo, s_hi = prediction_interval(speedups, level)
+        first = picked[0]
+        rows.append({"case": case, "variant": variant, "windows": len(picked),
+                     "median_us": statistics.median(medians), "median_pi_lo": m_lo, "median_pi_hi": m_hi,
+                     "speedup": statistics.median(speedups), "speedup_pi_lo": s_lo, "speedup_pi_hi": s_hi,
+                     "window_speedups": ";".join(f"{s:.4g}" for s in speedups),
+                     **{c: first[c] for c in ("executed_as", "floor_us", "kernels_per_call") if c in first}})
+    return pd.DataFrame(rows)

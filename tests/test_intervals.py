@@ -1,0 +1,110 @@
+"""Prediction intervals over timing windows (cudagraph_kit/intervals.py) and the claims rendered from them
+(cudagraph_kit/course/claims.py): coverage, verdicts, the combined table, claims.csv, quoted claims."""
+import math
+import random
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cudagraph_kit.course.claims import CLAIM_COLUMNS, Claim, load_claims, quoted_claims, save_claims
+from cudagraph_kit.intervals import combine_windows, prediction_interval, verdict
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+@pytest.mark.parametrize("n,level", [(3, 0.90), (5, 0.90), (3, 0.95), (40, 0.90)])
+def test_one_more_window_lands_inside_as_often_as_promised(n, level):
+    """Windows drawn log-normally (a host that drifts): the next window falls inside the interval of the
+    previous n at the stated rate (2,000 trials, seeded), where the min-max of n would hold only (n-1)/(n+1)."""
+    rng = random.Random(n * 1000 + int(level * 100))
+    hits = minmax_hits = 0
+    trials = 2000
+    for _ in range(trials):
+        windows = [math.exp(rng.gauss(math.log(6.0), 0.15)) for _ in range(n)]
+        new = math.exp(rng.gauss(math.log(6.0), 0.15))
+        lo, hi = prediction_interval(windows, level)
+        hits += lo <= new <= hi
+        minmax_hits += min(windows) <= new <= max(windows)
+    assert abs(hits / trials - level) < 0.03, hits / trials
+    if n == 3:
+        assert abs(minmax_hits / trials - (n - 1) / (n + 1)) < 0.04  # what the interval replaces
+
+
+def test_interval_needs_two_windows_and_positive_values():
+    assert all(math.isnan(v) for v in prediction_interval([5.0]))
+    assert all(math.isnan(v) for v in prediction_interval([5.0, float("nan")]))
+    with pytest.raises(ValueError, match="positive"):
+        prediction_interval([1.0, -2.0])
+    with pytest.raises(ValueError, match="level"):
+        prediction_interval([1.0, 2.0], level=0.8)
+    lo, hi = prediction_interval([2.0, 2.0, 2.0])
+    assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
+
+
+def test_verdicts():
+    assert verdict(1.2, 1.5) == "holds"
+    assert verdict(0.5, 0.9) == "fails"
+    assert verdict(0.5, 1.0) == "fails"         # "faster than 1x" is not shown by an interval reaching 1x
+    assert verdict(0.9, 1.3) == "unclear"
+    assert verdict(float("nan"), float("nan")) == "unclear"
+    assert verdict(1.2, 1.5, above=1.3) == "unclear"
+    with pytest.raises(ValueError, match="lo <= hi"):
+        verdict(2.0, 1.0)
+
+
+def _window(eager_us, graph_us, case="small"):
+    return pd.DataFrame({"case": [case, case], "variant": ["eager", "graph"], "median_us": [eager_us, graph_us],
+                         "speedup": [1.0, eager_us / graph_us], "executed_as": ["eager", "cuda graph"],
+                         "floor_us": [float("nan"), 2.0]})
+
+
+def test_combine_windows_gives_one_row_per_variant_with_its_interval():
+    frames = [_window(20.0, 3.0), _window(26.0, 3.1), _window(17.0, 2.9)]
+    table = combine_windows(frames).set_index("variant")
+    graph = table.loc["graph"]
+    speedups = sorted(e / g for e, g in ((20.0, 3.0), (26.0, 3.1), (17.0, 2.9)))
+    assert graph.windows == 3 and graph.speedup == pytest.approx(speedups[1])
+    assert graph.speedup_pi_lo < speedups[0] and graph.speedup_pi_hi > speedups[-1]
+    assert graph.median_us == pytest.approx(3.0) and graph.executed_as == "cuda graph" and graph.floor_us == 2.0
+    assert table.loc["eager"].speedup == 1.0 and table.loc["eager"].speedup_pi_lo == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="compare"):
+        combine_windows([pd.DataFrame({"variant": ["x"]})])
+    with pytest.raises(ValueError, match="at least one"):
+        combine_windows([])
+
+
+def test_a_claim_prints_the_sentence_of_its_verdict(tmp_path):
+    kw = dict(holds="graph faster ({lo:.1f}-{hi:.1f}x)", fails="graph no faster ({lo:.2f}-{hi:.2f}x)")
+    holds, fails, unclear = Claim("a", 5.2, 7.0, **kw), Claim("b", 0.5, 0.9, **kw), Claim("c", 0.8, 1.3, **kw)
+    assert (holds.statement, holds.verdict) == ("graph faster (5.2-7.0x)", "holds")
+    assert (fails.statement, fails.verdict) == ("graph no faster (0.50-0.90x)", "fails")
+    assert unclear.verdict == "unclear" and unclear.statement.startswith("no clear difference")
+    assert "not measured" in Claim("d", float("nan"), float("nan"), **kw).statement
+    with pytest.raises(ValueError, match="claim id"):
+        Claim("Graph Wins", 1.0, 2.0, **kw)
+    path = save_claims(tmp_path, [holds, fails, unclear])
+    saved = load_claims(tmp_path)
+    assert path.name == "claims.csv" and list(saved.columns) == CLAIM_COLUMNS
+    assert saved.verdict.tolist() == ["holds", "fails", "unclear"] and saved.claim.tolist() == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="unique"):
+        save_claims(tmp_path, [holds, holds])
+    assert load_claims(tmp_path / "nowhere") is None
+
+
+def test_quoted_claims_are_found_in_prose():
+    text = "# The graph wins: {claim:graph_beats_eager}. Padding: {claim:pad_cheap_06}.\n{claim:Not An Id}"
+    assert quoted_claims(text) == ["graph_beats_eager", "pad_cheap_06"]
+
+
+@pytest.mark.parametrize("source", sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py")), ids=lambda p: p.stem)
+def test_prose_quotes_only_claims_the_notebook_recorded(source):
+    """A notebook's markdown may quote a computed claim as {claim:ID}; that id must be in the claims.csv the
+    recorded run saved (figures/<stem>/claims.csv)."""
+    quoted = quoted_claims(source.read_text())
+    recorded = load_claims(NOTEBOOKS.parent / "figures" / source.stem)
+    known = set(recorded.claim) if recorded is not None else set()
+    missing = [q for q in quoted if q not in known]
+    assert not missing, f"{source.name} quotes claims its recorded run did not save: {missing}"
+    assert all(re.fullmatch(r"[a-z0-9_]+", q) for q in quoted)
