@@ -31,7 +31,10 @@ def _parser() -> argparse.ArgumentParser:
     chk = sub.add_parser("check-figures", help="say whether figures/ comes from one run (exit 1 if it mixes runs)")
     chk.add_argument("--figures", default=None, help="results folder to check (default: the recorded figures/)")
     lab = sub.add_parser("lab", help="open JupyterLab on working copies of the notebooks (build/lab); other "
-                                     "options (--no-browser, --port 8889, --ip, --allow-root, ...) go to jupyter lab")
+                                     "options (--no-browser, --port 8889, --ip, --allow-root, ...) go to jupyter lab",
+                         description="Open JupyterLab on working copies of the notebooks (build/lab). Options not "
+                                     "listed here (--no-browser, --port 8889, --ip 0.0.0.0, --allow-root, ...) go "
+                                     "to jupyter lab as they are; the exit status is JupyterLab's.")
     lab.add_argument("--dir", default=None, help="folder for the working copies (default: build/lab)")
     return parser
 
