@@ -88,9 +88,19 @@ def closure_number():
     return fn, "closure variable 'k'", "k += 1  # FORM: rebound closure name"
 
 
+SETTINGS = Counter()
+
+
+def global_object_attribute():
+    def fn(x):
+        SETTINGS.n += 1  # FORM: attribute of a global object
+        return x * SETTINGS.n
+    return fn, "SETTINGS.n", "SETTINGS.n += 1  # FORM: attribute of a global object"
+
+
 FORMS = {"object in closure": object_in_closure, "container item": container_item,
          "class attribute": class_attribute, "via a helper": via_helper, "global": global_number,
-         "closure": closure_number}
+         "closure": closure_number, "global object attribute": global_object_attribute}
 
 
 # ------------------------------------------------------------------------------- ordinary code (no state)
