@@ -93,13 +93,17 @@ def child(control: str, windows: int) -> dict:
             "device": torch.cuda.get_device_name(0) if dev == "cuda" else "CPU (plumbing only, no result)"}
 
 
-def summarise(df):
+def per_process(df):
+    """One row per (control, process): the median of its windows."""
+    return df.groupby(["control", "process"], sort=False).median(numeric_only=True).reset_index()
+
+
+def summarise(df, per_proc):
     """One row per control: medians across processes, spreads and 90% prediction intervals."""
     import pandas as pd
 
     from cudagraph_kit.intervals import prediction_interval
 
-    per_proc = df.groupby(["control", "process"], sort=False).median(numeric_only=True).reset_index()
     rows = []
     for control, d in per_proc.groupby("control", sort=False):
         e_lo, e_hi = prediction_interval(d.eager_us)
@@ -115,12 +119,11 @@ def summarise(df):
     return pd.DataFrame(rows)
 
 
-def plot(df, summary, device, path):
+def plot(per_proc, summary, device, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    per_proc = df.groupby(["control", "process"], sort=False).median(numeric_only=True).reset_index()
     controls = list(summary.control)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     for ax, col, label in zip(axes, ["eager_us", "graph_us", "speedup"],
@@ -167,9 +170,10 @@ def main():
                   f"{statistics.median(r['graph_us'] for r in res['rows']):6.2f} us", flush=True)
     df = pd.DataFrame(rows)
     df.to_csv(out / "drift.csv", index=False)
-    summary = summarise(df)
+    per_proc = per_process(df)
+    summary = summarise(df, per_proc)
     summary.to_csv(out / "drift_summary.csv", index=False)
-    plot(df, summary, device, out / "drift.png")
+    plot(per_proc, summary, device, out / "drift.png")
     (out / "drift_env.json").write_text(json.dumps({"device": device, "processes": args.processes,
                                                     "windows": args.windows, "controls": args.controls}, indent=1))
     with pd.option_context("display.width", 200, "display.float_format", lambda v: f"{v:.3g}"):

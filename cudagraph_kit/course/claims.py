@@ -57,10 +57,9 @@ class Claim:
 
     @property
     def statement(self) -> str:
-        v = self.verdict
         if not (self.lo == self.lo and self.hi == self.hi):
             return "no clear difference (not measured in two or more windows)"
-        template = {"holds": self.holds, "fails": self.fails, "unclear": self.unclear}[v]
+        template = {"holds": self.holds, "fails": self.fails, "unclear": self.unclear}[self.verdict]
         return template.format(lo=self.lo, hi=self.hi, above=self.above)
 
     def row(self) -> dict:
