@@ -15,7 +15,8 @@ imports it.
 """
 from .buckets import (BucketedGraphs, BucketPlan, MemoryLedger, capture_buckets, evaluate_buckets, ladder,
                       plan_buckets, pool_usage)
-from .capture import CaptureError, GraphedCallable, NoCudaError, capture, capture_stream, shared_pool
+from .capture import (CaptureError, GraphedCallable, NoCudaError, capture, capture_stream, graph_features,
+                      register_generators, shared_pool)
 from .diagnose import advise, check_capturable, explain, verify
 from .env import bf16_supported, describe, env_table, has_cuda
 from .intervals import combine_windows, prediction_interval, verdict
@@ -25,6 +26,7 @@ from .train_step import GraphedTrainStep, capture_train_step
 
 __all__ = [
     "capture", "GraphedCallable", "shared_pool", "capture_stream", "NoCudaError", "CaptureError",
+    "graph_features", "register_generators",
     "has_cuda", "bf16_supported", "describe", "env_table",
     "graph_modules", "timeit", "gpu_time", "compare", "prediction_interval", "verdict", "combine_windows",
     "check_capturable", "verify", "advise", "explain",

@@ -449,8 +449,9 @@ def capture_buckets(fn: Callable[..., Any], *sample_args: torch.Tensor, sizes: S
         raise ValueError(f"max_size={max_size} but the largest bucket is {sizes[-1]}; give one or the other.")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}.")
-    if not (pool in ("shared", "private", None) or isinstance(pool, tuple)):
-        raise ValueError(f"pool must be 'shared', 'private' or a pool handle (graph_pool_handle()), got {pool!r}.")
+    if not (pool in ("shared", "private", None) or isinstance(pool, (tuple, getattr(torch.cuda, "MemPool", ())))):
+        raise ValueError(f"pool must be 'shared', 'private' or a pool from cudagraph_kit.shared_pool() (or "
+                         f"torch.cuda.graph_pool_handle()), got {pool!r}.")
 
     cuda = torch.cuda.is_available()
     if not cuda and not eager_fallback:

@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 from typing import Any, Callable
 
 import torch
 from torch.utils._pytree import tree_map_only
 
 __all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "NoCudaError",
-           "CaptureError", "recover_from_failed_capture", "explain_capture_failure"]
+           "CaptureError", "recover_from_failed_capture", "explain_capture_failure", "graph_features",
+           "register_generators"]
 
 
 class NoCudaError(RuntimeError):
@@ -96,8 +98,8 @@ _KNOWN_FAILURES = [
      "replay)"),
     ("not in capture mode", "the function draws random numbers from a CUDA torch.Generator that is not the "
      "default one and was not registered with the graph",
-     "draw from the default CUDA generator (or, where this PyTorch has it, call "
-     "graph.register_generator_state(gen) before capture)"),
+     "pass it to the kit: capture(fn, x, generators=[gen]) (by hand: register_generators(graph, [gen]) "
+     "before the capture), or draw from the default CUDA generator"),
     ("unexpected CUDA generator", "the function draws random numbers from a CUDA torch.Generator that is not "
      "the default one", "draw from the default CUDA generator inside a graph"),
     ("unjoined", "work was forked onto another stream and not joined back before the capture ended",
@@ -144,12 +146,88 @@ def explain_capture_failure(exc: BaseException) -> str:
     return _format_failure(*diagnose_capture_failure(exc))
 
 
-def shared_pool():
-    """A memory-pool handle that several ``capture(..., pool=...)`` calls can share (saves memory).
+def _torch_release() -> tuple:
+    """``(major, minor)`` of the installed PyTorch, e.g. ``(2, 11)`` for "2.11.0+cu130"."""
+    return tuple(int(n) for n in re.findall(r"\d+", torch.__version__)[:2])
 
-    Graphs sharing a pool must be replayed in the order they were captured if one reads another's output.
+
+def graph_features() -> dict:
+    """Which newer CUDA-graph tools this PyTorch has; the kit uses each where it is present.
+
+    - ``check_input_liveness``: ``torch.cuda.graph(..., check_input_liveness=True)`` raises at replay when a
+      tensor the graph reads (but does not own) was freed since the capture (PyTorch 2.13+);
+      ``capture(..., check_input_liveness=True)`` turns it on.
+    - ``mempool_capture_pool``: graphs take a ``torch.cuda.MemPool`` as their pool (PyTorch 2.14+);
+      :func:`shared_pool` returns one there.
+    - ``generators_register_themselves``: a graph follows every CUDA ``torch.Generator`` it draws from, and
+      ``CUDAGraph.register_generator_state`` is a deprecated no-op (PyTorch 2.14+); before, ``capture(...,
+      generators=[gen])`` registers them.
+    - ``debug_dump``: ``CUDAGraph.debug_dump`` writes the graph as DOT (``show.graph_nodes`` reads it).
+
+    Example::
+
+        graph_features()   # {'check_input_liveness': False, 'mempool_capture_pool': False, ...} on PyTorch 2.11
     """
+    import inspect
+
+    try:
+        graph_options = inspect.signature(torch.cuda.graph).parameters
+    except (TypeError, ValueError):
+        graph_options = {}
+    newer = _torch_release() >= (2, 14)
+    return {"check_input_liveness": "check_input_liveness" in graph_options,
+            "mempool_capture_pool": newer and hasattr(torch.cuda, "MemPool"),
+            "generators_register_themselves": newer,
+            "debug_dump": hasattr(torch.cuda.CUDAGraph, "debug_dump")}
+
+
+def shared_pool():
+    """A memory pool that several ``capture(..., pool=...)`` calls can share (saves memory).
+
+    Where graphs take one (PyTorch 2.14+) it is a ``torch.cuda.MemPool``: its memory stays reserved while this
+    object or any graph captured into it lives. Before, it is ``torch.cuda.graph_pool_handle()``, freed when the
+    last graph in it goes. Graphs sharing a pool must be replayed in the order they were captured if one reads
+    another's output.
+
+    Example::
+
+        pool = shared_pool()
+        g1 = capture(encoder, x, pool=pool)
+        g2 = capture(decoder, g1.static_outputs, pool=pool)   # reuses g1's intermediate memory
+    """
+    if graph_features()["mempool_capture_pool"]:
+        return torch.cuda.MemPool()
     return torch.cuda.graph_pool_handle()
+
+
+def _check_generators(generators) -> None:
+    for gen in generators:
+        if not isinstance(gen, torch.Generator) or gen.device.type != "cuda":
+            raise ValueError(f"generators takes CUDA torch.Generator objects, got {gen!r}. Fix: pass the "
+                             "torch.Generator(device='cuda') objects the function draws from.")
+
+
+def register_generators(graph, generators) -> None:
+    """Let ``graph`` replay draws from CUDA ``torch.Generator`` objects other than the default one; call it before
+    the capture. Older PyTorch needs ``graph.register_generator_state(gen)`` for each; PyTorch 2.14+ follows them by
+    itself (the call is a deprecated no-op there, so it is skipped).
+
+    Example::
+
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        g = torch.cuda.CUDAGraph()
+        register_generators(g, [gen])
+        with torch.cuda.graph(g):
+            y = torch.rand(8, device="cuda", generator=gen)
+    """
+    _check_generators(generators)
+    if graph_features()["generators_register_themselves"] or not generators:
+        return
+    if not hasattr(graph, "register_generator_state"):
+        raise RuntimeError(f"PyTorch {torch.__version__} cannot replay draws from a CUDA torch.Generator other than "
+                           "the default one. Fix: draw from the default CUDA generator inside the graph.")
+    for gen in generators:
+        graph.register_generator_state(gen)
 
 
 _CAPTURE_STREAMS: dict = {}  # GPU index -> the kit's capture stream on it
@@ -191,8 +269,8 @@ def capture_stream(device=None) -> "torch.cuda.Stream":
 
 
 @contextlib.contextmanager
-def graph_capture(graph, pool=None, stream=None):
-    """``torch.cuda.graph(graph, pool=pool, stream=stream)`` with Python's cyclic garbage collector run just before
+def graph_capture(graph, pool=None, stream=None, **options):
+    """``torch.cuda.graph(graph, pool=pool, stream=stream, **options)`` with Python's cyclic garbage collector run just before
     the capture and paused during it; every helper of the kit captures through this.
 
     A ``CUDAGraph`` left in a reference cycle (an old graph, a helper holding one) is freed whenever the collector
@@ -211,7 +289,7 @@ def graph_capture(graph, pool=None, stream=None):
     enabled = gc.isenabled()
     gc.disable()
     try:
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
+        with torch.cuda.graph(graph, pool=pool, stream=stream, **options):
             yield graph
     finally:
         if enabled:
@@ -313,7 +391,7 @@ class GraphedCallable:
 
 def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3, pool=None,
             calls_per_graph: int = 1, clone_outputs: bool = False, no_grad: bool = True,
-            eager_fallback: bool = False) -> GraphedCallable:
+            eager_fallback: bool = False, generators=(), check_input_liveness: bool = False) -> GraphedCallable:
     """Capture ``fn(*sample_args)`` into a CUDA graph and return a :class:`GraphedCallable`.
 
     - ``warmup``: eager calls before capture (lazy init, cuBLAS handles, autotuning), on the stream that then
@@ -325,6 +403,11 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
     - ``no_grad``: capture under ``torch.no_grad()`` (inference). For training see ``train_step``/``partial``.
     - ``eager_fallback``: without CUDA, run ``fn`` eagerly instead of raising ``NoCudaError``
       (``mode == "eager"``; every call then runs under the same grad mode a graph would have captured).
+    - ``generators``: CUDA ``torch.Generator`` objects ``fn`` draws from besides the default one; they are
+      registered with the graph (:func:`register_generators`), so each replay advances them as eager would.
+    - ``check_input_liveness``: have PyTorch raise at replay if a tensor the graph reads but does not own (a
+      weight or constant held outside ``fn``) was freed since the capture (PyTorch 2.13+; costs a check per
+      replay, so use it to debug).
 
     All sample arguments must be tensors on one device; warm-up and capture run on that GPU, whichever
     device is current. A failed capture raises :class:`CaptureError` (cause, fix, original error) and leaves
@@ -337,6 +420,15 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
     """
     if calls_per_graph < 1 or warmup < 0:
         raise ValueError(f"calls_per_graph must be >= 1 and warmup >= 0, got {calls_per_graph} and {warmup}.")
+    options = {}
+    if check_input_liveness:
+        if not graph_features()["check_input_liveness"]:
+            raise ValueError(f"check_input_liveness needs PyTorch 2.13 or newer (torch.cuda.graph's option); this is "
+                             f"PyTorch {torch.__version__}. Fix: upgrade PyTorch, or leave check_input_liveness off "
+                             "and keep every tensor the function reads alive while the graph is replayed.")
+        options["check_input_liveness"] = True
+    generators = tuple(generators)
+    _check_generators(generators)
     for i, a in enumerate(sample_args):
         if not isinstance(a, torch.Tensor):
             raise TypeError(
@@ -379,8 +471,9 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
             raise reseed_error(reseeds, "its warm-up")
 
         graph = torch.cuda.CUDAGraph()
+        register_generators(graph, generators)
         try:
-            with grad_ctx(), graph_capture(graph, pool=pool, stream=side):
+            with grad_ctx(), graph_capture(graph, pool=pool, stream=side, **options):
                 for _ in range(calls_per_graph):
                     out = watched(*static_inputs)
         except Exception as exc:
@@ -453,8 +546,7 @@ def reseed_error(calls: list, during: str) -> CaptureError:
     fix = ("seed before capture, not inside the function (each replay advances the generator's offset and draws "
            "fresh numbers); if every call must start from the same seed, call torch.manual_seed(s) before each "
            "replay, outside the graph (a replay reads the generator's seed and offset when it starts), or draw "
-           "from a torch.Generator registered with the graph (graph.register_generator_state(gen) where this "
-           "PyTorch has it) and seed that one between replays")
+           "from a CUDA torch.Generator passed as capture(..., generators=[gen]) and seed that one between replays")
     err = CaptureError(_format_failure(cause, fix, f"{names} called {len(calls)} time(s) during {during}"))
     err.cause, err.fix, err.original = cause, fix, f"{names} called during {during}"
     return err

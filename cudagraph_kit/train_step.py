@@ -598,9 +598,9 @@ def _cycled_unsupported(optimizer, group: dict, key: str, device, why: str) -> s
             fixes.append(f"construct it with foreach=False, capturable=True (its single-tensor step reads a tensor "
                          f"beta1 on the GPU on this PyTorch)")
         else:
-            fixes.append("use a PyTorch whose Adam/AdamW step reads Tensor betas on the GPU (Tensor betas came with "
-                         "pytorch/pytorch#134171; in PyTorch 2.14 the foreach=False, capturable=True path reads a "
-                         "tensor beta1 on the GPU, the foreach and fused paths read it on the host)")
+            fixes.append("use PyTorch 2.6 or newer, whose Adam/AdamW take Tensor betas (pytorch/pytorch#134171), "
+                         "and construct the optimizer with foreach=False, capturable=True: that step reads a tensor "
+                         "beta1 on the GPU (the foreach and fused steps read it on the host)")
     else:
         fixes.append(f"this PyTorch's {name} reads momentum on the host in every step path it has (a tensor "
                      f"momentum needs a PyTorch whose {name} reads it on the GPU); use Adam/AdamW(capturable=True, "

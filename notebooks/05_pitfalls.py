@@ -563,7 +563,8 @@ record("another thread allocating during capture", "raises (in that thread, or a
 # ## 9. Memory: a private pool per graph vs one shared pool
 # Each capture gets its own private memory pool by default, and memory a graph used for intermediates stays
 # reserved for it. One graph per batch size quickly adds up. Graphs captured into **one shared pool**
-# (`capture(..., pool=shared_pool())`, i.e. `torch.cuda.graph_pool_handle()`) reuse each other's intermediate
+# (`capture(..., pool=shared_pool())`: a `torch.cuda.graph_pool_handle()`, or a `torch.cuda.MemPool` from PyTorch
+# 2.14) reuse each other's intermediate
 # memory. The rule that comes with it (PyTorch's CUDA graph notes): graphs in one pool must not run
 # concurrently, and if one reads another's output, replay them in the order they were captured. The kit
 # captures every graph of a GPU on one stream, which the pool needs to reuse memory. Measured with

@@ -1,11 +1,14 @@
 """capture(): errors on CPU; the call path with a stand-in graph on CPU; equality with eager, several calls
 per graph, shared pools on the GPU."""
+import importlib
+
 import pytest
 import torch
 
-from cudagraph_kit import CaptureError, GraphedCallable, NoCudaError, capture, shared_pool
+from cudagraph_kit import CaptureError, GraphedCallable, NoCudaError, capture, graph_features, shared_pool
 
 HAS_CUDA = torch.cuda.is_available()
+capture_module = importlib.import_module("cudagraph_kit.capture")  # the module (the package's `capture` is the function)
 
 
 def gelu(x):
@@ -45,6 +48,29 @@ def test_eager_fallback_validates_shapes_like_a_graph():
         g(torch.randn(4, 3))
     with pytest.raises(TypeError, match="captured with 1 argument"):
         g(torch.randn(2, 3), torch.randn(2, 3))
+
+
+def test_graph_features_match_the_releases_that_brought_them():
+    """Read from PyTorch's own wheels: torch.cuda.graph took check_input_liveness from 2.13; from 2.14 a graph takes
+    a MemPool as its pool and register_generator_state is a deprecated no-op."""
+    features = graph_features()
+    release = capture_module._torch_release()
+    assert set(features) == {"check_input_liveness", "mempool_capture_pool", "generators_register_themselves",
+                             "debug_dump"}
+    assert features["check_input_liveness"] == (release >= (2, 13))
+    assert features["mempool_capture_pool"] == features["generators_register_themselves"] == (release >= (2, 14))
+
+
+def test_check_input_liveness_on_a_pytorch_without_it_names_the_version(monkeypatch):
+    monkeypatch.setattr(capture_module, "graph_features", lambda: {"check_input_liveness": False})
+    with pytest.raises(ValueError, match=r"check_input_liveness needs PyTorch 2.13 or newer.*Fix: upgrade"):
+        capture(gelu, torch.randn(4), check_input_liveness=True, eager_fallback=True)
+
+
+@pytest.mark.parametrize("bad", [torch.Generator(), "cuda", 0], ids=["cpu_generator", "string", "int"])
+def test_generators_must_be_cuda_generators(bad):
+    with pytest.raises(ValueError, match=r"generators takes CUDA torch.Generator objects.*Fix"):
+        capture(gelu, torch.randn(4), generators=[bad], eager_fallback=True)
 
 
 # ---------------------------------------------------------------- the call path, with a stand-in graph (CPU)
@@ -221,6 +247,8 @@ def test_several_calls_per_graph():
 @gpu
 def test_shared_pool_two_graphs_stay_correct():
     pool = shared_pool()
+    mempool = getattr(torch.cuda, "MemPool", None)
+    assert (mempool is not None and isinstance(pool, mempool)) == graph_features()["mempool_capture_pool"]
     x = torch.randn(256, 256, device="cuda")
     g1 = capture(gelu, x, pool=pool)
     g2 = capture(torch.tanh, x, pool=pool)
@@ -293,7 +321,7 @@ def test_reseeding_calls_sees_torch_manual_seed_however_imported_and_restores():
     err = reseed_error(["manual_seed_all"], "its warm-up")
     assert isinstance(err, CaptureError)
     assert "torch.manual_seed" in err.cause and "seed before capture" in err.fix
-    assert "register_generator_state" in err.fix and "torch.cuda.manual_seed_all" in str(err)
+    assert "generators=[gen]" in err.fix and "torch.cuda.manual_seed_all" in str(err)
 
 
 @pytest.mark.gpu

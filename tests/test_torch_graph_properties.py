@@ -9,7 +9,7 @@ import gc
 import pytest
 import torch
 
-from cudagraph_kit import CaptureError, capture, graph_modules, shared_pool
+from cudagraph_kit import CaptureError, capture, graph_features, graph_modules, shared_pool
 from cudagraph_kit.train_step import capture_train_step
 
 pytestmark = pytest.mark.gpu
@@ -53,6 +53,44 @@ def test_rng_replays_draw_the_same_sequence_as_eager(op):
     for a, b in zip(graphed, eager):
         assert torch.equal(a, b)
     assert not torch.equal(graphed[0], graphed[1])  # each replay draws new numbers
+
+
+def test_draws_from_a_generator_passed_to_capture_replay_like_eager():
+    """Ports ``test_graphsafe_set_get_rng_state`` (a generator registered with the graph): a function drawing from
+    its own CUDA torch.Generator, captured with ``generators=[gen]``, replays the numbers eager draws after the same
+    ``gen.manual_seed``; on a PyTorch that needs the registration, leaving it out is a clear CaptureError."""
+    gen = torch.Generator(device="cuda")
+    x = torch.randn(64, 64, device="cuda")
+
+    def noisy(a):
+        return a + torch.rand(a.shape, device=a.device, generator=gen)
+
+    if not graph_features()["generators_register_themselves"]:
+        with pytest.raises(CaptureError, match=r"generators=\[gen\]"):
+            capture(noisy, x)
+    g = capture(noisy, x, generators=[gen])
+    gen.manual_seed(5)
+    graphed = [g(x).clone() for _ in range(3)]
+    gen.manual_seed(5)
+    eager = [noisy(x) for _ in range(3)]
+    for a, b in zip(graphed, eager):
+        assert torch.equal(a, b)
+    assert not torch.equal(graphed[0], graphed[1])
+
+
+@pytest.mark.skipif(not graph_features()["check_input_liveness"],
+                    reason=f"check_input_liveness needs PyTorch 2.13+, this is {torch.__version__}")
+def test_check_input_liveness_raises_when_a_tensor_the_graph_reads_was_freed():
+    """PyTorch's input-liveness tracker through ``capture(..., check_input_liveness=True)``: replays run while the
+    weight lives; once it is freed, the next replay raises instead of reading freed memory."""
+    x = torch.randn(64, device="cuda")
+    held = {"w": torch.randn(64, device="cuda")}
+    g = capture(lambda a: a * held["w"], x, check_input_liveness=True)
+    torch.testing.assert_close(g(x), x * held["w"])
+    held.clear()
+    gc.collect()
+    with pytest.raises(RuntimeError, match="dead tensor"):
+        g(x)
 
 
 def test_dropout_in_a_graphed_training_step_draws_new_masks_each_replay():
