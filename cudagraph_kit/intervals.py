@@ -83,12 +83,20 @@ def verdict(lo: float, hi: float, above: float = 1.0) -> str:
     return "unclear"
 
 
+# compare() columns that describe one window's own spread: they say nothing about a rerun, so they are not carried
+_WITHIN_WINDOW = ("iqr_us", "min_us", "max_us", "spread_pct", "speedup_lo", "speedup_hi", "note", "calls", "clock")
+
+
 def combine_windows(frames, level: float = LEVEL):
     """Several ``compare()`` tables of the same variants (one per window) → one row per (case, variant).
 
     Columns: case, variant, windows, median_us (median of the windows' medians), median_pi_lo/hi, speedup (median
-    of the windows' speedups), speedup_pi_lo/hi (prediction intervals, ``level``), window_speedups (the values,
-    ";"-joined), and executed_as, floor_us, kernels_per_call from the first window where present.
+    of the windows' speedups), speedup_pi_lo/hi (prediction intervals, ``level``), and ``speedup_lo``/``speedup_hi``
+    set to that prediction interval (so a saved table publishes it), window_speedups (the values, ";"-joined),
+    event_median_us (median of the windows'), vs_floor (median_us / floor_us), and every other column
+    (executed_as, floor_us, kernel counts, your own columns) from the first window that has a value: time
+    ``floor=True`` (the profiler) in the last window only, after all timings. One window's own spread (iqr_us,
+    quartiles, notes) is dropped.
     """
     import pandas as pd
 
@@ -100,6 +108,9 @@ def combine_windows(frames, level: float = LEVEL):
         if missing:
             raise ValueError(f"combine_windows takes compare() tables; this one lacks {sorted(missing)}.")
     keys = list(dict.fromkeys(zip(frames[0].case, frames[0].variant)))
+    carried = [c for c in dict.fromkeys(c for f in frames for c in f.columns)
+               if c not in ("case", "variant", "median_us", "speedup", "event_median_us", "vs_floor")
+               and c not in _WITHIN_WINDOW]
     rows = []
     for case, variant in keys:
         picked = [f[(f.case == case) & (f.variant == variant)] for f in frames]
@@ -108,10 +119,25 @@ def combine_windows(frames, level: float = LEVEL):
         speedups = [p.speedup for p in picked]
         m_lo, m_hi = prediction_interval(medians, level)
         s_lo, s_hi = prediction_interval(speedups, level)
-        first = picked[0]
-        rows.append({"case": case, "variant": variant, "windows": len(picked),
-                     "median_us": statistics.median(medians), "median_pi_lo": m_lo, "median_pi_hi": m_hi,
-                     "speedup": statistics.median(speedups), "speedup_pi_lo": s_lo, "speedup_pi_hi": s_hi,
-                     "window_speedups": ";".join(f"{s:.4g}" for s in speedups),
-                     **{c: first[c] for c in ("executed_as", "floor_us", "kernels_per_call") if c in first}})
+        row = {"case": case, "variant": variant, "windows": len(picked),
+               "median_us": statistics.median(medians), "median_pi_lo": m_lo, "median_pi_hi": m_hi,
+               "speedup": statistics.median(speedups), "speedup_pi_lo": s_lo, "speedup_pi_hi": s_hi,
+               "speedup_lo": s_lo, "speedup_hi": s_hi,
+               "window_speedups": ";".join(f"{s:.4g}" for s in speedups)}
+        events = [p.event_median_us for p in picked if "event_median_us" in p.index and p.event_median_us == p.event_median_us]
+        if events:
+            row["event_median_us"] = statistics.median(events)
+        for c in carried:
+            values = [p[c] for p in picked if c in p.index and not _missing(p[c])]
+            row[c] = values[0] if values else next((p[c] for p in picked if c in p.index), None)  # NaN stays NaN
+        floor = row.get("floor_us")
+        if floor is not None and not _missing(floor) and floor > 0:
+            row["vs_floor"] = row["median_us"] / floor
+        elif any("vs_floor" in f.columns for f in frames):
+            row["vs_floor"] = float("nan")
+        rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and value != value)

@@ -281,7 +281,8 @@ else:
 #    input buffer: one more copy per call.
 # 3. **Output bookkeeping**: outputs live in the graph's memory pool, which the next replay overwrites. The
 #    tree tracks which outputs it handed out, and when a new *generation* (iteration) starts it invalidates
-#    the ones you still hold: reading one afterwards is an error (a cell below tries it).
+#    the ones you still hold. Reading one afterwards raises on some PyTorch versions and silently returns the
+#    next call's values on others (a cell below tries it and prints what this version does).
 #    By default every call of the compiled function starts a new generation (in inference);
 #    `torch.compiler.cudagraph_mark_step_begin()` marks the boundary explicitly and is required whenever the
 #    heuristic is wrong (e.g. training with a pending backward). Once you call it, call it every iteration:

@@ -138,12 +138,29 @@ def plot(per_proc, summary, device, path):
     fig.savefig(path, dpi=110)
 
 
+def write(out, rows, device, args):
+    """(Re)write drift.csv, drift_summary.csv, drift.png and drift_env.json from the processes done so far."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    df.to_csv(out / "drift.csv", index=False)
+    per_proc = per_process(df)
+    summary = summarise(df, per_proc)
+    summary.to_csv(out / "drift_summary.csv", index=False)
+    plot(per_proc, summary, device, out / "drift.png")
+    (out / "drift_env.json").write_text(json.dumps({"device": device, "processes": int(per_proc.process.max()) + 1,
+                                                    "windows": args.windows, "controls": args.controls}, indent=1))
+    return summary
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="build/drift")
     ap.add_argument("--processes", type=int, default=6, help="fresh processes per control")
     ap.add_argument("--windows", type=int, default=3, help="timing windows per process")
     ap.add_argument("--controls", nargs="+", default=CONTROLS, choices=CONTROLS)
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="stop starting new rounds after this many seconds (results are written after every round)")
     ap.add_argument("--child", choices=CONTROLS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -155,6 +172,9 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     rows, device, started = [], None, time.time()
     for p in range(args.processes):
+        if p and time.time() - started > args.budget_s:
+            print(f"stopping after {p} rounds: --budget-s {args.budget_s:g} spent")
+            break
         k = p % len(args.controls)
         for control in itertools.chain(args.controls[k:], args.controls[:k]):
             done = subprocess.run([sys.executable, __file__, "--child", control, "--windows", str(args.windows)],
@@ -168,18 +188,11 @@ def main():
             print(f"[{time.time() - started:5.0f} s] process {p + 1}/{args.processes} {control:15s} eager "
                   f"{statistics.median(r['eager_us'] for r in res['rows']):7.2f} us, graph "
                   f"{statistics.median(r['graph_us'] for r in res['rows']):6.2f} us", flush=True)
-    df = pd.DataFrame(rows)
-    df.to_csv(out / "drift.csv", index=False)
-    per_proc = per_process(df)
-    summary = summarise(df, per_proc)
-    summary.to_csv(out / "drift_summary.csv", index=False)
-    plot(per_proc, summary, device, out / "drift.png")
-    (out / "drift_env.json").write_text(json.dumps({"device": device, "processes": args.processes,
-                                                    "windows": args.windows, "controls": args.controls}, indent=1))
+        write(out, rows, device, args)  # after each round: a run cut short still leaves its results
+    summary = write(out, rows, device, args)
     with pd.option_context("display.width", 200, "display.float_format", lambda v: f"{v:.3g}"):
         print(f"\n{device}\n{summary.to_string(index=False)}")
     print(f"wrote {out}/drift.csv, drift_summary.csv, drift.png")
-
 
 if __name__ == "__main__":
     main()

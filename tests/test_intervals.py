@@ -69,6 +69,21 @@ def test_combine_windows_gives_one_row_per_variant_with_its_interval():
     assert graph.speedup_pi_lo < speedups[0] and graph.speedup_pi_hi > speedups[-1]
     assert graph.median_us == pytest.approx(3.0) and graph.executed_as == "cuda graph" and graph.floor_us == 2.0
     assert table.loc["eager"].speedup == 1.0 and table.loc["eager"].speedup_pi_lo == pytest.approx(1.0)
+    assert (graph.speedup_lo, graph.speedup_hi) == (graph.speedup_pi_lo, graph.speedup_pi_hi)  # what a save publishes
+    assert graph.vs_floor == pytest.approx(3.0 / 2.0)
+
+
+def test_combine_windows_carries_columns_from_the_window_that_has_them_and_drops_window_spread():
+    """The profiler's floor is read in the last window only; a notebook's own columns ride along; one window's
+    quartiles do not (they are no interval for a rerun)."""
+    frames = [_window(20.0, 3.0), _window(26.0, 3.1), _window(17.0, 2.9)]
+    for f in frames[:2]:
+        f["floor_us"] = float("nan")
+    for f in frames:
+        f["iqr_us"], f["speedup_lo"], f["numel"] = 0.1, 0.5, 4096
+    graph = combine_windows(frames).set_index("variant").loc["graph"]
+    assert graph.floor_us == 2.0 and graph.numel == 4096 and "iqr_us" not in graph.index
+    assert graph.speedup_lo == graph.speedup_pi_lo != 0.5
     with pytest.raises(ValueError, match="compare"):
         combine_windows([pd.DataFrame({"variant": ["x"]})])
     with pytest.raises(ValueError, match="at least one"):

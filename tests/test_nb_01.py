@@ -54,3 +54,20 @@ def test_gelu_notebook_records_correct_and_honest_results(run_notebook):
         assert env["pictures"] == {} and not (folder / "timeline.png").exists()  # the pictures need a GPU
     assert (folder / "size_sweep.png").stat().st_size > 10_000
     assert (folder / "calls_per_graph.png").is_file()
+    # every speedup is published with a prediction interval over timing windows (smoke run: 2 windows each)
+    graphed = df[df.variant != "eager"]
+    assert (graphed.windows == 2).all()
+    assert (graphed.speedup_lo <= graphed.speedup).all() and (graphed.speedup <= graphed.speedup_hi).all()
+    assert (graphed.window_speedups.str.count(";") == 1).all()
+    # the comparative sentences are claims computed from those intervals, saved beside the results
+    claims = pd.read_csv(folder / "claims.csv")
+    assert set(claims.claim) == {"replay_beats_eager_small", "copy_replay_beats_eager_small",
+                                 "replay_beats_eager_large", "replay_saves_10pct_large"}
+    assert set(claims.verdict) <= {"holds", "fails", "unclear"} and (claims.lo <= claims.hi).all()
+    for c in claims.itertuples():  # the sentence printed is the one of its verdict, from the saved interval
+        row = graphed[(graphed.case == c.claim.split("_")[-1]) & graphed.variant.str.startswith(
+            "graph copy+replay" if c.claim.startswith("copy") else "graph replay")].iloc[0]
+        assert (c.lo, c.hi) == pytest.approx((row.speedup_lo, row.speedup_hi))
+        expected = "holds" if c.lo > c.above else "fails" if c.hi <= c.above else "unclear"
+        assert c.verdict == expected
+        assert ("no clear difference" in c.statement) == (expected == "unclear")
