@@ -94,7 +94,8 @@ def combine_windows(frames, level: float = LEVEL):
     of the windows' speedups), speedup_pi_lo/hi (prediction intervals, ``level``), and ``speedup_lo``/``speedup_hi``
     set to that prediction interval (so a saved table publishes it), window_speedups (the values, ";"-joined),
     event_median_us (median of the windows'), vs_floor (median_us / floor_us), and every other column
-    (executed_as, floor_us, kernel counts, your own columns) from the first window that has a value: time
+    (executed_as, floor_us, kernel counts, your own columns) from the first window that has a value (an
+    ``executed_as`` of "unknown", from a window without the profiler, is no value): time
     ``floor=True`` (the profiler) in the last window only, after all timings. One window's own spread (iqr_us,
     quartiles, notes) is dropped.
     """
@@ -140,4 +141,5 @@ def combine_windows(frames, level: float = LEVEL):
 
 
 def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and value != value)
+    """No value: None, NaN, or compare()'s "unknown" executed_as of a window timed without the profiler."""
+    return value is None or (isinstance(value, float) and value != value) or (isinstance(value, str) and value == "unknown")

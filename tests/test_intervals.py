@@ -78,11 +78,12 @@ def test_combine_windows_carries_columns_from_the_window_that_has_them_and_drops
     quartiles do not (they are no interval for a rerun)."""
     frames = [_window(20.0, 3.0), _window(26.0, 3.1), _window(17.0, 2.9)]
     for f in frames[:2]:
-        f["floor_us"] = float("nan")
+        f["floor_us"], f["executed_as"] = float("nan"), "unknown"  # timed without the profiler
     for f in frames:
         f["iqr_us"], f["speedup_lo"], f["numel"] = 0.1, 0.5, 4096
     graph = combine_windows(frames).set_index("variant").loc["graph"]
     assert graph.floor_us == 2.0 and graph.numel == 4096 and "iqr_us" not in graph.index
+    assert graph.executed_as == "cuda graph"
     assert graph.speedup_lo == graph.speedup_pi_lo != 0.5
     with pytest.raises(ValueError, match="compare"):
         combine_windows([pd.DataFrame({"variant": ["x"]})])
