@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cudagraph_kit.course import results, runs  # noqa: E402
+from cudagraph_kit.course.claims import load_claims  # noqa: E402
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -52,11 +53,21 @@ def gelu_section():
              "figures (PyTorch 1.10):", "",
              f"| tensor | K80 eager | K80 graph | K80 speedup | {gpu} eager | {gpu} graph | {gpu} speedup | {gpu} floor |",
              "|---|---|---|---|---|---|---|---|"]
+    windowed = "windows" in df
+    if windowed:  # speedups with their 90% prediction interval over timing windows
+        lines[2] = lines[2].replace(f"{gpu} speedup |", f"{gpu} speedup (90% prediction interval) |")
     for case in ("small", "large"):
         e, g = _row(df, case, "eager"), _row(df, case, "graph replay")
         ke, kg, ks = k80[case]
+        speedup = (f"{g.speedup:.2f}x ({g.speedup_lo:.2f}-{g.speedup_hi:.2f})" if windowed
+                   else f"{e.median_us / g.median_us:.2f}x")
         lines.append(f"| {shapes[case]} | {ke:g} µs | {kg:g} µs | {ks:.2f}x | {e.median_us:.1f} µs | "
-                     f"{g.median_us:.1f} µs | {e.median_us / g.median_us:.2f}x | {g.floor_us:.1f} µs |")
+                     f"{g.median_us:.1f} µs | {speedup} | {g.floor_us:.1f} µs |")
+    claims = load_claims(rec.dir)
+    if claims is not None:
+        lines += ["", f"Verdicts the notebook computed from those intervals (`figures/01_gelu/claims.csv`, "
+                  f"{int(df.windows.max()) if windowed else 1} windows):", ""]
+        lines += [f"- {c.statement} [{c.verdict}]" for c in claims.itertuples()]
     crossover = env.get("crossover_numel")
     amort = df[df.calls_per_graph >= 10] if "calls_per_graph" in df else df.iloc[0:0]
     lines.append("")
@@ -306,6 +317,8 @@ def noise_paragraph():
     for stem, rec in frames:
         if rec is None:
             continue
+        if frames[0][1] is not None and rec.env.get("gpu") != frames[0][1].env.get("gpu"):
+            continue  # only readings of one GPU kind say how much the host moves
         df = rec.df
         col = "kit_us" if stem == "00_crosscheck" else "median_us"
         case = "GELU small" if stem == "00_crosscheck" else "small"
@@ -318,7 +331,7 @@ def noise_paragraph():
         if rec is not None and "spread_pct" in rec.df:
             spreads += [v for v in rec.df.spread_pct.dropna()]
     if len(eager_small) < 2 or not spreads:
-        return ""
+        return drift_paragraph()
     lo, hi = min(v for _, v in eager_small), max(v for _, v in eager_small)
     noisy = sum(v > 10 for v in spreads)
     where = ", ".join(f"{v:.1f} µs ({s})" for s, v in eager_small)
@@ -330,7 +343,32 @@ def noise_paragraph():
             f"{100 * (hi / lo - 1):.0f}% between moments minutes apart, while graph replays barely move. Within a "
             f"table, {noisy} of {len(spreads)} timed rows have an IQR over 10% of their median (their `note` says "
             "so). Hence every speedup here is the median of per-round ratios, never two medians from different "
-            "moments.\n")
+            "moments.\n\n" + drift_paragraph())
+
+
+def drift_paragraph():
+    """The drift study (scripts/probe_drift.py), rendered from its recorded summary."""
+    folder = ROOT / "figures" / "drift"
+    if not (folder / "drift_summary.csv").is_file():
+        return ""
+    import json
+
+    import pandas as pd
+
+    d = pd.read_csv(folder / "drift_summary.csv").set_index("control")
+    gpu = json.loads((folder / "drift_env.json").read_text())["device"]
+    quiet = d.drop(index="after_profiler", errors="ignore")
+    text = (f"**Where the drift comes from** (`scripts/probe_drift.py`, {gpu}, {int(d.processes.min())} fresh "
+            f"processes per control): the small GELU's eager median spread {quiet.eager_spread.min():.2f}-"
+            f"{quiet.eager_spread.max():.2f}x across processes under every control tried "
+            f"({', '.join(quiet.index)}), the graph replay "
+            + (f"{quiet.graph_spread.max():.2f}x" if round(quiet.graph_spread.min(), 2) == round(quiet.graph_spread.max(), 2)
+               else f"{quiet.graph_spread.min():.2f}-{quiet.graph_spread.max():.2f}x"))
+    if "after_profiler" in d.index:
+        text += (f"; a profiler session earlier in the process made eager "
+                 f"{d.loc['after_profiler'].eager_us / d.loc['baseline'].eager_us:.2f}x slower")
+    return text + ". Notebook 01 shows it; speedups are therefore quoted with prediction intervals over windows.\n\n" + \
+        f"![Run-to-run drift on {gpu}](figures/drift/drift.png)\n"
 
 
 def render():
