@@ -125,7 +125,7 @@ def combine_windows(frames, level: float = LEVEL):
                "speedup": statistics.median(speedups), "speedup_pi_lo": s_lo, "speedup_pi_hi": s_hi,
                "speedup_lo": s_lo, "speedup_hi": s_hi,
                "window_speedups": ";".join(f"{s:.4g}" for s in speedups)}
-        events = [p.event_median_us for p in picked if "event_median_us" in p.index and p.event_median_us == p.event_median_us]
+        events = [p.event_median_us for p in picked if not _missing(p.get("event_median_us"))]
         if events:
             row["event_median_us"] = statistics.median(events)
         for c in carried:

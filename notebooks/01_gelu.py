@@ -358,10 +358,10 @@ if CUDA:
 # wins; once the GPU work dominates, both approach the floor and the speedup falls to 1. We mark the
 # **crossover**: the smallest size at which the graph is less than 10% faster than eager.
 #
-# Size alone does not set it. Watch the floor near the crossover: while the tensors the five kernels read and
-# write fit in the L2 cache (section 1 prints its size), the floor grows slowly with size; where they stop
-# fitting, every kernel goes to DRAM and the floor grows faster than the size. The speedup drops to 1 at that
-# **L2 cliff**, so a GPU with a smaller L2 reaches its crossover at a smaller tensor.
+# Size alone does not set it; the L2 cache does too. While the tensors the five kernels read and write fit in
+# L2 (section 1 prints its size), the kernels work on-chip; once they stop fitting, every kernel goes to DRAM
+# and the floor jumps. Look for that jump in the floor near the crossover: where it coincides with the
+# crossover, the crossover is an **L2 cliff**, and a GPU with a smaller L2 reaches it at a smaller tensor.
 
 # %%
 exps = list(range(SWEEP_MIN_EXP, SWEEP_MAX_EXP + 1))

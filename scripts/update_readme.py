@@ -11,6 +11,7 @@ sys.path.insert(0, str(ROOT))
 
 from cudagraph_kit.course import results, runs  # noqa: E402
 from cudagraph_kit.course.claims import load_claims  # noqa: E402
+from cudagraph_kit.intervals import verdict  # noqa: E402
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -41,6 +42,28 @@ def _row(df, case, variant_prefix):
     return sel.iloc[0] if len(sel) else None
 
 
+def stops_paying_sentence(df):
+    """Where the sweep's graph stops saving more than 10%, read from verdicts on its prediction intervals: the
+    smallest size from which every interval lies at or below 1.10x, and the sizes before it whose interval
+    straddles 1.10x (no verdict either way)."""
+    sweep = df[df.case.str.startswith("sweep") & df.variant.str.startswith("graph")].sort_values("numel")
+    verdicts = [verdict(r.speedup_lo, r.speedup_hi, above=1.10) for r in sweep.itertuples()]
+    start = len(verdicts)
+    while start and verdicts[start - 1] == "fails":
+        start -= 1
+    if start == len(verdicts):
+        return "Across the sweep the graph never clearly saves 10% or less (no interval lies at or below 1.10x)."
+    first = sweep.iloc[start]
+    text = (f"The graph saves at most 10% over eager (its whole 90% interval at or below 1.10x) from "
+            f"{first.numel / 1e6:.1f} M elements on this GPU")
+    open_rows = [r for r, v in zip(sweep.iloc[:start].itertuples(), verdicts[:start]) if v == "unclear"]
+    if open_rows and open_rows[-1].numel == sweep.iloc[start - 1].numel:
+        r = open_rows[-1]
+        text += (f"; at {r.numel / 1e6:.1f} M the interval ({r.speedup_lo:.2f}-{r.speedup_hi:.2f}x) straddles "
+                 "1.10x, so no clear verdict there")
+    return text + "."
+
+
 def gelu_section():
     rec = results.load("01_gelu")
     if rec is None:
@@ -53,27 +76,20 @@ def gelu_section():
              "figures (PyTorch 1.10):", "",
              f"| tensor | K80 eager | K80 graph | K80 speedup | {gpu} eager | {gpu} graph | {gpu} speedup | {gpu} floor |",
              "|---|---|---|---|---|---|---|---|"]
-    windowed = "windows" in df
-    if windowed:  # speedups with their 90% prediction interval over timing windows
-        lines[2] = lines[2].replace(f"{gpu} speedup |", f"{gpu} speedup (90% prediction interval) |")
+    lines[2] = lines[2].replace(f"{gpu} speedup |", f"{gpu} speedup (90% prediction interval) |")
     for case in ("small", "large"):
         e, g = _row(df, case, "eager"), _row(df, case, "graph replay")
         ke, kg, ks = k80[case]
-        speedup = (f"{g.speedup:.2f}x ({g.speedup_lo:.2f}-{g.speedup_hi:.2f})" if windowed
-                   else f"{e.median_us / g.median_us:.2f}x")
         lines.append(f"| {shapes[case]} | {ke:g} µs | {kg:g} µs | {ks:.2f}x | {e.median_us:.1f} µs | "
-                     f"{g.median_us:.1f} µs | {speedup} | {g.floor_us:.1f} µs |")
+                     f"{g.median_us:.1f} µs | {g.speedup:.2f}x ({g.speedup_lo:.2f}-{g.speedup_hi:.2f}) | "
+                     f"{g.floor_us:.1f} µs |")
     claims = load_claims(rec.dir)
     if claims is not None:
         lines += ["", f"Verdicts the notebook computed from those intervals (`figures/01_gelu/claims.csv`, "
-                  f"{int(df.windows.max()) if windowed else 1} windows):", ""]
+                  f"{int(df.windows.max())} windows):", ""]
         lines += [f"- {c.statement} [{c.verdict}]" for c in claims.itertuples()]
-    crossover = env.get("crossover_numel")
     amort = df[df.calls_per_graph >= 10] if "calls_per_graph" in df else df.iloc[0:0]
-    lines.append("")
-    if crossover:
-        lines.append(f"The graph stops paying (less than 10% faster than eager) from about {crossover / 1e6:.1f} M "
-                     "elements on this GPU.")
+    lines += ["", stops_paying_sentence(df)]
     if len(amort):
         best = amort.sort_values("vs_floor").iloc[0]
         lines.append(f"With {int(best.calls_per_graph)} calls captured per graph the small GELU runs at "
