@@ -19,7 +19,7 @@ from .capture import (CaptureError, GraphedCallable, NoCudaError, capture, captu
                       register_generators, shared_pool)
 from .diagnose import advise, check_capturable, explain, verify
 from .env import bf16_supported, describe, env_table, has_cuda
-from .intervals import combine_windows, prediction_interval, verdict
+from .intervals import combine_windows, prediction_interval, ratio_across_windows, verdict
 from .partial import graph_modules
 from .timing import compare, gpu_time, timeit
 from .train_step import GraphedTrainStep, capture_train_step
@@ -28,7 +28,7 @@ __all__ = [
     "capture", "GraphedCallable", "shared_pool", "capture_stream", "NoCudaError", "CaptureError",
     "graph_features", "register_generators",
     "has_cuda", "bf16_supported", "describe", "env_table",
-    "graph_modules", "timeit", "gpu_time", "compare", "prediction_interval", "verdict", "combine_windows",
+    "graph_modules", "timeit", "gpu_time", "compare", "prediction_interval", "verdict", "combine_windows", "ratio_across_windows",
     "check_capturable", "verify", "advise", "explain",
     "capture_buckets", "BucketedGraphs", "ladder", "plan_buckets", "BucketPlan", "evaluate_buckets",
     "MemoryLedger", "pool_usage",

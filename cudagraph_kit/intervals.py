@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import statistics
 
-__all__ = ["prediction_interval", "verdict", "combine_windows", "LEVEL"]
+__all__ = ["prediction_interval", "verdict", "combine_windows", "ratio_across_windows", "LEVEL"]
 
 LEVEL = 0.90  # the default: one more window lands inside 9 times out of 10
 
@@ -138,6 +138,37 @@ def combine_windows(frames, level: float = LEVEL):
             row["vs_floor"] = float("nan")
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def ratio_across_windows(frames, a, b, level: float = LEVEL) -> dict:
+    """How many times slower ``a`` is than ``b`` (``a``'s median / ``b``'s), window by window, with the prediction
+    interval of that ratio: the way to compare two variants neither of which is the baseline (fp16 against bf16,
+    SGD against Adam). ``a`` and ``b`` are ``(case, variant)`` pairs found in each of ``frames`` (the per-window
+    ``compare()`` tables, before ``combine_windows``); time both in the same ``compare()`` call when you can, so
+    each window's ratio comes from interleaved rounds.
+
+    Returns ``{"ratio": median of the windows' ratios, "lo", "hi": the interval, "windows": n, "values": [...]}``;
+    ``ratio > 1`` means ``a`` is slower, i.e. ``b`` is faster by that factor.
+
+    Example::
+
+        r = ratio_across_windows(windows, ("bs64", "fp32 graph"), ("bs64", "bf16 graph"))
+        verdict(r["lo"], r["hi"], above=1.0)     # 'holds': bf16 is faster than fp32 at batch 64
+    """
+    values = []
+    for f in frames:
+        if f is None or not len(f):
+            continue
+        rows = [f[(f.case == case) & (f.variant == variant)] for case, variant in (a, b)]
+        if all(len(r) for r in rows):
+            ta, tb = float(rows[0].median_us.iloc[0]), float(rows[1].median_us.iloc[0])
+            if ta > 0 and tb > 0:
+                values.append(ta / tb)
+    if not values:
+        raise ValueError(f"ratio_across_windows found {a} and {b} together in none of the {len(frames)} tables; "
+                         f"pass the per-window compare() tables and (case, variant) pairs they contain.")
+    lo, hi = prediction_interval(values, level)
+    return {"ratio": statistics.median(values), "lo": lo, "hi": hi, "windows": len(values), "values": values}
 
 
 def _missing(value) -> bool:

@@ -124,3 +124,20 @@ def test_prose_quotes_only_claims_the_notebook_recorded(source):
     missing = [q for q in quoted if q not in known]
     assert not missing, f"{source.name} quotes claims its recorded run did not save: {missing}"
     assert all(re.fullmatch(r"[a-z0-9_]+", q) for q in quoted)
+
+
+def test_ratio_across_windows_compares_two_non_baseline_variants():
+    import pandas as pd
+    from cudagraph_kit.intervals import ratio_across_windows
+
+    def window(a_us, b_us):
+        return pd.DataFrame({"case": ["bs8", "bs8", "bs8"], "variant": ["eager", "fp16", "bf16"],
+                             "median_us": [100.0, a_us, b_us], "speedup": [1.0, 100 / a_us, 100 / b_us]})
+    frames = [window(50, 40), window(52, 40), window(49, 41), window(51, 39)]
+    r = ratio_across_windows(frames, ("bs8", "fp16"), ("bs8", "bf16"))
+    assert r["windows"] == 4 and r["values"][0] == pytest.approx(1.25)
+    assert r["lo"] < r["ratio"] < r["hi"] and r["lo"] > 1.0  # fp16 is slower than bf16 in every window
+    same = ratio_across_windows([window(50, 50), window(40, 41), window(60, 58)], ("bs8", "fp16"), ("bs8", "bf16"))
+    assert same["lo"] < 1.0 < same["hi"]  # no clear difference
+    with pytest.raises(ValueError, match="found"):
+        ratio_across_windows(frames, ("bs8", "fp16"), ("bs16", "bf16"))
