@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import statistics
 
-__all__ = ["prediction_interval", "verdict", "combine_windows", "ratio_across_windows", "LEVEL"]
+__all__ = ["prediction_interval", "verdict", "combine_windows", "ratio_across_windows", "stops_clearing", "LEVEL"]
 
 LEVEL = 0.90  # the default: one more window lands inside 9 times out of 10
 
@@ -169,6 +169,32 @@ def ratio_across_windows(frames, a, b, level: float = LEVEL) -> dict:
                          f"pass the per-window compare() tables and (case, variant) pairs they contain.")
     lo, hi = prediction_interval(values, level)
     return {"ratio": statistics.median(values), "lo": lo, "hi": hi, "windows": len(values), "values": values}
+
+
+def stops_clearing(points, above: float) -> dict:
+    """Where a sweep stops clearing a threshold, read from verdicts, never from point estimates.
+
+    ``points``: ``(x, lo, hi)`` per sweep point (e.g. size, speedup_lo, speedup_hi), in any order. Returns
+    ``{"from": x, "unclear_before": x2}``: ``from`` is the smallest x from which every interval lies at or below
+    ``above`` (verdict ``fails`` there and at every larger x; None if the largest point does not fail), and
+    ``unclear_before`` the point just below ``from`` when its interval straddles ``above`` (no verdict there;
+    else None).
+
+    Example::
+
+        stops_clearing([(2**20, 1.5, 2.0), (2**22, 0.9, 1.4), (2**24, 1.0, 1.05)], above=1.10)
+        # {'from': 16777216, 'unclear_before': 4194304}
+    """
+    pts = sorted((float(x), lo, hi) for x, lo, hi in points)
+    verdicts = [verdict(lo, hi, above) for _, lo, hi in pts]
+    start = len(pts)
+    while start and verdicts[start - 1] == "fails":
+        start -= 1
+    if start == len(pts):
+        return {"from": None, "unclear_before": None}
+    before = pts[start - 1][0] if start and verdicts[start - 1] == "unclear" else None
+    as_int = lambda x: int(x) if x is not None and float(x).is_integer() else x  # noqa: E731
+    return {"from": as_int(pts[start][0]), "unclear_before": as_int(before)}
 
 
 def _missing(value) -> bool:

@@ -71,9 +71,9 @@ CALLS = None           # calls per sample; None: the kit picks the count from a 
 SWEEP_MIN_EXP = 12     # size sweep from 2**12 (4 K) elements ...
 SWEEP_MAX_EXP = 25     # ... to 2**25 (33.5 M) elements
 CALLS_PER_GRAPH = [1, 10, 100]
-WINDOWS = 5            # timing windows of the headline table, a pause apart: its intervals come from them
+WINDOWS = 5            # timing windows of the headline and calls-per-graph tables, a pause apart: intervals from them
 WINDOW_PAUSE_S = 2.0   # seconds between windows
-SWEEP_WINDOWS = 3      # windows of the size sweep and of the calls-per-graph table (each size in each window)
+SWEEP_WINDOWS = 3      # windows of the size sweep (every size in each window, a pause apart)
 
 # %%
 import json
@@ -85,6 +85,7 @@ import pandas as pd
 import torch
 
 from cudagraph_kit import capture, combine_windows, compare, env_table, has_cuda, timeit
+from cudagraph_kit.intervals import stops_clearing
 from cudagraph_kit.course import results
 from cudagraph_kit.course.claims import Claim, save_claims
 
@@ -271,9 +272,13 @@ main_table["max_abs_err"] = [0.0 if v == "eager" else max_err[c] for c, v in zip
 show(main_table, TIMING_COLUMNS)
 
 # %%
+def row(table, case, variant):
+    return table[(table.case == case) & (table.variant.str.startswith(variant))].iloc[0]
+
+
 def claim_faster(claim_id, case, variant, above=1.0, what="faster than eager"):
     """A claim on a speedup's prediction interval: the variant is `what` (speedup above `above`) on `case`."""
-    r = main_table[(main_table.case == case) & main_table.variant.str.startswith(variant)].iloc[0]
+    r = row(main_table, case, variant)
     return Claim(claim_id, lo=r.speedup_lo, hi=r.speedup_hi, above=above,
                  holds=f"{case}: the {variant} is {what} ({{lo:.2f}}-{{hi:.2f}}x, 90% prediction interval)",
                  fails=f"{case}: the {variant} is not {what} ({{lo:.2f}}-{{hi:.2f}}x, 90% prediction interval)",
@@ -298,20 +303,12 @@ for c in claims:
 
 # %%
 drift_dir = (results.recorded_root() or Path("figures")) / "drift"
-if (drift_dir / "drift_summary.csv").is_file():
-    drift = pd.read_csv(drift_dir / "drift_summary.csv")
-    drift_gpu = json.loads((drift_dir / "drift_env.json").read_text())["device"]
-    print(f"recorded on {drift_gpu} ({int(drift.processes.min())} fresh processes per control, 3 windows each):")
-    print(drift[["control", "processes", "eager_us", "eager_spread", "graph_us", "graph_spread", "speedup",
-                 "speedup_pi_lo", "speedup_pi_hi"]].round(2).to_string(index=False))
-    quiet = drift[drift.control != "after_profiler"]
-    base = drift.set_index("control").loc["baseline"]
-    prof = drift.set_index("control").loc["after_profiler"]
-    print(f"\nWithout a profiler before, eager medians spread {quiet.eager_spread.min():.2f}-"
-          f"{quiet.eager_spread.max():.2f}x across processes whatever the control, the graph replay "
-          f"{quiet.graph_spread.min():.2f}-{quiet.graph_spread.max():.2f}x. A profiler session earlier in the "
-          f"process made eager {prof.eager_us / base.eager_us:.2f}x and the replay {prof.graph_us / base.graph_us:.2f}x "
-          f"slower (median against baseline).")
+drift = results.drift_summary(drift_dir)
+if drift is not None:
+    print(f"recorded on {drift['gpu']} ({drift['processes']} fresh processes per control, 3 windows each):")
+    print(drift["table"][["control", "processes", "eager_us", "eager_spread", "graph_us", "graph_spread", "speedup",
+                          "speedup_pi_lo", "speedup_pi_hi"]].round(2).to_string(index=False))
+    print(f"\n{drift['sentence'][0].upper()}{drift['sentence'][1:]}.")
     from IPython.display import Image, display
     display(Image(filename=str(drift_dir / "drift.png")))
 else:
@@ -325,10 +322,6 @@ else:
 # range for a fresh process, and the headline table of this notebook gives one for its own windows.
 
 # %%
-def row(table, case, variant):
-    return table[(table.case == case) & (table.variant.str.startswith(variant))].iloc[0]
-
-
 if CUDA:
     for case in inputs:
         e, r, c = (row(main_table, case, v) for v in ("eager", "graph replay", "graph copy+replay"))
@@ -356,7 +349,9 @@ if CUDA:
 # From 4 K to 33 M elements, time per call of eager and of the graph (replay), and the floor. While the
 # GPU work per call is shorter than the CPU's launch cost, eager time is flat (launch-bound) and the graph
 # wins; once the GPU work dominates, both approach the floor and the speedup falls to 1. We mark the
-# **crossover**: the smallest size at which the graph is less than 10% faster than eager.
+# **crossover** from verdicts, not from single readings: the smallest size from which the graph's whole 90%
+# prediction interval lies at or below 1.10x (it saves at most 10%), at that size and every larger one
+# (`stops_clearing`). A size whose interval straddles 1.10x gets no verdict either way.
 #
 # Size alone does not set it; the L2 cache does too. While the tensors the five kernels read and write fit in
 # L2 (section 1 prints its size), the kernels work on-chip; once they stop fitting, every kernel goes to DRAM
@@ -381,6 +376,8 @@ for w in range(SWEEP_WINDOWS):
         rows.append(df)
     sweep_windows.append(pd.concat(rows, ignore_index=True))
     print(f"sweep window {w + 1}/{SWEEP_WINDOWS}: {len(exps)} sizes timed")
+    if not last:
+        time.sleep(WINDOW_PAUSE_S)
 sweep = combine_windows(sweep_windows)
 for e in exps:
     ev, gr = sweep[sweep.case == f"sweep 2^{e}"].iloc[0], sweep[sweep.case == f"sweep 2^{e}"].iloc[1]
@@ -391,9 +388,9 @@ for e in exps:
 # %%
 eager_s = sweep[sweep.variant == "eager"].set_index("numel")
 graph_s = sweep[sweep.variant.str.startswith("graph")].set_index("numel")
-speedup = graph_s.speedup  # median of per-round ratios eager / graph, from compare()
-below = speedup[speedup < 1.10]
-crossover = int(below.index.min()) if len(below) else None
+speedup = graph_s.speedup  # median over windows of the per-round ratios eager / graph, from compare()
+stops = stops_clearing(zip(graph_s.index, graph_s.speedup_lo, graph_s.speedup_hi), above=1.10)
+crossover = stops["from"]
 
 fig_sweep, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
 ax1.loglog(eager_s.index, eager_s.median_us, "o-", label="eager")
@@ -412,13 +409,21 @@ ax2.set(xlabel="elements", ylabel="eager / graph", title="speedup of the graph")
 if crossover:
     for ax in (ax1, ax2):
         ax.axvline(crossover, color="C3", ls=":", lw=1.5)
-    ax2.annotate(f"crossover ≈ {crossover:,}\n(< 10% gain beyond)", (crossover, speedup.max() * 0.8),
+    ax2.annotate(f"crossover: {crossover:,}\n(≤ 10% gain from here)", (crossover, speedup.max() * 0.8),
                  color="C3", ha="right", xytext=(-8, 0), textcoords="offset points")
 ax1.legend()
 where = torch.cuda.get_device_name(0) if CUDA else "CPU (eager only, no graphs)"
 fig_sweep.suptitle(f"GELU eager vs CUDA graph on {where}")
 fig_sweep.tight_layout()
-print("crossover:", f"{crossover:,} elements" if crossover else "not reached in this sweep")
+if crossover:
+    print(f"crossover: from {crossover:,} elements on, every interval lies at or below 1.10x")
+else:
+    print("crossover: not reached in this sweep (no run of sizes up to the largest whose intervals all lie at "
+          "or below 1.10x)")
+if stops["unclear_before"]:
+    r = graph_s.loc[stops["unclear_before"]]
+    print(f"at {stops['unclear_before']:,} elements the interval {r.speedup_lo:.2f}-{r.speedup_hi:.2f}x straddles "
+          "1.10x: no verdict there")
 
 # %% [markdown]
 # **Does the sweep agree with the headline table?** The sweep point nearest the small tensor's size was
@@ -469,8 +474,13 @@ for k in CALLS_PER_GRAPH:
     gk = capture(gelu, x, calls_per_graph=k, eager_fallback=True)
     torch.testing.assert_close(gk(x), gelu(x))
     k_variants[f"graph, {k} calls/graph"] = gk.replay
-per_graph = combine_windows([compare(k_variants, case="small, calls per graph", samples=SAMPLES, calls=CALLS,
-                                      floor=w == SWEEP_WINDOWS - 1) for w in range(SWEEP_WINDOWS)])
+k_windows = []
+for w in range(WINDOWS):  # a pause apart, like the headline: back-to-back windows hide the host's drift
+    k_windows.append(compare(k_variants, case="small, calls per graph", samples=SAMPLES, calls=CALLS,
+                             floor=w == WINDOWS - 1))
+    if w < WINDOWS - 1:
+        time.sleep(WINDOW_PAUSE_S)
+per_graph = combine_windows(k_windows)
 per_graph["calls_per_graph"] = [float("nan")] + [float(k) for k in CALLS_PER_GRAPH]
 amortized = per_graph[per_graph.calls_per_graph >= 10].vs_floor
 if amortized.notna().any():
@@ -631,9 +641,9 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # ## Summary
 # - A CUDA graph replaces many kernel launches with one. It helps exactly when launches, not the GPU, are
 #   the bottleneck: small tensors, many small kernels, fast GPUs.
-# - Time honestly: compare variants in one window, read the speedup with its spread, and compare with the
-#   GPU-busy floor. A graph that is far above the floor is still paying for its own launch; capture several
-#   calls per graph to amortize it.
+# - Time honestly: compare variants round-robin in one window, quote the speedup with its prediction interval
+#   over several windows, and compare with the GPU-busy floor. A graph that is far above the floor is still
+#   paying for its own launch; capture several calls per graph to amortize it.
 # - Feeding a graph new data costs a copy into its static input (`g(x)`); produce data where the graph reads
 #   it when you can.
 # - Correct before fast: every graphed result above was compared with eager first.

@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT))
 
 from cudagraph_kit.course import results, runs  # noqa: E402
 from cudagraph_kit.course.claims import load_claims  # noqa: E402
-from cudagraph_kit.intervals import verdict  # noqa: E402
+from cudagraph_kit.intervals import stops_clearing  # noqa: E402
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -43,24 +43,19 @@ def _row(df, case, variant_prefix):
 
 
 def stops_paying_sentence(df):
-    """Where the sweep's graph stops saving more than 10%, read from verdicts on its prediction intervals: the
-    smallest size from which every interval lies at or below 1.10x, and the sizes before it whose interval
-    straddles 1.10x (no verdict either way)."""
-    sweep = df[df.case.str.startswith("sweep") & df.variant.str.startswith("graph")].sort_values("numel")
-    verdicts = [verdict(r.speedup_lo, r.speedup_hi, above=1.10) for r in sweep.itertuples()]
-    start = len(verdicts)
-    while start and verdicts[start - 1] == "fails":
-        start -= 1
-    if start == len(verdicts):
+    """Where the sweep's graph stops saving more than 10%, read from verdicts on its prediction intervals
+    (``intervals.stops_clearing``): the smallest size from which every interval lies at or below 1.10x, and the
+    size before it if its interval straddles 1.10x (no verdict either way)."""
+    sweep = df[df.case.str.startswith("sweep") & df.variant.str.startswith("graph")].set_index("numel")
+    where = stops_clearing(zip(sweep.index, sweep.speedup_lo, sweep.speedup_hi), above=1.10)
+    if where["from"] is None:
         return "Across the sweep the graph never clearly saves 10% or less (no interval lies at or below 1.10x)."
-    first = sweep.iloc[start]
     text = (f"The graph saves at most 10% over eager (its whole 90% interval at or below 1.10x) from "
-            f"{first.numel / 1e6:.1f} M elements on this GPU")
-    open_rows = [r for r, v in zip(sweep.iloc[:start].itertuples(), verdicts[:start]) if v == "unclear"]
-    if open_rows and open_rows[-1].numel == sweep.iloc[start - 1].numel:
-        r = open_rows[-1]
-        text += (f"; at {r.numel / 1e6:.1f} M the interval ({r.speedup_lo:.2f}-{r.speedup_hi:.2f}x) straddles "
-                 "1.10x, so no clear verdict there")
+            f"{where['from'] / 1e6:.1f} M elements on this GPU")
+    if where["unclear_before"] is not None:
+        r = sweep.loc[where["unclear_before"]]
+        text += (f"; at {where['unclear_before'] / 1e6:.1f} M the interval ({r.speedup_lo:.2f}-{r.speedup_hi:.2f}x) "
+                 "straddles 1.10x, so no clear verdict there")
     return text + "."
 
 
@@ -364,27 +359,12 @@ def noise_paragraph():
 
 def drift_paragraph():
     """The drift study (scripts/probe_drift.py), rendered from its recorded summary."""
-    folder = ROOT / "figures" / "drift"
-    if not (folder / "drift_summary.csv").is_file():
+    drift = results.drift_summary(ROOT / "figures" / "drift")
+    if drift is None:
         return ""
-    import json
-
-    import pandas as pd
-
-    d = pd.read_csv(folder / "drift_summary.csv").set_index("control")
-    gpu = json.loads((folder / "drift_env.json").read_text())["device"]
-    quiet = d.drop(index="after_profiler", errors="ignore")
-    text = (f"**Where the drift comes from** (`scripts/probe_drift.py`, {gpu}, {int(d.processes.min())} fresh "
-            f"processes per control): the small GELU's eager median spread {quiet.eager_spread.min():.2f}-"
-            f"{quiet.eager_spread.max():.2f}x across processes under every control tried "
-            f"({', '.join(quiet.index)}), the graph replay "
-            + (f"{quiet.graph_spread.max():.2f}x" if round(quiet.graph_spread.min(), 2) == round(quiet.graph_spread.max(), 2)
-               else f"{quiet.graph_spread.min():.2f}-{quiet.graph_spread.max():.2f}x"))
-    if "after_profiler" in d.index:
-        text += (f"; a profiler session earlier in the process made eager "
-                 f"{d.loc['after_profiler'].eager_us / d.loc['baseline'].eager_us:.2f}x slower")
-    return text + ". Notebook 01 shows it; speedups are therefore quoted with prediction intervals over windows.\n\n" + \
-        f"![Run-to-run drift on {gpu}](figures/drift/drift.png)\n"
+    return (f"**Where the drift comes from** (`scripts/probe_drift.py`, {drift['gpu']}, {drift['processes']} fresh "
+            f"processes per control): {drift['sentence']}. Notebook 01 shows it; speedups are therefore quoted with "
+            f"prediction intervals over windows.\n\n![Run-to-run drift on {drift['gpu']}](figures/drift/drift.png)\n")
 
 
 def render():

@@ -141,3 +141,15 @@ def test_ratio_across_windows_compares_two_non_baseline_variants():
     assert same["lo"] < 1.0 < same["hi"]  # no clear difference
     with pytest.raises(ValueError, match="found"):
         ratio_across_windows(frames, ("bs8", "fp16"), ("bs16", "bf16"))
+
+
+def test_stops_clearing_reads_verdicts_not_points():
+    from cudagraph_kit.intervals import stops_clearing
+
+    pts = [(2 ** 24, 1.0, 1.05), (2 ** 20, 1.5, 2.0), (2 ** 22, 0.9, 1.4)]  # any order
+    assert stops_clearing(pts, above=1.10) == {"from": 2 ** 24, "unclear_before": 2 ** 22}
+    # a point estimate below the threshold with an interval that straddles it is no crossing
+    assert stops_clearing([(1, 1.5, 2.0), (2, 1.05, 1.2)], above=1.10) == {"from": None, "unclear_before": None}
+    # a failing point followed by a clearing one does not count: every larger point must fail
+    assert stops_clearing([(1, 0.9, 1.0), (2, 1.3, 1.5), (3, 1.0, 1.05)], above=1.10)["from"] == 3
+    assert stops_clearing([(1, 1.0, 1.05), (2, 0.9, 1.0)], above=1.10) == {"from": 1, "unclear_before": None}

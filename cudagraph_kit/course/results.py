@@ -165,3 +165,29 @@ def show_recorded(stem: str, root=None, columns=None) -> Recorded | None:
     for png in rec.pngs:
         display(Image(filename=str(png)))
     return rec
+
+
+def drift_summary(folder) -> dict | None:
+    """The recorded drift study (``scripts/probe_drift.py``) in ``folder`` (e.g. ``figures/drift``), read once for
+    the notebook and the README alike: ``{"table", "gpu", "processes", "sentence"}``, or None if not recorded.
+    ``sentence`` states the eager and graph spreads across fresh processes without a profiler before, and how
+    much slower a profiler session earlier in the process made both, all from ``drift_summary.csv``."""
+    import pandas as pd
+
+    folder = Path(folder)
+    if not (folder / "drift_summary.csv").is_file():
+        return None
+    table = pd.read_csv(folder / "drift_summary.csv")
+    gpu = json.loads((folder / "drift_env.json").read_text())["device"]
+    by = table.set_index("control")
+    quiet = by.drop(index="after_profiler", errors="ignore")
+    span = lambda col: (f"{quiet[col].max():.2f}x" if round(quiet[col].min(), 2) == round(quiet[col].max(), 2)  # noqa: E731
+                        else f"{quiet[col].min():.2f}-{quiet[col].max():.2f}x")
+    sentence = (f"without a profiler before, the small GELU's eager median spread {span('eager_spread')} across "
+                f"fresh processes under every control tried ({', '.join(quiet.index)}), the graph replay "
+                f"{span('graph_spread')}")
+    if {"after_profiler", "baseline"} <= set(by.index):
+        prof, base = by.loc["after_profiler"], by.loc["baseline"]
+        sentence += (f"; a profiler session earlier in the process made eager {prof.eager_us / base.eager_us:.2f}x "
+                     f"and the replay {prof.graph_us / base.graph_us:.2f}x slower (medians against baseline)")
+    return {"table": table, "gpu": gpu, "processes": int(table.processes.min()), "sentence": sentence}
