@@ -42,6 +42,23 @@ def _row(df, case, variant_prefix):
     return sel.iloc[0] if len(sel) else None
 
 
+def claims_block(rec, stem):
+    """The verdicts a notebook computed and saved to figures/<stem>/claims.csv, as README lines (none if the
+    recorded run saved no claims). The README states no comparison of its own: it quotes these."""
+    claims = load_claims(rec.dir)
+    if claims is None or not len(claims):
+        return []
+    windows = f", {int(rec.df.windows.max())} windows" if "windows" in rec.df and rec.df.windows.notna().any() else ""
+    return ["", f"Verdicts the notebook computed from its 90% prediction intervals (`figures/{stem}/claims.csv`"
+            f"{windows}):", ""] + [f"- {c.statement} [{c.verdict}]" for c in claims.itertuples()]
+
+
+def spread_label(df):
+    """What speedup_lo..speedup_hi are in a recorded table: a prediction interval over windows, or (older runs)
+    one window's quartiles."""
+    return "90% prediction interval" if "windows" in df else "quartiles of one window"
+
+
 def stops_paying_sentence(df):
     """Where the sweep's graph stops saving more than 10%, read from verdicts on its prediction intervals
     (``intervals.stops_clearing``): the smallest size from which every interval lies at or below 1.10x, and the
@@ -78,11 +95,7 @@ def gelu_section():
         lines.append(f"| {shapes[case]} | {ke:g} µs | {kg:g} µs | {ks:.2f}x | {e.median_us:.1f} µs | "
                      f"{g.median_us:.1f} µs | {g.speedup:.2f}x ({g.speedup_lo:.2f}-{g.speedup_hi:.2f}) | "
                      f"{g.floor_us:.1f} µs |")
-    claims = load_claims(rec.dir)
-    if claims is not None:
-        lines += ["", f"Verdicts the notebook computed from those intervals (`figures/01_gelu/claims.csv`, "
-                  f"{int(df.windows.max())} windows):", ""]
-        lines += [f"- {c.statement} [{c.verdict}]" for c in claims.itertuples()]
+    lines += claims_block(rec, "01_gelu")
     amort = df[df.calls_per_graph >= 10] if "calls_per_graph" in df else df.iloc[0:0]
     lines += ["", stops_paying_sentence(df)]
     if len(amort):
@@ -119,6 +132,7 @@ def train_step_section():
                   "replay (`eager_kernels_per_call` = 2 in the CSV), which the kit now counts as part of the replay; "
                   "for fp16 the GradScaler's eager update."]
         lines += ["", f"Parameters after the parity runs, graph vs eager from the same seed: {exact}."]
+    lines += claims_block(rec, "02_train_step")
     lines += ["", f"![Loss curves, eager vs graphed, on {env.get('gpu')}](figures/02_train_step/loss_curves.png)", ""]
     return "\n".join(lines)
 
@@ -143,6 +157,7 @@ def jit_compile_section():
             cells.append("-" if r is None else f"{r.median_us:.1f} µs ({r.speedup:.2f}x)")
         ks, kl = k80.get(v, ("-", "-"))
         lines.append(f"| {v} | {ks} | {cells[0]} | {kl} | {cells[1]} |")
+    lines += claims_block(rec, "03_jit_compile")
     lines += ["", "\"Input in place\" replays on data already in the graph's static input; copying a new input in "
               "costs one more launch (notebook 03 shows both).", ""]
     return "\n".join(lines)
@@ -173,7 +188,7 @@ def resnet_section():
     lines = [f"**ResNet-50 inference, eager vs CUDA graph with the input copy** (notebook 04; {_env_caption(env)}), "
              "channels_last, random weights, time per batch; the published V100 figures (MXNet PR) were +17% at "
              "batch 1 and +0.3% at batch 128:", "",
-             "| dtype | batch | eager | graph | speedup (quartiles) | graph / floor |", "|---|---|---|---|---|---|"]
+             f"| dtype | batch | eager | graph | speedup ({spread_label(df)}) | graph / floor |", "|---|---|---|---|---|---|"]
     for (dtype, batch), g in inf.groupby(["dtype", "batch"], sort=False):
         e, c = g[g.variant == "eager"], g[g.variant != "eager"]
         if len(e) and len(c):
@@ -184,13 +199,14 @@ def resnet_section():
     if len(train):
         lines += ["", "Whole training step (`capture_train_step`), synthetic data; the pytorch/benchmark V100 fp32 "
                   "figure was 1.77x at batch 1 and no gain from batch 8:", "",
-                  "| case | eager | graph | speedup (quartiles) | images/s, graph |", "|---|---|---|---|---|"]
+                  f"| case | eager | graph | speedup ({spread_label(df)}) | images/s, graph |", "|---|---|---|---|---|"]
         for case, g in train.groupby("case", sort=False):
             e, c = g[g.variant == "eager"], g[g.variant != "eager"]
             if len(e) and len(c):
                 c = c.iloc[0]
                 lines.append(f"| {case} | {e.median_us.iloc[0] / 1e3:.1f} ms | {c.median_us / 1e3:.1f} ms | "
                              f"{c.speedup:.2f}x ({c.speedup_lo:.2f}-{c.speedup_hi:.2f}) | {c.images_per_s:,.0f} |")
+    lines += claims_block(rec, "04_resnet50")
     lines += ["", f"![ResNet-50 inference sweep on {env.get('gpu')}](figures/04_resnet50/inference_sweep.png)", ""]
     return "\n".join(lines)
 
@@ -225,6 +241,7 @@ def buckets_section():
         lines += ["", "Transformer block, shared pool of the default ladder against its largest bucket alone, by "
                   "allocator setting: " + "; ".join(f"`{r['allocator']}` {r['ladder / alone']:.2f}x" for r in frag)
                   + " (the kit leaves `PYTORCH_CUDA_ALLOC_CONF` to you; notebook 06, section 5)."]
+    lines += claims_block(rec, "06_variable_shapes")
     lines += ["", f"![Bucket spacing trade-off on {env.get('gpu')}](figures/06_variable_shapes/tradeoff.png)", ""]
     return "\n".join(l for l in lines if l is not None)
 
@@ -258,6 +275,7 @@ def llm_decode_section():
     errors = env.get("variant_errors") or {}
     if errors:
         lines += ["", "Variants that failed in that run: " + "; ".join(f"{k}: {v}" for k, v in errors.items()) + "."]
+    lines += claims_block(rec, "08_llm_decode")
     lines += ["", f"![LLM decoding on {env.get('gpu')}](figures/08_llm_decode/decode.png)", ""]
     return "\n".join(lines)
 
