@@ -30,16 +30,32 @@ def _load(stem: str, figures: Path):
     return pd.read_csv(folder / "results.csv"), (json.loads(env_path.read_text()) if env_path.is_file() else {})
 
 
+class Speedup(float):
+    """A recorded speedup with its interval (``lo``/``hi``: the run's 90% prediction interval over timing windows,
+    or None where the run measured one window only)."""
+    lo = hi = None
+
+
 def _value(df, column, **where):
     if df is None or column not in df.columns:
         return None
     rows = df
     for key, wanted in where.items():
+        if key == "phase" and "phase" not in rows.columns and "window" in rows.columns:
+            key = "window"  # runs recorded before 03's phases were named so
         if key not in rows.columns:
             return None
         rows = rows[rows[key] == wanted]
     values = rows[column].dropna()
-    return float(values.iloc[0]) if len(values) else None
+    if not len(values):
+        return None
+    if column != "speedup":
+        return float(values.iloc[0])
+    row = rows.loc[values.index[0]]
+    value = Speedup(values.iloc[0])
+    if "windows" in rows.columns and pd.notna(row.get("speedup_lo")) and pd.notna(row.get("speedup_hi")):
+        value.lo, value.hi = float(row.speedup_lo), float(row.speedup_hi)
+    return value
 
 
 def facts(figures: Path = FIGURES) -> dict:
@@ -67,7 +83,7 @@ def facts(figures: Path = FIGURES) -> dict:
     df, env = _load("03_jit_compile", figures)
     f["gpu03"] = env.get("gpu")
     f["ro_gelu"] = _value(df, "speedup", case="small", variant="reduce-overhead, naive (y = f(x))",
-                          window="1: before mark_step_begin")
+                          phase="1: before mark_step_begin")
     f["ro_mlp"] = _value(df, "speedup", case="MLP 12x(Linear 256+ReLU), batch 8",
                          variant="reduce-overhead + mark_step_begin")
     f["ro_train"] = _value(df, "speedup", case="MLP 12x(Linear 256+ReLU), batch 8, SGD training step",
@@ -92,6 +108,9 @@ def facts(figures: Path = FIGURES) -> dict:
 
 
 def _x(v) -> str:
+    """A speedup as the chart prints it: with its prediction interval where the run measured one."""
+    if getattr(v, "lo", None) is not None:
+        return f"{v:.2f}x ({v.lo:.2f}-{v.hi:.2f})"
     return f"{v:.2f}x"
 
 
@@ -111,7 +130,8 @@ def branches(f: dict) -> list[dict]:
         q1["evidence"] = (f"Small GELU on an {f['gpu01']}: eager {f['small_eager']:.1f} µs per call against "
                           f"{f['small_floor']:.1f} µs of GPU work; the graph is {_x(f['small_speedup'])} faster.")
     if _have(f, "crossover", "cross_eager", "cross_floor", "cross_speedup"):
-        q1["no_evidence"] = (f"In 01's size sweep ({f['gpu01']}) the graph gains less than 10% from "
+        q1["no_evidence"] = (f"In 01's size sweep ({f['gpu01']}) the graph's whole 90% interval lies at or below 1.10x "
+                             f"(at most 10% gained) from "
                              f"{f['crossover']:,} elements on, where the GPU is busy {f['cross_floor']:.0f} µs of a "
                              f"{f['cross_eager']:.0f} µs eager call ({_x(f['cross_speedup'])}).")
         if _have(f, "r50_bs1", "r50_bs128", "gpu04"):
@@ -172,7 +192,8 @@ def markdown(f: dict) -> str:
         "",
         "The same chart as a list. Every number comes from a recorded run (`figures/<notebook>/results.csv`), with "
         "the GPU it was measured on; each branch links the notebook section that measures it. A speedup is the "
-        "median of the per-round ratios eager time / variant time, timed round-robin in one window. Recipes for each "
+        "median of the per-round ratios eager time / variant time, timed round-robin; in parentheses, where the run "
+        "timed several windows, its 90% prediction interval (where one more run should land). Recipes for each "
         "tool: [CHEATSHEET.md](CHEATSHEET.md).",
         "",
         f"1. **{q1['question']}** {q1['how']}{ev(q1, 'evidence')}",

@@ -5,7 +5,7 @@
 #   bash scripts/gpu_run.sh nb 01 02 03      # reproduce these notebooks (writes notebooks/*.ipynb, figures/)
 #   bash scripts/gpu_run.sh bench            # overhead benchmark + cross-check (after the notebooks)
 set -u
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+export PYTHONUNBUFFERED=1  # no MPLBACKEND: the executed notebooks show their figures inline
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
 what=$1; shift
 case "$what" in
