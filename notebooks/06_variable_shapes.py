@@ -71,8 +71,10 @@ REQUESTS = None       # requests in the timed stream (None: 200 on a GPU; 40 in 
 HISTORY = None        # request sizes seen "earlier", for the planner (None: 5000 on a GPU; 1000 in SMOKE / on a CPU)
 OVERFLOW_SHARE = 0.01 # share of requests larger than MAX_ROWS (they run eagerly, counted)
 SPACINGS = None       # fixed ladders besides exact sizes, pow2 and a single bucket (None: steps of 4, 8, 16)
-SAMPLES = None        # timing samples per variant; the median is reported (None: 7; 3 in SMOKE)
-COMPILE = True        # time torch.compile(mode="reduce-overhead") too (GPU only; compiling takes a while)
+SAMPLES = None        # timing rounds per window, one pass of every variant per round (None: 3; 2 in SMOKE)
+WINDOWS = 3           # timing windows, a pause apart: every interval (and every verdict) comes from them
+WINDOW_PAUSE_S = 1.0  # seconds between windows
+COMPILE = True        # also time torch.compile with mode reduce-overhead (GPU only; compiling takes a while)
 SEED = 0
 
 # %%
@@ -88,8 +90,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cudagraph_kit import capture, capture_train_step, compare, env_table, gpu_time, has_cuda, timeit
+from cudagraph_kit import (capture, capture_train_step, combine_windows, compare, env_table, gpu_time, has_cuda,
+                           ratio_across_windows, timeit)
 from cudagraph_kit.course import results
+from cudagraph_kit.course.claims import Claim, save_claims
 from cudagraph_kit.buckets import (MemoryLedger, capture_buckets, evaluate_buckets, ladder, measure_bucket_costs,
                                    plan_buckets, pool_usage)
 
@@ -102,7 +106,9 @@ if SMOKE is None:
 small = SMOKE or not CUDA
 MAX_ROWS = MAX_ROWS or (16 if small else 64)
 REQUESTS = REQUESTS or (200 if not small else (40 if CUDA else 24))
-SAMPLES = SAMPLES or (3 if SMOKE else 7)
+SAMPLES = SAMPLES or (2 if SMOKE else 3)
+if SMOKE:
+    WINDOWS, WINDOW_PAUSE_S = 2, 0.0
 HISTORY = HISTORY or (1000 if small else 5000)
 SPACINGS = SPACINGS or ([4] if small else [4, 8, 16])
 COMPILE = COMPILE and CUDA
@@ -110,8 +116,10 @@ SYNC = torch.cuda.synchronize if CUDA else (lambda: None)
 torch.manual_seed(SEED)
 torch.set_grad_enabled(False)  # inference throughout (the ledger's training-step example turns it back on)
 print(env_table())
-print(f"\nSMOKE={SMOKE}  MAX_ROWS={MAX_ROWS}  REQUESTS={REQUESTS}  HISTORY={HISTORY}  SAMPLES={SAMPLES}  "
-      f"SPACINGS={SPACINGS}  COMPILE={COMPILE}")
+print(f"\nSMOKE={SMOKE}  MAX_ROWS={MAX_ROWS}  REQUESTS={REQUESTS}  HISTORY={HISTORY}  WINDOWS={WINDOWS} x "
+      f"SAMPLES={SAMPLES}  SPACINGS={SPACINGS}  COMPILE={COMPILE}")
+claims = []  # every comparative sentence of this notebook, as a verdict on an interval (saved to claims.csv)
+SHORT = {"MLP": "mlp", "transformer block": "block"}  # model names in claim ids
 if not CUDA:
     print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run pads and slices exactly as the GPU run\n"
           ">>> does but runs every bucket eagerly (labelled 'eager fallback'), at small sizes; it skips\n"
@@ -265,8 +273,8 @@ del mixes_rows
 #
 # For each model we build, from the same sample:
 # - **exact sizes**: one graph for every size from 1 to `MAX_ROWS` (no padding at all; the most graphs);
-# - **fixed ladders**: powers of two, steps of 2, 4, 8 (the kit's default), 16, 32, and a **single bucket**
-#   of `MAX_ROWS` rows (everything padded to the largest size);
+# - **fixed ladders**: powers of two, steps of 4, 8 (the kit's default) and 16 (`SPACINGS`), and a **single
+#   bucket** of `MAX_ROWS` rows (everything padded to the largest size);
 # - later, **planned** buckets (section 6) and `torch.compile(mode="reduce-overhead")` (section 7).
 #
 # All buckets of one strategy share one pool. The `MemoryLedger` reads, from
@@ -274,6 +282,13 @@ del mixes_rows
 # static input and output buffers, which live outside the pools: that is the memory the strategy *holds*.
 # For the default ladder we also capture the same buckets with one pool per graph (PyTorch's default) to see
 # what sharing saves.
+#
+# Each strategy gets pools of its own, so what it holds does not depend on what was built before it. The
+# growth of the device memory in use while it is built (`device_used_mib`, from `torch.cuda.mem_get_info`)
+# would: the allocator caches freed memory and releases it at the next `torch.cuda.empty_cache()`, and the
+# first captures of a process load kernels and create workspaces once. So one throwaway build of every size
+# comes first, and each strategy is built between two `empty_cache()` calls: its delta starts from a clean
+# cache and keeps only what the strategy still holds.
 
 # %%
 ledger = MemoryLedger()
@@ -289,10 +304,19 @@ DEFAULT = next(k for k in FIXED if "default" in k)     # the kit's default ladde
 FIXED["single bucket"] = None                           # every request padded to MAX_ROWS
 
 
+def clean_cache():
+    """Return the allocator's cached, unused memory to the driver (pools that graphs still use stay)."""
+    if CUDA:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
 def build(model_name, label, sizes, pool="shared"):
     model, _ = MODELS[model_name]
+    clean_cache()      # start from a clean cache, whatever was built or freed before
     with ledger.measure(f"{model_name}: {label}") as before_after:
         bg = capture_buckets(model, data[model_name][:MAX_ROWS], sizes=sizes, pool=pool, eager_fallback=True)
+        clean_cache()  # what the captures freed and the allocator merely cached is not held by the strategy
     row = ledger.record(f"{model_name}: {label}", bg)
     info[model_name][label] = {"graphs": len(bg.sizes), "setup_s": bg.capture_seconds,
                                "held_mib": row.get("held", float("nan")) / MiB,
@@ -301,16 +325,21 @@ def build(model_name, label, sizes, pool="shared"):
     return bg
 
 
+for name in MODELS:  # throwaway: the first captures of each model load its kernels and workspaces, once
+    if CUDA:
+        throwaway = capture_buckets(MODELS[name][0], data[name][:MAX_ROWS], sizes=range(1, MAX_ROWS + 1))
+        del throwaway
+clean_cache()
+
 for name in MODELS:
     t0 = time.perf_counter()
     built[name]["exact sizes"] = build(name, "exact sizes", range(1, MAX_ROWS + 1))
     for label, spacing in FIXED.items():
         built[name][label] = build(name, label, [MAX_ROWS] if spacing is None else ladder(MAX_ROWS, spacing))
     private = build(name, "default ladder, one pool per graph", ladder(MAX_ROWS), pool="private")
-    del private  # measured only; its pools are freed below
+    del private  # measured only; its pools are freed at the next clean_cache()
     print(f"{name}: built {len(built[name])} strategies in {time.perf_counter() - t0:.1f} s")
-if CUDA:
-    torch.cuda.empty_cache()
+clean_cache()
 
 memory = pd.DataFrame([{"model": m, "strategy": k, **v} for m in info for k, v in info[m].items()])
 print(memory.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
@@ -324,9 +353,9 @@ if CUDA:
 # Reading the ledger: in a shared pool, each smaller bucket reuses the memory the larger ones freed, so the
 # pool should hold about what the largest bucket needs, however many buckets there are; with one pool per
 # graph every bucket keeps its own memory, so the total grows with the sum of the bucket sizes. The table
-# below gives the measured ratios. `device_used_mib` is the growth of the device memory in use while the strategy was
-# built (`torch.cuda.mem_get_info`): it also sees memory outside the allocator, such as the graphs' own
-# executables, and the allocator's cache.
+# below gives the measured ratios. `device_used_mib` is the growth of the device memory in use across the
+# strategy's build, from a clean cache to a clean cache (`torch.cuda.mem_get_info`): it also sees memory outside
+# the allocator, such as the graphs' own executables.
 
 # %%
 def held(model_name, label):
@@ -391,8 +420,17 @@ if CUDA and set_allocator is not None:
     off, on = pool_table["ladder / alone"]
     evidence.append({"model": "transformer block", "check": "default ladder (shared pool, expandable_segments:True) / "
                      "largest bucket alone, pools only", "value": on, "target": "<= 1.2"})
-    print(f"with expandable segments the shared pool holds {on:.2f}x its largest bucket instead of {off:.2f}x: "
-          + ("worth setting for this model's buckets." if on < off - 0.05 else "no clear gain for this model."))
+    # a verdict on allocator bytes: one reading, no timing noise in it, so its interval is the point itself
+    saving = off / on if on > 0 else float("nan")
+    said = (f"the default ladder's shared pool holds {on:.2f}x its largest bucket alone with expandable segments, "
+            f"{off:.2f}x without")
+    claims.append(Claim(
+        "block_expandable_segments_saves_memory", lo=saving, hi=saving, above=1.05,
+        holds=f"transformer block: expandable segments save memory: {said} ({{lo:.2f}}x less; allocator bytes, "
+              "one reading)",
+        fails=f"transformer block: expandable segments save less than 5%: {said} (allocator bytes, one reading)",
+        unclear=f"transformer block: no clear difference from expandable segments: {said}"))
+    print(f"[{claims[-1].verdict}] {claims[-1].statement}")
 else:
     print("Needs a GPU (and torch.cuda.memory._set_allocator_settings): the allocator's segments are CUDA memory.")
 
@@ -495,7 +533,18 @@ for k, p in curve[:: max(1, K_MAX // 8)]:
 # sizes than `torch._inductor.config.triton.cudagraph_dynamic_shape_warn_limit` have been recorded, and
 # suggests padding inputs to a few fixed shapes; this notebook sets that limit to `None` (no warning) and
 # counts graph launches itself. The first passes over the stream compile and record; we time them as the
-# setup cost and measure with the ledger how much the graph pools grew.
+# setup cost.
+#
+# **Where their memory lives.** CUDA graph trees (`torch/_inductor/cudagraph_trees.py`) keep one
+# `CUDAGraphTreeManager` per GPU in thread-local storage; it creates one pool (`torch.cuda.graph_pool_handle()`,
+# its `cuda_graphs_thread_pool`) and records every graph into it, for *every* function compiled with
+# `reduce-overhead` in that thread: both models and both variants here share one pool, and a later recording
+# reuses memory that earlier graphs no longer need. So what one variant adds to that pool depends on what was
+# recorded before it, and a per-variant number would measure the order of the cells, not the variant. The
+# table therefore says "not measurable here" for each `reduce-overhead` row, and we read the one number that
+# does not depend on the order: the bytes the graph trees' pool reserves once all four variants are recorded
+# (read from `torch.cuda.memory_snapshot()` by the pool's id; the manager is private API, so a PyTorch that
+# moved it gets "not measurable here" too).
 
 # %%
 def fresh(fn):
@@ -508,7 +557,22 @@ def run_stream(fn, requests):
         fn(x)
 
 
+def graph_trees_pool_bytes():
+    """Bytes reserved by the pool of reduce-overhead's CUDA graph trees on this GPU, or None where not readable.
+
+    One pool per GPU and thread, created by the graph trees' manager and shared by every function compiled with
+    mode="reduce-overhead" in the thread (torch/_inductor/cudagraph_trees.py: CUDAGraphTreeManager)."""
+    try:
+        from torch._inductor import cudagraph_trees  # private API: it may move between PyTorch versions
+        manager = cudagraph_trees.get_container(torch.cuda.current_device()).tree_manager
+        pool = tuple(manager.cuda_graphs_thread_pool)
+    except Exception:
+        return None
+    return pool_usage().get(pool, {}).get("reserved")
+
+
 compiled = {name: {} for name in MODELS}
+TREES_POOL_MIB = float("nan")  # the graph trees' shared pool, all compiled variants together (GPU only)
 if COMPILE:
     import torch._inductor.config as inductor_config
     if hasattr(inductor_config.triton, "cudagraph_dynamic_shape_warn_limit"):
@@ -518,18 +582,23 @@ if COMPILE:
             def call_model(x, model=model):
                 return model(x)
             fn = torch.compile(fresh(call_model), mode="reduce-overhead", dynamic=dynamic)
-            with ledger.measure(f"{name}: {label}") as before_after:
-                t0 = time.perf_counter()
-                for _ in range(2):       # a new size is run once to warm up, then recorded on its next call
-                    run_stream(fn, streams[name])
-                SYNC()
-                setup_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for _ in range(2):       # a new size is run once to warm up, then recorded on its next call
+                run_stream(fn, streams[name])
+            SYNC()
+            setup_s = time.perf_counter() - t0
             compiled[name][label] = fn
-            info[name][label] = {"graphs": float("nan"), "setup_s": setup_s,  # one per size it met: not counted here
-                                 "held_mib": before_after["graph_pool_growth"] / MiB, "pool_mib": float("nan"),
-                                 "device_used_mib": before_after["device_used_delta"] / MiB}
-            print(f"{name}, {label}: first two passes over the stream (compile + record) {setup_s:.1f} s; graph "
-                  f"pools grew by {before_after['graph_pool_growth'] / MiB:.1f} MiB")
+            # graphs: one per size it met (not counted here); memory: in the shared pool, see the markdown above
+            info[name][label] = {"graphs": float("nan"), "setup_s": setup_s, "held_mib": float("nan"),
+                                 "pool_mib": float("nan"), "device_used_mib": float("nan"),
+                                 "memory_note": "not measurable here: one graph-trees pool shared by all compiled "
+                                                "variants"}
+            print(f"{name}, {label}: first two passes over the stream (compile + record) {setup_s:.1f} s")
+    trees_pool = graph_trees_pool_bytes()
+    TREES_POOL_MIB = trees_pool / MiB if trees_pool is not None else float("nan")
+    print(f"the graph trees' one pool, all {sum(map(len, compiled.values()))} compiled variants together: "
+          + (f"{TREES_POOL_MIB:.1f} MiB reserved" if trees_pool is not None
+             else "not measurable here (this PyTorch does not expose the graph trees' pool)"))
 else:
     print("skipped: mode='reduce-overhead' records CUDA graphs and needs an NVIDIA GPU." if not CUDA
           else "skipped (COMPILE=False).")
@@ -581,12 +650,19 @@ assert (err_table < 1e-3).all().all(), "a variant disagrees with eager: do not t
 #
 # **Latency**: each request alone, timed from the call to a `torch.cuda.synchronize()` after it (so the
 # GPU work is included), all variants taking turns request by request; we report the median (p50) and the
-# 99th percentile (p99). The bucket counters are reset before this pass, so padding and overflows below are
-# for exactly one pass over the stream.
+# 99th percentile (p99) of **one pass** over the stream. The bucket counters are reset before this pass, so
+# padding and overflows below are for exactly one pass over the stream. One pass is one window, with no
+# interval: a p99 is set by the slowest few requests of the pass, and one slow moment of the host moves it.
+# So the tables show p50 and p99 as this pass's numbers, and no sentence of this notebook compares variants
+# by them.
 #
 # **Throughput**: `compare()` times whole passes over the stream (requests back to back, synchronised at the
-# end), all variants of a model interleaved in one window; requests per second follow from the median pass.
-# Its profiler columns give the GPU-busy time per pass (`floor_us`): padding shows up there as extra GPU work.
+# end), all variants of a model interleaved round-robin. That is repeated in `WINDOWS` windows a pause apart,
+# each window timing both models (the profiler only in the last window, after its timings), and
+# `combine_windows` gives every variant the median of its windows with a 90% **prediction interval**, the
+# range one more window should land in: `speedup_lo`..`speedup_hi` for the speedup over eager,
+# `median_pi_lo`..`median_pi_hi` for the time of a pass. Requests per second follow from the median pass. The
+# profiler columns give the GPU-busy time per pass (`floor_us`): padding shows up there as extra GPU work.
 
 # %%
 def request_latencies(fns, requests):
@@ -612,14 +688,25 @@ for name in MODELS:
     pad_stats[name] = {label: fn.stats for label, fn in fns.items() if hasattr(fn, "stats")}
 
 # %%
-tables = []
-for name in MODELS:
-    fns = variants_of(name)
-    runners = {label: (lambda fn=fn, reqs=streams[name]: run_stream(fn, reqs)) for label, fn in fns.items()}
-    df = compare(runners, case=name, calls=1, samples=SAMPLES, floor=CUDA)
-    tables.append(df)
-    print(df[["case", "variant", "executed_as", "median_us", "speedup", "floor_us"]]
-          .to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+def stream_runners(name):
+    """Every variant of one model as {label: one pass over the stream}; eager first (the baseline)."""
+    return {label: (lambda fn=fn, reqs=streams[name]: run_stream(fn, reqs)) for label, fn in variants_of(name).items()}
+
+
+windows = []  # one compare() table per window, both models in each (kept for ratio_across_windows)
+for w in range(WINDOWS):
+    last = w == WINDOWS - 1
+    t0 = time.perf_counter()
+    windows.append(pd.concat([compare(stream_runners(name), case=name, calls=1, samples=SAMPLES,
+                                      floor=CUDA and last) for name in MODELS], ignore_index=True))
+    shown = windows[-1][windows[-1].variant.map(strategy).isin([DEFAULT, "single bucket", "reduce-overhead"])]
+    print(f"window {w + 1}/{WINDOWS} ({time.perf_counter() - t0:.1f} s), speedup over eager: " + ", ".join(
+        f"{r.case} {strategy(r.variant)} {r.speedup:.2f}x" for r in shown.itertuples()))
+    if not last:
+        time.sleep(WINDOW_PAUSE_S)
+stream_table = combine_windows(windows)
+print(stream_table[["case", "variant", "executed_as", "windows", "median_us", "speedup", "speedup_lo", "speedup_hi",
+                    "floor_us"]].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
 
 # %% [markdown]
@@ -639,20 +726,35 @@ for name in MODELS:
 
 # %% [markdown]
 # ## 10. The results table
+#
+# One row per variant: time per request (`us_per_request`, the median pass over the windows / requests, with
+# `us_per_request_lo`..`us_per_request_hi` from the pass's prediction interval), the speedup over eager with
+# its interval, p50 and p99 of the one latency pass (no interval), and what each strategy built and holds.
+# `held_mib` of a `reduce-overhead` row is empty: "not measurable here", see section 7.
 
 # %%
+def window_medians(frames, case, variant):
+    """One variant's median time in each window, ";"-joined (what ratio_across_windows compares)."""
+    return ";".join(f"{float(f[(f.case == case) & (f.variant == variant)].median_us.iloc[0]):.10g}" for f in frames)
+
+
 rows = []
-for name, df in zip(MODELS, tables):
-    for r, label in zip(df.to_dict("records"), variants_of(name)):   # compare keeps the order of the variants
+for name in MODELS:
+    part = stream_table[stream_table.case == name]
+    for r, label in zip(part.to_dict("records"), variants_of(name)):   # combine_windows keeps the variants' order
         lat = np.array(latency[name][label])
         st = pad_stats[name].get(label)
         facts = info[name].get(strategy(label), {})
-        rows.append({**r, "requests": REQUESTS, "us_per_request": r["median_us"] / REQUESTS,
+        rows.append({**r, "window_medians_us": window_medians(windows, name, r["variant"]),
+                     "requests": REQUESTS, "us_per_request": r["median_us"] / REQUESTS,
+                     "us_per_request_lo": r["median_pi_lo"] / REQUESTS,
+                     "us_per_request_hi": r["median_pi_hi"] / REQUESTS,
                      "requests_per_s": REQUESTS / (r["median_us"] * 1e-6),
                      "p50_us": np.percentile(lat, 50), "p99_us": np.percentile(lat, 99),
                      "graphs": facts.get("graphs", 0), "setup_s": facts.get("setup_s", 0.0),
                      "held_mib": facts.get("held_mib", float("nan")), "pool_mib": facts.get("pool_mib", float("nan")),
                      "device_used_mib": facts.get("device_used_mib", float("nan")),
+                     "memory_note": facts.get("memory_note", ""),
                      "pad_fraction": st.pad_fraction if st else 0.0, "padded_rows": st.padded_rows if st else 0,
                      "eager_overflows": st.eager_overflows if st else 0,
                      "bucket_sizes": " ".join(map(str, built[name][strategy(label)].sizes))
@@ -661,33 +763,117 @@ for name, df in zip(MODELS, tables):
                      "max_rel_err": errors[name][label]})
 results_df = pd.DataFrame(rows)
 results_df["device"] = torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)"
-show = ["case", "variant", "executed_as", "us_per_request", "speedup", "p50_us", "p99_us", "graphs", "setup_s",
-        "held_mib", "pad_fraction", "eager_overflows", "graph_launches_per_request"]
+show = ["case", "variant", "executed_as", "us_per_request", "speedup", "speedup_lo", "speedup_hi", "graphs",
+        "setup_s", "held_mib", "pad_fraction", "eager_overflows", "graph_launches_per_request"]
 print(results_df[show].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+print("\nLatency of single requests, one pass (one window: no interval, so no variant is ranked by it):")
+print(results_df[["case", "variant", "p50_us", "p99_us"]].rename(
+    columns={"p50_us": "p50_us (one pass)", "p99_us": "p99_us (one pass)"}).to_string(
+    index=False, float_format=lambda v: f"{v:.0f}"))
+
+# %% [markdown]
+# ### Verdicts
+#
+# Each comparison is a claim computed from the windows: a variant against eager on its speedup's prediction
+# interval, and two variants against each other with `ratio_across_windows` (the ratio of their median passes
+# window by window, with its prediction interval; both were timed in the same `compare()` of each window). A
+# claim holds when its whole interval clears 1, fails when the whole interval is on the other side, and says
+# "no clear difference" otherwise. The pairs: the default ladder and padding everything to one bucket against
+# eager and against each other; the planned buckets (as many graphs as the default ladder) against the default
+# ladder; and, on a GPU, both `reduce-overhead` variants against eager and against the default ladder. The
+# cell below prints this run's verdicts.
+
+# %%
+def row_of(name, strat):
+    """The results row of one strategy of model ``name`` (its variant label carries "(eager fallback)" on a CPU)."""
+    return results_df[(results_df.case == name) & (results_df.variant.map(strategy) == strat)].iloc[0]
+
+
+def claim_vs_eager(claim_id, name, strat):
+    r = row_of(name, strat)
+    return Claim(claim_id, lo=float(r.speedup_lo), hi=float(r.speedup_hi), above=1.0,
+                 holds=f"{name}: {r.variant} serves the stream faster than eager ({{lo:.2f}}-{{hi:.2f}}x, "
+                       f"90% prediction interval)",
+                 fails=f"{name}: {r.variant} serves the stream slower than eager ({{lo:.2f}}-{{hi:.2f}}x, "
+                       f"90% prediction interval)",
+                 unclear=f"{name}: no clear difference between {r.variant} and eager (the interval "
+                         f"{{lo:.2f}}-{{hi:.2f}}x straddles 1)")
+
+
+def claim_faster_than(claim_id, name, fast, slow):
+    """``fast`` serves the stream faster than ``slow``: slow's median pass / fast's, window by window."""
+    fast_label, slow_label = row_of(name, fast).variant, row_of(name, slow).variant
+    r = ratio_across_windows(windows, (name, slow_label), (name, fast_label))
+    return Claim(claim_id, lo=r["lo"], hi=r["hi"], above=1.0,
+                 holds=f"{name}: {fast_label} serves the stream faster than {slow_label} ({slow_label} takes "
+                       f"{{lo:.2f}}-{{hi:.2f}}x its time, 90% prediction interval)",
+                 fails=f"{name}: {fast_label} is not faster than {slow_label} ({slow_label} takes "
+                       f"{{lo:.2f}}-{{hi:.2f}}x its time, 90% prediction interval)",
+                 unclear=f"{name}: no clear difference between {fast_label} and {slow_label} (time ratio "
+                         f"{{lo:.2f}}-{{hi:.2f}}x straddles 1)")
+
+
+stream_claims = []
+for name in MODELS:
+    s_ = SHORT[name]
+    stream_claims += [claim_vs_eager(f"{s_}_default_ladder_beats_eager", name, DEFAULT),
+                      claim_vs_eager(f"{s_}_single_bucket_beats_eager", name, "single bucket"),
+                      claim_faster_than(f"{s_}_default_ladder_beats_single_bucket", name, DEFAULT, "single bucket"),
+                      claim_faster_than(f"{s_}_planned_beats_default_ladder", name, "planned", DEFAULT)]
+    if compiled[name]:
+        stream_claims += [
+            claim_vs_eager(f"{s_}_reduce_overhead_beats_eager", name, "reduce-overhead"),
+            claim_vs_eager(f"{s_}_reduce_overhead_dynamic_beats_eager", name, "reduce-overhead, dynamic=True"),
+            claim_faster_than(f"{s_}_default_ladder_beats_reduce_overhead", name, DEFAULT, "reduce-overhead"),
+            claim_faster_than(f"{s_}_default_ladder_beats_reduce_overhead_dynamic", name, DEFAULT,
+                              "reduce-overhead, dynamic=True")]
+claims += stream_claims
+for c in stream_claims:
+    print(f"[{c.verdict}] {c.statement}")
 
 # %% [markdown]
 # ## 11. Planned buckets against the best fixed ladder
 #
-# The best fixed ladder of each model is the one with the shortest median pass above. We plan again with
-# its number of graphs and its memory (by the same memory model) as the limits, capture the plan, and time
-# the two in one `compare()` (interleaved), the ladder first: the `speedup` of the planned row is then the
-# median of the per-round ratios ladder / planned, with its quartiles.
+# This run's pick of a fixed ladder for each model is the one with the shortest median pass above (a pick, not
+# a verdict: ladders whose intervals overlap may swap places in another run). We plan again with its number of
+# graphs and its memory (by the same memory model) as the limits, capture the plan, and time the two in one
+# `compare()` per window (interleaved), the ladder first, in `WINDOWS` windows: the `speedup` of the planned row
+# is then ladder time / planned time, with its prediction interval, and the claim below is computed from that
+# interval. The cell prints the verdict, and the memory both hold (allocator bytes, one reading each).
 
 # %%
-head_to_head, checks = [], []
+PLANNED_AT_BEST = "planned at the best ladder's limits"
+pairs = {}
 for name in MODELS:
     timed = results_df[(results_df.case == name) & results_df.variant.map(strategy).isin(FIXED)]
-    best = strategy(timed.sort_values("median_us").variant.iloc[0])
+    best = strategy(timed.sort_values("median_us").variant.iloc[0])   # this run's pick, not a verdict
     ref = built[name][best].sizes
     plan = plan_for(name, len(ref), ref)
-    label = "planned at the best ladder's limits"
-    built[name][label] = build(name, label, plan.sizes)
-    lab = (lambda s: s if CUDA else f"{s} (eager fallback)")
-    runners = {lab(best): (lambda fn=built[name][best], reqs=streams[name]: run_stream(fn, reqs)),
-               lab(label): (lambda fn=built[name][label], reqs=streams[name]: run_stream(fn, reqs))}
-    df = compare(runners, case=f"{name}: planned vs best fixed ladder", calls=1, samples=SAMPLES, floor=CUDA)
+    built[name][PLANNED_AT_BEST] = build(name, PLANNED_AT_BEST, plan.sizes)
+    pairs[name] = (best, PLANNED_AT_BEST, plan)
+
+lab = (lambda s: s if CUDA else f"{s} (eager fallback)")
+h2h_windows = []
+for w in range(WINDOWS):
+    last = w == WINDOWS - 1
+    h2h_windows.append(pd.concat([
+        compare({lab(best): (lambda fn=built[name][best], reqs=streams[name]: run_stream(fn, reqs)),
+                 lab(label): (lambda fn=built[name][label], reqs=streams[name]: run_stream(fn, reqs))},
+                case=f"{name}: planned vs best fixed ladder", calls=1, samples=SAMPLES, floor=CUDA and last)
+        for name, (best, label, _) in pairs.items()], ignore_index=True))
+    planned_rows = h2h_windows[-1][h2h_windows[-1].variant == lab(PLANNED_AT_BEST)]
+    print(f"window {w + 1}/{WINDOWS}, ladder / planned time: " + ", ".join(
+        f"{r.case.split(':')[0]} {r.speedup:.3f}" for r in planned_rows.itertuples()))
+    if not last:
+        time.sleep(WINDOW_PAUSE_S)
+h2h_table = combine_windows(h2h_windows)
+
+head_to_head, checks = [], []
+for name, (best, label, plan) in pairs.items():
+    df = h2h_table[h2h_table.case == f"{name}: planned vs best fixed ladder"]
     for r, lbl in zip(df.to_dict("records"), (best, label)):
-        r.update({"graphs": info[name][lbl]["graphs"], "setup_s": info[name][lbl]["setup_s"],
+        r.update({"window_medians_us": window_medians(h2h_windows, r["case"], r["variant"]),
+                  "graphs": info[name][lbl]["graphs"], "setup_s": info[name][lbl]["setup_s"],
                   "held_mib": info[name][lbl]["held_mib"], "pool_mib": info[name][lbl]["pool_mib"],
                   "requests": REQUESTS, "us_per_request": r["median_us"] / REQUESTS,
                   "bucket_sizes": " ".join(map(str, built[name][lbl].sizes)),
@@ -695,82 +881,124 @@ for name in MODELS:
                   "device": results_df["device"].iloc[0]})
         head_to_head.append(r)
     planned_row = df.iloc[1]
-    checks.append({"model": name, "best fixed ladder": best, "ladder graphs": len(ref),
-                   "planned graphs": plan.n_graphs, "ladder / planned time": planned_row["speedup"],
-                   "quartiles": (f"{planned_row['speedup_lo']:.3f} .. {planned_row['speedup_hi']:.3f}"
-                                 if "speedup_lo" in planned_row else "-"),
+    lo, hi = float(planned_row["speedup_lo"]), float(planned_row["speedup_hi"])
+    picked = f"{best} (the fixed ladder picked by its median pass in section 9)"
+    c = Claim(f"{SHORT[name]}_planned_beats_best_ladder", lo=lo, hi=hi, above=1.0,
+              holds=f"{name}: the planned buckets serve the stream faster than {picked}: ladder / planned time "
+                    f"{{lo:.3f}}-{{hi:.3f}}x, 90% prediction interval",
+              fails=f"{name}: the planned buckets are not faster than {picked}: ladder / planned time "
+                    f"{{lo:.3f}}-{{hi:.3f}}x, 90% prediction interval",
+              unclear=f"{name}: no clear difference between the planned buckets and {picked}: ladder / planned "
+                      f"time {{lo:.3f}}-{{hi:.3f}}x straddles 1")
+    claims.append(c)
+    checks.append({"model": name, "best fixed ladder": best, "ladder graphs": len(built[name][best].sizes),
+                   "planned graphs": plan.n_graphs, "ladder / planned time": float(planned_row["speedup"]),
+                   "interval": f"{lo:.3f} .. {hi:.3f}" if lo == lo and hi == hi else "-",
+                   "verdict": c.verdict, "statement": c.statement,
                    "ladder held MiB": info[name][best]["held_mib"], "planned held MiB": info[name][label]["held_mib"]})
 h2h = pd.DataFrame(head_to_head)
-print(h2h[["case", "variant", "executed_as", "us_per_request", "speedup", "graphs", "held_mib", "pad_fraction",
-           "bucket_sizes"]].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-check_table = pd.DataFrame(checks)
-print(check_table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-if CUDA:
-    for c in checks:
-        fast = c["ladder / planned time"] >= 1.0
-        small_mem = c["planned held MiB"] <= c["ladder held MiB"] + 1e-9
-        print(f"{c['model']}: planned is {'at least as fast as' if fast else 'slower than'} {c['best fixed ladder']} "
-              f"(ratio {c['ladder / planned time']:.3f}) and holds {'no more' if small_mem else 'more'} memory "
-              f"({c['planned held MiB']:.1f} vs {c['ladder held MiB']:.1f} MiB).")
+print(h2h[["case", "variant", "executed_as", "windows", "us_per_request", "speedup", "speedup_lo", "speedup_hi",
+           "graphs", "held_mib", "pad_fraction", "bucket_sizes"]].to_string(index=False,
+                                                                             float_format=lambda v: f"{v:.3g}"))
+for c in checks:
+    print(f"[{c['verdict']}] {c['statement']}")
+    if CUDA:
+        print(f"    memory held (allocator bytes, one reading each): planned {c['planned held MiB']:.1f} MiB, "
+              f"{c['best fixed ladder']} {c['ladder held MiB']:.1f} MiB")
 
 # %% [markdown]
 # ## 12. The trade-off over bucket spacing
 #
-# Left: time per request of each strategy against its number of graphs (log scale), with eager and
-# `reduce-overhead` as lines. Middle: padding, as a share of the rows computed on the stream, and the
-# planner's curve (expected on the history). Right: memory held and setup time (capture, or compile + record).
+# Left: time per request of each strategy against its number of graphs (log scale), with the prediction
+# interval of its median pass as error bars, and eager and `reduce-overhead` as lines with their intervals as
+# bands. Middle: padding, as a share of the rows computed on the stream, and the planner's curve (expected on
+# the history). Right: memory held and setup time (capture, or compile + record); `reduce-overhead`'s variants
+# share the graph trees' one pool, shown as one bar of its own (section 7).
 
 # %%
-def plot_tradeoff(df):
+def plot_tradeoff(df, info, curve, trees_pool_mib):
     names = list(MODELS)
-    fig, axes = plt.subplots(len(names), 3, figsize=(17, 4.4 * len(names)), squeeze=False)
+    order = ["exact sizes", *FIXED, "planned"]
+    style = {s: (f"C{i}", "osD^v<>P*X"[i % 10]) for i, s in enumerate(order)}   # the same in every panel
+    line_style = [("k", "-"), ("C8", "--"), ("C9", ":")]
+    fig, axes = plt.subplots(len(names), 3, figsize=(21, 6.4 * len(names)), squeeze=False, layout="constrained",
+                             gridspec_kw={"width_ratios": [1.15, 0.95, 1.35]})
     for row, name in enumerate(names):
-        d = df[(df.case == name)].copy()
+        d = df[df.case == name].copy()
         d["strategy"] = d.variant.map(strategy)
-        buckets = d[d.strategy.isin(["exact sizes", *FIXED, "planned"])].sort_values("graphs")
+        buckets = d[d.strategy.isin(order)].copy()
+        # strategies with the same number of graphs are drawn a little apart (x 1.06 per neighbour), not on top
+        same = buckets.groupby("graphs")
+        buckets["x"] = buckets.graphs * 1.06 ** (same.cumcount() - (same.graphs.transform("size") - 1) / 2)
         ax = axes[row][0]
-        ax.plot(buckets.graphs, buckets.us_per_request, "o", color="C0")
-        for _, r in buckets.iterrows():
-            ax.annotate(r.strategy.replace(" (default)", "*"), (r.graphs, r.us_per_request), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points", color="C3" if r.strategy == "planned" else "k")
-        for i, (_, r) in enumerate(d[~d.strategy.isin(buckets.strategy)].iterrows()):
-            ax.axhline(r.us_per_request, color=f"C{i + 1}", ls="--", lw=1, label=f"{r.strategy} ({r.executed_as})")
+        for r in buckets.itertuples():
+            color, marker = style[r.strategy]
+            lo, hi = getattr(r, "us_per_request_lo", float("nan")), getattr(r, "us_per_request_hi", float("nan"))
+            yerr = ([[max(r.us_per_request - lo, 0)], [max(hi - r.us_per_request, 0)]] if lo == lo and hi == hi
+                    else None)
+            ax.errorbar([r.x], [r.us_per_request], yerr=yerr, fmt=marker, color=color, ms=7, capsize=3,
+                        label=f"{r.strategy} ({r.graphs:.0f} graphs)")
+        for (color, ls), r in zip(line_style, d[~d.strategy.isin(order)].itertuples()):
+            ax.axhline(r.us_per_request, color=color, ls=ls, lw=1.3, label=f"{r.strategy} ({r.executed_as})")
+            lo, hi = getattr(r, "us_per_request_lo", float("nan")), getattr(r, "us_per_request_hi", float("nan"))
+            if lo == lo and hi == hi:
+                ax.axhspan(lo, hi, color=color, alpha=0.10, lw=0)
         ax.set_xscale("log")
         ax.set(xlabel="graphs captured", ylabel="µs per request (median pass / requests)", title=f"{name}: time")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
+
         ax = axes[row][1]
-        ax.plot(buckets.graphs, 100 * buckets.pad_fraction, "o", color="C0", label="on the stream (measured)")
+        for r in buckets.itertuples():
+            color, marker = style[r.strategy]
+            ax.plot([r.x], [100 * r.pad_fraction], marker, color=color, ms=7)
+        ax.plot([], [], "o", color="0.5", label="a strategy, on the stream (markers as in the time panel)")
         ax.plot([k for k, _ in curve], [100 * p.pad_fraction for _, p in curve], "-", color="C3", lw=1,
                 label="planner's least padding, on the history")
         ax.set_xscale("log")
         ax.set(xlabel="graphs captured", ylabel="padded rows, % of computed rows", title=f"{name}: padding")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1, frameon=False)
+
         ax = axes[row][2]
         mem = pd.DataFrame([{"strategy": k, **v} for k, v in info[name].items()])
-        y = range(len(mem))
-        ax.barh(list(y), mem.held_mib.fillna(0), color=["C3" if "one pool per graph" in k else "C0" for k in mem.strategy])
-        ax.set_yticks(list(y), [f"{k} ({'one graph per size' if pd.isna(g) else f'{g:.0f} graphs'})"
-                                for k, g in zip(mem.strategy, mem.graphs)], fontsize=7)
+        bars = [(k, g, m, s_) for k, g, m, s_ in zip(mem.strategy, mem.graphs, mem.held_mib, mem.setup_s)]
+        if trees_pool_mib == trees_pool_mib:   # one pool for every compiled variant of both models
+            bars.append(("reduce-overhead: graph trees' pool", float("nan"), trees_pool_mib, float("nan")))
+        top = max([m for _, _, m, _ in bars if m == m] or [1.0])
+        for yi, (k, g, m, s_) in enumerate(bars):
+            shared_trees = k.startswith("reduce-overhead: graph trees")
+            color = "C3" if "one pool per graph" in k else "C8" if shared_trees else "C0"
+            ax.barh(yi, m if m == m else 0, color=color, hatch="//" if shared_trees else None)
+            if shared_trees:
+                text = f"{m:.0f} MiB, all compiled variants of both models together"
+            elif m == m:
+                text = f"{m:.0f} MiB, setup {s_:.2f} s"
+            elif CUDA:
+                text = f"not measurable here (one shared pool), setup {s_:.2f} s"
+            else:
+                text = f"no GPU memory (CPU run), setup {s_:.2f} s"
+            ax.text((m if m == m else 0) + 0.02 * top, yi, text, va="center", fontsize=8,
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+        ax.set_yticks(range(len(bars)), [k if g != g else f"{k}, {g:.0f} graphs" for k, g, _, _ in bars], fontsize=8)
+        ax.set_xlim(0, 2.3 * top)
+        ax.invert_yaxis()
         ax.set(xlabel="memory held, MiB (pools + static buffers)", title=f"{name}: memory and setup time")
-        for yi, (m, s_) in enumerate(zip(mem.held_mib.fillna(0), mem.setup_s)):
-            ax.text(m, yi, f" {m:.0f} MiB, {s_:.2f} s", va="center", fontsize=7)
-    where = results_df["device"].iloc[0]
+    where = df["device"].iloc[0]
     note = "" if CUDA else " (CPU, eager only: not a GPU result)"
     fig.suptitle(f"Variable batch sizes: buckets, planner, reduce-overhead. {where}, PyTorch {torch.__version__}{note}",
-                 fontsize=11)
-    fig.tight_layout()
+                 fontsize=12)  # the constrained layout keeps the legends below the axes inside the figure
     return fig
 
 
-fig = plot_tradeoff(results_df)
+fig = plot_tradeoff(results_df, info, curve, TREES_POOL_MIB)
 plt.show()
 
 # %% [markdown]
 # ## 13. Save the results
 #
 # One row per (model, variant) of the stream comparison, the head-to-head rows, the memory ledger rows
-# (`case` ending in "memory") and the planner's curve (`case` "planner curve"), with the machine
-# in `env.json` and the figure as PNG. A run without CUDA writes to `build/figures/` instead.
+# (`case` ending in "memory", and on a GPU one row for the graph trees' shared pool) and the planner's curve
+# (`case` "planner curve"), with the machine in `env.json`, the verdicts in `claims.csv` and the figure as PNG.
+# A run without CUDA writes to `build/figures/` instead.
 
 # %%
 mem_rows = [{"case": f"{m}: memory", "variant": k, "median_us": float("nan"), "speedup": float("nan"), **v}
@@ -779,11 +1007,19 @@ curve_rows = [{"case": "planner curve", "variant": f"planned, at most {k} graphs
                "speedup": float("nan"), "graphs": p.n_graphs, "pad_fraction": p.pad_fraction,
                "padded_rows_per_request": p.padded_rows_per_request, "bucket_sizes": " ".join(map(str, p.sizes))}
               for k, p in curve]
+if COMPILE:
+    mem_rows.append({"case": "reduce-overhead: memory", "variant": "graph trees' pool, all compiled variants",
+                     "median_us": float("nan"), "speedup": float("nan"), "held_mib": TREES_POOL_MIB,
+                     "pool_mib": TREES_POOL_MIB, "memory_note": "one pool per GPU and thread, shared by every "
+                     "function compiled with mode='reduce-overhead' (both models, both variants)"})
 all_rows = pd.concat([results_df, h2h, pd.DataFrame(mem_rows), pd.DataFrame(curve_rows)], ignore_index=True)
-extra = {"max_rows": MAX_ROWS, "requests": REQUESTS, "history": HISTORY, "seed": SEED,
-         "evidence": evidence, "planned_vs_best": checks, "allocator_fragmentation": pool_rows}
+extra = {"max_rows": MAX_ROWS, "requests": REQUESTS, "history": HISTORY, "seed": SEED, "windows": WINDOWS,
+         "samples_per_window": SAMPLES, "evidence": evidence, "planned_vs_best": checks,
+         "allocator_fragmentation": pool_rows,
+         "graph_trees_pool_mib": TREES_POOL_MIB if TREES_POOL_MIB == TREES_POOL_MIB else None}
 folder = results.save(STEM, all_rows, figures={"tradeoff": fig}, extra_env=extra)
-print("saved to", folder)
+save_claims(folder, claims)
+print("saved to", folder, "(results.csv, env.json, claims.csv, tradeoff.png)")
 
 # %% [markdown]
 # ## 14. Side by side with published figures
@@ -818,32 +1054,38 @@ side = []
 for name in MODELS:
     row = {"model": name}
     if ours_mem and name in ours_mem and "default ladder, one pool per graph" in ours_mem[name]:
-        default = next(k for k in ours_mem[name] if k.endswith("(default)"))  # that run's own default ladder
+        default = next(k for k in ours_mem[name] if k.endswith("(default)") or k == "default ladder")  # that run's
         p, s_ = ours_mem[name]["default ladder, one pool per graph"]["held_mib"], ours_mem[name][default]["held_mib"]
         row[f"pool per graph / shared ({where})"] = f"{p:.0f} MiB / {s_:.0f} MiB = {p / s_:.2f}x"
     if ours is not None and len(ours):
         d = ours[ours.case == name].set_index("variant")
-        for v in ["reduce-overhead", "reduce-overhead, dynamic=True", DEFAULT]:
+        defaults = [v for v in d.index if v.endswith("(default)") or v == "default ladder"]  # that run's own
+        for v in ["reduce-overhead", "reduce-overhead, dynamic=True", *defaults[:1]]:
             if v in d.index:
-                row[f"{v} speedup over eager"] = f"{d.loc[v, 'speedup']:.2f}x"
+                r = d.loc[v]
+                interval = ("windows" in d.columns and r.speedup_lo == r.speedup_lo and r.speedup_hi == r.speedup_hi)
+                row[f"{v} speedup over eager"] = (f"{r.speedup:.2f}x (90% interval {r.speedup_lo:.2f}-"
+                                                  f"{r.speedup_hi:.2f})" if interval else f"{r.speedup:.2f}x")
     side.append(row)
 pd.DataFrame(side)
 
 # %% [markdown]
-# **Why they differ.** The detector's graphs were large and each private pool kept a whole forward pass's
-# activations, so eleven of them added up; our models are small, and how much sharing saves grows with the
-# number of buckets and with the activations each one keeps. `reduce-overhead` only replays a graph for a
-# size it has already recorded: on this stream the first passes paid for compiling and recording (the setup
-# column), and in service every size not seen before would cost a recording again, while a bucket ladder is
-# captured once, before the first request.
+# **What sets these numbers.** How much sharing a pool saves grows with the number of buckets and with the
+# activations each one keeps: the detector's graphs were large, and each private pool kept a whole forward
+# pass's activations, so eleven of them added up; the models here are small. `reduce-overhead` only replays a
+# graph for a size it has already recorded: on this stream the first passes paid for compiling and recording
+# (the setup column), and in service every size not seen before would cost a recording again, while a bucket
+# ladder is captured once, before the first request. Whether either of this run's `reduce-overhead` variants
+# is faster than eager, or than the default ladder, is the verdict printed in section 10.
 
 # %% [markdown]
 # ## 15. Recorded GPU results
 # The table and figure of the last GPU run committed to this repository (what a reader without a GPU sees).
 
 # %%
-recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as", "us_per_request", "speedup",
-                                                 "p50_us", "p99_us", "graphs", "setup_s", "held_mib", "pad_fraction"])
+recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as", "windows", "us_per_request",
+                                                 "speedup", "speedup_lo", "speedup_hi", "p50_us", "p99_us", "graphs",
+                                                 "setup_s", "held_mib", "pad_fraction"])
 
 # %% [markdown]
 # ## Summary
@@ -864,8 +1106,12 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 #   starts), but for bucketed serving try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` and read the
 #   ledger again: section 5 measures both settings.
 # - `torch.compile(mode="reduce-overhead")` records one graph per distinct size: convenient, but every new
-#   size costs a recording and memory in its pool. Padding to a few sizes before calling it (or using the
-#   kit's buckets) keeps that bounded.
+#   size costs a recording and memory in its pool, and that pool is one per GPU and thread, shared by every
+#   compiled function, so what one of them holds cannot be read apart (section 7). Padding to a few sizes
+#   before calling it (or using the kit's buckets) keeps that bounded.
+# - Quote a time with an interval from several windows, and compare two variants only through a verdict on
+#   that interval: sections 5, 10 and 11 print which differences this run can tell apart ("no clear
+#   difference" where it cannot), and `claims.csv` keeps them.
 # - Requests above the largest bucket still work (eagerly), and the kit counts them: watch
 #   `stats.eager_overflows` in production.
 

@@ -16,9 +16,10 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/v0.2.0/notebooks/08_llm_decode.ipynb)
 #
 # A language model generates text one token at a time. Each new token runs the whole model on one position per
-# sequence: hundreds of small kernels, each launched from Python, for very little GPU work. Decoding is
-# **host-bound**: the GPU waits for the CPU to launch the next kernel. A CUDA graph removes those launches, but it
-# replays fixed shapes, and a cache that grows by one position per token changes shape at every step. A **static
+# sequence: hundreds of small kernels, each launched from Python, for very little GPU work. For a small model that
+# makes decoding **host-bound**: the GPU waits for the CPU to launch the next kernel (section 7 prints whether it
+# is, here). A CUDA graph removes those launches, but it replays fixed shapes, and a cache that grows by one
+# position per token changes shape at every step. A **static
 # KV cache**, allocated once for a maximum length and masked, keeps every shape fixed; then one graph per batch
 # size replays every decode step. Serving engines (vLLM, SGLang) do exactly this for a ladder of batch sizes in
 # one shared memory pool; `torch.compile(mode="reduce-overhead")` and Hugging Face's `generate` with a static
@@ -37,14 +38,17 @@
 #   from the batch sizes you observed, against a fixed vLLM-style ladder.
 # - What the kit's graphs, `reduce-overhead` and `transformers`' static-cache `generate` each cost and buy:
 #   time per token, tokens per second, capture or compile time, memory.
-# - Why prefill (the prompt) gains little from a graph.
+# - What a graph buys prefill (the prompt) next to a decode step, and why the two differ.
+# - How to state a speedup so that a rerun agrees: timing windows, a prediction interval, and a verdict ("holds",
+#   "fails", or "no clear difference") for every comparison the notebook makes, saved in `claims.csv`.
 #
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU); `transformers` for its row
 # (the notebook says so and skips it when it is missing). Without a GPU the notebook runs its CPU part small (the
 # correctness checks, everything eager, labelled so) and shows the recorded GPU results.
 #
-# **How long**: 114 s on an NVIDIA H100 (measured by `reproduce`, 2026-11-24; most of it `torch.compile`
-# compiling); a T4 has not been timed yet; about a minute on a CPU (small sizes).
+# **How long**: 114 s on an NVIDIA H100 (measured by `reproduce`, 2026-11-24, before the timings were split into
+# windows; the first calls of the compiled variants took about 30 s of it); a T4 has not been timed yet; under a
+# minute on a CPU (small sizes).
 
 # %%
 # Setup: use the kit of this checkout; in Colab first make a shallow clone of the release REPO_REF (the kit and
@@ -80,7 +84,9 @@ PROMPT_LEN = 16       # prompt tokens per sequence
 NEW_TOKENS = None     # tokens generated per sequence in a timed generation (None: 32 on a GPU; 6 small)
 DTYPE = "float32"     # model dtype on a GPU ("bfloat16" is what serving uses: see exercise 2); float32 on a CPU
 SERVE_STEPS = None    # decode steps of the serving loop (None: 200 on a GPU; 30 small)
-SAMPLES = None        # timing rounds per comparison; medians reported (None: 5 on a GPU; 3 small)
+SAMPLES = None        # timing rounds per comparison in each window; medians reported (None: 2)
+WINDOWS = 3           # timing windows of every comparison, spread in time: speedup intervals come from them
+WINDOW_PAUSE_S = 1.0  # the windows of one comparison start at least this many seconds apart
 COMPILE = True        # torch.compile(mode="reduce-overhead") of the decode step (GPU only)
 HF = True             # transformers' generate on the same weights (skipped, with a message, if not installed)
 TIME_BUDGET_S = 150   # once the notebook has run this long, variants that still need compiling are skipped (said so)
@@ -96,12 +102,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cudagraph_kit import compare, env_table, gpu_time, has_cuda
+from cudagraph_kit import combine_windows, compare, env_table, gpu_time, has_cuda
 from cudagraph_kit.buckets import MemoryLedger, capture_buckets, evaluate_buckets, ladder, plan_buckets
 from cudagraph_kit.capture import capture
 from cudagraph_kit.course import results
+from cudagraph_kit.course.claims import Claim, save_claims
 from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, first_divergence, greedy_generate,
                                            greedy_generate_no_cache, hf_generate, to_hf_llama)
+from cudagraph_kit.intervals import prediction_interval, ratio_across_windows
 
 STEM = "08_llm_decode"
 T_START = time.perf_counter()
@@ -115,7 +123,9 @@ BATCHES = BATCHES or ([1, 4] if small else [1, 4, 16, 64])
 MAX_BATCH = max(BATCHES)
 NEW_TOKENS = NEW_TOKENS or (6 if small else 32)
 SERVE_STEPS = SERVE_STEPS or (30 if small else 200)
-SAMPLES = SAMPLES or (3 if small else 5)
+SAMPLES = SAMPLES or 2
+if small:
+    WINDOWS, WINDOW_PAUSE_S = 2, 0.0
 COMPILE = COMPILE and CUDA
 DT = getattr(torch, DTYPE) if CUDA else torch.float32
 CFG = (TinyConfig(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, hidden=176) if small
@@ -146,7 +156,7 @@ def over_budget():
 
 print(env_table())
 print(f"\nSMOKE={SMOKE}  BATCHES={BATCHES}  PROMPT_LEN={PROMPT_LEN}  NEW_TOKENS={NEW_TOKENS}  dtype={DT}  "
-      f"SERVE_STEPS={SERVE_STEPS}  SAMPLES={SAMPLES}  COMPILE={COMPILE}  transformers={HF_VERSION}")
+      f"SERVE_STEPS={SERVE_STEPS}  SAMPLES={SAMPLES} x WINDOWS={WINDOWS}  COMPILE={COMPILE}  transformers={HF_VERSION}")
 if HF_VERSION is None:
     print(">>> transformers is not installed: its rows are skipped (pip install transformers to add them).")
 if not CUDA:
@@ -210,11 +220,12 @@ nocache_parity = {"tokens_equal": all(p["tokens_equal"] for p in parity.values()
 print("static-cache greedy tokens identical to the no-cache reference for every batch:", nocache_parity["tokens_equal"])
 
 # %% [markdown]
-# ## 3. Decoding is host-bound
+# ## 3. Why decoding can be host-bound
 #
 # One decode step launches a fixed number of kernels whatever the batch size. The profiler counts them (GPU
 # only); the CPU's time to launch them, a few microseconds each, is the time per token of eager decoding as
-# long as the GPU finishes each kernel sooner.
+# long as the GPU finishes each kernel sooner. Section 7 compares eager's time per step with the GPU's busy time
+# and prints the verdict.
 
 # %%
 step_inputs = {b: (torch.randint(0, CFG.vocab_size, (b,), generator=gen).to(DEVICE),
@@ -274,8 +285,13 @@ capture_rows = [{"case": "capture", "variant": f"kit bucket {e['size']}", "media
                  "pool_growth_mib": e["pool_growth_bytes"] / MiB} for e in sorted(graphs.capture_log, key=lambda e: e["size"])]
 if CUDA:
     print(pd.DataFrame(capture_rows)[["batch", "setup_s", "pool_growth_mib"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"{len(LADDER)} graphs captured in {graphs.capture_seconds:.2f} s; they hold {kit_held:.1f} MiB (shared pool "
-          f"+ static buffers); the largest bucket, captured first, took most of the pool, the others reused it.")
+    growth = {e["size"]: e["pool_growth_bytes"] / MiB for e in graphs.capture_log}
+    largest = max(growth)
+    held = f"{kit_held:.1f} MiB" if kit_held == kit_held else "an amount the ledger could not read"
+    print(f"{len(LADDER)} graphs captured in {graphs.capture_seconds:.2f} s; they hold {held} (shared pool + static "
+          f"buffers). The largest bucket, captured first, grew the pool by {growth[largest]:.1f} MiB; the other "
+          f"{len(growth) - 1} together grew it by {sum(growth.values()) - growth[largest]:.1f} MiB (what they could "
+          f"not reuse of it).")
 else:
     print("no CUDA: nothing captured; every bucket runs eagerly, padded and sliced exactly as the graphs would.")
 
@@ -354,11 +370,11 @@ VARIANTS = {   # label -> generate(b) -> tokens (b, NEW_TOKENS); every one on th
 }
 if compiled_step is not None:
     VARIANTS["reduce-overhead"] = lambda b: greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=compiled_step)
+HF_STATIC = "transformers generate, static cache" + (" (compiled)" if CUDA else "")
+HF_DYNAMIC = "transformers generate, dynamic cache"
 if hf_model is not None:
-    VARIANTS["transformers generate, static cache" + (" (compiled)" if CUDA else "")] = \
-        lambda b: hf_generate(hf_model, prompts[b], NEW_TOKENS, cache_implementation="static")
-    VARIANTS["transformers generate, dynamic cache"] = \
-        lambda b: hf_generate(hf_model, prompts[b], NEW_TOKENS, cache_implementation=None)
+    VARIANTS[HF_STATIC] = lambda b: hf_generate(hf_model, prompts[b], NEW_TOKENS, cache_implementation="static")
+    VARIANTS[HF_DYNAMIC] = lambda b: hf_generate(hf_model, prompts[b], NEW_TOKENS, cache_implementation=None)
 NEEDS_COMPILE = {v for v in VARIANTS if v.startswith("reduce-overhead") or "(compiled)" in v}
 print("variants:", list(VARIANTS))
 
@@ -425,117 +441,309 @@ for v in variant_errors:
 # ## 7. Time per decode step, and the floor
 #
 # The decode step alone at each batch size, on the same tokens and positions: eager; the kit's graph for that
-# bucket (copy the inputs in, replay, slice the logits); the compiled step. All take turns in one `compare`
-# window, speedups are medians of per-round ratios. The **floor** is the GPU-busy time of one replay of the kit's
-# graph (`gpu_time`): how fast a decode step could go if the host cost nothing. Each step makes one token per
-# sequence, so the time per step is the time per token each sequence sees, and `batch / step time` is tokens
-# per second.
+# bucket (copy the inputs in, replay, slice the logits); the compiled step. In each window they take turns in one
+# `compare` call (round-robin), and the window's speedup is the median of its per-round ratios. The **floor** is
+# the GPU-busy time of one replay of the kit's graph (`gpu_time`): how fast a decode step could go if the host
+# cost nothing. Each step makes one token per sequence, so the time per step is the time per token each sequence
+# sees, and `batch / step time` is tokens per second.
+#
+# One window is not enough to quote a number: the host's speed drifts over minutes, and eager (host-bound) times
+# move with it far more than graph replays do, so a window's own quartiles say little about where a rerun lands.
+# Every comparison of this notebook is therefore timed in `WINDOWS` windows; each window goes over all the cases of
+# its section (here: every batch size), so that the windows of one case are spread in time, and the profiler
+# (floors, kernel counts, how each variant ran) runs in the last window only, after that case's timings.
+# `combine_windows` gives each variant the median of its windows and a 90% **prediction interval**
+# (`speedup_lo`..`speedup_hi`): where one more window, timed the same way, should land.
+#
+# Every comparison the notebook states is a **claim** computed from such an interval: it holds when the whole
+# interval clears the threshold, fails when the whole interval lies on the other side, and says "no clear
+# difference" when it straddles it. Two variants neither of which is eager (`reduce-overhead` against the kit's
+# graph) are compared window by window (`ratio_across_windows`: the slower one's time over the faster one's in
+# each window, and the interval of those ratios). The cell after the table prints the verdicts; a comparison not
+# timed in two windows or more (a variant that failed, or was not run here) gets no verdict, and the cell says so.
 
 # %%
-def safe_compare(runners, case, floor=True, **kw):
-    """compare(), and if the profiler part fails, again without the floors; None if even that fails."""
-    for floor in ((CUDA, False) if CUDA and floor else (False,)):
+def pause_after(started):
+    """Between two windows: sleep until WINDOW_PAUSE_S has passed since this window started, so that the windows of
+    each case start at least that far apart (a window that lasted longer needs no pause)."""
+    time.sleep(max(0.0, WINDOW_PAUSE_S - (time.perf_counter() - started)))
+
+
+def report_failure(what, exc):
+    print(f"{what} failed: {type(exc).__name__}: {exc}\n"
+          + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4)[-6:-1]))
+
+
+def safe_compare(runners, case, *args, floor=False, **kw):
+    """One window of compare() for one case ("eager" first, the baseline); the profiler (floor=True) on a GPU only.
+    If the profiler part fails, the same window again without it. If that fails too, each variant runs once alone:
+    one that fails is dropped from this and every later window (its error kept in variant_errors as
+    "case: variant"), and the others are timed. None if nothing could be timed: the case has one window fewer."""
+    runners = {name: fn for name, fn in runners.items() if f"{case}: {name}" not in variant_errors}
+    if "eager" not in runners:
+        return None
+    for with_floor in ((True, False) if CUDA and floor else (False,)):
         try:
-            df = compare(runners, case=case, samples=SAMPLES, floor=floor, **kw)
-            print(f"[{case}: timed at {elapsed():.0f} s since the start]")
-            return df
-        except Exception as exc:  # noqa: BLE001
-            print(f"{case}: compare(floor={floor}) failed: {type(exc).__name__}: {exc}\n"
-                  + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4)[-6:-1]))
-    return None
+            return compare(runners, *args, case=case, samples=SAMPLES, floor=with_floor, **kw)
+        except Exception as exc:  # noqa: BLE001 - a failed window is reported; the other windows still count
+            report_failure(f"{case}: compare(floor={with_floor})", exc)
+    for name, fn in list(runners.items()):
+        if attempt(f"{case}: {name}", lambda fn=fn: (fn(*args), SYNC())) is None:
+            del runners[name]
+    if "eager" not in runners or len(runners) < 2:
+        return None
+    try:
+        return compare(runners, *args, case=case, samples=SAMPLES, floor=False, **kw)
+    except Exception as exc:  # noqa: BLE001
+        report_failure(f"{case}: compare without the failed variants", exc)
+        return None
+
+
+def pick(table, case, variant):
+    """The row of `variant` in `case` (under its name or as "<variant> (eager fallback)"); None if not timed."""
+    if table is None or not len(table):
+        return None
+    hit = table[(table.case == case) & table.variant.isin([variant, f"{variant} (eager fallback)"])]
+    return hit.iloc[0] if len(hit) else None
+
+
+def combine(windows):
+    """The windows of one section (a compare() table per window, None where nothing was timed) → one row per
+    (case, variant): combine_windows case by case over the windows that timed it, plus each window's median
+    (window_medians_us, ";"-joined, nan for a window without the row)."""
+    frames = [f for f in windows if f is not None and len(f)]
+    parts = []
+    for case in dict.fromkeys(c for f in frames for c in f.case):
+        part = combine_windows([f[f.case == case] for f in frames if (f.case == case).any()])
+        part["window_medians_us"] = [";".join(f"{r.median_us if r is not None else float('nan'):.6g}"
+                                              for r in (pick(f, case, v) for f in windows)) for v in part.variant]
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def window_line(frame):
+    """One window's speedups, for the progress line."""
+    if frame is None or not len(frame):
+        return "nothing timed"
+    return ", ".join(f"{r.case.split(', ')[-1]}: {r.variant} {r.speedup:.2f}x" for r in frame.itertuples()
+                     if r.variant != "eager")
+
+
+claims = []   # every comparison this notebook states; saved to claims.csv in section 12
+
+
+def state(claim):
+    """Keep a claim and print its verdict and its sentence; one without an interval (timed in fewer than two
+    windows) is not kept: no verdict."""
+    if not (claim.lo == claim.lo and claim.hi == claim.hi):
+        return not_measured(claim.claim, "timed in fewer than two windows")
+    claims.append(claim)
+    print(f"[{claim.verdict}] {claim.statement}")
+
+
+def not_measured(claim_id, why):
+    print(f"[not measured] {claim_id}: {why}; no verdict")
+
+
+def speedup_claim(claim_id, table, case, variant, above=1.0, what="faster than eager"):
+    """A claim on the prediction interval of `variant`'s speedup over eager in `case`."""
+    r = pick(table, case, variant)
+    if r is None:
+        return not_measured(claim_id, f"{variant} was not timed in '{case}'")
+    interval = "{lo:.2f}-{hi:.2f}x, 90% prediction interval"
+    state(Claim(claim_id, lo=r.speedup_lo, hi=r.speedup_hi, above=above,
+                holds=f"{case}: {r.variant} is {what} ({interval})",
+                fails=f"{case}: {r.variant} is not {what} ({interval})",
+                unclear=f"{case}: no clear difference: the speedup of {r.variant} over eager, {interval}, "
+                        f"straddles {above:g}x"))
+
+
+def faster_claim(claim_id, windows, case, fast, slow):
+    """A claim that `fast` is faster than `slow` in `case`, neither of them the baseline: the prediction interval of
+    slow's time over fast's, window by window (ratio_across_windows)."""
+    labels = {v: next((r.variant for r in (pick(f, case, v) for f in windows) if r is not None), None)
+              for v in (slow, fast)}
+    missing = [v for v, label in labels.items() if label is None]
+    if missing:
+        return not_measured(claim_id, f"{missing[0]} was not timed in '{case}'")
+    a, b = labels[slow], labels[fast]
+    try:
+        r = ratio_across_windows(windows, (case, a), (case, b))
+    except ValueError:
+        return not_measured(claim_id, f"{a} and {b} were never timed in the same window of '{case}'")
+    interval = f"{a} takes {{lo:.2f}}-{{hi:.2f}}x the time of {b}, 90% prediction interval"
+    state(Claim(claim_id, lo=r["lo"], hi=r["hi"], above=1.0,
+                holds=f"{case}: {b} is faster than {a} ({interval})",
+                fails=f"{case}: {b} is not faster than {a} ({interval})",
+                unclear=f"{case}: no clear difference between {b} and {a} ({interval})"))
 
 
 ok_variants = [v for v in VARIANTS if v not in variant_errors]
-ok_in_check = set(checks.variant) if len(checks) else set()
-step_tables, floors = [], {}
+step_runners = {}   # called as fn(tokens, pos): the kit's BucketedGraphs itself, so compare() reads its mode
 for b in BATCHES:
-    t, p = step_inputs[b]
-    runners = {"eager": lambda t=t, p=p: decode_step(t, p),
-               "kit graph (bucket)": lambda t=t, p=p: graphs(t, p)}
+    step_runners[b] = {"eager": decode_step, "kit graph (bucket)": graphs}
     if "reduce-overhead" in ok_variants and ("reduce-overhead", b) in setup:
-        runners["reduce-overhead"] = lambda t=t, p=p: compiled_step(t, p)
-    df = safe_compare(runners, f"decode step, batch {b}")
-    if df is None:
+        step_runners[b]["reduce-overhead"] = compiled_step
+step_windows, floors = [], {}
+for w in range(WINDOWS):
+    last, started, tables = w == WINDOWS - 1, time.perf_counter(), []
+    for b in BATCHES:
+        df = safe_compare(step_runners[b], f"decode step, batch {b}", *step_inputs[b], floor=last)
+        if df is not None:
+            df["batch"] = b
+            tables.append(df)
+        if last and CUDA and b in graphs.graphs:   # the floor: replays of the bucket's graph, after the timings
+            g = attempt(f"floor, batch {b}", lambda b=b: gpu_time(graphs.graphs[b].replay, calls=20))
+            if g is not None:
+                floors[b] = g.busy_us
+    step_windows.append(pd.concat(tables, ignore_index=True) if tables else None)
+    print(f"window {w + 1}/{WINDOWS} ({elapsed():.0f} s since the start): {window_line(step_windows[-1])}")
+    if not last:
+        pause_after(started)
+step_df = combine(step_windows)
+if len(step_df):
+    step_df["batch"] = step_df.batch.astype(int)
+    step_df["floor_step_us"] = step_df.batch.map(floors).astype(float)   # NaN where no floor was measured
+    step_df["us_per_step"] = step_df.median_us
+    step_df["tokens_per_s"] = step_df.batch / (step_df.median_us * 1e-6)
+    print(step_df[["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo", "speedup_hi",
+                   "kernels_per_call", "floor_step_us", "tokens_per_s"]].to_string(index=False,
+                                                                                   float_format=lambda v: f"{v:.1f}"))
+
+# %%
+for b in BATCHES:
+    case = f"decode step, batch {b}"
+    speedup_claim(f"step_graph_beats_eager_b{b}", step_df, case, "kit graph (bucket)")
+    faster_claim(f"step_reduce_overhead_beats_graph_b{b}", step_windows, case, fast="reduce-overhead",
+                 slow="kit graph (bucket)")
+    eager_row, floor = pick(step_df, case, "eager"), floors.get(b, float("nan"))
+    if eager_row is None or not floor > 0:
+        not_measured(f"step_eager_host_bound_b{b}", "it needs eager's time and the GPU-busy floor (a CUDA GPU)")
         continue
-    df["batch"] = b
-    if CUDA and b in graphs.graphs:
-        g = attempt(f"floor, batch {b}", lambda: gpu_time(graphs.graphs[b].replay, calls=20))
-        floors[b] = g.busy_us if g is not None else float("nan")
-    else:
-        floors[b] = float("nan")
-    df["floor_step_us"] = floors[b]
-    df["us_per_step"] = df.median_us
-    df["tokens_per_s"] = b / (df.median_us * 1e-6)
-    step_tables.append(df)
-    print(df[["case", "variant", "executed_as", "median_us", "speedup", "kernels_per_call", "floor_step_us",
-              "tokens_per_s"]].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
-step_df = pd.concat(step_tables, ignore_index=True) if step_tables else pd.DataFrame()
+    times = f"an eager step takes {{lo:.1f}}-{{hi:.1f}}x the GPU's busy time ({floor:.0f} µs, the floor)"
+    state(Claim(f"step_eager_host_bound_b{b}", lo=eager_row.median_pi_lo / floor, hi=eager_row.median_pi_hi / floor,
+                above=2.0,
+                holds=f"{case}: eager decoding is host-bound: {times}, so the GPU sits idle most of each step",
+                fails=f"{case}: eager decoding is not host-bound by this test: {times}, not more than 2x",
+                unclear=f"{case}: no clear difference from 2x the floor: {times}"))
 
 # %% [markdown]
 # ## 8. Whole generations, side by side
 #
 # Now whole greedy generations (prefill + `NEW_TOKENS` tokens) of every variant, `transformers`' included, all
-# taking turns in one window per batch size. Time per token is the generation's time divided by `NEW_TOKENS`;
-# tokens per second count every sequence of the batch.
+# taking turns in each window, the windows going over every batch size. Time per token is the generation's time
+# divided by `NEW_TOKENS`; tokens per second count every sequence of the batch. Four verdicts per batch size,
+# printed by the cell after the table: do the kit's graphs beat eager; is `reduce-overhead` faster than the kit's
+# graphs; are the kit's graphs faster than `transformers`' static-cache `generate`; and is that static cache
+# faster than `transformers`' default dynamic cache?
 
 # %%
-gen_tables, gen_executed_as = [], {}
-for b in BATCHES:
-    runners = {v: (lambda v=v, b=b: VARIANTS[v](b)) for v in VARIANTS
-               if v not in variant_errors and (v, b) in setup}
-    df = safe_compare(runners, f"generate, batch {b}", floor=False, calls=1)
-    if df is None:
-        continue
-    if CUDA and not gen_executed_as:
-        # after the timings: the profiler says whether each variant replays graphs, from one generation at the
-        # smallest batch (traces of whole generations take a while to read; a variant runs alike at every size)
-        for v in runners:
-            g = attempt(f"profile {v}", lambda v=v: gpu_time(lambda: VARIANTS[v](b), calls=1, warmup=0))
-            gen_executed_as[v] = "unknown" if g is None else ("cuda graph" if g.graph_launches > 0 else "eager")
+gen_runners = {b: {v: (lambda v=v, b=b: VARIANTS[v](b)) for v in VARIANTS
+                   if v not in variant_errors and (v, b) in setup} for b in BATCHES}
+gen_windows = []
+for w in range(WINDOWS):
+    started, tables = time.perf_counter(), []
+    for b in BATCHES:
+        df = safe_compare(gen_runners[b], f"generate, batch {b}", floor=False, calls=1)
+        if df is not None:
+            df["batch"] = b
+            tables.append(df)
+    gen_windows.append(pd.concat(tables, ignore_index=True) if tables else None)
+    print(f"window {w + 1}/{WINDOWS} ({elapsed():.0f} s since the start): {window_line(gen_windows[-1])}")
+    if w < WINDOWS - 1:
+        pause_after(started)
+gen_executed_as = {}
+if CUDA:
+    # after all timings: the profiler says whether each variant replays graphs, from one generation at the smallest
+    # batch (traces of whole generations take a while to read; a variant runs alike at every size)
+    b0 = BATCHES[0]
+    for v in gen_runners[b0]:
+        g = attempt(f"profile {v}", lambda v=v: gpu_time(lambda: VARIANTS[v](b0), calls=1, warmup=0))
+        gen_executed_as[v] = "unknown" if g is None else ("cuda graph" if g.graph_launches > 0 else "eager")
+gen_df = combine(gen_windows)
+if len(gen_df):
+    gen_df["batch"] = gen_df.batch.astype(int)
     if CUDA:
-        df["executed_as"] = df.variant.map(gen_executed_as).fillna("unknown")
-    df["batch"] = b
-    df["us_per_token"] = df.median_us / NEW_TOKENS
-    df["tokens_per_s"] = b * NEW_TOKENS / (df.median_us * 1e-6)
-    df["first_call_s"] = [setup.get((v.replace(" (eager fallback)", ""), b), float("nan")) for v in df.variant]
-    gen_tables.append(df)
-    print(df[["case", "variant", "executed_as", "us_per_token", "speedup", "tokens_per_s", "first_call_s"]]
-          .to_string(index=False, float_format=lambda v: f"{v:.1f}"))
-gen_df = pd.concat(gen_tables, ignore_index=True) if gen_tables else pd.DataFrame()
-error_rows = [{"case": "errors", "variant": v, "median_us": float("nan"), "speedup": float("nan"), "error": e}
-              for v, e in variant_errors.items()]
-if error_rows:
-    print(pd.DataFrame(error_rows)[["variant", "error"]].to_string(index=False))
+        gen_df["executed_as"] = gen_df.variant.map(gen_executed_as).fillna("unknown")
+    gen_df["us_per_token"] = gen_df.median_us / NEW_TOKENS
+    gen_df["tokens_per_s"] = gen_df.batch * NEW_TOKENS / (gen_df.median_us * 1e-6)
+    gen_df["first_call_s"] = [setup.get((v.replace(" (eager fallback)", ""), b), float("nan"))
+                              for v, b in zip(gen_df.variant, gen_df.batch)]
+    print(gen_df[["case", "variant", "executed_as", "us_per_token", "speedup", "speedup_lo", "speedup_hi",
+                  "tokens_per_s", "first_call_s"]].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+
+# %%
+for b in BATCHES:
+    case = f"generate, batch {b}"
+    speedup_claim(f"generate_graphs_beat_eager_b{b}", gen_df, case, "kit graphs per bucket")
+    faster_claim(f"generate_reduce_overhead_beats_graphs_b{b}", gen_windows, case, fast="reduce-overhead",
+                 slow="kit graphs per bucket")
+    faster_claim(f"generate_graphs_beat_hf_static_b{b}", gen_windows, case, fast="kit graphs per bucket",
+                 slow=HF_STATIC)
+    faster_claim(f"generate_hf_static_beats_hf_dynamic_b{b}", gen_windows, case, fast=HF_STATIC, slow=HF_DYNAMIC)
 
 # %% [markdown]
-# ## 9. Prefill gains little from a graph
+# ## 9. Prefill: what does a graph buy it?
 #
 # Prefill runs the whole prompt at once: the same number of kernels as a decode step, each with `batch x
-# prompt` rows of work. One measured point: the largest batch with a prompt of 8 times `PROMPT_LEN`, eager
-# against a graph of the prefill (`capture`, same cache).
+# prompt` rows of work, so the GPU has more to do per launch and the host's launch cost weighs less in the total.
+# One measured point: the largest batch with a prompt of 8 times `PROMPT_LEN` (at most the cache's length), eager
+# against a graph of the prefill (`capture`, same cache), in `WINDOWS` windows. Two verdicts, printed by the cell
+# after the table: does the graph still save more than 10% on prefill, and does it buy a decode step at the same
+# batch more than it buys prefill (the decode step's speedup over prefill's, window by window)?
 
 # %%
 PREFILL_LEN = min(8 * PROMPT_LEN, MAX_LEN)
+PREFILL_CASE = f"prefill, {MAX_BATCH} x {PREFILL_LEN} tokens"
 long_prompt = torch.randint(0, CFG.vocab_size, (MAX_BATCH, PREFILL_LEN), generator=gen).to(DEVICE)
-prefill_df = None
+
+
 def prefill_for_capture(x):
     if CUDA and CLEAR_CUBLAS is not None and torch.cuda.is_current_stream_capturing():
         CLEAR_CUBLAS()                  # the workspace in the graph's own pool, as in section 4
     return model.prefill(x, cache)
 
 
+prefill_windows = []
 prefill_graph = attempt("prefill graph", lambda: capture(prefill_for_capture, long_prompt, eager_fallback=True))
 if prefill_graph is not None:
     err = (prefill_graph(long_prompt).float() - model.prefill(long_prompt, cache).float()).abs().max().item()
     print(f"prefill graph == eager: max |logit diff| {err:.1e}")
-    prefill_df = safe_compare({"eager": lambda: model.prefill(long_prompt, cache),
-                               "graph": lambda: prefill_graph(long_prompt)},
-                              f"prefill, {MAX_BATCH} x {PREFILL_LEN} tokens")
-    if prefill_df is not None:
-        prefill_df["batch"] = MAX_BATCH
-        print(prefill_df[["case", "variant", "executed_as", "median_us", "speedup", "floor_us"]]
-              .to_string(index=False, float_format=lambda v: f"{v:.1f}"))
-    del prefill_graph
+    # the graph itself is timed (called as prefill_graph(long_prompt)), so compare() reads its mode
+    prefill_runners = {"eager": lambda x: model.prefill(x, cache), "graph": prefill_graph}
+    for w in range(WINDOWS):
+        last, started = w == WINDOWS - 1, time.perf_counter()
+        df = safe_compare(prefill_runners, PREFILL_CASE, long_prompt, floor=last)
+        if df is not None:
+            df["batch"] = MAX_BATCH
+        prefill_windows.append(df)
+        print(f"window {w + 1}/{WINDOWS} ({elapsed():.0f} s since the start): {window_line(df)}")
+        if not last:
+            pause_after(started)
+    del prefill_graph, prefill_runners
+prefill_df = combine(prefill_windows)
+if len(prefill_df):
+    print(prefill_df[["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo", "speedup_hi",
+                      "floor_us"]].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+
+# %%
+speedup_claim("prefill_graph_saves_10pct", prefill_df, PREFILL_CASE, "graph", above=1.10,
+              what="more than 10% faster than eager")
+decode_case = f"decode step, batch {MAX_BATCH}"
+pairs = [(pick(sw, decode_case, "kit graph (bucket)"), pick(pw, PREFILL_CASE, "graph"))
+         for sw, pw in zip(step_windows, prefill_windows)]       # window by window
+ratios = [s.speedup / p.speedup for s, p in pairs if s is not None and p is not None]
+if ratios:
+    lo, hi = prediction_interval(ratios)
+    interval = ("the decode step's speedup over eager is {lo:.2f}-{hi:.2f}x prefill's, window by window, 90% "
+                "prediction interval")
+    state(Claim("decode_gains_more_than_prefill", lo=lo, hi=hi, above=1.0,
+                holds=f"a graph buys a decode step at batch {MAX_BATCH} more than it buys prefill ({interval})",
+                fails=f"a graph buys prefill at least as much as a decode step at batch {MAX_BATCH} ({interval})",
+                unclear=f"no clear difference between what a graph buys a decode step at batch {MAX_BATCH} and "
+                        f"what it buys prefill ({interval})"))
+else:
+    not_measured("decode_gains_more_than_prefill", f"the prefill or the decode step at batch {MAX_BATCH} was not timed")
 
 # %% [markdown]
 # ## 10. A serving loop: the batch size changes every step
@@ -548,9 +756,11 @@ if prefill_graph is not None:
 #
 # Strategies: eager; the kit's graphs on the vLLM-style ladder (`ladder(MAX_BATCH)`, the same graphs as above);
 # buckets **planned** by `plan_buckets` from the batch sizes of an earlier stream (another seed), with at most
-# as many graphs as the ladder; and one graph per batch size. The planner minimises padded rows here; on a GPU
-# a decode step's time hardly grows with the batch, so expect little between the bucket strategies and a lot
-# between them and eager.
+# as many graphs as the ladder; and one graph per batch size. The planner minimises padded rows here. Whether
+# padding rows cost much depends on how fast a decode step's time grows with the batch (section 7's table); what
+# the number of graphs costs, on how the driver and the GPU handle many graphs. The last cell of this section
+# prints the verdicts: does each strategy beat eager, do the planned buckets beat the ladder, and does the
+# ladder beat one graph per batch size?
 
 # %%
 def make_stream(seed, steps):
@@ -631,11 +841,13 @@ for name, sizes in (("ladder", LADDER), ("planned", plan.sizes)):
     print(f"    {name:8s} on this stream: {ev['pad_fraction']:.1%} of the computed rows are padding")
 
 # %%
-strategies = {"eager": decode_step, "graphs, vLLM-style ladder": graphs}
+LADDER_NAME, PLANNED_NAME, EXACT_NAME = ("graphs, vLLM-style ladder", "graphs, planned buckets",
+                                        "graphs, one per batch size")
+strategies = {"eager": decode_step, LADDER_NAME: graphs}
 serve_info = {"eager": {"graphs": 0, "setup_s": 0.0, "held_mib": 0.0, "bucket_sizes": ""},
-              "graphs, vLLM-style ladder": {"graphs": len(LADDER), "setup_s": graphs.capture_seconds, "held_mib": kit_held,
-                                    "bucket_sizes": " ".join(map(str, LADDER))}}
-for name, sizes in (("graphs, planned buckets", plan.sizes), ("graphs, one per batch size", list(range(1, MAX_BATCH + 1)))):
+              LADDER_NAME: {"graphs": len(LADDER), "setup_s": graphs.capture_seconds, "held_mib": kit_held,
+                            "bucket_sizes": " ".join(map(str, LADDER))}}
+for name, sizes in ((PLANNED_NAME, plan.sizes), (EXACT_NAME, list(range(1, MAX_BATCH + 1)))):
     with ledger.measure(name):
         bg = attempt(name, lambda sizes=sizes: capture_buckets(graph_step, sample_tokens, sample_pos, sizes=sizes,
                                                                eager_fallback=True))
@@ -658,13 +870,21 @@ for name in strategies:
 for s in strategies.values():
     if hasattr(s, "reset_stats"):
         s.reset_stats()
-serve_df = safe_compare({name: (lambda step=step: serve(step, stream)) for name, step in strategies.items()},
-                        "serving loop", floor=False, calls=1)
-if serve_df is not None:
+serve_runners = {name: (lambda step=step: serve(step, stream)) for name, step in strategies.items()
+                 if f"serving loop, {name}" not in variant_errors}
+serve_windows = []
+for w in range(WINDOWS):
+    started = time.perf_counter()
+    serve_windows.append(safe_compare(serve_runners, "serving loop", floor=False, calls=1))
+    print(f"window {w + 1}/{WINDOWS} ({elapsed():.0f} s since the start): {window_line(serve_windows[-1])}")
+    if w < WINDOWS - 1:
+        pause_after(started)
+serve_df = combine(serve_windows)
+if len(serve_df):
     steps = len(observed)
     # what ran: the eager step, or BucketedGraphs whose mode says whether they hold captured graphs
-    serve_df["executed_as"] = [("cuda graph" if getattr(s, "mode", None) == "graph" else "eager")
-                               for s in strategies.values()]
+    ran_as = {name: "cuda graph" if getattr(s, "mode", None) == "graph" else "eager" for name, s in strategies.items()}
+    serve_df["executed_as"] = [ran_as.get(v.replace(" (eager fallback)", ""), "unknown") for v in serve_df.variant]
     serve_df["us_per_step"] = serve_df.median_us / steps
     serve_df["tokens_per_s"] = sum(observed) / (serve_df.median_us * 1e-6)
     serve_df["same_tokens_as_eager"] = [serve_checks.get(v.replace(" (eager fallback)", ""), float("nan"))
@@ -673,9 +893,16 @@ if serve_df is not None:
         serve_df[col] = [serve_info.get(v.replace(" (eager fallback)", ""), {}).get(col) for v in serve_df.variant]
     serve_df["pad_fraction"] = [evaluate_buckets(observed, [int(x) for x in s.split()])["pad_fraction"] if s else 0.0
                                 for s in serve_df.bucket_sizes.fillna("")]
-    print(serve_df[["variant", "executed_as", "us_per_step", "speedup", "tokens_per_s", "graphs", "setup_s",
-                    "held_mib", "pad_fraction", "same_tokens_as_eager"]].to_string(index=False,
-                                                                                 float_format=lambda v: f"{v:.3g}"))
+    print(serve_df[["variant", "executed_as", "us_per_step", "speedup", "speedup_lo", "speedup_hi", "tokens_per_s",
+                    "graphs", "setup_s", "held_mib", "pad_fraction", "same_tokens_as_eager"]]
+          .to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+
+# %%
+for claim_id, name in (("serving_ladder_beats_eager", LADDER_NAME), ("serving_planned_beats_eager", PLANNED_NAME),
+                       ("serving_one_per_size_beats_eager", EXACT_NAME)):
+    speedup_claim(claim_id, serve_df, "serving loop", name)
+faster_claim("serving_planned_beats_ladder", serve_windows, "serving loop", fast=PLANNED_NAME, slow=LADDER_NAME)
+faster_claim("serving_ladder_beats_one_per_size", serve_windows, "serving loop", fast=LADDER_NAME, slow=EXACT_NAME)
 
 # %% [markdown]
 # ## 11. The picture
@@ -704,7 +931,7 @@ def plot(step_df, gen_df, serve_df):
            title=f"generate {NEW_TOKENS} tokens after a {PROMPT_LEN}-token prompt")
     ax.legend(fontsize=7)
     ax = axes[2]
-    if serve_df is not None and len(serve_df):
+    if len(serve_df):
         y = np.arange(len(serve_df))
         ax.barh(y, serve_df.us_per_step, color="C0")
         ax.set_yticks(y, [f"{v} ({0 if g != g or g is None else int(g)} graphs)" for v, g in
@@ -726,10 +953,15 @@ plt.show()
 #
 # One row per (case, variant) of the step, generation, prefill and serving comparisons, the correctness checks
 # (`case` "correctness"), the capture log (`case` "capture") and the variants that failed (`case` "errors"), with
-# the machine in `env.json`. A run without CUDA writes to `build/figures/` instead.
+# the machine in `env.json` and every verdict of this run in `claims.csv` (columns claim, statement, verdict, lo,
+# hi, above). A run without CUDA writes to `build/figures/` instead.
 
 # %%
 device_name = torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)"
+error_rows = [{"case": "errors", "variant": v, "median_us": float("nan"), "speedup": float("nan"), "error": e}
+              for v, e in variant_errors.items()]
+if error_rows:
+    print(pd.DataFrame(error_rows)[["variant", "error"]].to_string(index=False))
 check_out = checks.assign(case="correctness", median_us=float("nan"), speedup=float("nan")) if len(checks) else None
 frames = [f for f in (step_df, gen_df, prefill_df, serve_df, pd.DataFrame(capture_rows), check_out,
                       pd.DataFrame(error_rows)) if f is not None and len(f)]
@@ -742,7 +974,11 @@ extra = {"config": vars(CFG), "dtype": str(DT), "batches": BATCHES, "prompt_len"
          "eager_kernels_per_step": eager_profile.kernels if eager_profile is not None else None,
          "seconds": round(elapsed(), 1)}
 folder = results.save(STEM, all_rows, figures={"decode": fig}, extra_env=extra)
-print("saved to", folder, f"({elapsed():.0f} s since the start)")
+save_claims(folder, claims)
+print("saved to", folder, f"(results.csv, env.json, claims.csv, decode.png; {elapsed():.0f} s since the start)")
+print(f"\nThe {len(claims)} verdicts of this run" + ("" if CUDA else " (CPU, eager only: not GPU results)") + ":")
+for c in claims:
+    print(f"  [{c.verdict}] {c.statement}")
 
 # %% [markdown]
 # ## 13. Recorded GPU results
@@ -757,18 +993,23 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # ## Summary
 #
 # - Decoding runs the whole model for one token per sequence: the same few hundred kernels whatever the batch,
-#   each tiny. Eager, the host's launches set the time per token; the floor (section 7) shows what the GPU itself
-#   needs.
+#   each tiny. Eager, the host's launches can set the time per token; section 7 compares eager's time per step
+#   with the floor, what the GPU itself needs, and prints whether eager decoding was host-bound here.
 # - A **static KV cache** (allocated once, per-row positions, a mask over all positions) fixes every shape, so a
 #   decode step can be captured. Check it before anything else: the same greedy tokens as decoding with no cache.
 # - The kit's `capture_buckets` captures the step once per batch bucket in one shared pool; padding rows land in
-#   unused cache rows, so a bucket serves every smaller batch. Capture takes seconds, not a compile.
-# - `torch.compile(mode="reduce-overhead")` and `transformers`' static-cache `generate` do the same for you, and
-#   Inductor also fuses kernels (a lower floor), at the price of compiling and one recording per new batch size.
-# - Prefill is GPU-bound (many rows per kernel): a graph buys it little.
-# - In a serving loop the batch size changes at every step; a handful of buckets serves them all. Plan them
-#   from the sizes you observe, and measure: here a step's GPU time hardly depends on the batch size, so
-#   padding is cheap and the number of graphs matters more than their placement.
+#   unused cache rows, so a bucket serves every smaller batch. Capturing runs the step and records it, no
+#   compiler involved: section 4 prints the capture time, section 8 every variant's first call, compile included.
+# - `torch.compile(mode="reduce-overhead")` and `transformers`' static-cache `generate` do the same for you;
+#   Inductor also fuses kernels (section 7's `kernels_per_call`), at the price of compiling and one recording per
+#   new batch size. Sections 7 and 8 print, batch by batch, which of them is faster, or "no clear difference".
+# - Prefill gives every kernel `batch x prompt` rows of work, so launches weigh less in its time than in a decode
+#   step's; section 9 prints what a graph bought it here, next to what it bought a decode step.
+# - In a serving loop the batch size changes at every step; a handful of buckets serves them all. Plan them from
+#   the sizes you observe, and measure: section 10 prints whether the planned buckets beat the ladder and whether
+#   the ladder beat one graph per batch size on this GPU.
+# - Quote a speedup with the interval a rerun lands in (several timing windows), and let the verdict, not the
+#   median, decide a comparison: `claims.csv` holds every verdict of this run.
 
 # %% [markdown]
 # ## Exercises

@@ -1,9 +1,12 @@
 """Notebook 06 (variable shapes) executed by papermill, small; assertions on what it recorded."""
 import json
+import statistics
 
 import pandas as pd
 import pytest
 import torch
+
+from cudagraph_kit.intervals import prediction_interval
 
 pytestmark = pytest.mark.notebook
 HAS_CUDA = torch.cuda.is_available()
@@ -73,3 +76,72 @@ def test_variable_shapes_notebook_records_correct_and_honest_results(run_noteboo
         assert df.held_mib.isna().all() and df.graph_launches_per_request.isna().all()
         assert not df.variant.str.startswith("reduce-overhead").any()
     assert (folder / "tradeoff.png").stat().st_size > 10_000
+
+    # every time is the median of timing windows with a prediction interval (smoke run: 2 windows each), the
+    # head-to-head included
+    timed = df[df.median_us.notna()]
+    assert len(timed) == len(df[df.case.isin(MODELS)]) + 4
+    assert (timed.windows == 2).all() and (timed.window_speedups.str.count(";") == 1).all()
+    assert (timed.speedup_lo <= timed.speedup).all() and (timed.speedup <= timed.speedup_hi).all()
+    assert (timed.median_pi_lo <= timed.median_us).all() and (timed.median_us <= timed.median_pi_hi).all()
+    assert ((timed.speedup_lo < timed.speedup_hi) | (timed.speedup == 1.0)).all()  # an interval, not a point
+
+    def medians(r):  # one variant's median time in each window
+        return [float(v) for v in str(r.window_medians_us).split(";")]
+
+    for r in timed.itertuples():
+        assert len(medians(r)) == 2 and r.median_us == pytest.approx(statistics.median(medians(r)))
+        assert (r.median_pi_lo, r.median_pi_hi) == pytest.approx(prediction_interval(medians(r)))
+
+    # the comparative sentences are claims computed from those intervals, saved beside the results
+    claims = pd.read_csv(folder / "claims.csv")
+    pairs = {"default_ladder_beats_single_bucket": ("default", "single bucket"),
+             "planned_beats_default_ladder": ("planned", "default")}
+    vs_eager = {"default_ladder_beats_eager": "default", "single_bucket_beats_eager": "single bucket"}
+    if HAS_CUDA:
+        vs_eager.update({"reduce_overhead_beats_eager": "reduce-overhead",
+                         "reduce_overhead_dynamic_beats_eager": "reduce-overhead, dynamic=True"})
+        pairs.update({"default_ladder_beats_reduce_overhead": ("default", "reduce-overhead"),
+                      "default_ladder_beats_reduce_overhead_dynamic": ("default", "reduce-overhead, dynamic=True")})
+    expected = {f"{m}_{c}" for m in ("mlp", "block") for c in [*vs_eager, *pairs, "planned_beats_best_ladder"]}
+    if HAS_CUDA and hasattr(torch.cuda.memory, "_set_allocator_settings"):
+        expected.add("block_expandable_segments_saves_memory")
+    assert set(claims.claim) == expected and len(claims) == len(expected)
+    assert list(claims.columns) == ["claim", "statement", "verdict", "lo", "hi", "above"]
+    for c in claims.itertuples():  # the verdict is the one its interval implies, and the sentence says so
+        measured = c.lo == c.lo and c.hi == c.hi
+        assert not measured or c.lo <= c.hi
+        verdict = ("unclear" if not measured else "holds" if c.lo > c.above else "fails" if c.hi <= c.above
+                   else "unclear")
+        assert c.verdict == verdict, c
+        assert ("no clear difference" in c.statement) == (verdict == "unclear"), c.statement
+    claim = claims.set_index("claim")
+
+    def row(model, which):  # a variant of the stream comparison, "default" meaning that run's default ladder
+        main = df[df.case == model]
+        s = main.variant.str.replace(" (eager fallback)", "", regex=False)
+        picked = main[s.str.contains(r"\(default\)|^default ladder$") if which == "default" else s == which]
+        assert len(picked) == 1, (model, which)
+        return picked.iloc[0]
+
+    for model, m in (("MLP", "mlp"), ("transformer block", "block")):
+        for c, which in vs_eager.items():  # a variant against eager: the speedup's interval
+            r = row(model, which)
+            assert tuple(claim.loc[f"{m}_{c}", ["lo", "hi"]]) == pytest.approx((r.speedup_lo, r.speedup_hi))
+        for c, (fast, slow) in pairs.items():  # two variants: slow / fast median time, window by window
+            values = [a / b for a, b in zip(medians(row(model, slow)), medians(row(model, fast)))]
+            assert tuple(claim.loc[f"{m}_{c}", ["lo", "hi"]]) == pytest.approx(prediction_interval(values))
+        h2h = df[df.case == f"{model}: planned vs best fixed ladder"]  # the head-to-head: ladder / planned time
+        assert tuple(claim.loc[f"{m}_planned_beats_best_ladder", ["lo", "hi"]]) == pytest.approx(
+            (h2h.speedup_lo.iloc[1], h2h.speedup_hi.iloc[1]))
+    checks = {c["model"]: c for c in env["planned_vs_best"]}
+    assert {checks[model]["verdict"] for model in MODELS} <= {"holds", "fails", "unclear"}
+    assert checks["MLP"]["statement"] == claim.loc["mlp_planned_beats_best_ladder", "statement"]
+
+    # memory: reduce-overhead's graphs live in the graph trees' one pool, shared by every compiled variant, so no
+    # variant is given a number of its own (never a 0.0 that only reflects the order of the cells)
+    if HAS_CUDA:
+        ro = df[df.case.isin(MODELS) & df.variant.str.startswith("reduce-overhead")]
+        assert ro.held_mib.isna().all() and ro.memory_note.str.contains("not measurable here").all()
+        trees = df[df.case == "reduce-overhead: memory"]
+        assert len(trees) == 1 and trees.pool_mib.iloc[0] > 0 and env["graph_trees_pool_mib"] > 0

@@ -1,12 +1,25 @@
 """Notebook 08 (LLM decoding) executed by papermill, small; assertions on what it computed and recorded."""
 import json
+import re
+import statistics
 
 import pandas as pd
 import pytest
 import torch
 
+from cudagraph_kit.intervals import prediction_interval
+
 pytestmark = pytest.mark.notebook
 HAS_CUDA = torch.cuda.is_available()
+try:
+    import transformers  # noqa: F401  (the notebook's transformers rows need it importable)
+    HAS_HF = True
+except ImportError:
+    HAS_HF = False
+KIT_STEP, KIT_GEN = "kit graph (bucket)", "kit graphs per bucket"
+HF_STATIC = "transformers generate, static cache" + (" (compiled)" if HAS_CUDA else "")
+HF_DYNAMIC = "transformers generate, dynamic cache"
+LADDER, PLANNED, EXACT = "graphs, vLLM-style ladder", "graphs, planned buckets", "graphs, one per batch size"
 
 
 def test_llm_decode_notebook_checks_correctness_and_records_honest_results(run_notebook):
@@ -22,13 +35,12 @@ def test_llm_decode_notebook_checks_correctness_and_records_honest_results(run_n
     assert set(checks.batch.astype(int)) == set(batches)
     assert (checks.tokens_equal.astype(str) == "True").all(), checks
     assert {"eager", "kit graphs per bucket"} <= set(checks.variant)
-    try:
-        import transformers  # noqa: F401
+    if HAS_HF:
         # the transformers model with the same weights computes the same function and decodes the same tokens
         assert env["transformers"] and env["hf_logit_diff"] is not None and env["hf_logit_diff"] < 1e-4
         hf = checks[checks.variant.str.startswith("transformers")]
         assert len(hf) == 2 * len(batches) and (hf.max_logit_diff < 1e-4).all()
-    except ImportError:
+    else:
         assert env["transformers"] is None
     assert not env["variant_errors"], env["variant_errors"]
 
@@ -63,3 +75,79 @@ def test_llm_decode_notebook_checks_correctness_and_records_honest_results(run_n
         assert timed[timed.variant.str.contains("graph")].variant.str.endswith("(eager fallback)").all()
         assert not df.variant.str.startswith("reduce-overhead").any() and capture.empty  # nothing was captured
     assert (folder / "decode.png").stat().st_size > 10_000
+    check_windows_and_claims(df, folder, batches)
+
+
+def row(df, case, variant):
+    """The row of `variant` in `case`, under its name or as "<variant> (eager fallback)" (a CPU run)."""
+    hit = df[(df.case == case) & df.variant.isin([variant, f"{variant} (eager fallback)"])]
+    assert len(hit) == 1, (case, variant, df[df.case == case].variant.tolist())
+    return hit.iloc[0]
+
+
+def window_values(r, column):
+    return [float(v) for v in str(r[column]).split(";")]
+
+
+def check_windows_and_claims(df, folder, batches):
+    # every timing comparison is combined from windows (smoke: 2), its speedup published with a prediction interval
+    timed = df[df.case.str.startswith(("decode step", "generate", "prefill", "serving loop")) & df.median_us.notna()]
+    assert set(timed.case) == ({f"decode step, batch {b}" for b in batches} | {f"generate, batch {b}" for b in batches}
+                               | {"serving loop"} | set(df[df.case.str.startswith("prefill")].case))
+    others = timed[timed.variant != "eager"]
+    assert len(others) >= 4 * len(batches) and (others.windows == 2).all(), others[["case", "variant", "windows"]]
+    assert (others.speedup_lo <= others.speedup * (1 + 1e-9)).all()
+    assert (others.speedup * (1 - 1e-9) <= others.speedup_hi).all()
+    assert (timed.window_speedups.str.count(";") == 1).all() and (timed.window_medians_us.str.count(";") == 1).all()
+    for r in timed.itertuples():  # the published median is the median of the windows' medians
+        medians = window_values(r._asdict(), "window_medians_us")
+        assert r.median_us == pytest.approx(statistics.median(medians), rel=1e-4)
+
+    # the comparative sentences are claims computed from those intervals, saved beside the results
+    claims = pd.read_csv(folder / "claims.csv")
+    assert list(claims.columns) == ["claim", "statement", "verdict", "lo", "hi", "above"]
+    prefill_case = df[df.case.str.startswith("prefill")].case.iloc[0]
+    speedups = {"prefill_graph_saves_10pct": (prefill_case, "graph", 1.10),
+                "serving_ladder_beats_eager": ("serving loop", LADDER, 1.0),
+                "serving_planned_beats_eager": ("serving loop", PLANNED, 1.0),
+                "serving_one_per_size_beats_eager": ("serving loop", EXACT, 1.0)}
+    ratios = {"serving_planned_beats_ladder": ("serving loop", LADDER, PLANNED),      # slow, fast
+              "serving_ladder_beats_one_per_size": ("serving loop", EXACT, LADDER)}
+    host_bound = {}
+    for b in batches:
+        step, gen = f"decode step, batch {b}", f"generate, batch {b}"
+        speedups[f"step_graph_beats_eager_b{b}"] = (step, KIT_STEP, 1.0)
+        speedups[f"generate_graphs_beat_eager_b{b}"] = (gen, KIT_GEN, 1.0)
+        if HAS_HF:
+            ratios[f"generate_graphs_beat_hf_static_b{b}"] = (gen, HF_STATIC, KIT_GEN)
+            ratios[f"generate_hf_static_beats_hf_dynamic_b{b}"] = (gen, HF_DYNAMIC, HF_STATIC)
+        if HAS_CUDA:  # reduce-overhead and the floor need a GPU
+            ratios[f"step_reduce_overhead_beats_graph_b{b}"] = (step, KIT_STEP, "reduce-overhead")
+            ratios[f"generate_reduce_overhead_beats_graphs_b{b}"] = (gen, KIT_GEN, "reduce-overhead")
+            host_bound[f"step_eager_host_bound_b{b}"] = step
+    expected = set(speedups) | set(ratios) | set(host_bound) | {"decode_gains_more_than_prefill"}
+    assert set(claims.claim) == expected and claims.claim.is_unique
+    for c in claims.itertuples():
+        if c.claim in speedups:     # a speedup over eager: its interval is the row's prediction interval
+            case, variant, above = speedups[c.claim]
+            r = row(df, case, variant)
+            assert (c.lo, c.hi, c.above) == pytest.approx((r.speedup_lo, r.speedup_hi, above))
+        elif c.claim in ratios:     # two variants: the interval of slow / fast, window by window
+            case, slow, fast = ratios[c.claim]
+            values = [a / b for a, b in zip(window_values(row(df, case, slow), "window_medians_us"),
+                                            window_values(row(df, case, fast), "window_medians_us"))]
+            assert (c.lo, c.hi) == pytest.approx(prediction_interval(values), rel=1e-3) and c.above == 1.0
+        elif c.claim in host_bound:  # eager's time against the GPU-busy floor
+            r = row(df, host_bound[c.claim], "eager")
+            assert (c.lo, c.hi) == pytest.approx((r.median_pi_lo / r.floor_step_us, r.median_pi_hi / r.floor_step_us))
+            assert c.above == 2.0
+        else:                       # the decode step's speedup over prefill's, window by window, at the largest batch
+            decode = window_values(row(df, f"decode step, batch {max(batches)}", KIT_STEP), "window_speedups")
+            prefill = window_values(row(df, prefill_case, "graph"), "window_speedups")
+            values = [d / p for d, p in zip(decode, prefill)]
+            assert (c.lo, c.hi) == pytest.approx(prediction_interval(values), rel=1e-2) and c.above == 1.0
+        assert c.lo <= c.hi
+        expected_verdict = "holds" if c.lo > c.above else "fails" if c.hi <= c.above else "unclear"
+        assert c.verdict == expected_verdict, c
+        assert ("no clear difference" in c.statement) == (expected_verdict == "unclear"), c.statement
+        assert not re.search(r"\bnan\b", c.statement, re.IGNORECASE), c.statement
