@@ -56,7 +56,8 @@ def test_resnet50_notebook_records_sweep_training_feeding_and_parity(run_noteboo
     # within 0.7%: recorded as a question in the notes (does the kit's warm-up move the scaler's state?).
     fp16 = graphs.dtype == "fp16+GradScaler"
     assert (graphs[~fp16].max_rel_loss_diff < 2e-2).all() and (graphs[fp16].max_rel_loss_diff < 0.1).all()
-    assert (tr.ms_per_step == tr.median_us / 1e3).all()
+    # both columns went through the CSV: equal to its precision, not bit for bit
+    assert list(tr.ms_per_step) == pytest.approx(list(tr.median_us / 1e3), rel=1e-9)
     # both sides' optimizer settings are in the label: eager AdamW is the default one, the graph's capturable
     adamw = tr[tr.optimizer == "AdamW"].case
     assert adamw.str.contains("eager: capturable=False").all() and adamw.str.contains("graph: capturable=True").all()
