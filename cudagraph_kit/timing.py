@@ -87,8 +87,13 @@ def _sync():
 
 
 def _calls_for(fn, args, sample_ms: float, warmup_ms: float) -> int:
-    """Warm ``fn`` up for about ``warmup_ms`` (at least 2 calls) and return the calls that fill ``sample_ms``."""
-    n, spent, per_call = 1, 0.0, None
+    """Warm ``fn`` up for about ``warmup_ms`` (at least 2 calls) and return the calls that fill ``sample_ms``.
+
+    The count comes from the last batch of calls. When that batch was much slower per call than the one before
+    (a capture, a compile or an autotune ran inside it), one more batch is timed instead: a one-off in the
+    estimate would pick one call per sample, and a one-call sample adds the synchronize to a fast call.
+    """
+    n, spent, previous, retimed = 1, 0.0, None, False
     while True:
         _sync()
         t0 = time.perf_counter()
@@ -98,8 +103,12 @@ def _calls_for(fn, args, sample_ms: float, warmup_ms: float) -> int:
         dt = time.perf_counter() - t0
         spent += dt
         per_call = dt / n
+        one_off = previous is not None and per_call > 1.5 * previous
         if spent * 1e3 >= warmup_ms and n >= 2:
-            break
+            if not one_off or retimed:
+                break
+            retimed = True
+        previous = per_call
         n = min(n * 2, 1_000_000)
     return max(1, min(100_000, round(sample_ms * 1e-3 / per_call)))
 

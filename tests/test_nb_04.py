@@ -51,11 +51,14 @@ def test_resnet50_notebook_records_sweep_training_feeding_and_parity(run_noteboo
     assert set(tr.dtype) == ({"bf16", "fp16+GradScaler"} if BF16 else {"fp16+GradScaler"} if CUDA else {"fp32 (CPU)"})
     graphs = tr[tr.variant.str.startswith("whole-step graph")]
     assert len(graphs) == len(tr) // 2
-    # bf16 (and fp32 on a CPU): within 2% over the check steps. fp16 + GradScaler: within the notebook's own 10%
-    # bound; on the H200 smoke run (ResNet-18, 32 px, batch 8) it drifted 3-7% while the full run's bs32 was
-    # within 0.7%: recorded as a question in the notes (does the kit's warm-up move the scaler's state?).
-    fp16 = graphs.dtype == "fp16+GradScaler"
-    assert (graphs[~fp16].max_rel_loss_diff < 2e-2).all() and (graphs[fp16].max_rel_loss_diff < 0.1).all()
+    # SGD runs the same optimizer code eagerly and in the graph: the losses agree exactly, in bf16 and in fp16 with
+    # a GradScaler (the scaler's skipped steps included), so the kit's warm-up leaves the scaler's state as eager
+    # training does (the committed H200 run: bitwise equal over 6 steps at bs32 and bs128). AdamW is the default
+    # implementation eagerly and capturable=True in the graph: two orderings of the same update that drift apart
+    # (6% after 6 steps in the committed bf16 bs32 run): held to the notebook's own 10% bound.
+    sgd = graphs.optimizer == "SGD momentum"
+    assert (graphs[sgd].max_rel_loss_diff <= 1e-6).all(), graphs[sgd][["case", "losses_eager", "losses_graph"]]
+    assert (graphs[~sgd].max_rel_loss_diff < 0.1).all()
     # both columns went through the CSV: equal to its precision, not bit for bit
     assert list(tr.ms_per_step) == pytest.approx(list(tr.median_us / 1e3), rel=1e-9)
     # both sides' optimizer settings are in the label: eager AdamW is the default one, the graph's capturable

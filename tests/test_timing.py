@@ -102,6 +102,18 @@ def test_calls_per_sample_fill_the_sample_time(clock):
     assert t.calls == 20 and t.median_us == pytest.approx(500.0)
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="a fake host clock cannot stand in for CUDA synchronization")
+def test_a_one_off_slow_call_in_the_warm_up_does_not_set_the_calls_per_sample(clock):
+    # a training step that captures its graph on its second call (60 ms), then replays in 100 us: the batch that
+    # ends the warm-up holds the capture, so the count is re-timed instead of read from it (which gave 1 call)
+    n = _calls_for(clock.cost([0.0001, 0.060] + [0.0001] * 100), (), sample_ms=20.0, warmup_ms=50.0)
+    assert n == 200
+    # a steadily slow function is not re-timed: one batch of 2 after the warm-up threshold, as before
+    before = clock.t
+    assert _calls_for(clock.cost(0.030), (), sample_ms=20.0, warmup_ms=50.0) == 1
+    assert clock.t - before == pytest.approx(0.090)  # 1 call, then 2: no third batch
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="CPU behaviour")
 def test_compare_on_cpu_is_labelled_eager_and_has_no_floor():
     df = compare({"slow": lambda: time.sleep(0.002), "graph": lambda: time.sleep(0.001)}, case="c", calls=3,
