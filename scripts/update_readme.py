@@ -3,6 +3,7 @@
     python scripts/update_readme.py          # rewrite README.md between the results markers
     python scripts/update_readme.py --check  # exit 1 if README.md is stale (the tests run this)
 """
+import json
 import sys
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def _speedup(r):
 
 def first_window_note(df):
     """Rows whose first timing window ran far slower (speedup under 0.8x the other windows' lowest): said
-    plainly, since such a window alone can make an interval wide. Computed from window_speedups."""
+    plainly, since such a window alone can make an interval wide, with the cause the probe found. Computed from
+    window_speedups and figures/first_window/first_window.csv."""
     if "window_speedups" not in df:
         return []
     slow = []
@@ -74,8 +76,85 @@ def first_window_note(df):
     if not slow:
         return []
     return ["", f"In {len(slow)} row(s) the first window's speedup lies far below the others', which alone widens "
-            "the interval: " + "; ".join(slow) + ". The first window is the first timing after the captures; a discarded warm-up "
-            "window before timing is the next fix (not yet in this run)."]
+            "the interval: " + "; ".join(slow) + "." + first_window_cause()]
+
+
+def first_window_cause():
+    """What scripts/probe_first_window.py recorded: window 1 against later windows, kit before and after the fix."""
+    path = ROOT / "figures" / "first_window" / "first_window.csv"
+    if not path.is_file():
+        return ""
+    import pandas as pd
+    probe = pd.read_csv(path)
+    graph = probe[probe.variant == "whole-step graph"]
+
+    def span(values, fmt):
+        lo, hi = fmt.format(values.min()), fmt.format(values.max())
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    def window(kit, first):
+        sel = graph[(graph.kit == kit) & ((graph.window == 1) if first else (graph.window > 1))]
+        return f"{span(sel.calls_per_sample, '{}')} call(s) per sample, {span(sel.median_us, '{:.0f}')} µs per step"
+
+    runs_per_kit = graph[graph.window == 1].groupby("kit").size()
+    return (f" The cause, found by `scripts/probe_first_window.py` ({graph.gpu.iloc[0]}, {runs_per_kit.min()} "
+            f"processes per kit): the step captures its graph inside the first window's warm-up "
+            f"({graph.capture_call_ms.min():.0f}-{graph.capture_call_ms.max():.0f} ms), and the kit read the calls "
+            f"per sample from that batch, so window 1 timed {window('before', True)} against "
+            f"{window('before', False)} later. The kit now re-times such a batch: window 1 took "
+            f"{window('fixed', True)} (later windows {window('fixed', False)}). This run predates the fix."
+            + fixed_intervals())
+
+
+def fixed_intervals():
+    """The recorded 02 intervals of the rows the first window widened, beside the first rerun with the fix."""
+    import pandas as pd
+    fixed = ROOT / "figures" / "rerun" / "02-calibration-fix-h200" / "run-a" / "02_train_step" / "results.csv"
+    if not fixed.is_file():
+        return ""
+    old, new = results.load("02_train_step").df, pd.read_csv(fixed)
+    pairs = []
+    for r in old[old.window_speedups.notna() & (old.variant != "eager")].itertuples():
+        v = [float(x) for x in str(r.window_speedups).split(";")]
+        sel = new[(new.case == r.case) & (new.variant == r.variant)]
+        if len(v) >= 3 and v[0] < 0.8 * min(v[1:]) and len(sel):
+            n = sel.iloc[0]
+            pairs.append(f"{r.case}, {r.variant}: {r.speedup_lo:.2f}-{r.speedup_hi:.2f}x recorded, "
+                         f"{n.speedup_lo:.2f}-{n.speedup_hi:.2f}x with the fix")
+    return (" Their 90% intervals, recorded and in the first rerun with the fix (`figures/rerun/02-calibration-fix-"
+            "h200/run-a`, same GPU kind): " + "; ".join(pairs) + ".") if pairs else ""
+
+
+def rerun_paragraph():
+    """How well a second full run landed on the recorded one (scripts/rerun_report.py), and the rerun of 02 with
+    the calibration fix; rendered from the recorded folders."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import rerun_report
+
+    lines = []
+    second = ROOT / "figures" / "rerun" / "h200-run-b"
+    df = rerun_report.compare_runs(ROOT / "figures", second)
+    if not df.empty:
+        run = json.loads((second / "01_gelu" / "env.json").read_text()).get("run", {})
+        header = ["notebook", "speedups", "inside", "eager_moved", "graph_moved", "claims", "kept", "definite_a",
+                  "definite_b", "opposite"]
+        table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        table += ["| " + " | ".join(f"{v:.2f}" if isinstance(v, float) and k.endswith("moved") else
+                                    str(int(v)) if isinstance(v, float) else str(v)
+                                    for k, v in zip(header, r)) + " |" for r in df[header].itertuples(index=False)]
+        lines += [f"**Does a second run land inside these intervals?** A second `reproduce` of the same notebooks on "
+                  f"the same GPU kind, right after the recorded one (run {run.get('id')}, {run.get('gpu')}, "
+                  f"`figures/rerun/h200-run-b`; `python scripts/rerun_report.py figures figures/rerun/h200-run-b`): "
+                  f"{rerun_report.summary(df)}.", ""] + table + [
+                  "", "`inside`: the second run's speedups inside the first run's intervals; `kept`: claims with the "
+                  "same verdict; `opposite`: holds in one run, fails in the other; `eager_moved` and `graph_moved`: "
+                  "the median factor by which the second run's eager and graph times differ from the first's.", ""]
+    fix = ROOT / "figures" / "rerun" / "02-calibration-fix-h200"
+    pair = rerun_report.compare_runs(fix / "run-a", fix / "run-b")
+    if not pair.empty:
+        lines += [f"With the calibration fix (the first-window note under notebook 02), notebook 02 run twice on "
+                  f"the same GPU kind (`{fix.relative_to(ROOT)}`): {rerun_report.summary(pair)}.", ""]
+    return "\n".join(lines)
 
 
 def spread_label(df):
@@ -427,7 +506,7 @@ def drift_paragraph():
 
 
 def render():
-    return "\n".join([START, provenance_paragraph(), noise_paragraph(), gelu_section(), train_step_section(),
+    return "\n".join([START, provenance_paragraph(), noise_paragraph(), rerun_paragraph(), gelu_section(), train_step_section(),
                       jit_compile_section(), resnet_section(), advise_section(), buckets_section(), data_parallel_section(), llm_decode_section(),
                       overhead_section(),
                       crosscheck_section(), END])

@@ -1022,7 +1022,8 @@ BOUNDS = ("launch-bound", "GPU-bound")
 
 
 def predicted_speedup_at(batch, sweep) -> float:
-    """The launch model of notebook 04, section 1, at ``batch``: ``max(kernels × launch_us, floor) / floor``, with
+    """Notebook 04's section-1 model at ``batch``: ``max(kernels × launch_us, floor) / floor``, where ``launch_us``
+    is the eager host time per kernel (Python, dispatcher, ATen and the launch call, not the launch alone), with
     the floor and the kernels per call interpolated linearly between the measured batch sizes of ``sweep``
     (``curve[dtype]``: ``"eager"`` and ``"graph"`` rows indexed by batch, and ``"launch_us"``)."""
     import numpy as np
@@ -1098,7 +1099,7 @@ def check_batch_prediction(report, new_batch, predicted_speedup, new_graph, new_
                    "floor and kernels per call: numpy.interp(new_batch, batches, values) over the sweep's graph "
                    "floor_us and eager kernels_per_call; launch_us = curve[dtype]['launch_us'].")
     else:
-        report.right(f"your prediction follows the launch model: {want:.2f}x")
+        report.right(f"your prediction follows section 1's host-time model: {want:.2f}x")
     eager = new_table.iloc[0]
     launches = float(eager["kernels_per_call"]) * sweep["launch_us"]
     actual = "launch-bound" if launches > graph["floor_us"] else "GPU-bound"

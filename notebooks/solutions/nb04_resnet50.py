@@ -11,7 +11,8 @@ from cudagraph_kit import capture, capture_train_step, compare
 
 
 def exercise_1(curve, infer_dtypes, infer_batches, build_model, image_batch, graph_infer, samples, calls):
-    """Predict the speedup at a batch size between two of the sweep from the launch model, then measure it."""
+    """Predict the speedup at a batch size between two of the sweep from section 1's host-time model, then measure
+    it."""
     batches = sorted(infer_batches)
     between = [b for lo, hi in zip(batches, batches[1:]) for b in [(lo + hi) // 2] if lo < b < hi]
     new_batch = between[-2] if len(between) > 1 else between[0] if between else batches[-1] + 1  # full sweep: 48
