@@ -180,6 +180,8 @@ class GraphedTrainStep:
             a GPU tensor that later replays may overwrite: clone it to keep it), else None.
         warmup_steps: optimizer steps run so far as warm-up; ``optimizer_steps``: all optimizer steps so far.
         replays: graph replays so far.
+        hyperparameters: per param group, the hyper-parameters the captured step reads from GPU tensors and
+            those it froze at capture (see the property).
     """
 
     def __init__(self, model, optimizer, loss_fn, sample_batch, *, warmup, amp_dtype, scaler, clone_loss, mode,
@@ -219,6 +221,22 @@ class GraphedTrainStep:
         self.device = self.static_batch[0].device
         cuda = mode == "graph" and self.device.type == "cuda"
         self._side_stream = capture_stream(self.device) if cuda else None  # warm-ups run where the capture will
+
+    @property
+    def hyperparameters(self) -> list:
+        """Per param group, how the captured optimizer step gets its numeric hyper-parameters:
+        ``{"on_gpu": {name: GPU tensor}, "frozen": {name: value}}``. ``on_gpu`` holds the tensors the graph reads,
+        refreshed from the param group before each replay: ``"lr"``, and ``"betas"`` (beta1) or ``"momentum"``
+        where this PyTorch's step reads them on the GPU. ``frozen`` holds the values fixed at capture; changing
+        one raises before the next replay. Empty before the capture, in eager mode, and with a GradScaler (its
+        optimizer step runs eagerly after each replay).
+
+        Example::
+
+            step.hyperparameters[0]["on_gpu"]   # {'lr': tensor(0.1000, device='cuda:0')} for SGD(fused=True)
+        """
+        return [{"on_gpu": {**({"lr": lr} if lr is not None else {}), **live}, "frozen": dict(frozen)}
+                for lr, live, frozen in zip(self._lr_tensors, self._live, self._frozen)]
 
     @property
     def graph(self):

@@ -138,8 +138,10 @@ def test_state_machine_refreshes_beta1_before_each_replay(monkeypatch):
         step(x, y)
         scheduler.step()
     assert step.state == "captured" and step.replays == n - 2
-    assert set(step._live[0]) == {"betas"} and "betas[1:]" in step._frozen[0]
-    assert step._live[0]["betas"].item() == pytest.approx(beta1s[-1], rel=1e-6)  # what the last replay read
+    hp = step.hyperparameters[0]  # the public view of what the graph reads and what it froze
+    assert "betas" in hp["on_gpu"] and "betas" not in hp["frozen"]  # beta1 follows the schedule: on the GPU
+    assert "betas[1:]" in hp["frozen"] and "weight_decay" in hp["frozen"]  # beta2 and the rest: fixed at capture
+    assert hp["on_gpu"]["betas"].item() == pytest.approx(beta1s[-1], rel=1e-6)  # what the last replay read
     torch.testing.assert_close(list(test.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
     # beta2 stays frozen: a change is refused, not ignored
     opt.param_groups[0]["betas"] = (opt.param_groups[0]["betas"][0], 0.5)
@@ -190,8 +192,8 @@ def test_gpu_momentum_schedule_over_a_whole_cycle_matches_eager(kind, schedule, 
         scheduler.step()
     torch.cuda.synchronize()
     assert step.state == "captured" and step.replays == n - warmup
-    assert len(set(beta1s)) > n // 2 and "betas" in step._live[0]
-    assert step._live[0]["betas"].item() == pytest.approx(beta1s[-1], rel=1e-6)
+    assert len(set(beta1s)) > n // 2 and "betas" in step.hyperparameters[0]["on_gpu"]
+    assert step.hyperparameters[0]["on_gpu"]["betas"].item() == pytest.approx(beta1s[-1], rel=1e-6)
     diff = max((a - b).abs().max().item() for a, b in zip(test.parameters(), ref.parameters()))
     bitwise = all(torch.equal(a, b) for a, b in zip(test.parameters(), same.parameters()))
     record_property("max_abs_diff_vs_eager", diff)
@@ -236,7 +238,7 @@ def test_gpu_paths_that_read_beta1_or_momentum_on_the_host_are_refused_or_work(m
     for x, y in batches:
         step(x, y)
         scheduler.step()
-    assert step.state == "captured" and key in step._live[0]
+    assert step.state == "captured" and key in step.hyperparameters[0]["on_gpu"]
     ref_opt = make(ref)
     eager_train(ref, ref_opt, one_cycle(ref_opt, 20), batches)
     torch.testing.assert_close(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)

@@ -276,11 +276,16 @@ def test_state_machine_warmup_capture_replay_and_short_batch():
     states, grads_at_capture = [], None
     losses = []
     for x, y in batches:
+        if step.state == "warmup":
+            assert step.hyperparameters == []  # nothing captured yet: no hyper-parameter is read from the GPU
         losses.append(step(x, y))
         states.append(step.state)
         if step.state == "captured" and grads_at_capture is None:
             grads_at_capture = [p.grad for p in test.parameters()]
     assert states == ["warmup"] * 2 + ["captured"] * 8
+    # SGD with momentum: the LR comes from a tensor only where this PyTorch's step reads one (fused or capturable)
+    (hp,) = step.hyperparameters
+    assert hp["frozen"].get("momentum") == 0.9 or "momentum" in hp["on_gpu"], hp
     assert len(fake.graphs) == 1 and step.graphs == {"step": fake.graphs[0]} and step.graph is fake.graphs[0]
     assert fake.graphs[0].replays == step.replays == 7  # 10 calls - 2 warm-up - 1 short batch
     assert step.eager_steps == 1 and step.warmup_steps == 2 and step.optimizer_steps == 10
@@ -349,7 +354,7 @@ def test_lr_schedule_reaches_the_graph(kind):
     for x, y in batches:
         losses.append(step(x, y))
         if step.state == "captured":
-            graph_lrs.append(step._lr_tensors[0].item())  # what the captured step read
+            graph_lrs.append(step.hyperparameters[0]["on_gpu"]["lr"].item())  # what the captured step read
             assert graph_lrs[-1] == pytest.approx(opt.param_groups[0]["lr"], rel=1e-6)
         sched.step()
         lrs.append(opt.param_groups[0]["lr"])
@@ -668,7 +673,7 @@ def test_lr_schedule_parity_with_eager_over_50_steps(kind, record_property):
     ref, test, step, rec, lrs, ref_losses, losses, frozen = _schedule_run(kind)
     assert step.state == "captured" and step.replays == 47 and isinstance(step.graph, torch.cuda.CUDAGraph)
     assert lrs == rec["lrs"] and len(set(lrs)) > 40
-    assert step._lr_tensors[0].item() == pytest.approx(rec["lrs"][-2], rel=1e-6)  # the LR the last replay read
+    assert step.hyperparameters[0]["on_gpu"]["lr"].item() == pytest.approx(rec["lrs"][-2], rel=1e-6)  # the last replay's LR
     diff = max_param_diff(ref, test)
     record_property("max_abs_diff", diff)
     print(f"\n{kind} + warm-up/cosine, 50 steps: max |param diff| = {diff:.3g}, bitwise {bitwise_equal(ref, test)}")
