@@ -86,14 +86,18 @@ def _sync():
         torch.cuda.synchronize()
 
 
+_RETIMES = 2  # extra batches _calls_for may time after its warm-up when two batches disagree
+
+
 def _calls_for(fn, args, sample_ms: float, warmup_ms: float) -> int:
     """Warm ``fn`` up for about ``warmup_ms`` (at least 2 calls) and return the calls that fill ``sample_ms``.
 
-    The count comes from the last batch of calls. When that batch was much slower per call than the one before
-    (a capture, a compile or an autotune ran inside it), one more batch is timed instead: a one-off in the
-    estimate would pick one call per sample, and a one-call sample adds the synchronize to a fast call.
+    The count comes from the last batch of calls, once two batches in a row agree on the time per call (within
+    1.5x). A capture, a compile or an autotune inside a batch makes it disagree with the next, so up to two
+    more batches are timed: a one-off in the estimate would pick one call per sample, and a one-call sample
+    adds the synchronize to a fast call.
     """
-    n, spent, previous, retimed = 1, 0.0, None, False
+    n, spent, previous, retimes = 1, 0.0, None, 0
     while True:
         _sync()
         t0 = time.perf_counter()
@@ -103,11 +107,11 @@ def _calls_for(fn, args, sample_ms: float, warmup_ms: float) -> int:
         dt = time.perf_counter() - t0
         spent += dt
         per_call = dt / n
-        one_off = previous is not None and per_call > 1.5 * previous
+        steady = previous is not None and max(per_call, previous) <= 1.5 * min(per_call, previous)
         if spent * 1e3 >= warmup_ms and n >= 2:
-            if not one_off or retimed:
+            if steady or retimes == _RETIMES:
                 break
-            retimed = True
+            retimes += 1
         previous = per_call
         n = min(n * 2, 1_000_000)
     return max(1, min(100_000, round(sample_ms * 1e-3 / per_call)))

@@ -15,8 +15,8 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/v0.2.0/notebooks/01_gelu.ipynb)
 #
-# Every PyTorch operation on a GPU costs two things: the CPU has to *launch* a kernel (a few microseconds
-# of Python, dispatcher and driver work), and the GPU has to *run* it. When the tensor is small the GPU
+# Every PyTorch operation on a GPU costs two things: the CPU has to *launch* a kernel (microseconds of
+# Python, dispatcher and driver work per kernel), and the GPU has to *run* it. When the tensor is small the GPU
 # finishes long before the CPU can launch the next kernel, so the launches are the bottleneck. A
 # **CUDA graph** records a sequence of kernels once and replays the whole sequence with a single launch.
 #
@@ -34,8 +34,8 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs its CPU part small, says so, and shows the recorded GPU results.
 #
-# **How long**: 32 s on an NVIDIA H100 (measured by `reproduce`, 2026-11-24); a T4 has not been timed yet;
-# under a minute on a CPU (small sizes).
+# **How long**: 77 s on an NVIDIA H200 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under a
+# minute on a CPU (small sizes).
 
 # %%
 # Setup: use the kit of this checkout; in Colab first make a shallow clone of the release REPO_REF (the kit and
@@ -462,10 +462,11 @@ consistency = {"small_numel": small_numel, "sweep_numel": int(nearest), "speedup
 
 # %% [markdown]
 # ## 6. Several calls per graph
-# Even a graph has a launch cost (a few µs for the `cudaGraphLaunch` call and its scheduling). For tiny
-# work that cost dominates, so capture several calls in one graph: `capture(..., calls_per_graph=k)` records
-# `k` calls, and the kit divides the time per replay by `k`. All variants, with eager as the baseline, are
-# timed in one `compare`. How close to the floor does the small case get?
+# Even a graph has a launch cost (the `cudaGraphLaunch` call and its scheduling: in the table, the gap between
+# a replay and its floor). For tiny work that cost dominates, so capture several calls in one graph:
+# `capture(..., calls_per_graph=k)` records `k` calls, and the kit divides the time per replay by `k`. All
+# variants, with eager as the baseline, are timed in one `compare`. How close to the floor does the small case
+# get?
 
 # %%
 x = inputs["small"]

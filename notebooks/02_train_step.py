@@ -44,8 +44,8 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs the eager part small on the CPU, says so, and shows the recorded GPU results.
 #
-# **How long**: 41 s on an NVIDIA H100 (measured by `reproduce`, 2026-11-24); a T4 has not been timed yet;
-# under a minute on a CPU (small sizes).
+# **How long**: 55 s on an NVIDIA H200 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under a
+# minute on a CPU (small sizes).
 
 # %%
 # Setup: use the kit of this checkout; in Colab first make a shallow clone of the release REPO_REF (the kit and

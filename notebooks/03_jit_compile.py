@@ -34,9 +34,8 @@
 # **What you need**: an NVIDIA GPU for the graph parts (Colab: Runtime → Change runtime type → T4 GPU).
 # Without one the notebook runs the CPU-possible part small and shows recorded GPU results.
 #
-# **How long**: about 1 minute on an NVIDIA H100, most of it `torch.compile` compiling (46 s measured by
-# `reproduce` on 2026-11-22, before the timings were split into windows); a T4 has not been timed yet; about
-# 1 minute on a CPU (small sizes).
+# **How long**: 53 s on an NVIDIA H200 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; about 1
+# minute on a CPU (small sizes).
 
 # %%
 # Setup: use the kit of this checkout; in Colab first make a shallow clone of the release REPO_REF (the kit and

@@ -38,10 +38,8 @@
 # the notebook runs a tiny eager version on the CPU (ResNet-18 at 32×32, clearly labelled), says so, and shows
 # the recorded GPU results.
 #
-# **How long**: the previous version, timed in one window, took 146 s on an NVIDIA H100 (measured by
-# `reproduce`, 2026-11-22); this one splits the same timing samples over three windows and has not been timed
-# on a GPU yet. A T4 has not been timed either and will take several times longer. About a minute on a CPU
-# (tiny sizes).
+# **How long**: 2.9 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; about
+# a minute on a CPU (tiny sizes).
 
 # %%
 # Setup: use the kit of this checkout; in Colab first make a shallow clone of the release REPO_REF (the kit and
@@ -453,7 +451,7 @@ for c in infer_claims:
 # size. The GPU then needs some time to run the kernel, which does grow with the batch. So an eager call costs
 # about `max(kernels × host time per kernel, floor)`: while the first term is the larger, the GPU waits for the
 # CPU (launch-bound); once the floor is the larger, the CPU waits for the GPU (GPU-bound). A graph launches all
-# kernels with one call, so it costs about the floor (plus the input copy and a few microseconds) at every batch.
+# kernels with one call, so it costs close to the floor at every batch (the `vs_floor` column says how close).
 #
 # We estimate the **eager host time per kernel** where the eager call is most host-bound, at the smallest
 # batch: the eager time per call divided by the kernels per call. It is everything the host spends per op
@@ -1131,7 +1129,8 @@ print(pd.Series([c.verdict for c in claims]).value_counts().to_string())
 # - **pytorch/benchmark issue #706** (V100, torchvision ResNet-50, fp32 training): batch 1: 89.0 → 50.2 ms
 #   per step (1.77×); batch 4: 1.31×; no gain from batch 8.
 # - **TorchAcc** (A100 80 GB, torchvision ResNet-50 with a 100-class head, synthetic 224×224 images, batch 64,
-#   AdamW lr 1e-3, fp32): about 930 images/s natively, about 1,150 with TorchAcc (+16%, compiler and graphs).
+#   AdamW lr 1e-3, fp32): about 930 images/s natively and about 1,150 with TorchAcc in its logs (compiler and
+#   graphs); the post reports a 16% average gain once compilation is done.
 # - **timm PR** (8 GPUs, AMP + channels_last, 10 epochs): A100 batch 32: 5,665 → 6,630 images/s (all 8 GPUs,
 #   1.17×), eval top-1 59.30 → 59.20; V100 batch 128: 4,184 → 4,141 images/s (0.99×), top-1 43.13 → 42.66.
 # - **Plain PyTorch on an H100** (our reference run without the kit, section 7 of the shared reference):

@@ -39,8 +39,8 @@
 # optimizers, seeding), says plainly that CUDA graphs need an NVIDIA GPU, and shows a summary of the recorded GPU
 # results.
 #
-# **How long**: 3.1 min on an NVIDIA H100 (measured by `reproduce`, 2026-11-24; most of it compiling and the
-# experiments that run in separate processes); a T4 has not been timed yet; under a minute on a CPU.
+# **How long**: 2.9 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under
+# a minute on a CPU.
 
 # %%
 # Setup: use the kit of this checkout; in Colab first make a shallow clone of the release REPO_REF (the kit and

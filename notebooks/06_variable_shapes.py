@@ -34,8 +34,8 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs its CPU part small (everything eager, labelled so), says so, and shows the recorded GPU results.
 #
-# **How long**: about 3 minutes on an NVIDIA H100 (2026-11-22; most of it `torch.compile` compiling); a T4 has
-# not been timed yet; one to two minutes on a CPU (small sizes).
+# **How long**: 4.1 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; one to
+# two minutes on a CPU (small sizes).
 
 # %%
 # Setup: use the kit of this checkout; in Colab first make a shallow clone of the release REPO_REF (the kit and

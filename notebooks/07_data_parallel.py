@@ -39,7 +39,7 @@
 # one NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU) or, eagerly, on the CPU; the local run uses
 # every GPU here (at most two), or two CPU processes with the gloo backend.
 #
-# **How long**: 46 s on an NVIDIA H200 (measured by `reproduce`, 2026-11-22): the local run is two short
+# **How long**: 38 s on an NVIDIA H200 (two of them; measured by `reproduce`, 2026-11-22): the local run is two short
 # `torchrun` jobs of a small MLP. Under a minute on a CPU (two gloo processes, eager, small).
 
 # %%
@@ -399,8 +399,8 @@ else:
 #   (`setup_distributed_for_graphs`, `ddp_for_graphs`) and `capture_train_step` checks them.
 # - Measure per rank with CUDA events, not a synchronize per step: the synchronize itself removes the
 #   CPU's lead that graphs rely on.
-# - Correct before fast: graphed DDP trained exactly like eager DDP here (section 2), and every graphed run
-#   of the script checks that first.
+# - Correct before fast: graphed DDP trained like eager DDP here, its parameters equal to float rounding
+#   (section 2 prints the largest difference), and every graphed run of the script checks that first.
 
 # %% [markdown]
 # ## Exercises

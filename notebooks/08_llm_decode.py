@@ -46,9 +46,8 @@
 # (the notebook says so and skips it when it is missing). Without a GPU the notebook runs its CPU part small (the
 # correctness checks, everything eager, labelled so) and shows the recorded GPU results.
 #
-# **How long**: 114 s on an NVIDIA H100 (measured by `reproduce`, 2026-11-24, before the timings were split into
-# windows; the first calls of the compiled variants took about 30 s of it); a T4 has not been timed yet; under a
-# minute on a CPU (small sizes).
+# **How long**: 2.7 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-25; the first calls of the compiled
+# variants took about 30 s of it); a T4 has not been timed yet; under a minute on a CPU (small sizes).
 
 # %%
 # Setup: use the kit of this checkout; in Colab first make a shallow clone of the release REPO_REF (the kit and
@@ -222,9 +221,9 @@ print("static-cache greedy tokens identical to the no-cache reference for every 
 # %% [markdown]
 # ## 3. Why decoding can be host-bound
 #
-# One decode step launches a fixed number of kernels whatever the batch size. The profiler counts them (GPU
-# only); the CPU's time to launch them, a few microseconds each, is the time per token of eager decoding as
-# long as the GPU finishes each kernel sooner. Section 7 compares eager's time per step with the GPU's busy time
+# One decode step launches a few hundred kernels, a count that grows only a little with the batch size. The
+# profiler counts them (GPU only); the CPU's time to issue them (Python, dispatcher and the launch itself, per
+# kernel) is the time per token of eager decoding as long as the GPU finishes each kernel sooner. Section 7 compares eager's time per step with the GPU's busy time
 # and prints the verdict.
 
 # %%
@@ -685,8 +684,8 @@ for b in BATCHES:
 # %% [markdown]
 # ## 9. Prefill: what does a graph buy it?
 #
-# Prefill runs the whole prompt at once: the same number of kernels as a decode step, each with `batch x
-# prompt` rows of work, so the GPU has more to do per launch and the host's launch cost weighs less in the total.
+# Prefill runs the whole prompt at once: about as many kernels as a decode step (the table counts both), each
+# with `batch x prompt` rows of work, so the GPU has more to do per launch and the host's launch cost weighs less in the total.
 # One measured point: the largest batch with a prompt of 8 times `PROMPT_LEN` (at most the cache's length), eager
 # against a graph of the prefill (`capture`, same cache), in `WINDOWS` windows. Two verdicts, printed by the cell
 # after the table: does the graph still save more than 10% on prefill, and does it buy a decode step at the same
@@ -992,8 +991,8 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # %% [markdown]
 # ## Summary
 #
-# - Decoding runs the whole model for one token per sequence: the same few hundred kernels whatever the batch,
-#   each tiny. Eager, the host's launches can set the time per token; section 7 compares eager's time per step
+# - Decoding runs the whole model for one token per sequence: a few hundred kernels, about as many at every
+#   batch, each tiny. Eager, the host's launches can set the time per token; section 7 compares eager's time per step
 #   with the floor, what the GPU itself needs, and prints whether eager decoding was host-bound here.
 # - A **static KV cache** (allocated once, per-row positions, a mask over all positions) fixes every shape, so a
 #   decode step can be captured. Check it before anything else: the same greedy tokens as decoding with no cache.

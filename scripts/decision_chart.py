@@ -160,7 +160,7 @@ def branches(f: dict) -> list[dict]:
         q3["yes_evidence"] = (f"Small MLP + SGD ({f['gpu02']}): whole step {_x(f['whole_step'])} vs eager, the model "
                               f"alone (`make_graphed_callables`) {_x(f['model_only'])}.")
         if _have(f, "big_whole_step"):
-            q3["yes_evidence"] += f" The GPU-bound large MLP: {_x(f['big_whole_step'])}."
+            q3["yes_evidence"] += f" The large MLP (640x4096x2048x1024): {_x(f['big_whole_step'])}."
     q4 = {"question": "Is the model already compiled with `torch.compile`?",
           "yes": "`torch.compile(mode=\"reduce-overhead\")`, with `torch.compiler.cudagraph_mark_step_begin()`.",
           "yes_link": f"[03, sections 4-6]({NB}03_jit_compile.ipynb)",

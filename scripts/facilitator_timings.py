@@ -84,7 +84,11 @@ def render(runs: list[dict], stems: list[str]) -> str:
                   "timed for this table so far.", "", END]
         return "\n".join(lines)
     stems = stems + sorted({s for r in runs for s in r["notebooks"]} - set(stems))
-    head = [f"{r['gpu']} (PyTorch {r.get('torch', '?')}, {str(r.get('date', '?'))[:10]})" for r in runs]
+    def torch_of(r):
+        version = r.get("torch") or (r.get("run") or {}).get("torch")
+        return f"PyTorch {version}" if version else "PyTorch not recorded"
+
+    head = [f"{r['gpu']} ({torch_of(r)}, {str(r.get('date', '?'))[:10]})" for r in runs]
     lines += ["| notebook | " + " | ".join(head) + " |", "|---|" + "---|" * len(runs)]
     for stem in stems:
         lines.append(f"| {stem} | " + " | ".join(_fmt(r["notebooks"].get(stem)) for r in runs) + " |")

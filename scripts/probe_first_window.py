@@ -44,6 +44,8 @@ def main() -> None:
     import cudagraph_kit
     from cudagraph_kit import capture_train_step, compare
 
+    kit_dir = Path(cudagraph_kit.__file__).resolve().parent
+    kit_path = str(kit_dir.relative_to(ROOT)) if ROOT in kit_dir.parents else kit_dir.name  # no machine paths
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.Dropout(0.2), torch.nn.Linear(256, 16),
@@ -86,7 +88,7 @@ def main() -> None:
         df = compare(variants, x, y, case="MLP 32x128x256x16, SGD", samples=3, floor=False)
         for r in df.itertuples():
             rows.append({"kit": args.label, "gpu": torch.cuda.get_device_name() if dev == "cuda" else "CPU",
-                         "torch": torch.__version__, "kit_path": str(Path(cudagraph_kit.__file__).parent),
+                         "torch": torch.__version__, "kit_path": kit_path,
                          "window": w + 1, "variant": r.variant, "median_us": round(r.median_us, 2),
                          "calls_per_sample": r.calls, "speedup": round(r.speedup, 3),
                          "capture_call_ms": round(capture_ms, 1)})

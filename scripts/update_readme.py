@@ -51,7 +51,8 @@ def claims_block(rec, stem):
         return []
     windows = f", {int(rec.df.windows.max())} windows" if "windows" in rec.df and rec.df.windows.notna().any() else ""
     return ["", f"Verdicts the notebook computed from its 90% prediction intervals (`figures/{stem}/claims.csv`"
-            f"{windows}):", ""] + [f"- {c.statement} [{c.verdict}]" for c in claims.itertuples()]
+            f"{windows}). Each line is the sentence the notebook printed; the claim's name states what was tested, "
+            "and its verdict is `holds`, `fails` or `unclear` (the interval straddles the threshold):", ""] + [f"- {c.statement} (claim `{c.claim}`: {c.verdict})" for c in claims.itertuples()]
 
 
 def _speedup(r):
@@ -62,21 +63,36 @@ def _speedup(r):
     return f"{r.speedup:.2f}x ({lo:.2f}-{hi:.2f})"
 
 
-def first_window_note(df):
-    """Rows whose first timing window ran far slower (speedup under 0.8x the other windows' lowest): said
-    plainly, since such a window alone can make an interval wide, with the cause the probe found. Computed from
-    window_speedups and figures/first_window/first_window.csv."""
+def slow_first_windows(df):
+    """Graph rows whose first timing window's speedup lies under 0.8x the lowest of the later windows':
+    [(row, [speedup per window])]. Read from window_speedups (none in an older run without windows)."""
     if "window_speedups" not in df:
         return []
     slow = []
     for r in df[df.window_speedups.notna() & (df.variant != "eager")].itertuples():
         v = [float(x) for x in str(r.window_speedups).split(";")]
         if len(v) >= 3 and v[0] < 0.8 * min(v[1:]):
-            slow.append(f"{r.case}, {r.variant} ({'; '.join(f'{x:.2f}x' for x in v)})")
+            slow.append((r, v))
+    return slow
+
+
+def _windows_text(rows):
+    return "; ".join(f"{r.case}, {r.variant} ({'; '.join(f'{x:.2f}x' for x in v)})" for r, v in rows)
+
+
+def _plural(n, word):
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def first_window_note(df):
+    """Rows whose first timing window ran far slower: said plainly, since such a window alone can make an interval
+    wide, with the cause the probe found and what the reruns with the fix show."""
+    slow = slow_first_windows(df)
     if not slow:
         return []
-    return ["", f"In {len(slow)} row(s) the first window's speedup lies far below the others', which alone widens "
-            "the interval: " + "; ".join(slow) + "." + first_window_cause()]
+    return ["", f"In {_plural(len(slow), 'row')} the first window's speedup lies far below the later windows' "
+            f"(under 0.8x their lowest), which alone widens the interval: {_windows_text(slow)}."
+            + first_window_cause() + fixed_rerun_note(slow)]
 
 
 def first_window_cause():
@@ -85,8 +101,7 @@ def first_window_cause():
     if not path.is_file():
         return ""
     import pandas as pd
-    probe = pd.read_csv(path)
-    graph = probe[probe.variant == "whole-step graph"]
+    graph = pd.read_csv(path).query("variant == 'whole-step graph'")
 
     def span(values, fmt):
         lo, hi = fmt.format(values.min()), fmt.format(values.max())
@@ -94,67 +109,91 @@ def first_window_cause():
 
     def window(kit, first):
         sel = graph[(graph.kit == kit) & ((graph.window == 1) if first else (graph.window > 1))]
-        return f"{span(sel.calls_per_sample, '{}')} call(s) per sample, {span(sel.median_us, '{:.0f}')} µs per step"
+        calls = span(sel.calls_per_sample, "{}")
+        return f"{calls} {'call' if calls == '1' else 'calls'} per sample ({span(sel.median_us, '{:.0f}')} µs per step)"
 
-    runs_per_kit = graph[graph.window == 1].groupby("kit").size()
-    return (f" The cause, found by `scripts/probe_first_window.py` ({graph.gpu.iloc[0]}, {runs_per_kit.min()} "
-            f"processes per kit): the step captures its graph inside the first window's warm-up "
-            f"({graph.capture_call_ms.min():.0f}-{graph.capture_call_ms.max():.0f} ms), and the kit read the calls "
-            f"per sample from that batch, so window 1 timed {window('before', True)} against "
-            f"{window('before', False)} later. The kit now re-times such a batch: window 1 took "
-            f"{window('fixed', True)} (later windows {window('fixed', False)}). This run predates the fix."
-            + fixed_intervals())
+    processes = graph[graph.window == 1].groupby("kit").size().min()
+    return (f" The cause, found by `scripts/probe_first_window.py` ({graph.gpu.iloc[0]}, {processes} processes per "
+            f"kit version): the step captures its graph during the first window's warm-up, and the call that "
+            f"captures takes {span(graph.capture_call_ms, '{:.0f}')} ms; the kit read the calls per sample from the "
+            f"batch that held it. Window 1 timed {window('before', True)}, later windows {window('before', False)}. "
+            f"The kit now times further batches until two agree: window 1 then took {window('fixed', True)}, later "
+            f"windows {window('fixed', False)}. The recorded run above predates the fix.")
 
 
-def fixed_intervals():
-    """The recorded 02 intervals of the rows the first window widened, beside the first rerun with the fix."""
+def fixed_rerun_note(slow):
+    """The rows the first window widened: their recorded intervals beside two reruns of 02 with the fix, and which
+    rows still have a slow first window there."""
     import pandas as pd
-    fixed = ROOT / "figures" / "rerun" / "02-calibration-fix-h200" / "run-a" / "02_train_step" / "results.csv"
-    if not fixed.is_file():
+    folder = ROOT / "figures" / "rerun" / "02-calibration-fix-h200"
+    reruns = {run: pd.read_csv(folder / run / "02_train_step" / "results.csv") for run in ("run-a", "run-b")
+              if (folder / run / "02_train_step" / "results.csv").is_file()}
+    if not reruns:
         return ""
-    old, new = results.load("02_train_step").df, pd.read_csv(fixed)
     pairs = []
-    for r in old[old.window_speedups.notna() & (old.variant != "eager")].itertuples():
-        v = [float(x) for x in str(r.window_speedups).split(";")]
-        sel = new[(new.case == r.case) & (new.variant == r.variant)]
-        if len(v) >= 3 and v[0] < 0.8 * min(v[1:]) and len(sel):
-            n = sel.iloc[0]
+    for r, _ in slow:
+        fixed = [df[(df.case == r.case) & (df.variant == r.variant)] for df in reruns.values()]
+        if all(len(f) for f in fixed):
             pairs.append(f"{r.case}, {r.variant}: {r.speedup_lo:.2f}-{r.speedup_hi:.2f}x recorded, "
-                         f"{n.speedup_lo:.2f}-{n.speedup_hi:.2f}x with the fix")
-    return (" Their 90% intervals, recorded and in the first rerun with the fix (`figures/rerun/02-calibration-fix-"
-            "h200/run-a`, same GPU kind): " + "; ".join(pairs) + ".") if pairs else ""
+                         + " and ".join(f"{f.iloc[0].speedup_lo:.2f}-{f.iloc[0].speedup_hi:.2f}x" for f in fixed))
+    still = {run: slow_first_windows(df) for run, df in reruns.items()}
+    left = "; ".join(f"{run}: {_windows_text(rows) if rows else 'none'}" for run, rows in still.items())
+    return (f" The {_plural(len(pairs), 'row')}' 90% intervals, recorded and in {_plural(len(reruns), 'rerun')} of "
+            f"notebook 02 with the fix (`{folder.relative_to(ROOT)}`, same GPU kind): " + "; ".join(pairs)
+            + f". Rows with a first window under 0.8x the others' in those reruns: {left}.")
+
+
+def _rerun_table(df):
+    """rerun_report's per-notebook comparison as a markdown table (a notebook without claims shows dashes)."""
+    header = [c for c in ["notebook", "speedups", "inside", "eager_moved", "graph_moved", "claims", "kept",
+                          "definite_a", "definite_b", "opposite"] if c in df]
+
+    def cell(column, value):
+        if value != value:  # NaN: that notebook saved no claims in one of the runs
+            return "-"
+        if column.endswith("moved"):
+            return f"{value:.2f}"
+        return str(int(value)) if isinstance(value, float) else str(value)
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(cell(c, v) for c, v in zip(header, r)) + " |"
+               for r in df[header].itertuples(index=False)])
 
 
 def rerun_paragraph():
-    """How well a second full run landed on the recorded one (scripts/rerun_report.py), and the rerun of 02 with
-    the calibration fix; rendered from the recorded folders."""
+    """How well a second full run landed on the recorded one, and two runs of 02 with the calibration fix against
+    the same pair without it (scripts/rerun_report.py); rendered from the recorded folders."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import rerun_report
 
-    lines = []
     second = ROOT / "figures" / "rerun" / "h200-run-b"
     df = rerun_report.compare_runs(ROOT / "figures", second)
-    if not df.empty:
-        run = json.loads((second / "01_gelu" / "env.json").read_text()).get("run", {})
-        header = ["notebook", "speedups", "inside", "eager_moved", "graph_moved", "claims", "kept", "definite_a",
-                  "definite_b", "opposite"]
-        table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        table += ["| " + " | ".join(f"{v:.2f}" if isinstance(v, float) and k.endswith("moved") else
-                                    str(int(v)) if isinstance(v, float) else str(v)
-                                    for k, v in zip(header, r)) + " |" for r in df[header].itertuples(index=False)]
-        lines += [f"**Does a second run land inside these intervals?** A second `reproduce` of the same notebooks on "
-                  f"the same GPU kind, right after the recorded one (run {run.get('id')}, {run.get('gpu')}, "
-                  f"`figures/rerun/h200-run-b`; `python scripts/rerun_report.py figures figures/rerun/h200-run-b`): "
-                  f"{rerun_report.summary(df)}.", ""] + table + [
-                  "", "`inside`: the second run's speedups inside the first run's intervals; `kept`: claims with the "
-                  "same verdict; `opposite`: holds in one run, fails in the other; `eager_moved` and `graph_moved`: "
-                  "the median factor by which the second run's eager and graph times differ from the first's.", ""]
+    if df.empty:
+        return ""
+    env = next((json.loads(p.read_text()) for p in sorted(second.glob("*/env.json"))), {})
+    run = env.get("run") or {}
+    lines = [f"**Does a second run land inside the intervals below?** A second `reproduce` of the same notebooks "
+             f"on the same GPU kind, right after the recorded one (run {run.get('id', 'not recorded')}, "
+             f"{env.get('gpu')}, in `{second.relative_to(ROOT)}`; `python scripts/rerun_report.py figures "
+             f"{second.relative_to(ROOT)}`): {rerun_report.summary(df)}.", ""] + _rerun_table(df) + [
+             "", "`inside`: the second run's speedups inside the first run's intervals; `kept`: claims with the same "
+             "verdict in both runs; `definite_a`/`_b`: claims that hold or fail (not unclear) in each run; "
+             "`opposite`: holds in one run, fails in the other; `eager_moved` and `graph_moved`: the median factor "
+             "by which the second run's eager and graph times differ from the first's.", ""]
     fix = ROOT / "figures" / "rerun" / "02-calibration-fix-h200"
-    pair = rerun_report.compare_runs(fix / "run-a", fix / "run-b")
-    if not pair.empty:
-        lines += [f"With the calibration fix (the first-window note under notebook 02), notebook 02 run twice on "
-                  f"the same GPU kind (`{fix.relative_to(ROOT)}`): {rerun_report.summary(pair)}.", ""]
+    pair = rerun_report.compare_runs(fix / "run-a", fix / "run-b", notebooks=["02_train_step"])
+    old = df[df.notebook == "02_train_step"]
+    if not pair.empty and len(old):
+        lines += [f"Notebook 02 was run twice more with the kit's calibration fix (the first-window note under "
+                  f"notebook 02 explains it; `{fix.relative_to(ROOT)}`), on the same GPU kind:", ""]
+        lines += _rerun_table(pd_concat([old.assign(notebook="02, recorded pair (before the fix)"),
+                                         pair.assign(notebook="02, two runs with the fix")]))
+        lines += [""]
     return "\n".join(lines)
+
+
+def pd_concat(frames):
+    import pandas as pd
+    return pd.concat(frames, ignore_index=True)
 
 
 def spread_label(df):

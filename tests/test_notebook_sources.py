@@ -199,3 +199,24 @@ def test_conftest_picks_lax_only_when_no_nbval_mode_was_given():
     assert configured(argv=["--nbval-cell-timeout=5"], nbval_cell_timeout=5.0).nbval_cell_timeout == 5.0
     untouched = configured(has_nbval=False)  # -p no:nbval: nothing of nbval is set (or needed)
     assert not untouched.nbval_lax and untouched.nbval_sanitize_with is None
+
+
+HOW_LONG = re.compile(r"\*\*How long\*\*: (?P<value>[\d.]+) (?P<unit>s|min) on an (?P<gpu>NVIDIA [\w ]+?) "
+                      r"\((?:two of them; )?measured by `reproduce`, (?P<date>\d{4}-\d{2}-\d{2})")
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_how_long_quotes_a_recorded_reproduce_run(source):
+    """A notebook's "How long" time is one that `reproduce` recorded in figures/reproduce_times*.json (same GPU,
+    date and notebook, as the facilitator table rounds it), not a number typed from memory."""
+    text = " ".join(line.lstrip("# ").strip() for line in source.read_text().splitlines() if line.startswith("#"))
+    m = HOW_LONG.search(text)
+    assert m, f"{source.name}: no '**How long**: N s|min on an NVIDIA ... (measured by `reproduce`, DATE' line"
+    value = float(m["value"]) * (60 if m["unit"] == "min" else 1)
+    tolerance = 3.0 if m["unit"] == "min" else 0.5  # "2.9 min" stands for 171-177 s, "77 s" for 76.5-77.5 s
+    records = [json.loads(p.read_text()) for p in sorted((PROJECT_ROOT / "figures").glob("reproduce_times*.json"))]
+    seconds = [r["notebooks"].get(source.stem) for r in records
+               if r.get("gpu") == m["gpu"] and str(r.get("date", ""))[:10] == m["date"] and not r.get("smoke")]
+    assert any(s is not None and abs(s - value) <= tolerance for s in seconds), (
+        f"{source.name} says {m['value']} {m['unit']} on an {m['gpu']} ({m['date']}), but the recorded runs of that "
+        f"GPU and day give {[s for s in seconds if s is not None]} s: quote figures/reproduce_times*.json")

@@ -103,15 +103,28 @@ def test_calls_per_sample_fill_the_sample_time(clock):
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="a fake host clock cannot stand in for CUDA synchronization")
-def test_a_one_off_slow_call_in_the_warm_up_does_not_set_the_calls_per_sample(clock):
-    # a training step that captures its graph on its second call (60 ms), then replays in 100 us: the batch that
-    # ends the warm-up holds the capture, so the count is re-timed instead of read from it (which gave 1 call)
-    n = _calls_for(clock.cost([0.0001, 0.060] + [0.0001] * 100), (), sample_ms=20.0, warmup_ms=50.0)
-    assert n == 200
-    # a steadily slow function is not re-timed: one batch of 2 after the warm-up threshold, as before
+@pytest.mark.parametrize("slow_calls", [[2], [3, 4], [7, 8]], ids=["one capture", "two at 3-4", "two at 7-8"])
+def test_captures_in_the_warm_up_do_not_set_the_calls_per_sample(clock, slow_calls):
+    # a training step whose calls take 100 us, except captures of 60 ms (two back to back with accumulate=2):
+    # the batches that hold them disagree with the next, so the count comes from later batches, not from them
+    # (the count was 1 when it came from the batch that ended the warm-up)
+    costs = [0.060 if i in slow_calls else 0.0001 for i in range(1, 200)]
+    assert _calls_for(clock.cost(costs), (), sample_ms=20.0, warmup_ms=50.0) == 200
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a fake host clock cannot stand in for CUDA synchronization")
+def test_calibration_retimes_at_most_twice_and_not_at_all_when_steady(clock):
+    calls = []
+
+    def growing():  # each call 10 us slower than the last: no two batches ever agree
+        calls.append(None)
+        clock.t += 10e-6 * len(calls)
+    _calls_for(growing, (), sample_ms=20.0, warmup_ms=50.0)
+    # batches of 1, 2, 4, ... calls: the warm-up ends with the batch of 64 (about 83 ms in all), then two re-timings
+    assert len(calls) == 1 + 2 + 4 + 8 + 16 + 32 + 64 + 128 + 256
     before = clock.t
     assert _calls_for(clock.cost(0.030), (), sample_ms=20.0, warmup_ms=50.0) == 1
-    assert clock.t - before == pytest.approx(0.090)  # 1 call, then 2: no third batch
+    assert clock.t - before == pytest.approx(0.090)  # a steady 30 ms call: batches of 1 and 2, no third
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="CPU behaviour")

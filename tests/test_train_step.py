@@ -283,9 +283,12 @@ def test_state_machine_warmup_capture_replay_and_short_batch():
         if step.state == "captured" and grads_at_capture is None:
             grads_at_capture = [p.grad for p in test.parameters()]
     assert states == ["warmup"] * 2 + ["captured"] * 8
-    # SGD with momentum: the LR comes from a tensor only where this PyTorch's step reads one (fused or capturable)
+    # SGD(lr=0.05, momentum=0.9): each hyper-parameter is either read from a GPU tensor or frozen, never both;
+    # plain SGD reads both as Python numbers, so both are frozen at their values
     (hp,) = step.hyperparameters
-    assert hp["frozen"].get("momentum") == 0.9 or "momentum" in hp["on_gpu"], hp
+    for key in ("lr", "momentum"):
+        assert (key in hp["on_gpu"]) != (key in hp["frozen"]), hp
+    assert hp["on_gpu"] == {} and hp["frozen"]["lr"] == 0.05 and hp["frozen"]["momentum"] == 0.9, hp
     assert len(fake.graphs) == 1 and step.graphs == {"step": fake.graphs[0]} and step.graph is fake.graphs[0]
     assert fake.graphs[0].replays == step.replays == 7  # 10 calls - 2 warm-up - 1 short batch
     assert step.eager_steps == 1 and step.warmup_steps == 2 and step.optimizer_steps == 10
