@@ -539,9 +539,15 @@ def drift_paragraph():
     drift = results.drift_summary(ROOT / "figures" / "drift")
     if drift is None:
         return ""
+    rows = ["| control | eager, median of processes | eager spread (max/min) | eager 90% PI, one more process | "
+            "graph replay | graph spread | speedup (90% PI) |", "|---|---|---|---|---|---|---|"]
+    rows += [f"| {r.control} | {r.eager_us:.1f} µs | {r.eager_spread:.2f}x | {r.eager_pi_lo:.1f}-{r.eager_pi_hi:.1f} µs "
+             f"| {r.graph_us:.2f} µs | {r.graph_spread:.2f}x | {r.speedup:.2f}x ({r.speedup_pi_lo:.2f}-"
+             f"{r.speedup_pi_hi:.2f}) |" for r in drift["table"].itertuples()]
     return (f"**Where the drift comes from** (`scripts/probe_drift.py`, {drift['gpu']}, {drift['processes']} fresh "
             f"processes per control): {drift['sentence']}. Notebook 01 shows it; speedups are therefore quoted with "
-            f"prediction intervals over windows.\n\n![Run-to-run drift on {drift['gpu']}](figures/drift/drift.png)\n")
+            "prediction intervals over windows. Per control (`figures/drift/drift_summary.csv`):\n\n"
+            + "\n".join(rows) + f"\n\n![Run-to-run drift on {drift['gpu']}](figures/drift/drift.png)\n")
 
 
 def render():
