@@ -3,9 +3,10 @@
     python scripts/update_readme.py          # rewrite README.md between the results markers
     python scripts/update_readme.py --check  # exit 1 if README.md is stale (the tests run this)
 """
-import json
 import sys
 from pathlib import Path
+
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -100,7 +101,6 @@ def first_window_cause():
     path = ROOT / "figures" / "first_window" / "first_window.csv"
     if not path.is_file():
         return ""
-    import pandas as pd
     graph = pd.read_csv(path).query("variant == 'whole-step graph'")
 
     def span(values, fmt):
@@ -124,7 +124,6 @@ def first_window_cause():
 def fixed_rerun_note(slow):
     """The rows the first window widened: their recorded intervals beside two reruns of 02 with the fix, and which
     rows still have a slow first window there."""
-    import pandas as pd
     folder = ROOT / "figures" / "rerun" / "02-calibration-fix-h200"
     reruns = {run: pd.read_csv(folder / run / "02_train_step" / "results.csv") for run in ("run-a", "run-b")
               if (folder / run / "02_train_step" / "results.csv").is_file()}
@@ -169,7 +168,7 @@ def rerun_paragraph():
     df = rerun_report.compare_runs(ROOT / "figures", second)
     if df.empty:
         return ""
-    env = next((json.loads(p.read_text()) for p in sorted(second.glob("*/env.json"))), {})
+    env = results.load(df.notebook.iloc[0], root=second).env
     run = env.get("run") or {}
     lines = [f"**Does a second run land inside the intervals below?** A second `reproduce` of the same notebooks "
              f"on the same GPU kind, right after the recorded one (run {run.get('id', 'not recorded')}, "
@@ -185,15 +184,10 @@ def rerun_paragraph():
     if not pair.empty and len(old):
         lines += [f"Notebook 02 was run twice more with the kit's calibration fix (the first-window note under "
                   f"notebook 02 explains it; `{fix.relative_to(ROOT)}`), on the same GPU kind:", ""]
-        lines += _rerun_table(pd_concat([old.assign(notebook="02, recorded pair (before the fix)"),
-                                         pair.assign(notebook="02, two runs with the fix")]))
+        lines += _rerun_table(pd.concat([old.assign(notebook="02, recorded pair (before the fix)"),
+                                         pair.assign(notebook="02, two runs with the fix")], ignore_index=True))
         lines += [""]
     return "\n".join(lines)
-
-
-def pd_concat(frames):
-    import pandas as pd
-    return pd.concat(frames, ignore_index=True)
 
 
 def spread_label(df):
