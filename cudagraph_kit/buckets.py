@@ -45,11 +45,11 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 try:  # inside cudagraph_kit
-    from .capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, _describe, capture_stream, graph_capture,
+    from .capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, describe_tensor, capture_stream, graph_capture,
                           recover_from_failed_capture)
 except ImportError:  # copied into a project: capture.py sits beside this file
     try:
-        from capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, _describe, capture_stream, graph_capture,
+        from capture import (NO_CUDA_MESSAGE, CaptureError, NoCudaError, describe_tensor, capture_stream, graph_capture,
                              recover_from_failed_capture)
     except ModuleNotFoundError as exc:
         if exc.name != "capture":
@@ -198,7 +198,7 @@ class BucketedGraphs:
         for i, o in enumerate(leaves):
             if o.dim() <= self.dim or o.shape[self.dim] != b:
                 raise ValueError(
-                    f"output {i} has {_describe(o)} for a bucket of {b} rows along dim {self.dim}. Bucketing "
+                    f"output {i} has {describe_tensor(o)} for a bucket of {b} rows along dim {self.dim}. Bucketing "
                     "pads rows and slices them off again, so every output needs one row per input row along "
                     "that dim. Fix: return per-row results (reduce over the batch after the call), or set dim.")
         if self._out_spec is None:
@@ -287,7 +287,7 @@ class BucketedGraphs:
                 expect = list(pre) + ["rows"] + list(post)
                 raise ValueError(
                     f"argument {i}: the buckets were captured for shape ({', '.join(map(str, expect))}) "
-                    f"{str(dtype).replace('torch.', '')} on {device}, got {_describe(a)}. Only the size along "
+                    f"{str(dtype).replace('torch.', '')} on {device}, got {describe_tensor(a)}. Only the size along "
                     f"dim {d} may vary; nothing was copied or replayed. Fix: convert it (.to(device, dtype)) or "
                     "capture buckets for this shape.")
             rows = a.shape[d]
@@ -387,7 +387,7 @@ class BucketedGraphs:
         s = self.sizes if len(self.sizes) <= 12 else self.sizes[:5] + ["..."] + self.sizes[-3:]
         pool = "eager" if self.mode == "eager" else ("shared pool" if self.pool is not None else "private pools")
         return (f"BucketedGraphs({getattr(self.fn, '__name__', type(self.fn).__name__)}, mode={self.mode!r}, "
-                f"{len(self.sizes)} buckets {s}, {pool}, inputs=[{', '.join(_describe(t) for t in self.static_inputs)}])")
+                f"{len(self.sizes)} buckets {s}, {pool}, inputs=[{', '.join(describe_tensor(t) for t in self.static_inputs)}])")
 
 
 def capture_buckets(fn: Callable[..., Any], *sample_args: torch.Tensor, sizes: Sequence[int] | None = None,

@@ -146,7 +146,7 @@ def explain_capture_failure(exc: BaseException) -> str:
     return _format_failure(*diagnose_capture_failure(exc))
 
 
-def _torch_release() -> tuple:
+def torch_release() -> tuple:
     """``(major, minor)`` of the installed PyTorch, e.g. ``(2, 11)`` for "2.11.0+cu130"."""
     return tuple(int(n) for n in re.findall(r"\d+", torch.__version__)[:2])
 
@@ -174,7 +174,7 @@ def graph_features() -> dict:
         graph_options = inspect.signature(torch.cuda.graph).parameters
     except (TypeError, ValueError):
         graph_options = {}
-    newer = _torch_release() >= (2, 14)
+    newer = torch_release() >= (2, 14)
     return {"check_input_liveness": "check_input_liveness" in graph_options,
             "mempool_capture_pool": newer and hasattr(torch.cuda, "MemPool"),
             "generators_register_themselves": newer,
@@ -296,7 +296,8 @@ def graph_capture(graph, pool=None, stream=None, **options):
             gc.enable()
 
 
-def _describe(t) -> str:
+def describe_tensor(t) -> str:
+    """``describe_tensor(torch.zeros(2, 3))`` -> "shape (2, 3) float32 on cpu" (the kit's error messages)."""
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
     return f"shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device}"
@@ -334,8 +335,8 @@ class GraphedCallable:
         for i, (a, (shape, dtype, device)) in enumerate(zip(args, self._specs)):
             if not (isinstance(a, torch.Tensor) and a.shape == shape and a.dtype == dtype and a.device == device):
                 raise ValueError(
-                    f"argument {i}: the graph was captured for {_describe(self.static_inputs[i])}, "
-                    f"got {_describe(a)}. A graph replays fixed shapes, dtypes and devices; nothing was "
+                    f"argument {i}: the graph was captured for {describe_tensor(self.static_inputs[i])}, "
+                    f"got {describe_tensor(a)}. A graph replays fixed shapes, dtypes and devices; nothing was "
                     "copied or replayed. Fix: pass a matching tensor (pad a short batch, .to(dtype/device)), "
                     "or capture one graph per shape.")
 
@@ -385,7 +386,7 @@ class GraphedCallable:
 
     def __repr__(self):
         return (f"GraphedCallable({getattr(self.fn, '__name__', self.fn)!r}, mode={self.mode!r}, "
-                f"inputs=[{', '.join(_describe(s) for s in self.static_inputs)}], "
+                f"inputs=[{', '.join(describe_tensor(s) for s in self.static_inputs)}], "
                 f"calls_per_graph={self.calls_per_graph})")
 
 

@@ -50,10 +50,10 @@ from dataclasses import dataclass
 import torch
 
 try:  # inside cudagraph_kit
-    from .capture import capture_stream
+    from .capture import capture_stream, torch_release
 except ImportError:  # copied into a project: capture.py sits beside this file
     try:
-        from capture import capture_stream
+        from capture import capture_stream, torch_release
     except ModuleNotFoundError as exc:
         if exc.name != "capture":
             raise
@@ -121,7 +121,7 @@ def setup_distributed_for_graphs(backend: str | None = None, **init_kwargs) -> D
     cuda = torch.cuda.is_available()
     backend = backend or ("nccl" if cuda else "gloo")
     os.environ[_ENV_NEW] = "0"  # overrides torchrun's default of 1; the new name wins over the old one
-    if tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 2):
+    if torch_release() < (2, 2):
         os.environ[_ENV_OLD] = "0"  # PyTorch < 2.2 only knows the old name
     if "RANK" not in os.environ:  # a single process, not started by torchrun
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

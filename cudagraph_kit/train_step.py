@@ -71,12 +71,12 @@ import torch
 
 try:  # inside cudagraph_kit
     from .capture import (CaptureError, NoCudaError, capture_stream, graph_capture, recover_from_failed_capture, reseed_error,
-                          reseeding_calls)
+                          reseeding_calls, describe_tensor)
 except ImportError:  # copied into a project: capture.py sits beside this file
     try:
         from capture import (CaptureError, NoCudaError, capture_stream, graph_capture, recover_from_failed_capture,
                              reseed_error,
-                             reseeding_calls)
+                             reseeding_calls, describe_tensor)
     except ModuleNotFoundError as exc:
         if exc.name != "capture":
             raise
@@ -93,11 +93,6 @@ _NO_CUDA = (
 _DEVICE_LR_FIX = ("use an optimizer that reads a tensor LR on the GPU inside the graph: torch.optim.SGD(..., "
                   "fused=True) or torch.optim.Adam/AdamW(..., capturable=True)")
 
-
-def _describe(t) -> str:
-    if not isinstance(t, torch.Tensor):
-        return type(t).__name__
-    return f"shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device}"
 
 
 def _check_capturable(optimizer: torch.optim.Optimizer) -> None:
@@ -317,7 +312,7 @@ class GraphedTrainStep:
         for i, (b, s) in enumerate(zip(batch, self.static_batch)):
             if not isinstance(b, torch.Tensor) or b.dtype != s.dtype or b.device != s.device:
                 raise ValueError(
-                    f"batch element {i}: expected {_describe(s)} (like sample_batch), got {_describe(b)}. "
+                    f"batch element {i}: expected {describe_tensor(s)} (like sample_batch), got {describe_tensor(b)}. "
                     "Nothing was run. Fix: convert it first, e.g. x.to(device, dtype, non_blocking=True).")
             same_shape = same_shape and b.shape == s.shape
         return same_shape
@@ -534,7 +529,7 @@ class GraphedTrainStep:
         acc = f", accumulate={self.accumulate}" if self.accumulate > 1 else ""
         return (f"GraphedTrainStep(mode={self.mode!r}, state={self.state!r}, warmup_steps={self.warmup_steps}, "
                 f"eager_steps={self.eager_steps}, replays={self.replays}{acc}, "
-                f"batch=[{', '.join(_describe(s) for s in self.static_batch)}])")
+                f"batch=[{', '.join(describe_tensor(s) for s in self.static_batch)}])")
 
 
 def _reseed_watch():
@@ -770,7 +765,7 @@ def capture_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """
     if isinstance(sample_batch, torch.Tensor):
         raise TypeError(
-            f"sample_batch is a single tensor ({_describe(sample_batch)}); it must be a tuple (inputs..., target) "
+            f"sample_batch is a single tensor ({describe_tensor(sample_batch)}); it must be a tuple (inputs..., target) "
             "like the batches the step is called with (a tensor would be split into its rows). Fix: pass "
             "sample_batch=(x, y).")
     batch = tuple(sample_batch)

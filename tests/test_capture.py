@@ -54,7 +54,7 @@ def test_graph_features_match_the_releases_that_brought_them():
     """Read from PyTorch's own wheels: torch.cuda.graph took check_input_liveness from 2.13; from 2.14 a graph takes
     a MemPool as its pool and register_generator_state is a deprecated no-op."""
     features = graph_features()
-    release = capture_module._torch_release()
+    release = capture_module.torch_release()
     assert set(features) == {"check_input_liveness", "mempool_capture_pool", "generators_register_themselves",
                              "debug_dump"}
     assert features["check_input_liveness"] == (release >= (2, 13))
