@@ -576,6 +576,10 @@ print("saved to", folder, "(results.csv, env.json, claims.csv, figures)")
 
 # %% [markdown]
 # ## 9. Side by side with the published K80 figures
+# The published figures come from a 2021 blog post in Japanese by the GitHub user shu65,
+# "PyTorch 1.10の新機能「CUDA Graphs」のパフォーマンスを測定してみる" ("Measuring the performance of CUDA Graphs,
+# new in PyTorch 1.10"), and its measurement notebook,
+# [shu65/blog-pytorch-notebooks: pytorch_CUDA_Graphs.ipynb](https://github.com/shu65/blog-pytorch-notebooks/blob/main/pytorch_CUDA_Graphs.ipynb).
 # The blog timed 10,000 calls with `time.time()` on a Tesla K80, PyTorch 1.10, CUDA 11.1 (mean per call).
 # Its graph figures replayed on data already in place. Here both speedups are shown: replay on data in
 # place, and `g(x)` with the input copy. The floor quoted is the `floor_us` of the graph replay row (the

@@ -1117,6 +1117,10 @@ print("saved to", folder, f"(results.csv, env.json, claims.csv with {len(claims)
 
 # %% [markdown]
 # ## 9. Side by side with the published K80 figure and our reference runs
+# The published figure comes from a 2021 blog post in Japanese by the GitHub user shu65,
+# "PyTorch 1.10の新機能「CUDA Graphs」のパフォーマンスを測定してみる" ("Measuring the performance of CUDA Graphs,
+# new in PyTorch 1.10"), and its measurement notebook,
+# [shu65/blog-pytorch-notebooks: pytorch_CUDA_Graphs.ipynb](https://github.com/shu65/blog-pytorch-notebooks/blob/main/pytorch_CUDA_Graphs.ipynb).
 # The blog timed 10 iterations with `time.time()` on a Tesla K80 (PyTorch 1.10, CUDA 11.1): eager
 # **1.11 ms** per step, whole-step graph **0.471 ms** (**2.36×**); its eager loop never zeroed the gradients
 # and its warm-up was not on a side stream (this notebook fixes both). The reference columns are plain PyTorch

@@ -1080,6 +1080,10 @@ plt.close(fig)
 # %% [markdown]
 # ## 9. Fusion vs graphs, and the published figures
 #
+# The published figures come from a 2021 blog post in Japanese by the GitHub user shu65,
+# "PyTorch 1.10の新機能「CUDA Graphs」のパフォーマンスを測定してみる" ("Measuring the performance of CUDA Graphs,
+# new in PyTorch 1.10"), and its measurement notebook,
+# [shu65/blog-pytorch-notebooks: pytorch_CUDA_Graphs.ipynb](https://github.com/shu65/blog-pytorch-notebooks/blob/main/pytorch_CUDA_Graphs.ipynb).
 # The blog measured on a Tesla K80 with PyTorch 1.10 (wall clock, 10,000 calls, mean). Our reference is a plain
 # PyTorch run on an H100 (PyTorch 2.11, median of 5 repeats, in a process whose timings no profiler session had
 # slowed down; "-" where it has no figure). The last column is this notebook's run (phase 1; the phase 2

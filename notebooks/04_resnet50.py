@@ -576,10 +576,19 @@ fig_infer.tight_layout()
 #   error naming the fix, instead of training silently at a constant LR.
 # - **Clipping.** `clip_grad_norm_(..., error_if_nonfinite=False)` computes the norm and scales the gradients
 #   entirely on the GPU (the non-finite check is what would read the norm on the CPU), so it is captured.
-# - **fp16 + `GradScaler`** (the T4 path): the scaler skips a step when gradients overflow by reading a flag on
-#   the CPU, which a graph cannot do. So the graph captures forward and `scaler.scale(loss).backward()`; then
+# - **fp16 + `GradScaler`** (the T4 path): the scaler skips the optimizer step when gradients overflow, and
+#   whether that reads a value on the CPU depends on the optimizer (PyTorch's `torch/amp/grad_scaler.py`,
+#   `GradScaler.step`). An optimizer without fused scale handling (plain or `foreach` SGD, Adam, AdamW:
+#   `_step_supports_amp_scaling` is False) goes through `_maybe_opt_step`, which reads the found-inf flags with
+#   `.item()`: a host-GPU synchronization every step, which a capture forbids. An optimizer built with
+#   `fused=True`, such as the `SGD(fused=True)` above, has `_step_supports_amp_scaling` set: `scaler.step` hands
+#   it the scale and the found-inf flag as GPU tensors, and the fused kernel unscales and skips the update on the
+#   GPU, with no CPU read (PyTorch's own test `test_graph_scaling_fused_optimizers` captures `scaler.step` and
+#   `scaler.update` with fused optimizers). `scaler.update()` stays on the GPU either way. The kit keeps one
+#   design for every optimizer: the graph captures forward and `scaler.scale(loss).backward()`; then
 #   `scaler.unscale_` (before clipping, so the clip sees true gradients), clipping, `scaler.step` and
-#   `scaler.update` run eagerly after the replay. bf16 needs no scaler and the whole step is one graph.
+#   `scaler.update` run eagerly after the replay (with a fused optimizer: launches, no synchronization). bf16
+#   needs no scaler and the whole step is one graph.
 # - **Gradient accumulation** fits the state machine: with `accumulate=k` each call is one micro-batch and
 #   every k-th call steps. There is one graph per position in the window (the first writes fresh gradients,
 #   the middle ones add to them, the last adds, clips and steps), sharing one memory pool. Section 4 checks it.
@@ -1243,7 +1252,8 @@ recorded = results.show_recorded(STEM, columns=["section", "case", "variant", "e
 # - A whole AMP training step, optimizer included, is one graph with `capture_train_step`, and the parts of a
 #   real loop come along: the LR scheduler (through a GPU LR tensor, for `SGD(fused=True)` and
 #   `Adam`/`AdamW(capturable=True)`), gradient clipping inside the graph, gradient accumulation, fp16 with a
-#   `GradScaler` (its inf check stays eager), the short last batch. Name the optimizer settings of both sides
+#   `GradScaler` (its step and update run eagerly after the replay; only a non-fused optimizer makes the inf check
+#   a CPU read), the short last batch. Name the optimizer settings of both sides
 #   when you compare them: eager AdamW here is the default (`capturable=False`), the graph's is capturable.
 # - The loop keeps its shape: three lines change, and the graph logic lives in the wrapper.
 # - Feeding it is ordinary: workers, pinned memory and non-blocking copies; measure whether the loader or the

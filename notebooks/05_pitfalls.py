@@ -652,15 +652,19 @@ record("memory held by one private pool per graph", "wastes memory (can run out)
 #   without a graph** and only logs *"skipping cudagraphs due to ..."*. Turn the log on with
 #   `TORCH_LOGS="cudagraphs"` (older versions: `"perf_hints"`) or `torch._logging.set_logs(...)`; the count
 #   is in `torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]`.
-# - Its outputs live in the graph's memory, and the next call may write into it. Keep an output and call again:
-#   PyTorch's CUDAGraph Trees documentation says reading the old one raises *"accessing tensor output of
-#   CUDAGraphs that has been overwritten by a subsequent run"*; a PyTorch version may instead let the kept
-#   tensor silently hold the next call's values, with no error. Do not rely on the error: clone what you keep
-#   (notebook 03 has the rest of the story: `cudagraph_mark_step_begin`).
+# - Its outputs live in the graph's memory, and the next call may write into it. Keep an output and call again,
+#   and what reading the old one does depends on which run produced it (PyTorch's
+#   `torch/_inductor/cudagraph_trees.py`; notebook 03, section 4 tries both). When the next call starts a new
+#   generation, the tree invalidates the outputs of a *warm-up* or *recording* run you still hold (the first
+#   calls for a shape), and reading one raises *"accessing tensor output of CUDAGraphs that has been overwritten
+#   by a subsequent run"*. The outputs of a *replay* (every later call) are left as they are: the next replay
+#   writes its result into their memory, and the kept tensor silently holds the next call's values, with no
+#   error. Do not rely on the error: clone what you keep (notebook 03 has the rest of the story:
+#   `cudagraph_mark_step_begin`).
 #
-# The experiment keeps an output, calls again with other data, and prints what this PyTorch did (raised, or
-# silently holds the next call's values), then the same with a `.clone()`. Compiling runs in a separate process
-# with a time limit, so a slow or stuck compile cannot stall the notebook.
+# The experiment keeps an output of a replay (the fourth call), calls again with other data, and prints what this
+# PyTorch did, then the same with a `.clone()`. Compiling runs in a separate process with a time limit, so a slow
+# or stuck compile cannot stall the notebook.
 
 # %%
 from cudagraph_kit.course.pitfall_scripts import reduce_overhead_pitfalls

@@ -210,11 +210,13 @@ for name, (model, row_shape) in MODELS.items():
 # reuse the memory the larger one freed. A request of 5 rows is copied into the first 5 rows, rows 5..7 are
 # padded with zeros, the 8-row graph replays, and the result is the first 5 rows of the output buffer.
 #
-# PyTorch's documentation calls sharing a pool safe for graphs that always replay in the order they were
-# captured and never concurrently. Buckets replay in any order, which is safe here for a narrower reason:
+# The rule for a shared pool (PyTorch's CUDA graph notes, "Sharing memory across captures"; notebook 05,
+# section 9): graphs in one pool must not run concurrently, and if one reads another's output, replay them in
+# the order they were captured. Buckets read none of each other's outputs, so they may replay in any order:
 # everything a bucket's graph reads from the pool it has written earlier in the same replay, and its result
-# is copied into the output buffer, which lives outside the pool. The next call overwrites that buffer, so
-# clone a result you keep.
+# is copied into the output buffer, which lives outside the pool. (Older versions of the notes asked for the
+# capture order in every case; PyTorch clarified them in 2025, pull request #166975.) The next call overwrites
+# the output buffer, so clone a result you keep.
 
 # %%
 mlp = MODELS["MLP"][0]

@@ -228,7 +228,8 @@ else:
 # step has been issued, **without** synchronizing. After the run, the interval between consecutive events
 # is the step time on the GPU's own timeline: how often a step completes on that GPU, including any time
 # it sat idle waiting for its CPU to launch work, or inside the all-reduce waiting for the other rank. The
-# host time between step returns (`host_us`) is kept beside it. One synchronize at each end of the timed
+# host time between step returns (`host_us`) is kept beside it; it includes the time the CPU waits, so it does
+# not show how busy the CPU is (section 5). One synchronize at each end of the timed
 # window gives the throughput (images, or MLP samples, per second over all ranks).
 #
 # Why not `torch.cuda.synchronize()` after every step? A synchronize makes the CPU wait for the GPU, so the
@@ -314,11 +315,22 @@ else:
         display(Image(filename=str(png)))
 
 # %% [markdown]
-# How to read it. The *host time per step* is what the CPU spends issuing one step. If it is close to the
-# step time, the CPU is the bottleneck: the GPU waits for launches, and a hiccup of either rank's CPU
-# delays the all-reduce of both. If it is a small fraction of the step time, the CPU runs ahead, and the
-# step time is what the GPU needs. The next cell states, from the recorded table, which case each run is in
-# and how the spread across steps (IQR, p99) and across ranks changed from eager to graph.
+# How to read it. The *host time per step* (`host_median_us`, the time between step returns) cannot tell
+# whether the CPU is the bottleneck. In a steady loop the CPU cannot run ahead of the GPU for long: once it has
+# filled the launch queue, or when it reaches the all-reduce, a copy or a synchronize, it waits. So a step
+# returns once per step time on average, whether the CPU spent that time launching or waiting, and the host
+# time is about 100% of the step in every run, graphed ones included (the next cell prints it), although a
+# graphed step leaves the CPU almost nothing to do.
+#
+# What separates the two cases is the CPU's time spent *launching* a step (not waiting) against the GPU's busy
+# time per step (the floor, from the profiler). The script measures neither inside the DDP ranks: a profiler
+# session there would slow the steps it times. The recorded table answers the question another way. A
+# whole-step graph runs the same kernels and the same all-reduce as the eager step, with one launch. Its step
+# time is therefore about what the GPU needs, including the wait for the other rank. If the eager step is much
+# longer than the graphed one, the eager GPU spent the difference waiting for its CPU: the eager step was
+# CPU-bound, and a hiccup of either rank's CPU delays the all-reduce of both. If the two are close, the step
+# was GPU-bound and a graph has little to remove. The next cell prints, from the recorded table, both step times
+# of each model and how the spread across steps (IQR, p99) and across ranks changed from eager to graph.
 
 # %%
 def compare_sentence(label, e, g):
@@ -387,8 +399,8 @@ else:
 # **Why they differ.** The GPUs differ (A100 there; the recorded run names its GPU above), TorchAcc's gain
 # comes from a compiler, ours from removing launches, and their "AMP" is not necessarily our bf16. What
 # carries over is the shape of the argument: a data-parallel step can only be as fast as its slowest rank,
-# and where the eager step is bound by the CPU that launches it (section 5 shows whether it is, from the
-# host time per step), removing the launches raises the throughput of every rank at once. The talk's jitter
+# and where the eager step is bound by the CPU that launches it (section 5 reads that from the eager and the
+# graphed step times), removing the launches raises the throughput of every rank at once. The talk's jitter
 # argument grows with the number of ranks, since the more ranks there are, the likelier one of them hiccups
 # at any given step; the MLPerf figures come from runs at scale, two GPUs on one machine show the mechanism.
 #
