@@ -21,9 +21,14 @@
 # is, here). A CUDA graph removes those launches, but it replays fixed shapes, and a cache that grows by one
 # position per token changes shape at every step. A **static
 # KV cache**, allocated once for a maximum length and masked, keeps every shape fixed; then one graph per batch
-# size replays every decode step. Serving engines (vLLM, SGLang) do exactly this for a ladder of batch sizes in
-# one shared memory pool; `torch.compile(mode="reduce-overhead")` and Hugging Face's `generate` with a static
-# cache do it for you.
+# size replays every decode step. `torch.compile(mode="reduce-overhead")` and Hugging Face's `generate` with a
+# static cache do this for you. Serving engines share two of its ideas: decode graphs captured up front for a
+# fixed list of batch sizes, a batch padded up to the next one, and one memory pool for all of them (vLLM's
+# `cudagraph_capture_sizes` and its graph manager's one `graph_pool_handle()`; SGLang's `--cuda-graph-max-bs`).
+# Their cache differs: vLLM keeps keys and values in a pool of fixed-size blocks shared by all sequences, each
+# sequence with a table of its blocks that the attention kernel reads (PagedAttention), not a maximum-length
+# cache per sequence as here; and it can capture a model piecewise, leaving attention outside the graphs (vLLM's
+# "CUDA Graphs" design document).
 #
 # This notebook builds a small LLaMA-style model with random weights (nothing is downloaded), decodes greedily
 # with a static cache, captures the decode step once per batch bucket with the kit, and sets it side by side
@@ -39,6 +44,12 @@
 # - What the kit's graphs, `reduce-overhead` and `transformers`' static-cache `generate` each cost and buy:
 #   time per token, tokens per second, capture or compile time, memory.
 # - What a graph buys prefill (the prompt) next to a decode step, and why the two differ.
+# - That fusion and graphs are separate tools: a graph removes launches, fusion removes kernels, and
+#   `torch.compile` without its graphs, captured by the kit, combines both (section 11).
+# - How to put several tokens in one replay: K decode steps per graph, the stop token handled on the GPU
+#   (section 12).
+# - How to graph your own `transformers` model's decode step with a `StaticCache`, and the cache's write-position
+#   trap (section 13).
 # - How to state a speedup so that a rerun agrees: timing windows, a prediction interval, and a verdict ("holds",
 #   "fails", or "no clear difference") for every comparison the notebook makes, saved in `claims.csv`.
 #
@@ -88,7 +99,8 @@ WINDOWS = 3           # timing windows of every comparison, spread in time: spee
 WINDOW_PAUSE_S = 1.0  # the windows of one comparison start at least this many seconds apart
 COMPILE = True        # torch.compile(mode="reduce-overhead") of the decode step (GPU only)
 HF = True             # transformers' generate on the same weights (skipped, with a message, if not installed)
-TIME_BUDGET_S = 150   # once the notebook has run this long, variants that still need compiling are skipped (said so)
+TIME_BUDGET_S = 300   # once the notebook has run this long, variants that still need compiling are skipped (said so)
+K_STEPS = (1, 2, 4, 8)  # decode steps per graph replay (section 12)
 SEED = 0
 
 # %%
@@ -106,6 +118,8 @@ from cudagraph_kit.buckets import MemoryLedger, capture_buckets, evaluate_bucket
 from cudagraph_kit.capture import capture
 from cudagraph_kit.course import results
 from cudagraph_kit.course.claims import Claim, save_claims
+from cudagraph_kit.course.decode import decode_state, generate_blocks, k_step, load_state, positions_needed, stop_after
+from cudagraph_kit.course.hf_decode import StaticDecoder, hf_status
 from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, first_divergence, greedy_generate,
                                            greedy_generate_no_cache, hf_generate, to_hf_llama)
 from cudagraph_kit.intervals import prediction_interval, ratio_across_windows
@@ -130,18 +144,14 @@ DT = getattr(torch, DTYPE) if CUDA else torch.float32
 CFG = (TinyConfig(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, hidden=176) if small
        else TinyConfig(vocab_size=8192, dim=512, layers=4, heads=8, kv_heads=2, hidden=1408))
 MAX_GEN = 8 if small else 64          # longest request of the serving loop (tokens)
-MAX_LEN = max(PROMPT_LEN + NEW_TOKENS, MAX_GEN + 1)
+MAX_LEN = max(positions_needed(PROMPT_LEN, NEW_TOKENS, max(K_STEPS)), MAX_GEN + 1)   # K-step blocks write whole
 SYNC = torch.cuda.synchronize if CUDA else (lambda: None)
 torch.manual_seed(SEED)
 torch.set_grad_enabled(False)   # inference throughout
 if not CUDA:
     torch.set_num_threads(1)    # tiny CPU work: one thread is faster than several competing for a small machine
 
-try:
-    import transformers
-    HF_VERSION = transformers.__version__
-except ImportError:
-    HF_VERSION = None
+HF_VERSION, HF_WHY = hf_status()   # the transformers version, or None and why (missing, too old)
 HF = HF and HF_VERSION is not None
 
 
@@ -157,7 +167,7 @@ print(env_table())
 print(f"\nSMOKE={SMOKE}  BATCHES={BATCHES}  PROMPT_LEN={PROMPT_LEN}  NEW_TOKENS={NEW_TOKENS}  dtype={DT}  "
       f"SERVE_STEPS={SERVE_STEPS}  SAMPLES={SAMPLES} x WINDOWS={WINDOWS}  COMPILE={COMPILE}  transformers={HF_VERSION}")
 if HF_VERSION is None:
-    print(">>> transformers is not installed: its rows are skipped (pip install transformers to add them).")
+    print(f">>> the transformers rows are skipped: {HF_WHY}.")
 if not CUDA:
     print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run checks the static-cache decoding and the\n"
           ">>> transformers parity on the CPU at small sizes and runs every 'graph' eagerly (labelled 'eager\n"
@@ -311,6 +321,10 @@ assert padded_err < 1e-3
 #   the same weights: `cache_implementation="static"` makes it allocate a static cache, and on a GPU its
 #   `generate` then compiles the decoding forward with `torch.compile(mode="reduce-overhead")` by itself. Its
 #   default dynamic cache (eager) is timed as well. Its prefill and ours both run eagerly.
+# - **`torch.compile` without graphs, then the kit's graphs** ("compile + kit graphs"): the decode step compiled
+#   in the default mode (Inductor fuses kernels; no CUDA graphs), with dynamic batch sizes so that one compile
+#   serves every bucket, then captured per bucket by `capture_buckets` exactly as the eager step was. Section 11
+#   sets the three tools side by side.
 #
 # Each variant is tried on its own; one that fails becomes a row with its error, and the others go on.
 
@@ -347,6 +361,32 @@ if COMPILE:
 else:
     print("reduce-overhead: skipped (" + ("needs a CUDA GPU)" if not CUDA else "COMPILE=False)"))
 
+fused_graphs, fused_setup = None, {}
+if COMPILE:
+    def build_fused():
+        def fused_decode(tokens, pos):
+            return model.decode(tokens, pos, cache)
+        fused = torch.compile(fused_decode, dynamic=True)   # default mode: Inductor's fused kernels, no CUDA graphs
+
+        def fused_step(tokens, pos):
+            if CLEAR_CUBLAS is not None and torch.cuda.is_current_stream_capturing():
+                CLEAR_CUBLAS()                               # as graph_step: the workspace in the graph's pool
+            return fused(tokens, pos)
+        t0 = time.perf_counter()
+        fused_step(sample_tokens, sample_pos)                # the compile (one, for every batch size)
+        SYNC()
+        fused_setup["compile_s"] = time.perf_counter() - t0
+        with ledger.measure("compile + kit buckets") as row:
+            bg = capture_buckets(fused_step, sample_tokens, sample_pos, sizes=LADDER)
+        fused_setup.update(capture_s=bg.capture_seconds, reserved_mib=row["reserved_delta"] / MiB)
+        return bg
+    fused_graphs = attempt("compile + kit graphs", build_fused)
+    if fused_graphs is not None:
+        print(f"compile + kit graphs: compiled in {fused_setup['compile_s']:.1f} s, {len(LADDER)} buckets captured "
+              f"in {fused_setup['capture_s']:.2f} s")
+else:
+    print("compile + kit graphs: skipped (" + ("needs a CUDA GPU)" if not CUDA else "COMPILE=False)"))
+
 hf_model = None
 if HF:
     hf_model = attempt("transformers", lambda: to_hf_llama(model, max_position_embeddings=max(4096, MAX_LEN)))
@@ -363,12 +403,15 @@ def gen_kit(b):
     return greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=graphs)
 
 
+FUSED_GEN, FUSED_STEP = "compile + kit graphs per bucket", "compile + kit graph (bucket)"
 VARIANTS = {   # label -> generate(b) -> tokens (b, NEW_TOKENS); every one on the same model, weights, prompts
     "eager": lambda b: greedy_generate(model, cache, prompts[b], NEW_TOKENS),
     "kit graphs per bucket": gen_kit,
 }
 if compiled_step is not None:
     VARIANTS["reduce-overhead"] = lambda b: greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=compiled_step)
+if fused_graphs is not None:
+    VARIANTS[FUSED_GEN] = lambda b: greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=fused_graphs)
 HF_STATIC = "transformers generate, static cache" + (" (compiled)" if CUDA else "")
 HF_DYNAMIC = "transformers generate, dynamic cache"
 if hf_model is not None:
@@ -394,36 +437,38 @@ def logits_of(label, b):
         impl = "static" if "static" in label else None
         tokens = hf_generate(hf_model, prompts[b], NEW_TOKENS, cache_implementation=impl, logits_out=out)
     else:
-        step = {"eager": None, "reduce-overhead": compiled_step}.get(label, graphs)
+        step = {"eager": None, "reduce-overhead": compiled_step, FUSED_GEN: fused_graphs}.get(label, graphs)
         tokens = greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=step, logits_out=out)
     return tokens, out
 
 
 check_rows, setup = [], {}
 eager_ref = {b: logits_of("eager", b) for b in BATCHES}
+setup_mem = {}   # label -> the ledger's row: memory the allocator reserved during its first calls
 for label in VARIANTS:
-    for b in BATCHES:
-        if label in variant_errors:
-            break
-        if label in NEEDS_COMPILE and over_budget():
-            variant_errors[label] = (f"skipped: the notebook had run {elapsed():.0f} s (TIME_BUDGET_S="
-                                     f"{TIME_BUDGET_S}) before its compile at batch {b}")
-            print(f"{label}: {variant_errors[label]}")
-            break
-        t0 = time.perf_counter()
-        got = attempt(label, lambda: logits_of(label, b))
-        SYNC()
-        if got is None:
-            break
-        setup[(label, b)] = time.perf_counter() - t0
-        tokens, lg = got
-        d = first_divergence(tokens, eager_ref[b][0], lg, eager_ref[b][1])
-        check_rows.append({"variant": label, "batch": b,
-                           "tokens_equal": d["equal"], "rows_differing": d["rows_differing"],
-                           "first_step": d["first_step"], "margin": d["margin"], "logit_diff": d["logit_diff"],
-                           "near_tie": (not d["equal"]) and d["logit_diff"] >= d["margin"],
-                           "max_logit_diff": max((a - r).abs().max().item() for a, r in zip(lg, eager_ref[b][1])),
-                           "first_call_s": setup[(label, b)]})
+    with ledger.measure(f"first calls, {label}") as setup_mem[label]:
+        for b in BATCHES:
+            if label in variant_errors:
+                break
+            if label in NEEDS_COMPILE and over_budget():
+                variant_errors[label] = (f"skipped: the notebook had run {elapsed():.0f} s (TIME_BUDGET_S="
+                                         f"{TIME_BUDGET_S}) before its compile at batch {b}")
+                print(f"{label}: {variant_errors[label]}")
+                break
+            t0 = time.perf_counter()
+            got = attempt(label, lambda: logits_of(label, b))
+            SYNC()
+            if got is None:
+                break
+            setup[(label, b)] = time.perf_counter() - t0
+            tokens, lg = got
+            d = first_divergence(tokens, eager_ref[b][0], lg, eager_ref[b][1])
+            check_rows.append({"variant": label, "batch": b,
+                               "tokens_equal": d["equal"], "rows_differing": d["rows_differing"],
+                               "first_step": d["first_step"], "margin": d["margin"], "logit_diff": d["logit_diff"],
+                               "near_tie": (not d["equal"]) and d["logit_diff"] >= d["margin"],
+                               "max_logit_diff": max((a - r).abs().max().item() for a, r in zip(lg, eager_ref[b][1])),
+                               "first_call_s": setup[(label, b)]})
 checks = pd.DataFrame(check_rows)
 print(checks.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 unexplained = checks[~checks.tokens_equal & ~checks.near_tie]
@@ -440,7 +485,8 @@ for v in variant_errors:
 # ## 7. Time per decode step, and the floor
 #
 # The decode step alone at each batch size, on the same tokens and positions: eager; the kit's graph for that
-# bucket (copy the inputs in, replay, slice the logits); the compiled step. In each window they take turns in one
+# bucket (copy the inputs in, replay, slice the logits); `reduce-overhead`; the compiled step captured per bucket by
+# the kit ("compile + kit graph"). In each window they take turns in one
 # `compare` call (round-robin), and the window's speedup is the median of its per-round ratios. The **floor** is
 # the GPU-busy time of one replay of the kit's graph (`gpu_time`): how fast a decode step could go if the host
 # cost nothing. Each step makes one token per sequence, so the time per step is the time per token each sequence
@@ -528,7 +574,7 @@ def window_line(frame):
                      if r.variant != "eager")
 
 
-claims = []   # every comparison this notebook states; saved to claims.csv in section 12
+claims = []   # every comparison this notebook states; saved to claims.csv in section 16
 
 
 def state(claim):
@@ -557,9 +603,9 @@ def speedup_claim(claim_id, table, case, variant, above=1.0, what="faster than e
                         f"straddles {above:g}x"))
 
 
-def faster_claim(claim_id, windows, case, fast, slow):
-    """A claim that `fast` is faster than `slow` in `case`, neither of them the baseline: the prediction interval of
-    slow's time over fast's, window by window (ratio_across_windows)."""
+def faster_claim(claim_id, windows, case, fast, slow, above=1.0):
+    """A claim that `fast` is faster than `slow` in `case` (by a factor above `above`), neither of them the baseline:
+    the prediction interval of slow's time over fast's, window by window (ratio_across_windows)."""
     labels = {v: next((r.variant for r in (pick(f, case, v) for f in windows) if r is not None), None)
               for v in (slow, fast)}
     missing = [v for v, label in labels.items() if label is None]
@@ -571,10 +617,12 @@ def faster_claim(claim_id, windows, case, fast, slow):
     except ValueError:
         return not_measured(claim_id, f"{a} and {b} were never timed in the same window of '{case}'")
     interval = f"{a} takes {{lo:.2f}}-{{hi:.2f}}x the time of {b}, 90% prediction interval"
-    state(Claim(claim_id, lo=r["lo"], hi=r["hi"], above=1.0,
-                holds=f"{case}: {b} is faster than {a} ({interval})",
-                fails=f"{case}: {b} is not faster than {a} ({interval})",
-                unclear=f"{case}: no clear difference between {b} and {a} ({interval})"))
+    faster = "faster than" if above == 1.0 else f"at least {above:g}x as fast as"
+    at = "" if above == 1.0 else f" at {above:g}x"
+    state(Claim(claim_id, lo=r["lo"], hi=r["hi"], above=above,
+                holds=f"{case}: {b} is {faster} {a} ({interval})",
+                fails=f"{case}: {b} is not {faster} {a} ({interval})",
+                unclear=f"{case}: no clear difference between {b} and {a}{at} ({interval})"))
 
 
 ok_variants = [v for v in VARIANTS if v not in variant_errors]
@@ -583,6 +631,8 @@ for b in BATCHES:
     step_runners[b] = {"eager": decode_step, "kit graph (bucket)": graphs}
     if "reduce-overhead" in ok_variants and ("reduce-overhead", b) in setup:
         step_runners[b]["reduce-overhead"] = compiled_step
+    if FUSED_GEN in ok_variants and (FUSED_GEN, b) in setup:
+        step_runners[b][FUSED_STEP] = fused_graphs
 step_windows, floors = [], {}
 for w in range(WINDOWS):
     last, started, tables = w == WINDOWS - 1, time.perf_counter(), []
@@ -606,7 +656,7 @@ if len(step_df):
     step_df["us_per_step"] = step_df.median_us
     step_df["tokens_per_s"] = step_df.batch / (step_df.median_us * 1e-6)
     print(step_df[["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo", "speedup_hi",
-                   "kernels_per_call", "floor_step_us", "tokens_per_s"]].to_string(index=False,
+                   "kernels_per_call", "floor_us", "floor_step_us", "tokens_per_s"]].to_string(index=False,
                                                                                    float_format=lambda v: f"{v:.1f}"))
 
 # %%
@@ -615,6 +665,10 @@ for b in BATCHES:
     speedup_claim(f"step_graph_beats_eager_b{b}", step_df, case, "kit graph (bucket)")
     faster_claim(f"step_reduce_overhead_beats_graph_b{b}", step_windows, case, fast="reduce-overhead",
                  slow="kit graph (bucket)")
+    faster_claim(f"step_fused_graph_beats_kit_graph_b{b}", step_windows, case, fast=FUSED_STEP,
+                 slow="kit graph (bucket)")
+    faster_claim(f"step_fused_graph_beats_reduce_overhead_b{b}", step_windows, case, fast=FUSED_STEP,
+                 slow="reduce-overhead", above=1.05)
     eager_row, floor = pick(step_df, case, "eager"), floors.get(b, float("nan"))
     if eager_row is None or not floor > 0:
         not_measured(f"step_eager_host_bound_b{b}", "it needs eager's time and the GPU-busy floor (a CUDA GPU)")
@@ -677,6 +731,8 @@ for b in BATCHES:
     speedup_claim(f"generate_graphs_beat_eager_b{b}", gen_df, case, "kit graphs per bucket")
     faster_claim(f"generate_reduce_overhead_beats_graphs_b{b}", gen_windows, case, fast="reduce-overhead",
                  slow="kit graphs per bucket")
+    faster_claim(f"generate_fused_graphs_beat_reduce_overhead_b{b}", gen_windows, case, fast=FUSED_GEN,
+                 slow="reduce-overhead")
     faster_claim(f"generate_graphs_beat_hf_static_b{b}", gen_windows, case, fast="kit graphs per bucket",
                  slow=HF_STATIC)
     faster_claim(f"generate_hf_static_beats_hf_dynamic_b{b}", gen_windows, case, fast=HF_STATIC, slow=HF_DYNAMIC)
@@ -904,7 +960,7 @@ faster_claim("serving_planned_beats_ladder", serve_windows, "serving loop", fast
 faster_claim("serving_ladder_beats_one_per_size", serve_windows, "serving loop", fast=LADDER_NAME, slow=EXACT_NAME)
 
 # %% [markdown]
-# ## 11. The picture
+# ## 15. The picture
 #
 # Left: time per decode step against the batch size, with the floor. Middle: tokens per second of whole
 # generations, every variant. Right: the serving loop, time per step of each strategy, with its number of graphs.
@@ -948,7 +1004,7 @@ fig = plot(step_df, gen_df, serve_df)
 plt.show()
 
 # %% [markdown]
-# ## 12. Save the results
+# ## 16. Save the results
 #
 # One row per (case, variant) of the step, generation, prefill and serving comparisons, the correctness checks
 # (`case` "correctness"), the capture log (`case` "capture") and the variants that failed (`case` "errors"), with
@@ -980,7 +1036,7 @@ for c in claims:
     print(f"  [{c.verdict}] {c.statement}")
 
 # %% [markdown]
-# ## 13. Recorded GPU results
+# ## 17. Recorded GPU results
 # The table and figure of the last GPU run committed to this repository (what a reader without a GPU sees).
 
 # %%
