@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from cudagraph_kit.capture import capture
-from cudagraph_kit.course.hf_decode import MIN_TRANSFORMERS, StaticDecoder, _version, hf_status, write_position_behaviour
+from cudagraph_kit.course.hf_decode import (MIN_TRANSFORMERS, StaticDecoder, _version, hf_status,
+                                            write_position_behaviour)
 
 VERSION, WHY = hf_status()
 needs_hf = pytest.mark.skipif(VERSION is None, reason=f"the Hugging Face recipe cannot run here: {WHY}")

@@ -42,7 +42,7 @@ NO_STOP = -1   # the stop token of a sequence that never stops (no vocabulary id
 
 
 def k_step(step, k: int, pad_token: int = 0):
-    """``block(tokens, pos, done, stop) -> (b, k) tokens``: ``k`` greedy decode steps of ``step(tokens, pos) -> logits``.
+    """``block(tokens, pos, done, stop) -> (b, k) tokens``: ``k`` greedy steps of ``step(tokens, pos) -> logits``.
 
     ``tokens``, ``pos`` (int64) and ``done`` (bool), all (b,), are the decode state, updated in place: after the
     call they hold the last token, the next position and which rows have stopped. ``stop``: the stop token, a
