@@ -368,6 +368,8 @@ if COMPILE:
 else:
     print("reduce-overhead: skipped (" + ("needs a CUDA GPU)" if not CUDA else "COMPILE=False)"))
 
+# %%
+# compile + kit graphs: Inductor's fused kernels (no CUDA graphs of its own), captured per bucket by the kit
 fused_graphs, fused_setup = None, {}
 if COMPILE:
     def build_fused():
@@ -982,7 +984,7 @@ faster_claim("serving_ladder_beats_one_per_size", serve_windows, "serving loop",
 # NBVAL_CHECK_OUTPUT
 TOOLS = pd.DataFrame([
     ("kit graph of the eager step", "yes", "no", "argument checks, input copies, one replay", "the kit's pool"),
-    ("torch.compile, default mode", "no", "yes", "Dynamo's guards, one launch per fused kernel", "PyTorch's cache"),
+    ("torch.compile, default mode", "no", "yes", "Dynamo's guards, one launch per fused kernel", "caching allocator"),
     ("compile + kit graph", "yes", "yes", "argument checks, input copies, one replay", "the kit's pool"),
     ("reduce-overhead", "yes", "yes", "guards, pointer and liveness checks, input copies, one replay, outputs "
      "rebuilt", "its tree's pool"),
