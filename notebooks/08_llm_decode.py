@@ -21,9 +21,14 @@
 # is, here). A CUDA graph removes those launches, but it replays fixed shapes, and a cache that grows by one
 # position per token changes shape at every step. A **static
 # KV cache**, allocated once for a maximum length and masked, keeps every shape fixed; then one graph per batch
-# size replays every decode step. Serving engines (vLLM, SGLang) do exactly this for a ladder of batch sizes in
-# one shared memory pool; `torch.compile(mode="reduce-overhead")` and Hugging Face's `generate` with a static
-# cache do it for you.
+# size replays every decode step. `torch.compile(mode="reduce-overhead")` and Hugging Face's `generate` with a
+# static cache do this for you. Serving engines share two of its ideas: decode graphs captured up front for a
+# fixed list of batch sizes, a batch padded up to the next one, and one memory pool for all of them (vLLM's
+# `cudagraph_capture_sizes` and its graph manager's one `graph_pool_handle()`; SGLang's `--cuda-graph-max-bs`).
+# Their cache differs: vLLM keeps keys and values in a pool of fixed-size blocks shared by all sequences, each
+# sequence with a table of its blocks that the attention kernel reads (PagedAttention), not a maximum-length
+# cache per sequence as here; and it can capture a model piecewise, leaving attention outside the graphs (vLLM's
+# "CUDA Graphs" design document).
 #
 # This notebook builds a small LLaMA-style model with random weights (nothing is downloaded), decodes greedily
 # with a static cache, captures the decode step once per batch bucket with the kit, and sets it side by side
@@ -39,6 +44,12 @@
 # - What the kit's graphs, `reduce-overhead` and `transformers`' static-cache `generate` each cost and buy:
 #   time per token, tokens per second, capture or compile time, memory.
 # - What a graph buys prefill (the prompt) next to a decode step, and why the two differ.
+# - That fusion and graphs are separate tools: a graph removes launches, fusion removes kernels, and
+#   `torch.compile` without its graphs, captured by the kit, combines both (section 11).
+# - How to put several tokens in one replay: K decode steps per graph, the stop token handled on the GPU
+#   (section 12).
+# - How to graph your own `transformers` model's decode step with a `StaticCache`, and the cache's write-position
+#   trap (section 13).
 # - How to state a speedup so that a rerun agrees: timing windows, a prediction interval, and a verdict ("holds",
 #   "fails", or "no clear difference") for every comparison the notebook makes, saved in `claims.csv`.
 #
@@ -88,13 +99,15 @@ WINDOWS = 3           # timing windows of every comparison, spread in time: spee
 WINDOW_PAUSE_S = 1.0  # the windows of one comparison start at least this many seconds apart
 COMPILE = True        # torch.compile(mode="reduce-overhead") of the decode step (GPU only)
 HF = True             # transformers' generate on the same weights (skipped, with a message, if not installed)
-TIME_BUDGET_S = 150   # once the notebook has run this long, variants that still need compiling are skipped (said so)
+TIME_BUDGET_S = 300   # once the notebook has run this long, variants that still need compiling are skipped (said so)
+K_STEPS = (1, 2, 4, 8)  # decode steps per graph replay (section 12)
 SEED = 0
 
 # %%
 import math
 import time
 import traceback
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -106,6 +119,9 @@ from cudagraph_kit.buckets import MemoryLedger, capture_buckets, evaluate_bucket
 from cudagraph_kit.capture import capture
 from cudagraph_kit.course import results
 from cudagraph_kit.course.claims import Claim, save_claims
+from cudagraph_kit.course.decode import (decode_state, generate_blocks, k_step, load_state, mid_block_stop,
+                                        positions_needed, stop_after)
+from cudagraph_kit.course.hf_decode import StaticDecoder, hf_status
 from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, first_divergence, greedy_generate,
                                            greedy_generate_no_cache, hf_generate, to_hf_llama)
 from cudagraph_kit.intervals import prediction_interval, ratio_across_windows
@@ -130,18 +146,14 @@ DT = getattr(torch, DTYPE) if CUDA else torch.float32
 CFG = (TinyConfig(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, hidden=176) if small
        else TinyConfig(vocab_size=8192, dim=512, layers=4, heads=8, kv_heads=2, hidden=1408))
 MAX_GEN = 8 if small else 64          # longest request of the serving loop (tokens)
-MAX_LEN = max(PROMPT_LEN + NEW_TOKENS, MAX_GEN + 1)
+MAX_LEN = max(positions_needed(PROMPT_LEN, NEW_TOKENS, max(K_STEPS)), MAX_GEN + 1)   # K-step blocks write whole
 SYNC = torch.cuda.synchronize if CUDA else (lambda: None)
 torch.manual_seed(SEED)
 torch.set_grad_enabled(False)   # inference throughout
 if not CUDA:
     torch.set_num_threads(1)    # tiny CPU work: one thread is faster than several competing for a small machine
 
-try:
-    import transformers
-    HF_VERSION = transformers.__version__
-except ImportError:
-    HF_VERSION = None
+HF_VERSION, HF_WHY = hf_status()   # the transformers version, or None and why (missing, too old)
 HF = HF and HF_VERSION is not None
 
 
@@ -157,7 +169,7 @@ print(env_table())
 print(f"\nSMOKE={SMOKE}  BATCHES={BATCHES}  PROMPT_LEN={PROMPT_LEN}  NEW_TOKENS={NEW_TOKENS}  dtype={DT}  "
       f"SERVE_STEPS={SERVE_STEPS}  SAMPLES={SAMPLES} x WINDOWS={WINDOWS}  COMPILE={COMPILE}  transformers={HF_VERSION}")
 if HF_VERSION is None:
-    print(">>> transformers is not installed: its rows are skipped (pip install transformers to add them).")
+    print(f">>> the transformers rows are skipped: {HF_WHY}.")
 if not CUDA:
     print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run checks the static-cache decoding and the\n"
           ">>> transformers parity on the CPU at small sizes and runs every 'graph' eagerly (labelled 'eager\n"
@@ -264,11 +276,16 @@ else:
 CLEAR_CUBLAS = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)   # what Inductor's graph trees call
 
 
-def graph_step(tokens, pos):
-    """decode_step, for capturing: a capture starts with a fresh cuBLAS workspace, which lands in the graph's pool."""
-    if CUDA and CLEAR_CUBLAS is not None and torch.cuda.is_current_stream_capturing():
-        CLEAR_CUBLAS()
-    return decode_step(tokens, pos)
+def fresh_cublas(fn):
+    """fn, for capturing: a capture starts with a fresh cuBLAS workspace, which lands in the graph's pool."""
+    def wrapped(*args):
+        if CUDA and CLEAR_CUBLAS is not None and torch.cuda.is_current_stream_capturing():
+            CLEAR_CUBLAS()
+        return fn(*args)
+    return wrapped
+
+
+graph_step = fresh_cublas(decode_step)
 
 
 ledger = MemoryLedger()
@@ -311,6 +328,10 @@ assert padded_err < 1e-3
 #   the same weights: `cache_implementation="static"` makes it allocate a static cache, and on a GPU its
 #   `generate` then compiles the decoding forward with `torch.compile(mode="reduce-overhead")` by itself. Its
 #   default dynamic cache (eager) is timed as well. Its prefill and ours both run eagerly.
+# - **`torch.compile` without graphs, then the kit's graphs** ("compile + kit graphs"): the decode step compiled
+#   in the default mode (Inductor fuses kernels; no CUDA graphs), with dynamic batch sizes so that one compile
+#   serves every bucket, then captured per bucket by `capture_buckets` exactly as the eager step was. Section 11
+#   sets the three tools side by side.
 #
 # Each variant is tried on its own; one that fails becomes a row with its error, and the others go on.
 
@@ -347,6 +368,31 @@ if COMPILE:
 else:
     print("reduce-overhead: skipped (" + ("needs a CUDA GPU)" if not CUDA else "COMPILE=False)"))
 
+# %%
+# compile + kit graphs: Inductor's fused kernels (no CUDA graphs of its own), captured per bucket by the kit
+fused_graphs, fused_setup = None, {}
+if COMPILE:
+    def build_fused():
+        def fused_decode(tokens, pos):
+            return model.decode(tokens, pos, cache)
+        # default mode: Inductor's fused kernels, no CUDA graphs; dynamic batch: one compile for every bucket
+        fused_step = fresh_cublas(torch.compile(fused_decode, dynamic=True))
+        t0 = time.perf_counter()
+        for n in (MAX_BATCH, 1):                             # the compiles: dynamic sizes, and size 1 (specialized)
+            fused_step(sample_tokens[:n], sample_pos[:n])
+        SYNC()
+        fused_setup["compile_s"] = time.perf_counter() - t0
+        with ledger.measure("compile + kit buckets") as row:
+            bg = capture_buckets(fused_step, sample_tokens, sample_pos, sizes=LADDER)
+        fused_setup.update(capture_s=bg.capture_seconds, reserved_mib=row["reserved_delta"] / MiB)
+        return bg
+    fused_graphs = attempt("compile + kit graphs", build_fused)
+    if fused_graphs is not None:
+        print(f"compile + kit graphs: compiled in {fused_setup['compile_s']:.1f} s, {len(LADDER)} buckets captured "
+              f"in {fused_setup['capture_s']:.2f} s")
+else:
+    print("compile + kit graphs: skipped (" + ("needs a CUDA GPU)" if not CUDA else "COMPILE=False)"))
+
 hf_model = None
 if HF:
     hf_model = attempt("transformers", lambda: to_hf_llama(model, max_position_embeddings=max(4096, MAX_LEN)))
@@ -363,12 +409,15 @@ def gen_kit(b):
     return greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=graphs)
 
 
+FUSED_GEN, FUSED_STEP = "compile + kit graphs per bucket", "compile + kit graph (bucket)"
 VARIANTS = {   # label -> generate(b) -> tokens (b, NEW_TOKENS); every one on the same model, weights, prompts
     "eager": lambda b: greedy_generate(model, cache, prompts[b], NEW_TOKENS),
     "kit graphs per bucket": gen_kit,
 }
 if compiled_step is not None:
     VARIANTS["reduce-overhead"] = lambda b: greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=compiled_step)
+if fused_graphs is not None:
+    VARIANTS[FUSED_GEN] = lambda b: greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=fused_graphs)
 HF_STATIC = "transformers generate, static cache" + (" (compiled)" if CUDA else "")
 HF_DYNAMIC = "transformers generate, dynamic cache"
 if hf_model is not None:
@@ -394,36 +443,38 @@ def logits_of(label, b):
         impl = "static" if "static" in label else None
         tokens = hf_generate(hf_model, prompts[b], NEW_TOKENS, cache_implementation=impl, logits_out=out)
     else:
-        step = {"eager": None, "reduce-overhead": compiled_step}.get(label, graphs)
+        step = {"eager": None, "reduce-overhead": compiled_step, FUSED_GEN: fused_graphs}.get(label, graphs)
         tokens = greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=step, logits_out=out)
     return tokens, out
 
 
 check_rows, setup = [], {}
 eager_ref = {b: logits_of("eager", b) for b in BATCHES}
+setup_mem = {}   # label -> the ledger's row: memory the allocator reserved during its first calls
 for label in VARIANTS:
-    for b in BATCHES:
-        if label in variant_errors:
-            break
-        if label in NEEDS_COMPILE and over_budget():
-            variant_errors[label] = (f"skipped: the notebook had run {elapsed():.0f} s (TIME_BUDGET_S="
-                                     f"{TIME_BUDGET_S}) before its compile at batch {b}")
-            print(f"{label}: {variant_errors[label]}")
-            break
-        t0 = time.perf_counter()
-        got = attempt(label, lambda: logits_of(label, b))
-        SYNC()
-        if got is None:
-            break
-        setup[(label, b)] = time.perf_counter() - t0
-        tokens, lg = got
-        d = first_divergence(tokens, eager_ref[b][0], lg, eager_ref[b][1])
-        check_rows.append({"variant": label, "batch": b,
-                           "tokens_equal": d["equal"], "rows_differing": d["rows_differing"],
-                           "first_step": d["first_step"], "margin": d["margin"], "logit_diff": d["logit_diff"],
-                           "near_tie": (not d["equal"]) and d["logit_diff"] >= d["margin"],
-                           "max_logit_diff": max((a - r).abs().max().item() for a, r in zip(lg, eager_ref[b][1])),
-                           "first_call_s": setup[(label, b)]})
+    with ledger.measure(f"first calls, {label}") as setup_mem[label]:
+        for b in BATCHES:
+            if label in variant_errors:
+                break
+            if label in NEEDS_COMPILE and over_budget():
+                variant_errors[label] = (f"skipped: the notebook had run {elapsed():.0f} s (TIME_BUDGET_S="
+                                         f"{TIME_BUDGET_S}) before its compile at batch {b}")
+                print(f"{label}: {variant_errors[label]}")
+                break
+            t0 = time.perf_counter()
+            got = attempt(label, lambda: logits_of(label, b))
+            SYNC()
+            if got is None:
+                break
+            setup[(label, b)] = time.perf_counter() - t0
+            tokens, lg = got
+            d = first_divergence(tokens, eager_ref[b][0], lg, eager_ref[b][1])
+            check_rows.append({"variant": label, "batch": b,
+                               "tokens_equal": d["equal"], "rows_differing": d["rows_differing"],
+                               "first_step": d["first_step"], "margin": d["margin"], "logit_diff": d["logit_diff"],
+                               "near_tie": (not d["equal"]) and d["logit_diff"] >= d["margin"],
+                               "max_logit_diff": max((a - r).abs().max().item() for a, r in zip(lg, eager_ref[b][1])),
+                               "first_call_s": setup[(label, b)]})
 checks = pd.DataFrame(check_rows)
 print(checks.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 unexplained = checks[~checks.tokens_equal & ~checks.near_tie]
@@ -440,7 +491,8 @@ for v in variant_errors:
 # ## 7. Time per decode step, and the floor
 #
 # The decode step alone at each batch size, on the same tokens and positions: eager; the kit's graph for that
-# bucket (copy the inputs in, replay, slice the logits); the compiled step. In each window they take turns in one
+# bucket (copy the inputs in, replay, slice the logits); `reduce-overhead`; the compiled step captured per bucket by
+# the kit ("compile + kit graph"). In each window they take turns in one
 # `compare` call (round-robin), and the window's speedup is the median of its per-round ratios. The **floor** is
 # the GPU-busy time of one replay of the kit's graph (`gpu_time`): how fast a decode step could go if the host
 # cost nothing. Each step makes one token per sequence, so the time per step is the time per token each sequence
@@ -528,7 +580,7 @@ def window_line(frame):
                      if r.variant != "eager")
 
 
-claims = []   # every comparison this notebook states; saved to claims.csv in section 12
+claims = []   # every comparison this notebook states; saved to claims.csv in section 16
 
 
 def state(claim):
@@ -557,9 +609,9 @@ def speedup_claim(claim_id, table, case, variant, above=1.0, what="faster than e
                         f"straddles {above:g}x"))
 
 
-def faster_claim(claim_id, windows, case, fast, slow):
-    """A claim that `fast` is faster than `slow` in `case`, neither of them the baseline: the prediction interval of
-    slow's time over fast's, window by window (ratio_across_windows)."""
+def faster_claim(claim_id, windows, case, fast, slow, above=1.0):
+    """A claim that `fast` is faster than `slow` in `case` (by a factor above `above`), neither of them the baseline:
+    the prediction interval of slow's time over fast's, window by window (ratio_across_windows)."""
     labels = {v: next((r.variant for r in (pick(f, case, v) for f in windows) if r is not None), None)
               for v in (slow, fast)}
     missing = [v for v, label in labels.items() if label is None]
@@ -571,10 +623,12 @@ def faster_claim(claim_id, windows, case, fast, slow):
     except ValueError:
         return not_measured(claim_id, f"{a} and {b} were never timed in the same window of '{case}'")
     interval = f"{a} takes {{lo:.2f}}-{{hi:.2f}}x the time of {b}, 90% prediction interval"
-    state(Claim(claim_id, lo=r["lo"], hi=r["hi"], above=1.0,
-                holds=f"{case}: {b} is faster than {a} ({interval})",
-                fails=f"{case}: {b} is not faster than {a} ({interval})",
-                unclear=f"{case}: no clear difference between {b} and {a} ({interval})"))
+    faster = "faster than" if above == 1.0 else f"at least {above:g}x as fast as"
+    at = "" if above == 1.0 else f" at {above:g}x"
+    state(Claim(claim_id, lo=r["lo"], hi=r["hi"], above=above,
+                holds=f"{case}: {b} is {faster} {a} ({interval})",
+                fails=f"{case}: {b} is not {faster} {a} ({interval})",
+                unclear=f"{case}: no clear difference between {b} and {a}{at} ({interval})"))
 
 
 ok_variants = [v for v in VARIANTS if v not in variant_errors]
@@ -583,6 +637,8 @@ for b in BATCHES:
     step_runners[b] = {"eager": decode_step, "kit graph (bucket)": graphs}
     if "reduce-overhead" in ok_variants and ("reduce-overhead", b) in setup:
         step_runners[b]["reduce-overhead"] = compiled_step
+    if FUSED_GEN in ok_variants and (FUSED_GEN, b) in setup:
+        step_runners[b][FUSED_STEP] = fused_graphs
 step_windows, floors = [], {}
 for w in range(WINDOWS):
     last, started, tables = w == WINDOWS - 1, time.perf_counter(), []
@@ -606,7 +662,7 @@ if len(step_df):
     step_df["us_per_step"] = step_df.median_us
     step_df["tokens_per_s"] = step_df.batch / (step_df.median_us * 1e-6)
     print(step_df[["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo", "speedup_hi",
-                   "kernels_per_call", "floor_step_us", "tokens_per_s"]].to_string(index=False,
+                   "kernels_per_call", "floor_us", "floor_step_us", "tokens_per_s"]].to_string(index=False,
                                                                                    float_format=lambda v: f"{v:.1f}"))
 
 # %%
@@ -615,6 +671,10 @@ for b in BATCHES:
     speedup_claim(f"step_graph_beats_eager_b{b}", step_df, case, "kit graph (bucket)")
     faster_claim(f"step_reduce_overhead_beats_graph_b{b}", step_windows, case, fast="reduce-overhead",
                  slow="kit graph (bucket)")
+    faster_claim(f"step_fused_graph_beats_kit_graph_b{b}", step_windows, case, fast=FUSED_STEP,
+                 slow="kit graph (bucket)")
+    faster_claim(f"step_fused_graph_beats_reduce_overhead_b{b}", step_windows, case, fast=FUSED_STEP,
+                 slow="reduce-overhead", above=1.05)
     eager_row, floor = pick(step_df, case, "eager"), floors.get(b, float("nan"))
     if eager_row is None or not floor > 0:
         not_measured(f"step_eager_host_bound_b{b}", "it needs eager's time and the GPU-busy floor (a CUDA GPU)")
@@ -677,6 +737,8 @@ for b in BATCHES:
     speedup_claim(f"generate_graphs_beat_eager_b{b}", gen_df, case, "kit graphs per bucket")
     faster_claim(f"generate_reduce_overhead_beats_graphs_b{b}", gen_windows, case, fast="reduce-overhead",
                  slow="kit graphs per bucket")
+    faster_claim(f"generate_fused_graphs_beat_reduce_overhead_b{b}", gen_windows, case, fast=FUSED_GEN,
+                 slow="reduce-overhead")
     faster_claim(f"generate_graphs_beat_hf_static_b{b}", gen_windows, case, fast="kit graphs per bucket",
                  slow=HF_STATIC)
     faster_claim(f"generate_hf_static_beats_hf_dynamic_b{b}", gen_windows, case, fast=HF_STATIC, slow=HF_DYNAMIC)
@@ -697,12 +759,7 @@ PREFILL_CASE = f"prefill, {MAX_BATCH} x {PREFILL_LEN} tokens"
 long_prompt = torch.randint(0, CFG.vocab_size, (MAX_BATCH, PREFILL_LEN), generator=gen).to(DEVICE)
 
 
-def prefill_for_capture(x):
-    if CUDA and CLEAR_CUBLAS is not None and torch.cuda.is_current_stream_capturing():
-        CLEAR_CUBLAS()                  # the workspace in the graph's own pool, as in section 4
-    return model.prefill(x, cache)
-
-
+prefill_for_capture = fresh_cublas(lambda x: model.prefill(x, cache))   # the workspace in the graph's pool (section 4)
 prefill_windows = []
 prefill_graph = attempt("prefill graph", lambda: capture(prefill_for_capture, long_prompt, eager_fallback=True))
 if prefill_graph is not None:
@@ -904,7 +961,272 @@ faster_claim("serving_planned_beats_ladder", serve_windows, "serving loop", fast
 faster_claim("serving_ladder_beats_one_per_size", serve_windows, "serving loop", fast=LADDER_NAME, slow=EXACT_NAME)
 
 # %% [markdown]
-# ## 11. The picture
+# ## 11. Fusion and graphs are separate tools
+#
+# Sections 7 and 8 put four ways of running the same decode step side by side. Their columns say what each one
+# removed: `kernels_per_call` counts the kernels a step runs, `floor_us` is the GPU's busy time for one call (the
+# time left when launching costs nothing), and the median is what a step took. A CUDA graph removes the *launches*
+# (the host's cost per kernel) but replays every kernel it captured: the kit's graph of the eager step runs all of
+# eager's kernels, so its floor is eager's floor. Fusion (Inductor, `torch.compile`) removes *kernels*: fewer,
+# larger kernels, so a lower floor, but each one is still launched from the host. `reduce-overhead` does both,
+# and so does the fused step captured by the kit. What `reduce-overhead` adds on every call is bookkeeping, read
+# in PyTorch's `torch/_inductor/cudagraph_trees.py`: Dynamo's guards for the compiled frame, then
+# `CUDAGraphTreeManager._run`, whose `CUDAGraphNode.check_invariants` compares the data pointers of the static
+# inputs (parameters, `mark_static_address` buffers) and of the tensors its pool manages with those recorded
+# (`torch._C._tensors_data_ptrs_at_indices_equal`) and checks that the outputs expected dead are dead; then
+# `CUDAGraphNode.run` copies the other inputs in (`torch._foreach_copy_`), replays, and rebuilds the output
+# tensors from their metadata (`reconstruct_outputs`). Its memory is one pool per device for the whole tree of
+# graphs; its outputs live in that pool until the next step (hence `cudagraph_mark_step_begin`). The kit's call
+# checks its arguments in Python, copies the inputs and replays: it has no guards to run, no tree of graphs to walk
+# and no outputs to rebuild.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+TOOLS = pd.DataFrame([
+    ("kit graph of the eager step", "yes", "no", "argument checks, input copies, one replay", "the kit's pool"),
+    ("torch.compile, default mode", "no", "yes", "Dynamo's guards, one launch per fused kernel", "caching allocator"),
+    ("compile + kit graph", "yes", "yes", "argument checks, input copies, one replay", "the kit's pool"),
+    ("reduce-overhead", "yes", "yes", "guards, pointer and liveness checks, input copies, one replay, outputs "
+     "rebuilt", "its tree's pool"),
+], columns=["tool", "removes launches", "removes kernels", "work per call besides the GPU's", "memory"])
+print(TOOLS.to_string(index=False))
+
+# %% [markdown]
+# What each cost to set up and what it holds: compile time, capture time (the kit) or compile plus recording
+# (`reduce-overhead`'s first calls, one recording per batch size), and the memory the allocator reserved for it
+# (the kit's graphs while capturing all buckets; `reduce-overhead` during its first calls of section 6). Then, at
+# each batch size, the time per step, kernels per step and floor of the three graphed variants, and the verdicts
+# of section 7 on them.
+
+# %%
+def setup_row(variant, compile_s, capture_s, reserved):
+    return {"case": "setup", "variant": variant, "median_us": float("nan"), "speedup": float("nan"),
+            "compile_s": compile_s, "capture_s": capture_s, "reserved_mib": reserved}
+
+
+setup_rows = [setup_row("kit graphs per bucket", 0.0, graphs.capture_seconds,
+                        kit_mem.get("reserved_delta", float("nan")) / MiB)]
+if fused_graphs is not None:
+    setup_rows.append(setup_row(FUSED_GEN, fused_setup["compile_s"], fused_setup["capture_s"],
+                                fused_setup["reserved_mib"]))
+if "reduce-overhead" in setup_mem and ("reduce-overhead", BATCHES[0]) in setup:
+    first_calls = sum(t for (v, _), t in setup.items() if v == "reduce-overhead")
+    setup_rows.append(setup_row("reduce-overhead", first_calls, float("nan"),
+                                setup_mem["reduce-overhead"].get("reserved_delta", float("nan")) / MiB))
+setup_df = pd.DataFrame(setup_rows)
+print(setup_df[["variant", "compile_s", "capture_s", "reserved_mib"]].to_string(
+    index=False, float_format=lambda v: f"{v:.2f}"))
+graphed = step_df[step_df.variant.isin(["kit graph (bucket)", FUSED_STEP, "reduce-overhead"])] if len(step_df) else []
+if len(graphed) and CUDA:
+    print(graphed[["batch", "variant", "median_us", "kernels_per_call", "floor_us"]].to_string(
+        index=False, float_format=lambda v: f"{v:.1f}"))
+else:
+    print("no graphed variant was timed here (they need a CUDA GPU): see the recorded results in section 17.")
+for c in claims:
+    if c.claim.startswith(("step_fused_graph", "generate_fused_graphs")):
+        print(f"[{c.verdict}] {c.statement}")
+
+# %% [markdown]
+# ## 12. Several tokens per replay
+#
+# One graph per token still costs the host one replay, one argmax read and one loop turn per token. A graph can
+# hold several decode steps: `k_step(step, K)` (in `cudagraph_kit/course/decode.py`) runs K steps in one
+# function, each step's argmax becoming the next step's input **on the GPU**. Its state is four tensors (the
+# last tokens, the positions, which rows are done, the stop token) that it updates in place, so replay after replay
+# continues the sequences with nothing copied in between. A row that produces the stop token is marked done on
+# the GPU and emits the pad token from then on; the host reads the done flags once per block of K tokens
+# (`generate_blocks`), and stops when every row is done. The same function runs eagerly on a CPU.
+#
+# First, correctness: for batch 1 and 8 and K in `K_STEPS`, the tokens equal those of one step per token with
+# the same stop rule (`stop_after` on plain greedy tokens), with a stop token chosen so that a sequence stops in
+# the middle of a block.
+
+# %%
+PAD, K_BATCHES = 0, sorted({1, min(8, MAX_BATCH)})
+kx = prompts[MAX_BATCH]            # batch b decodes the first b of these prompts, in cache rows 0..b-1
+k_graphs, k_rows = {}, []
+for b in K_BATCHES:
+    ref = greedy_generate(model, cache, kx[:b], NEW_TOKENS)           # one step per token, no stop
+    stop, stop_step = mid_block_stop(ref, max(K_STEPS))
+    want = stop_after(ref, stop, PAD)
+    for k in K_STEPS:
+        block = fresh_cublas(k_step(decode_step, k, pad_token=PAD))  # the cuBLAS workspace in its pool (section 4)
+        sample = decode_state(torch.zeros(b, dtype=torch.long, device=DEVICE), 0)
+        g = attempt(f"{k} tokens per replay, batch {b}", lambda: capture(block, *sample, warmup=2, eager_fallback=True))
+        if g is None:
+            continue
+        k_graphs[b, k] = g
+        first = model.prefill(kx[:b], cache).argmax(-1)
+        load_state(g.static_inputs, decode_state(first, PROMPT_LEN, stop))
+        stats = {}
+        got = generate_blocks(g.replay, g.static_inputs, first, NEW_TOKENS, k, PAD, stats=stats)
+        k_rows.append({"case": "k-step correctness", "variant": f"K={k}", "batch": b, "executed_as": g.mode,
+                       "median_us": float("nan"), "speedup": float("nan"), "stop_step": stop_step,
+                       "tokens_equal": bool(torch.equal(got.cpu(), want.cpu())), **stats})
+k_checks = pd.DataFrame(k_rows)
+print(k_checks[["batch", "variant", "executed_as", "stop_step", "blocks", "host_checks", "tokens_equal"]]
+      .to_string(index=False))
+assert k_checks.tokens_equal.all(), "K steps per replay decoded differently from one step per token"
+
+# %% [markdown]
+# Then the speed: whole generations of `NEW_TOKENS` tokens with no stop token (every K makes the same tokens),
+# prefill excluded (it ran once above), in `WINDOWS` windows: eager (the same K=1 block, run eagerly), then one
+# graph per token (K=1) and one graph per K tokens for the other K. Tokens per second count the decoded tokens of
+# every row. The verdicts compare each K with one graph per token, window by window.
+
+# %%
+def k_runner(b, k):
+    """One timed generation at batch b: k=0 eager (the K=1 block run eagerly), else the graph of K steps per replay."""
+    first = kx[:b, -1].clone()                 # any start token will do for timing (no stop token)
+    start = decode_state(first, PROMPT_LEN)
+    if k == 0:
+        block = k_step(decode_step, 1, PAD)
+
+        def run():
+            state = tuple(t.clone() for t in start)
+            return generate_blocks(lambda: block(*state), state, first, NEW_TOKENS, 1, PAD)
+        return run
+    g = k_graphs[b, k]
+
+    def run():
+        load_state(g.static_inputs, start)
+        return generate_blocks(g.replay, g.static_inputs, first, NEW_TOKENS, k, PAD)
+    return run
+
+
+K_NAME = {k: f"K={k}: one graph per {k} tokens" if k > 1 else "K=1: one graph per token" for k in K_STEPS}
+k_runners = {b: {"eager": k_runner(b, 0), **{K_NAME[k]: k_runner(b, k) for k in K_STEPS if (b, k) in k_graphs}}
+             for b in K_BATCHES}
+k_windows = []
+for w in range(WINDOWS):
+    started = time.perf_counter()
+    tables = [safe_compare(k_runners[b], f"k-step decode, batch {b}", floor=False, calls=1) for b in K_BATCHES]
+    tables = [df.assign(batch=b) for b, df in zip(K_BATCHES, tables) if df is not None]
+    k_windows.append(pd.concat(tables, ignore_index=True) if tables else None)
+    print(f"window {w + 1}/{WINDOWS} ({elapsed():.0f} s since the start): {window_line(k_windows[-1])}")
+    if w < WINDOWS - 1:
+        pause_after(started)
+k_df = combine(k_windows)
+if len(k_df):
+    k_df["tokens_per_s"] = k_df.batch * (NEW_TOKENS - 1) / (k_df.median_us * 1e-6)
+    print(k_df[["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo", "speedup_hi",
+                "tokens_per_s"]].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+for b in K_BATCHES:
+    for k in K_STEPS[1:]:
+        faster_claim(f"kstep_k{k}_beats_one_graph_per_token_b{b}", k_windows, f"k-step decode, batch {b}",
+                     fast=K_NAME[k], slow=K_NAME[1])
+
+# %% [markdown]
+# ## 13. Your own Hugging Face model
+#
+# The model people want to speed up is usually one they load from `transformers`. The recipe is the same as for
+# our own model: allocate a `StaticCache` once, make the decode step a function of tensors only (`input_ids` and
+# `position_ids`, both (batch, 1)) that calls the model with that cache and returns the last position's logits,
+# prefill eagerly, capture the step, replay it for every token. `StaticDecoder` in
+# `cudagraph_kit/course/hf_decode.py` is that recipe (also in `docs/CHEATSHEET.md`); here it runs on section 5's
+# `LlamaForCausalLM`, which holds our weights.
+#
+# **The trap.** Where a step writes its key and value depends on the `transformers` version. In 4.x a static
+# cache writes at the `cache_position` it is given. In 5.x each `StaticLayer` keeps its own write position on the
+# GPU (`cumulative_length`), which every update advances and which ignores `cache_position`. A captured step
+# advances it at every replay, and so did the capture's warm-up calls: unless it goes back to zero before each new
+# sequence (`cache.reset()`, in place), the step writes past the cache's end (`index_copy_` out of bounds).
+# `write_position_behaviour` finds out which kind this version has by a probe (one update of a tiny cache), not
+# from the version number; `StaticDecoder` resets the cache before each sequence and after capturing, and checks
+# the write position after every prefill. Three variants of the step at the first batch size, each against the
+# eager step's tokens: the kit's graph, the step compiled without graphs then captured by the kit, and
+# `transformers`' own `generate(cache_implementation="static")` on the same weights.
+
+# %%
+HF_KIT, HF_FUSED = "HF step, kit graph", "HF step compiled + kit graph"
+hf_dec, hf_graphs, hf_checks, hf_setup = None, {}, [], {}
+if hf_model is None:
+    print("skipped: " + (HF_WHY if HF_VERSION is None else "HF=False, or the transformers model failed (section 5)"))
+else:
+    hx = prompts[BATCHES[0]]
+    hf_dec = StaticDecoder(hf_model, batch=hx.shape[0], max_len=MAX_LEN)
+    print(f"transformers {HF_VERSION}: {hf_dec.behaviour.describe()}")
+    ref_l = []
+    hf_ref = hf_dec.generate(hx, NEW_TOKENS, logits_out=ref_l)       # the eager step: the reference
+    builds = {HF_KIT: lambda: hf_dec.step}
+    if COMPILE:
+        builds[HF_FUSED] = lambda: torch.compile(hf_dec.step)         # default mode: fused kernels, no graphs
+    for name, build in builds.items():
+        if name == HF_FUSED and over_budget():
+            variant_errors[name] = f"skipped: the notebook had run {elapsed():.0f} s (TIME_BUDGET_S={TIME_BUDGET_S})"
+            continue
+        t0 = time.perf_counter()
+        hf_graphs[name] = attempt(name, lambda: hf_dec.capture(capture, fn=fresh_cublas(build()), eager_fallback=True))
+        hf_setup[name] = time.perf_counter() - t0
+    for name, g in [(n, g) for n, g in hf_graphs.items() if g is not None]:
+        lg = []
+        d = first_divergence(hf_dec.generate(hx, NEW_TOKENS, step=g, logits_out=lg), hf_ref, lg, ref_l)
+        hf_checks.append({"variant": name, "tokens_equal": d["equal"], "first_step": d["first_step"],
+                          "margin": d["margin"], "logit_diff": d["logit_diff"], "setup_s": hf_setup[name]})
+    d = first_divergence(greedy_generate(model, cache, hx, NEW_TOKENS), hf_ref)
+    hf_checks.append({"variant": "our TinyLLM, same weights", "tokens_equal": d["equal"],
+                      "first_step": d["first_step"]})
+    print(pd.DataFrame(hf_checks).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+
+# %% [markdown]
+# Time per token of whole generations (prefill included, as in section 8), in `WINDOWS` windows: the eager step,
+# the two graphed steps, and `transformers`' static-cache `generate` (compiled with `reduce-overhead` on a GPU, by
+# `transformers` itself; its first calls were in section 6).
+
+# %%
+HF_CASE = f"transformers model, batch {BATCHES[0]}"
+hf_runners = {}
+if hf_dec is not None:
+    hf_runners["eager"] = lambda: hf_dec.generate(hx, NEW_TOKENS)
+    hf_runners.update({n: (lambda g=g: hf_dec.generate(hx, NEW_TOKENS, step=g)) for n, g in hf_graphs.items()
+                       if g is not None and any(r["variant"] == n and r["tokens_equal"] for r in hf_checks)})
+    if HF_STATIC not in variant_errors and (HF_STATIC, BATCHES[0]) in setup:
+        hf_runners[HF_STATIC] = lambda: hf_generate(hf_model, hx, NEW_TOKENS, cache_implementation="static")
+hf_windows = []
+for w in range(WINDOWS if len(hf_runners) > 1 else 0):
+    started = time.perf_counter()
+    hf_windows.append(safe_compare(hf_runners, HF_CASE, floor=False, calls=1))
+    print(f"window {w + 1}/{WINDOWS} ({elapsed():.0f} s since the start): {window_line(hf_windows[-1])}")
+    if w < WINDOWS - 1:
+        pause_after(started)
+hf_df = combine(hf_windows)
+if len(hf_df):
+    hf_df["batch"] = BATCHES[0]
+    hf_df["us_per_token"] = hf_df.median_us / NEW_TOKENS
+    print(hf_df[["variant", "executed_as", "us_per_token", "speedup", "speedup_lo", "speedup_hi"]].to_string(
+        index=False, float_format=lambda v: f"{v:.1f}"))
+speedup_claim("hf_kit_graph_beats_eager", hf_df, HF_CASE, HF_KIT)
+faster_claim("hf_fused_graph_beats_kit_graph", hf_windows, HF_CASE, fast=HF_FUSED, slow=HF_KIT)
+faster_claim("hf_fused_graph_beats_hf_static_generate", hf_windows, HF_CASE, fast=HF_FUSED, slow=HF_STATIC)
+
+# %% [markdown]
+# ## 14. The batch-16 question: which kernels does a decode step run at each batch size?
+#
+# In the recorded run a decode step at batch 16 kept the GPU busy longer than one at batch 64 (the floors of
+# section 7), on an H200 and on an H100. The profiler can say which kernels change with the batch size:
+# `scripts/probe_decode_kernels.py` profiles this notebook's decode step (eager and the kit's graph) at batch
+# 1, 8, 16, 32 and 64 and writes each batch's top kernels (name, count, total µs) to
+# `figures/08_decode_kernels/decode_kernels.csv`. This section reads that table. *Placeholder: the explanation
+# is written once the table has been recorded on a GPU; until then the cell only shows what was recorded.*
+
+# %%
+KERNELS_CSV = (results.recorded_root() or Path("figures")) / "08_decode_kernels" / "decode_kernels.csv"
+if KERNELS_CSV.is_file():
+    kernels = pd.read_csv(KERNELS_CSV)
+    top = (kernels[kernels.variant == "graph"].sort_values(["batch", "total_us"], ascending=[True, False])
+           .groupby("batch").head(5))
+    print(top[["batch", "name", "count", "total_us"]].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    wide = kernels[kernels.variant == "graph"].pivot_table(index="name", columns="batch", values="total_us")
+    if {16, 64} <= set(wide.columns):
+        gap = (wide[16] - wide[64]).sort_values(ascending=False).head(3)
+        print("\nkernels whose GPU time per step is larger at batch 16 than at batch 64, largest gap first (µs):")
+        print(gap.to_string(float_format=lambda v: f"{v:+.1f}"))
+else:
+    print(f"not recorded yet ({KERNELS_CSV.name} is missing): on a GPU, run\n"
+          "    python scripts/probe_decode_kernels.py --out figures/08_decode_kernels")
+
+# %% [markdown]
+# ## 15. The picture
 #
 # Left: time per decode step against the batch size, with the floor. Middle: tokens per second of whole
 # generations, every variant. Right: the serving loop, time per step of each strategy, with its number of graphs.
@@ -948,7 +1270,7 @@ fig = plot(step_df, gen_df, serve_df)
 plt.show()
 
 # %% [markdown]
-# ## 12. Save the results
+# ## 16. Save the results
 #
 # One row per (case, variant) of the step, generation, prefill and serving comparisons, the correctness checks
 # (`case` "correctness"), the capture log (`case` "capture") and the variants that failed (`case` "errors"), with
@@ -962,8 +1284,10 @@ error_rows = [{"case": "errors", "variant": v, "median_us": float("nan"), "speed
 if error_rows:
     print(pd.DataFrame(error_rows)[["variant", "error"]].to_string(index=False))
 check_out = checks.assign(case="correctness", median_us=float("nan"), speedup=float("nan")) if len(checks) else None
-frames = [f for f in (step_df, gen_df, prefill_df, serve_df, pd.DataFrame(capture_rows), check_out,
-                      pd.DataFrame(error_rows)) if f is not None and len(f)]
+hf_out = pd.DataFrame(hf_checks).assign(case="hf correctness", median_us=float("nan"), speedup=float("nan"))
+frames = [f for f in (step_df, gen_df, prefill_df, serve_df, pd.DataFrame(capture_rows), check_out, setup_df, k_checks,
+                      k_df, hf_out if len(hf_checks) else None, hf_df, pd.DataFrame(error_rows))
+          if f is not None and len(f)]
 all_rows = pd.concat(frames, ignore_index=True)
 all_rows["device"] = device_name
 extra = {"config": vars(CFG), "dtype": str(DT), "batches": BATCHES, "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS,
@@ -971,6 +1295,8 @@ extra = {"config": vars(CFG), "dtype": str(DT), "batches": BATCHES, "prompt_len"
          "nocache_parity": nocache_parity, "hf_logit_diff": hf_diff if hf_model is not None else None,
          "planned_buckets": plan.sizes, "ladder": LADDER, "variant_errors": variant_errors,
          "eager_kernels_per_step": eager_profile.kernels if eager_profile is not None else None,
+         "k_steps": list(K_STEPS), "k_batches": K_BATCHES, "hf_write_position": (hf_dec.behaviour.describe()
+                                                                               if hf_dec is not None else None),
          "seconds": round(elapsed(), 1)}
 folder = results.save(STEM, all_rows, figures={"decode": fig}, extra_env=extra)
 save_claims(folder, claims)
@@ -980,7 +1306,7 @@ for c in claims:
     print(f"  [{c.verdict}] {c.statement}")
 
 # %% [markdown]
-# ## 13. Recorded GPU results
+# ## 17. Recorded GPU results
 # The table and figure of the last GPU run committed to this repository (what a reader without a GPU sees).
 
 # %%
@@ -1007,6 +1333,15 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # - In a serving loop the batch size changes at every step; a handful of buckets serves them all. Plan them from
 #   the sizes you observe, and measure: section 10 prints whether the planned buckets beat the ladder and whether
 #   the ladder beat one graph per batch size on this GPU.
+# - Fusion and graphs are separate tools: a graph removes launches, not kernels; fusion removes kernels, not
+#   launches. The step compiled without graphs and captured by the kit has both, without `reduce-overhead`'s
+#   per-call checks; section 11 prints how it compares with `reduce-overhead` and what each cost to set up.
+# - Several tokens per replay: K decode steps in one graph, the argmax and the stop token handled on the GPU and
+#   the host reading the done flags once per block; section 12 prints, for each K and batch, whether it beat one
+#   graph per token.
+# - Your own `transformers` model: a `StaticCache`, a step of tensors only, and a reset of the cache's write
+#   position before each sequence (5.x keeps it on the GPU and advances it at every replay); section 13 checks the
+#   tokens and times it against `generate`'s own static-cache path.
 # - Quote a speedup with the interval a rerun lands in (several timing windows), and let the verdict, not the
 #   median, decide a comparison: `claims.csv` holds every verdict of this run.
 
@@ -1019,7 +1354,7 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # first).
 
 # %%
-from cudagraph_kit.course.exercises import TIE_WHY, check_decode_buckets, check_low_precision_ties
+from cudagraph_kit.course.exercises import TIE_WHY, check_decode_buckets, check_k_step_decode, check_low_precision_ties
 
 # %% [markdown]
 # ### Exercise 1: buckets for the serving loop, and what a padding row costs
@@ -1057,3 +1392,24 @@ print("\n".join(f"{key}) {text}" for key, text in TIE_WHY.items()))
 # %%
 check_low_precision_ties(bf16_tokens, bf16_reference, bf16_divergence, tie_why, prompt=prompts[MAX_BATCH],
                          cfg=CFG, seed=SEED, new_tokens=NEW_TOKENS)
+
+# %% [markdown]
+# ### Exercise 3: four tokens per replay, stopping on the GPU
+# Write `k4_block(tokens, pos, done, stop)` yourself: four greedy steps of `decode_step`, each step's argmax the
+# next step's token, rows already done emitting `PAD`, `done` set where the stop token came out; update the four
+# state tensors **in place** and return the four tokens, (b, 4). Capture it with the kit (`capture(fresh_cublas(
+# k4_block), *decode_state(torch.zeros(b, dtype=torch.long, device=DEVICE), 0), warmup=2, eager_fallback=True)`),
+# then decode the prompts below: prefill, `load_state(k4_graph.static_inputs, decode_state(first, PROMPT_LEN,
+# EX3_STOP))`, `generate_blocks(k4_graph.replay, k4_graph.static_inputs, first, NEW_TOKENS, 4, PAD)`. Why must the
+# updates be in place?
+
+# %%
+ex3_prompt = kx[:K_BATCHES[-1]]
+EX3_STOP = mid_block_stop(greedy_generate(model, cache, ex3_prompt, NEW_TOKENS), 4)[0]   # stops inside a block
+k4_block = ...     # def k4_block(tokens, pos, done, stop): ... four steps of decode_step, in place
+k4_graph = ...     # capture(fresh_cublas(k4_block), *decode_state(...zeros..., 0), warmup=2, eager_fallback=True)
+k4_tokens = ...    # generate_blocks(k4_graph.replay, k4_graph.static_inputs, first, NEW_TOKENS, 4, PAD)
+
+# %%
+check_k_step_decode(k4_block, k4_graph, k4_tokens, model=model, cache=cache, prompt=ex3_prompt, stop_token=EX3_STOP,
+                    new_tokens=NEW_TOKENS, pad_token=PAD)

@@ -20,9 +20,10 @@ def test_the_sheet_has_every_recipe_and_links_from_the_readme():
     text = SHEET.read_text()
     for needed in ("torch.cuda.graph(", "side.wait_stream", ".copy_(", "opt.step()", "torch.cuda.make_graphed_callables(",
                    "torch.cuda.graph_pool_handle()", 'mode="reduce-overhead"', "torch.compiler.cudagraph_mark_step_begin()",
-                   "TORCH_NCCL_ASYNC_ERROR_HANDLING", "DistributedDataParallel", "range(11)"):
+                   "TORCH_NCCL_ASYNC_ERROR_HANDLING", "DistributedDataParallel", "range(11)", "StaticCache(",
+                   "cache.reset()"):
         assert needed in text, f"the cheat sheet lacks {needed}"
-    assert len(BLOCKS) == 6
+    assert len(BLOCKS) == 7
     assert all(block.startswith((GPU_MARK, "# runs on a CPU")) for block in BLOCKS), "each block says what it needs"
     assert "docs/CHEATSHEET.md" in (ROOT / "README.md").read_text()
 

@@ -324,9 +324,17 @@ def nb08():
     history = serve(lambda t, p: model.decode(t, p, cache), make_stream(11, 120))
     z = torch.zeros(max_batch, dtype=torch.long, device=DEVICE)
     prompt = torch.randint(0, cfg.vocab_size, (4, 16), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    def fresh_cublas(fn):
+        def wrapped(*args):
+            if CUDA and clear is not None and torch.cuda.is_current_stream_capturing():
+                clear()
+            return fn(*args)
+        return wrapped
+
     return types.SimpleNamespace(cfg=cfg, max_batch=max_batch, graph_step=graph_step, serve=serve, stream=stream,
                                 observed=observed, history=history, eager_tokens=eager_tokens, sample=z,
-                                prompt=prompt, new_tokens=6, sol=solutions("08_llm_decode"))
+                                prompt=prompt, new_tokens=6, sol=solutions("08_llm_decode"), model=model,
+                                fresh_cublas=fresh_cublas)
 
 
 @pytest.fixture(scope="module")
@@ -430,6 +438,27 @@ def run_08_2(s):
     return out, {"prompt": s.prompt, "cfg": s.cfg, "seed": 0, "new_tokens": s.new_tokens}
 
 
+def nb08_k4(s):
+    """Exercise 08.3's inputs: a cache long enough for whole blocks of 4 and a stop token that lands mid-block."""
+    from cudagraph_kit.course.decode import mid_block_stop, positions_needed
+    from cudagraph_kit.course.tiny_llm import StaticKVCache, greedy_generate
+
+    length, new = s.prompt.shape[1], 9
+    cache = StaticKVCache(s.cfg, s.prompt.shape[0], positions_needed(length, new, 4), device=DEVICE)
+    with torch.no_grad():
+        stop, _ = mid_block_stop(greedy_generate(s.model, cache, s.prompt, new), 4)
+    step = (lambda t, p: s.model.decode(t, p, cache))
+    return step, {"model": s.model, "cache": cache, "prompt": s.prompt, "stop_token": stop, "new_tokens": new,
+                  "pad_token": 0}
+
+
+def run_08_3(s):
+    step, kw = nb08_k4(s)
+    out = s.sol.exercise_3(step, s.fresh_cublas, kw["model"], kw["cache"], kw["prompt"], kw["prompt"].shape[1],
+                           kw["new_tokens"], kw["stop_token"], 0, DEVICE)
+    return out, kw
+
+
 RUNNERS = {("01_gelu", 1): ("nb01", run_01_1), ("01_gelu", 2): ("nb01", run_01_2), ("01_gelu", 3): ("nb01", run_01_3),
            ("02_train_step", 1): ("nb02", run_02_1), ("02_train_step", 2): ("nb02", run_02_2),
            ("02_train_step", 3): ("nb02", run_02_3),
@@ -439,7 +468,8 @@ RUNNERS = {("01_gelu", 1): ("nb01", run_01_1), ("01_gelu", 2): ("nb01", run_01_2
            ("05_pitfalls", 1): ("nb05", run_05_1), ("05_pitfalls", 2): ("nb05", run_05_2),
            ("06_variable_shapes", 1): ("nb06", run_06_1), ("06_variable_shapes", 2): ("nb06", run_06_2),
            ("07_data_parallel", 1): ("nb07", run_07_1), ("07_data_parallel", 2): ("nb07", run_07_2),
-           ("08_llm_decode", 1): ("nb08", run_08_1), ("08_llm_decode", 2): ("nb08", run_08_2)}
+           ("08_llm_decode", 1): ("nb08", run_08_1), ("08_llm_decode", 2): ("nb08", run_08_2),
+           ("08_llm_decode", 3): ("nb08", run_08_3)}
 ALL = [(stem, ex) for stem, exs in EXERCISES.items() for ex in exs]
 
 
@@ -1009,3 +1039,30 @@ def test_08_2_rejects_float32_tokens_and_a_wrong_why(nb08):
     out = nb08.sol.exercise_2(nb08.cfg, 0, DEVICE, nb08.prompt, nb08.new_tokens)
     _off(exercises.check_low_precision_ties(**dict(out, bf16_tokens=fp32), **kw), "not those of the bfloat16 model")
     _off(exercises.check_low_precision_ties(**dict(out, tie_why="a"), **kw), '"a" is not it', "hint:")
+
+
+def test_08_3_rejects_a_block_that_does_not_update_its_state_or_pad(nb08):
+    import torch as _torch
+    out, kw = run_08_3(nb08)
+    step = (lambda t, p: kw["model"].decode(t, p, kw["cache"]))
+
+    def rebinding(tokens, pos, done, stop):     # rebinds names instead of updating in place
+        out = []
+        for _ in range(4):
+            tokens = step(tokens, pos).argmax(-1).masked_fill(done, 0)
+            done = done | (tokens == stop)
+            pos = pos + 1
+            out.append(tokens)
+        return _torch.stack(out, dim=1)
+
+    def no_pad(tokens, pos, done, stop):        # never masks the stopped rows
+        out = []
+        for _ in range(4):
+            nxt = step(tokens, pos).argmax(-1)
+            tokens.copy_(nxt)
+            pos.add_(1)
+            out.append(nxt)
+        return _torch.stack(out, dim=1)
+    _off(exercises.check_k_step_decode(**dict(out, k4_block=rebinding), **kw), "did not move on")
+    _off(exercises.check_k_step_decode(**dict(out, k4_block=no_pad), **kw), "pad after the stop token")
+    _off(exercises.check_k_step_decode(**dict(out, k4_tokens=out["k4_tokens"] + 1), **kw), "differ from one step")

@@ -20,6 +20,13 @@ KIT_STEP, KIT_GEN = "kit graph (bucket)", "kit graphs per bucket"
 HF_STATIC = "transformers generate, static cache" + (" (compiled)" if HAS_CUDA else "")
 HF_DYNAMIC = "transformers generate, dynamic cache"
 LADDER, PLANNED, EXACT = "graphs, vLLM-style ladder", "graphs, planned buckets", "graphs, one per batch size"
+FUSED_STEP, FUSED_GEN = "compile + kit graph (bucket)", "compile + kit graphs per bucket"
+HF_KIT, HF_FUSED = "HF step, kit graph", "HF step compiled + kit graph"
+K1 = "K=1: one graph per token"
+
+
+def k_name(k):
+    return K1 if k == 1 else f"K={k}: one graph per {k} tokens"
 
 
 def test_llm_decode_notebook_checks_correctness_and_records_honest_results(run_notebook):
@@ -75,7 +82,40 @@ def test_llm_decode_notebook_checks_correctness_and_records_honest_results(run_n
         assert timed[timed.variant.str.contains("graph")].variant.str.endswith("(eager fallback)").all()
         assert not df.variant.str.startswith("reduce-overhead").any() and capture.empty  # nothing was captured
     assert (folder / "decode.png").stat().st_size > 10_000
-    check_windows_and_claims(df, folder, batches)
+    check_new_sections(df, env, batches)
+    check_windows_and_claims(df, folder, batches, env)
+
+
+def check_new_sections(df, env, batches):
+    # 12: K tokens per replay decode exactly as one step per token, a stop mid-block included; one host read a block
+    k_checks = df[df.case == "k-step correctness"]
+    assert sorted(set(k_checks.batch.astype(int))) == env["k_batches"] == sorted({1, min(8, max(batches))})
+    assert len(k_checks) == len(env["k_batches"]) * len(env["k_steps"]) == len(env["k_batches"]) * 4
+    assert (k_checks.tokens_equal.astype(str) == "True").all(), k_checks
+    for r in k_checks.itertuples():
+        k = int(r.variant.split("=")[1])
+        assert r.blocks <= -(-(env["new_tokens"] - 1) // k) and r.blocks <= r.host_checks <= r.blocks + 1
+        assert r.executed_as == ("graph" if HAS_CUDA else "eager")
+    for b in env["k_batches"]:
+        timed = df[df.case == f"k-step decode, batch {b}"]
+        assert timed.variant.iloc[0] == "eager" and len(timed) == 5 and (timed.tokens_per_s > 0).all()
+    # 11: what each variant cost to set up
+    setup = df[df.case == "setup"].set_index("variant")
+    assert "kit graphs per bucket" in setup.index
+    # 13: the transformers model's step, graphed, decodes its eager tokens (and our model's, same weights)
+    hf = df[df.case == "hf correctness"]
+    if HAS_HF:
+        assert "cumulative_length" in env["hf_write_position"] or "cache_position" in env["hf_write_position"]
+        assert set(hf.variant) == {HF_KIT, "our TinyLLM, same weights"} | ({HF_FUSED} if HAS_CUDA else set())
+        assert (hf.tokens_equal.astype(str) == "True").all(), hf
+    else:
+        assert hf.empty and env["hf_write_position"] is None
+    if HAS_CUDA:
+        assert {FUSED_GEN, "reduce-overhead"} <= set(setup.index) and setup.loc[FUSED_GEN, "compile_s"] > 0
+        for b in batches:   # fusion removes kernels; the kit's graph of the fused step replays them all
+            step = df[df.case == f"decode step, batch {b}"].set_index("variant")
+            assert step.loc[FUSED_STEP, "executed_as"] == "cuda graph"
+            assert step.loc[FUSED_STEP, "kernels_per_call"] < step.loc["kit graph (bucket)", "kernels_per_call"]
 
 
 def row(df, case, variant):
@@ -89,7 +129,7 @@ def window_values(r, column):
     return [float(v) for v in str(r[column]).split(";")]
 
 
-def check_windows_and_claims(df, folder, batches):
+def check_windows_and_claims(df, folder, batches, env):
     # every timing comparison is combined from windows (smoke: 2), its speedup published with a prediction interval
     timed = df[df.case.str.startswith(("decode step", "generate", "prefill", "serving loop")) & df.median_us.notna()]
     assert set(timed.case) == ({f"decode step, batch {b}" for b in batches} | {f"generate, batch {b}" for b in batches}
@@ -113,6 +153,16 @@ def check_windows_and_claims(df, folder, batches):
                 "serving_one_per_size_beats_eager": ("serving loop", EXACT, 1.0)}
     ratios = {"serving_planned_beats_ladder": ("serving loop", LADDER, PLANNED),      # slow, fast
               "serving_ladder_beats_one_per_size": ("serving loop", EXACT, LADDER)}
+    thresholds = {}   # ratio claims with a threshold other than 1
+    for b in env["k_batches"]:
+        for k in (2, 4, 8):
+            ratios[f"kstep_k{k}_beats_one_graph_per_token_b{b}"] = (f"k-step decode, batch {b}", K1, k_name(k))
+    hf_case = f"transformers model, batch {batches[0]}"
+    if HAS_HF:
+        speedups["hf_kit_graph_beats_eager"] = (hf_case, HF_KIT, 1.0)
+        if HAS_CUDA:
+            ratios["hf_fused_graph_beats_kit_graph"] = (hf_case, HF_KIT, HF_FUSED)
+            ratios["hf_fused_graph_beats_hf_static_generate"] = (hf_case, HF_STATIC, HF_FUSED)
     host_bound = {}
     for b in batches:
         step, gen = f"decode step, batch {b}", f"generate, batch {b}"
@@ -124,6 +174,10 @@ def check_windows_and_claims(df, folder, batches):
         if HAS_CUDA:  # reduce-overhead and the floor need a GPU
             ratios[f"step_reduce_overhead_beats_graph_b{b}"] = (step, KIT_STEP, "reduce-overhead")
             ratios[f"generate_reduce_overhead_beats_graphs_b{b}"] = (gen, KIT_GEN, "reduce-overhead")
+            ratios[f"step_fused_graph_beats_kit_graph_b{b}"] = (step, KIT_STEP, FUSED_STEP)
+            ratios[f"step_fused_graph_beats_reduce_overhead_b{b}"] = (step, "reduce-overhead", FUSED_STEP)
+            thresholds[f"step_fused_graph_beats_reduce_overhead_b{b}"] = 1.05
+            ratios[f"generate_fused_graphs_beat_reduce_overhead_b{b}"] = (gen, "reduce-overhead", FUSED_GEN)
             host_bound[f"step_eager_host_bound_b{b}"] = step
     expected = set(speedups) | set(ratios) | set(host_bound) | {"decode_gains_more_than_prefill"}
     assert set(claims.claim) == expected and claims.claim.is_unique
@@ -136,7 +190,8 @@ def check_windows_and_claims(df, folder, batches):
             case, slow, fast = ratios[c.claim]
             values = [a / b for a, b in zip(window_values(row(df, case, slow), "window_medians_us"),
                                             window_values(row(df, case, fast), "window_medians_us"))]
-            assert (c.lo, c.hi) == pytest.approx(prediction_interval(values), rel=1e-3) and c.above == 1.0
+            assert (c.lo, c.hi) == pytest.approx(prediction_interval(values), rel=1e-3)
+            assert c.above == thresholds.get(c.claim, 1.0)
         elif c.claim in host_bound:  # eager's time against the GPU-busy floor
             r = row(df, host_bound[c.claim], "eager")
             assert (c.lo, c.hi) == pytest.approx((r.median_pi_lo / r.floor_step_us, r.median_pi_hi / r.floor_step_us))

@@ -1591,3 +1591,70 @@ def check_low_precision_ties(report, bf16_tokens, bf16_reference, bf16_divergenc
     else:
         report.right("b: rounding decides near ties; compare low-precision variants with a logit tolerance, and "
                      "expect their texts to part at near ties")
+
+
+@exercise("08_llm_decode", 3, "four tokens per replay, stopping on the GPU", "cpu+gpu")
+@check("08.3")
+def check_k_step_decode(report, k4_block, k4_graph, k4_tokens, model, cache, prompt, stop_token, new_tokens,
+                        pad_token=0):
+    """``k4_block(tokens, pos, done, stop) -> (b, 4)``: four greedy decode steps that update their state in place;
+    ``k4_graph``: the kit's ``capture`` of it; ``k4_tokens``: ``generate_blocks`` through ``k4_graph`` for
+    ``prompt`` with ``stop_token``. ``model``/``cache``: the notebook's (the check decodes one step per token on
+    them for the reference)."""
+    import torch
+
+    from .decode import decode_state, generate_blocks, stop_after
+    from .tiny_llm import greedy_generate
+
+    if is_todo(k4_block):
+        report.todo("k4_block: def k4_block(tokens, pos, done, stop): four steps of decode_step, in place")
+        return
+    with torch.no_grad():
+        want = stop_after(greedy_generate(model, cache, prompt, new_tokens), stop_token, pad_token)
+        first = model.prefill(prompt, cache).argmax(-1)
+        state = decode_state(first, prompt.shape[1], stop_token)
+        try:
+            block = k4_block(*state)
+        except Exception as exc:  # noqa: BLE001 - a learner's function: report, never raise
+            report.off(f"k4_block(tokens, pos, done, stop) raised {type(exc).__name__}: {exc}")
+            return
+    if not isinstance(block, torch.Tensor) or tuple(block.shape) != (prompt.shape[0], 4):
+        report.off(f"k4_block must return the block's tokens, shape {(prompt.shape[0], 4)}, got "
+                   f"{tuple(block.shape) if isinstance(block, torch.Tensor) else type(block).__name__}",
+                   "torch.stack(the four argmax tokens, dim=1)")
+        return
+    hint = "each step: nxt = decode_step(tokens, pos).argmax(-1).masked_fill(done, PAD); then done |= nxt == stop"
+    if not torch.equal(block.cpu(), want[:, 1:5].cpu()):
+        report.off("the block's tokens are not the next four greedy tokens (pad after the stop token)", hint)
+        return
+    if not (state[1] == prompt.shape[1] + 4).all() or not torch.equal(state[0], block[:, -1]):
+        report.off("the state did not move on: after the block, tokens must hold its last tokens and pos the next "
+                   "position", "update in place (tokens.copy_(nxt), pos.add_(1), done.logical_or_(...)): a graph "
+                   "replays on the same tensors, so an update by rebinding a name is lost")
+        return
+    with torch.no_grad():
+        state = decode_state(first, prompt.shape[1], stop_token)
+        eager = generate_blocks(lambda: k4_block(*state), state, first, new_tokens, 4, pad_token)
+    if not torch.equal(eager.cpu(), want.cpu()):
+        report.off("run block after block, the tokens are not the next greedy tokens with pad after the stop token",
+                   hint)
+        return
+    report.right("four greedy tokens per call, the state updated in place, stopped rows padded")
+    if is_todo(k4_graph) or is_todo(k4_tokens):
+        report.todo("k4_graph = capture(...) of k4_block, and k4_tokens = generate_blocks(k4_graph.replay, ...)")
+        return
+    if not hasattr(k4_graph, "replay") or not hasattr(k4_graph, "static_inputs"):
+        report.off(f"k4_graph is a {type(k4_graph).__name__}, not what capture() returns")
+        return
+    if not isinstance(k4_tokens, torch.Tensor) or not torch.equal(k4_tokens.cpu(), want.cpu()):
+        report.off("k4_tokens differ from one step per token with the same stop rule",
+                   "load_state(k4_graph.static_inputs, decode_state(first, PROMPT_LEN, stop_token)) before "
+                   "generate_blocks(k4_graph.replay, k4_graph.static_inputs, first, NEW_TOKENS, 4, PAD)")
+        return
+    report.right(f"{new_tokens} tokens per sequence through the captured block, identical to one step per token")
+    if not cuda():
+        report.needs_gpu("on a CPU the block ran eagerly; capturing it in one graph needs an NVIDIA GPU")
+    elif getattr(k4_graph, "mode", None) != "graph":
+        report.off("k4_graph ran eagerly", "capture(...) on the GPU, without a failure")
+    else:
+        report.right("one CUDA graph replay per four tokens")

@@ -1,0 +1,127 @@
+"""Several greedy tokens per replay: K decode steps in one function (and so in one CUDA graph), notebook 08.
+
+``k_step(step, k, pad_token)`` builds a function of the decode state ``(tokens, pos, done, stop)`` (tensors on one
+device: three (b,) and the stop token, a 0-dim tensor, -1 for none) that runs ``k`` decode steps **in place**: each
+step's argmax becomes the next step's input token on the device, a row that has produced the stop token is marked
+done and from then on emits ``pad_token``, and the positions advance. It returns the ``k`` tokens of the block,
+(b, k). Nothing in it reads a value on the host, so the same function runs eagerly (CPU tests) and captured in one
+graph (GPU): because it updates its own inputs, replay after replay continues the sequences with no copy in
+between, and because the stop token is a tensor, one graph serves every stop token.
+
+``generate_blocks(run_block, state, first, new_tokens, k)`` is the host loop: one call per block of ``k`` tokens,
+and once per block one host read (are all rows done?), never one per token.
+
+Example (eager, CPU)::
+
+    import torch
+    from cudagraph_kit.course.tiny_llm import StaticKVCache, TinyConfig, TinyLLM
+    from cudagraph_kit.course.decode import decode_state, generate_blocks, k_step
+
+    cfg = TinyConfig(vocab_size=256, dim=64, layers=2, heads=4, kv_heads=2, hidden=128)
+    model, cache = TinyLLM(cfg).eval(), StaticKVCache(cfg, max_batch=2, max_len=32)
+    prompt = torch.randint(0, 256, (2, 8))
+    with torch.no_grad():
+        first = model.prefill(prompt, cache).argmax(-1)
+        state = decode_state(first, prompt.shape[1], stop_token=7)
+        block = k_step(lambda t, p: model.decode(t, p, cache), k=4)
+        tokens = generate_blocks(lambda: block(*state), state, first, new_tokens=12, k=4)   # (2, 12)
+
+With the kit: ``g = capture(block, *state)``; per sequence, copy its start state into ``g.static_inputs``
+(:func:`load_state`), then ``generate_blocks(g.replay, g.static_inputs, first, ...)``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["k_step", "decode_state", "load_state", "generate_blocks", "stop_after", "positions_needed",
+           "mid_block_stop", "NO_STOP"]
+
+NO_STOP = -1   # the stop token of a sequence that never stops (no vocabulary id is negative)
+
+
+def k_step(step, k: int, pad_token: int = 0):
+    """``block(tokens, pos, done, stop) -> (b, k) tokens``: ``k`` greedy steps of ``step(tokens, pos) -> logits``.
+
+    ``tokens``, ``pos`` (int64) and ``done`` (bool), all (b,), are the decode state, updated in place: after the
+    call they hold the last token, the next position and which rows have stopped. ``stop``: the stop token, a
+    0-dim int64 tensor (``NO_STOP`` for none). A done row keeps emitting ``pad_token`` (its row is still
+    computed: the shapes stay fixed)."""
+    if k < 1:
+        raise ValueError(f"k (decode steps per block) must be >= 1, got {k}.")
+
+    def block(tokens, pos, done, stop):
+        out = []
+        for _ in range(k):
+            nxt = step(tokens, pos).argmax(-1).masked_fill(done, pad_token)
+            done.logical_or_(nxt == stop)
+            tokens.copy_(nxt)
+            pos.add_(1)
+            out.append(nxt)
+        return torch.stack(out, dim=1)
+    return block
+
+
+def decode_state(first, prompt_len: int, stop_token: int | None = None):
+    """The start state ``(tokens, pos, done, stop)`` after a prefill that produced ``first`` (b,): the next input
+    is ``first`` at position ``prompt_len``; a row whose first token is already the stop token is done."""
+    stop = torch.tensor(NO_STOP if stop_token is None else stop_token, dtype=torch.long, device=first.device)
+    return first.clone(), torch.full_like(first, prompt_len), first == stop, stop
+
+
+def load_state(static, state) -> None:
+    """Copy a start state into a graph's static inputs (``GraphedCallable.static_inputs``)."""
+    for s, v in zip(static, state):
+        s.copy_(v)
+
+
+def positions_needed(prompt_len: int, new_tokens: int, k: int) -> int:
+    """Cache positions a generation of ``new_tokens`` (the first from prefill) in blocks of ``k`` writes: whole
+    blocks run even when fewer tokens are kept."""
+    return prompt_len + math.ceil(max(new_tokens - 1, 0) / k) * k
+
+
+def generate_blocks(run_block, state, first, new_tokens: int, k: int, pad_token: int = 0, stats: dict | None = None):
+    """Host loop: ``run_block()`` (a graph's ``replay`` or the eager block on ``state``) once per ``k`` tokens.
+
+    ``state``: the ``(tokens, pos, done)`` tensors the block updates (for a graph: its static inputs, loaded with
+    :func:`load_state`). Before each block the host reads ``done.all()`` once and stops when every row has
+    stopped. Returns (b, new_tokens): ``first`` then the blocks' tokens (``pad_token`` after a row's stop token).
+    ``stats`` (a dict) receives ``blocks`` (blocks run) and ``host_checks`` (host reads of ``done``)."""
+    if new_tokens < 1:
+        raise ValueError(f"new_tokens must be >= 1, got {new_tokens}.")
+    done = state[2]
+    out, have, checks = [first[:, None].clone()], 1, 0
+    while have < new_tokens:
+        checks += 1
+        if bool(done.all()):                     # the one host read of a block
+            break
+        out.append(run_block().clone())          # the graph's output buffer is overwritten by the next replay
+        have += k
+    if stats is not None:
+        stats.update(blocks=len(out) - 1, host_checks=checks)
+    tokens = torch.cat(out, dim=1)
+    if tokens.shape[1] < new_tokens:             # every row stopped: the rest is padding
+        rest = torch.full_like(tokens[:, :1], pad_token).expand(-1, new_tokens - tokens.shape[1])
+        tokens = torch.cat([tokens, rest], dim=1)
+    return tokens[:, :new_tokens]
+
+
+def stop_after(tokens, stop_token: int, pad_token: int = 0):
+    """The reference rule on plain greedy tokens (b, n): keep each row up to and including its first
+    ``stop_token``, then ``pad_token``. Decoding with stops must give exactly this (rows are independent)."""
+    hit = (tokens == stop_token).int()
+    after = (hit.cumsum(1) - hit) > 0            # strictly after the first stop token
+    return torch.where(after, torch.full_like(tokens, pad_token), tokens)
+
+
+def mid_block_stop(tokens, k: int, row: int = 0) -> tuple:
+    """``(stop_token, step)`` for a test of stopping mid-block: the first step ``s >= 2`` of ``row`` of greedy
+    tokens (b, n) whose token did not occur earlier in that row and that is not the last step of a block of ``k``
+    (token 0 comes from prefill, block j holds steps 1 + j*k .. (j+1)*k). Raises if there is none."""
+    seq = tokens[row].tolist()
+    for s in range(2, len(seq)):
+        if seq[s] not in seq[:s] and (k == 1 or (s - 1) % k != k - 1):
+            return seq[s], s
+    raise ValueError(f"row {row} has no new token mid-block (k={k}) after step 1: generate more tokens.")
