@@ -301,27 +301,53 @@ def test_failed_capture_explains_and_process_keeps_working():
 
 
 # ---------------------------------------------------------------- reseeding inside the captured function
-def test_reseeding_calls_sees_torch_manual_seed_however_imported_and_restores():
-    from torch import manual_seed  # bound before the watch: still seen (it seeds CUDA via torch.cuda)
+def test_reseeding_calls_reads_the_generator_and_patches_nothing():
+    """On the CPU generator (no Philox offset there, so a changed seed is what shows): a reseed to another seed is
+    seen however torch.manual_seed was imported; draws and no draws are not; torch's functions stay as they were."""
+    from torch import manual_seed  # bound before the watch: seen all the same (the watch reads the generator)
 
-    from cudagraph_kit.capture import reseed_error, reseeding_calls
-    original = torch.cuda.manual_seed_all
-    with reseeding_calls() as calls:
+    from cudagraph_kit.capture import _watching_reseeds, reseed_error, reseeding_calls
+    originals = {n: getattr(torch.cuda, n) for n in ("manual_seed", "manual_seed_all", "seed", "seed_all")}
+    torch.manual_seed(11)
+    with reseeding_calls("cpu") as seen:
+        assert all(getattr(torch.cuda, n) is f for n, f in originals.items())  # nothing replaced inside either
         manual_seed(3)
-        torch.cuda.manual_seed(4)
-    assert calls == ["manual_seed_all", "manual_seed"]
-    assert torch.cuda.manual_seed_all is original
-    with reseeding_calls() as calls:
-        torch.randn(3)
-    assert calls == []
-    from cudagraph_kit.capture import _watching_reseeds
-    seen = []
-    watched = _watching_reseeds(lambda x: torch.manual_seed(1) and x * 2, seen)
-    assert torch.equal(watched(torch.ones(2)), torch.full((2,), 2.0)) and seen == ["manual_seed_all"]
-    err = reseed_error(["manual_seed_all"], "its warm-up")
+    assert seen == ["the default cpu generator's seed changed from 11 to 3"]
+    with reseeding_calls("cpu") as seen:
+        torch.randn(3)       # draws
+    with reseeding_calls("cpu") as seen_nothing:
+        pass                 # draws nothing
+    assert seen == [] and seen_nothing == []
+    gen = torch.Generator().manual_seed(5)
+    with reseeding_calls("cpu", generators=[gen]) as seen:
+        gen.manual_seed(6)
+    assert seen == ["a cpu torch.Generator's seed changed from 5 to 6"]
+    found = []
+    watched = _watching_reseeds(lambda x: torch.manual_seed(1) and x * 2, found, "cpu")
+    assert torch.equal(watched(torch.ones(2)), torch.full((2,), 2.0)) and found == [
+        "the default cpu generator's seed changed from 3 to 1"]
+    err = reseed_error(found, "its warm-up")
     assert isinstance(err, CaptureError)
     assert "torch.manual_seed" in err.cause and "seed before capture" in err.fix
-    assert "generators=[gen]" in err.fix and "torch.cuda.manual_seed_all" in str(err)
+    assert "generators=[gen]" in err.fix and "seed changed from 3 to 1" in str(err) and "its warm-up" in str(err)
+
+
+def test_a_reseed_refused_by_pytorch_during_capture_gets_the_reseed_explanation():
+    """PyTorch refuses a reseed during capture (CUDAGeneratorImpl::set_current_seed asserts no capture is under way);
+    the kit's explanation of that error is the one reseed_error gives, whatever else failed around it."""
+    from cudagraph_kit.capture import reseed_error
+    refused = RuntimeError("Cannot call CUDAGeneratorImpl::set_current_seed during CUDA graph capture. If you need "
+                           "this call to be captured, please file an issue. Current cudaStreamCaptureStatus: "
+                           "cudaStreamCaptureStatusActive")
+    err = CaptureError.from_exception(refused)
+    assert (err.cause, err.fix) == (reseed_error([], "x").cause, reseed_error([], "x").fix)
+    try:
+        try:
+            raise refused
+        except RuntimeError:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+    except RuntimeError as chained:
+        assert CaptureError.from_exception(chained).cause == err.cause
 
 
 @pytest.mark.gpu
