@@ -379,6 +379,7 @@ STALE_FIX = ("capture again after changing the model; to change weights without 
 
 _data_ptr = torch.Tensor.data_ptr
 _MAX_SCANNED = 256  # containers (lists, tuples, dicts) longer than this are not searched for modules
+_REACHED = (torch.nn.Module, torch.Tensor, list, tuple, dict)  # what the search follows inside containers
 
 
 class CapturedTensors:
@@ -397,9 +398,10 @@ class CapturedTensors:
     PyTorch 2.13+ has ``torch.cuda.graph(..., check_input_liveness=True)``: it raises when a tensor the graph reads
     was freed; this check raises when the module no longer holds the tensor the graph reads, freed or not.
 
-    Modules are found from the callable: a module itself, a bound method of one (or of an object whose attributes
-    hold modules), ``functools.partial`` arguments, closure variables, and the globals its code names (also through
-    the functions it calls that are named the same way).
+    Modules (and tensors held directly) are found from the callable: a module itself, a bound method of one (or of
+    an object whose attributes hold modules), ``functools.partial`` arguments, closure variables, and the globals its
+    code names (also through the functions it calls that are named the same way); lists, tuples and dicts of them
+    are searched too.
 
     Example::
 
@@ -470,13 +472,15 @@ class CapturedTensors:
         seen.add(id(obj))
         if isinstance(obj, torch.nn.Module):
             self.add_module(obj, label)
+        elif isinstance(obj, torch.Tensor):
+            self.add_tensor(obj, label)
         elif isinstance(obj, (list, tuple)) and len(obj) <= _MAX_SCANNED:
             for i, item in enumerate(obj):
-                if isinstance(item, (torch.nn.Module, list, tuple, dict)):
+                if isinstance(item, _REACHED):
                     self._reach(item, f"{label}[{i}]", seen, depth + 1)
         elif isinstance(obj, dict) and len(obj) <= _MAX_SCANNED:
             for key, item in list(obj.items()):
-                if isinstance(item, (torch.nn.Module, list, tuple, dict)):
+                if isinstance(item, _REACHED):
                     self._reach(item, f"{label}[{key!r}]", seen, depth + 1)
         elif isinstance(obj, functools.partial):
             self._reach(obj.func, label, seen, depth + 1)
@@ -486,15 +490,25 @@ class CapturedTensors:
                 self._reach(arg, f"{label} argument {key}", seen, depth + 1)
         elif isinstance(obj, types.MethodType):
             owner = obj.__self__
-            self._reach(owner, type(owner).__name__, seen, depth + 1)
+            if isinstance(owner, torch.nn.Module):
+                self._reach(owner, type(owner).__name__, seen, depth + 1)
+            else:
+                self._reach_attributes(owner, type(owner).__name__, seen, depth)
             self._reach(obj.__func__, label, seen, depth + 1)
         elif isinstance(obj, types.FunctionType):
+            wrapped = getattr(obj, "__wrapped__", None)  # functools.wraps: torch.compile(fn), decorators
+            if wrapped is not None:
+                self._reach(wrapped, label, seen, depth + 1)
             self._reach_function(obj, seen, depth)
-        elif callable(obj) and hasattr(obj, "__dict__") and depth <= 1:  # a callable object: its attributes
-            for key, value in list(vars(obj).items()):
-                if isinstance(value, torch.nn.Module):
-                    self.add_entry(vars(obj), key, value, f"{label}.{key}")
-                    self._reach(value, f"{label}.{key}", seen, depth + 1)
+        elif callable(obj) and depth <= 1:  # a callable object
+            self._reach_attributes(obj, label, seen, depth)
+
+    def _reach_attributes(self, obj, label: str, seen: set, depth: int) -> None:
+        """The modules and tensors an object holds as attributes (one level)."""
+        for key, value in list(getattr(obj, "__dict__", {}).items()):
+            if isinstance(value, (torch.nn.Module, torch.Tensor)):
+                self.add_entry(vars(obj), key, value, f"{label}.{key}")
+                self._reach(value, f"{label}.{key}", seen, depth + 1)
 
     def _reach_function(self, fn, seen: set, depth: int) -> None:
         if (getattr(fn, "__module__", None) or "").split(".")[0] == "torch":
@@ -505,7 +519,7 @@ class CapturedTensors:
                 value = cell.cell_contents
             except ValueError:  # an empty cell
                 continue
-            if isinstance(value, torch.nn.Module):
+            if isinstance(value, (torch.nn.Module, torch.Tensor)):
                 self._cells.append((cell, value, name))
             self._reach(value, name, seen, depth + 1)
         names, codes = set(), [code]
@@ -516,10 +530,9 @@ class CapturedTensors:
         scope = fn.__globals__
         for name in sorted(names):
             value = scope.get(name)
-            if isinstance(value, torch.nn.Module):
+            if isinstance(value, (torch.nn.Module, torch.Tensor)):
                 self.add_entry(scope, name, value, name)
-                self._reach(value, name, seen, depth + 1)
-            elif isinstance(value, (types.FunctionType, functools.partial, list, tuple, dict)):
+            if isinstance(value, _REACHED + (types.FunctionType, functools.partial)):
                 self._reach(value, name, seen, depth + 1)
 
     # -- checking ---------------------------------------------------------------------------------------------
