@@ -371,3 +371,65 @@ def test_reseeding_inside_the_function_is_refused_and_seeding_before_each_replay
         torch.manual_seed(0)
         out = g(x).clone()
         torch.testing.assert_close(out, noisy(x), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_reseeding_calls_reads_the_cuda_generators_seed_and_offset():
+    """The cases of reseeding_calls' docstring on the default CUDA generator, and the one it cannot see, which PyTorch
+    refuses during the capture with the same explanation."""
+    from cudagraph_kit.capture import reseeding_calls
+    x = torch.zeros(16, device="cuda")
+
+    def seen_by(fn):
+        with reseeding_calls(x.device) as seen:
+            fn()
+        return seen
+
+    torch.manual_seed(5)
+    assert seen_by(lambda: torch.rand_like(x)) == []                     # draws: the offset moves forward
+    assert seen_by(lambda: x * 2) == []                                  # draws nothing
+    assert "seed changed from 5 to 7" in seen_by(lambda: (torch.manual_seed(7), torch.rand_like(x)))[0]
+    assert "offset went back" in seen_by(lambda: (torch.manual_seed(7), torch.rand_like(x)))[0]  # same seed, after draws
+    assert "seed changed" in seen_by(lambda: torch.cuda.manual_seed(8))[0]                       # reseeds, draws nothing
+
+    def same_seed_inside(t):
+        torch.manual_seed(0)
+        return t + torch.rand_like(t)
+
+    torch.manual_seed(0)  # the blind spot: seeded with the same value just before, so the warm-up looks like draws
+    assert seen_by(lambda: same_seed_inside(x)) == []
+    torch.manual_seed(0)
+    with pytest.raises(CaptureError, match=r"torch.manual_seed.*seed before capture") as info:
+        capture(same_seed_inside, x)
+    assert "set_current_seed" in info.value.original  # refused by PyTorch during the capture
+    torch.rand(2, device="cuda")  # the process keeps working
+
+
+@pytest.mark.gpu
+def test_a_function_that_draws_only_in_its_first_call_is_not_taken_for_a_reseed():
+    """LazyLinear initialises its weights from the CUDA generator in its first call only: warm-up offsets advance
+    once and then stay, which is no reseed; the graph captures and matches eager."""
+    torch.manual_seed(0)
+    lazy = torch.nn.LazyLinear(8).cuda()
+    x = torch.randn(4, 16, device="cuda")
+    g = capture(lazy, x)
+    with torch.no_grad():
+        torch.testing.assert_close(g(x), lazy(x))
+
+
+@pytest.mark.gpu
+def test_warm_up_draws_are_those_of_eager_calls():
+    """Reading the generator around each warm-up call draws nothing: after capture(fn, x, warmup=3) the generator is
+    where three eager calls leave it (notebook 02's bitwise eager-vs-graph loss parity relies on this)."""
+    x = torch.zeros(1000, device="cuda")
+
+    def noisy(t):
+        return t + torch.rand_like(t)
+
+    torch.manual_seed(3)
+    capture(noisy, x, warmup=3)
+    after_capture = torch.rand(4, device="cuda")
+    torch.manual_seed(3)
+    for _ in range(3):
+        noisy(x)
+    torch.testing.assert_close(after_capture, torch.rand(4, device="cuda"), rtol=0, atol=0)
