@@ -290,17 +290,20 @@ def graph_capture(graph, pool=None, stream=None, collect_garbage: bool = False, 
     while it captures; every helper of the kit captures through this.
 
     Why the pause: a ``CUDAGraph`` left in a reference cycle (an old graph, a helper holding one) is freed whenever the
-    collector happens to run. If that is during another capture, its teardown calls CUDA (``cudaGraphExecDestroy``,
-    the release of its pool) while a stream captures, and the capture fails ("operation failed due to a previous error
-    during capture"; seen on an H100 in a training-step capture). Pausing the collector (``gc.disable()``, restored
-    after, also when the capture fails) keeps such frees out of the capture at no cost: the cycle is collected later,
-    outside it. PyTorch's own ``torch.cuda.graph`` also synchronizes and empties the caching allocator's cache before
-    every capture (its ``__enter__``); the kit adds nothing to that.
+    collector happens to run. If that is during another capture, its teardown calls CUDA while a stream captures
+    ("operation not permitted when stream is capturing (function reset)"), and the capture fails ("operation failed
+    due to a previous error during capture"; seen on an H100 in a training-step capture; pytorch/pytorch#161037 has a
+    reproducer). Until PyTorch 2.8, ``torch.cuda.graph`` ran ``gc.collect()`` before every capture, which freed such
+    graphs first; pytorch/pytorch#158193 made that opt-in (``torch.compiler.config.force_cudagraph_gc``, environment
+    variable ``TORCH_CUDAGRAPH_GC``) because it is expensive for many captures in a row, and newer releases destroy a
+    graph in relaxed capture mode. Pausing the collector (``gc.disable()``, put back as it was after, also when the
+    capture fails) keeps such frees out of the capture on every release at no cost: the cycle is collected later,
+    outside it. ``torch.cuda.graph`` itself still synchronizes and empties the caching allocator's cache before each
+    capture (and collects garbage there on PyTorch 2.8 and older); the kit adds nothing to that.
 
-    ``collect_garbage=True`` also runs a full ``gc.collect()`` before the capture. That frees memory held only by
-    dead reference cycles (old graphs and their pools) for the new graph to use, as ``torch.cuda.graph`` did before
-    every capture until PyTorch made it opt-in (``torch.compiler.config.force_cudagraph_gc``, environment variable
-    ``TORCH_CUDAGRAPH_GC``) because it is expensive for many captures in a row; no helper of the kit asks for it.
+    ``collect_garbage=True`` also runs a full ``gc.collect()`` before the capture: it frees memory held only by dead
+    reference cycles (old graphs and their pools) for the new graph to use, at the cost of a walk over every Python
+    object. No helper of the kit asks for it.
 
     Example::
 
