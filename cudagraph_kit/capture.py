@@ -5,7 +5,15 @@ buffers that new arguments are copied into, the capture itself (optionally into 
 optionally several calls in one graph), and checks that turn silent corruption into clear errors.
 
 It also holds the kit's shared parts: the error types and explanations of failed captures, the recovery after
-one, and the stream rule (:func:`capture_stream`) that every helper of the kit follows.
+one, the stream rule (:func:`capture_stream`) that every helper of the kit follows, the check that a graph's
+weights are still the module's (:class:`CapturedTensors`) and the profiler session that leaves no residue
+(:func:`profiler_session`).
+
+It runs inside other people's processes and leaves them as it found them: it replaces nothing of PyTorch's (a
+reseed inside the function is seen from the generators' seed and offset, :class:`reseeding_calls`), pauses the
+garbage collector only while a capture runs (:func:`graph_capture`), and sets ``TEARDOWN_CUPTI`` only for its own
+profiler sessions. A graph built from modules never silently reads weights replaced since the capture: it raises
+:class:`StaleGraphError` before replaying (``check_weights``).
 
 Example::
 

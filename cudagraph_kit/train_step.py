@@ -56,8 +56,13 @@ Example::
     print(loss.item())                         # read losses when you need them, not every step
 
 What the graph fixes at capture time: the batch shapes, dtypes and device; optimizer hyper-parameters other
-than the LR and a refreshed beta1/momentum (checked before every replay); the model's train/eval mode; the code path (no data-dependent Python
-control flow). Dropout still draws new masks each replay.
+than the LR and a refreshed beta1/momentum (checked before every replay); the model's train/eval mode; the code path
+(no data-dependent Python control flow); the tensors it trains. Dropout still draws new masks each replay. Before
+every replay the step checks that the optimizer's param groups hold the parameters they held at capture, that no
+parameter's ``requires_grad`` changed, and that the model's parameters and buffers and the optimizer's state tensors
+are the ones captured, at the same addresses (``optimizer.add_param_group``, ``model.half()``, a parameter assigned
+anew, ``optimizer.load_state_dict`` after capture): otherwise it raises ``StaleGraphError`` naming what changed,
+before running anything. In-place updates (``model.load_state_dict``, ``param.copy_``) pass.
 
 To use this file in a project of yours, copy the kit's ``capture.py`` with it (only ``torch`` is needed).
 """
