@@ -49,7 +49,8 @@ except ImportError:  # copied into a project: capture.py sits beside this file
         if exc.name != "capture":
             raise
         raise ImportError("show.py needs the kit's capture.py in the same folder (the capture stream, the recovery "
-                          "and the profiler session live there). Fix: copy cudagraph_kit/capture.py beside it.") from exc
+                          "and the profiler session live there). "
+                          "Fix: copy cudagraph_kit/capture.py beside it.") from exc
 
 __all__ = ["record", "trace_events", "timeline", "timelines", "graph_nodes", "parse_dot", "draw_graph",
            "short_kernel_name", "demangle"]

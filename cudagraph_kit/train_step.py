@@ -221,6 +221,7 @@ class GraphedTrainStep:
         self._captured_tensors = None  # after capture: what the graphs read from the model, loss and optimizer
         self._group_ids = []        # after capture: per param group, the ids of its params (kept alive in _params)
         self._requires_grad = []    # after capture: requires_grad of each of _params
+        self._state_tensors = []    # after capture: (param, key, tensor, label) of the optimizer state it steps
         self.static_loss = None
         self.grad_norm = None
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -410,17 +411,14 @@ class GraphedTrainStep:
         checked = CapturedTensors.reached_from(self.model, self.loss_fn)
         self._group_ids = [list(map(id, g["params"])) for g in self.optimizer.param_groups]
         self._requires_grad = [p.requires_grad for p in self._params]
+        self._state_tensors = []  # (param, key, tensor, label): optimizer.state[param][key] must stay that tensor
         if self.scaler is None:  # the graph holds the optimizer step: it updates these state tensors in place
             names = {id(p): n for n, p in self.model.named_parameters()}
-            state = self.optimizer.state
-            checked.add_entry(vars(self.optimizer), "state", state, "optimizer.state")
             for i, p in enumerate(self._params):
                 label = f"optimizer.state[{names.get(id(p), f'parameter {i}')}]"
-                per_param = dict.get(state, p)
-                checked.add_entry(state, p, per_param, label)
-                for key, value in (per_param or {}).items():
+                for key, value in (dict.get(self.optimizer.state, p) or {}).items():
                     if isinstance(value, torch.Tensor):
-                        checked.add_entry(per_param, key, value, f"{label}[{key!r}]")
+                        self._state_tensors.append((p, key, value, f"{label}[{key!r}]"))
                         checked.add_tensor(value, f"{label}[{key!r}]")
         self._captured_tensors = checked
 
@@ -430,34 +428,43 @@ class GraphedTrainStep:
         groups = self.optimizer.param_groups
         if len(groups) != len(self._group_ids) or any(
                 list(map(id, g["params"])) != ids for g, ids in zip(groups, self._group_ids)):
-            raise StaleGraphError(
+            raise _stale(
                 f"the optimizer's param groups changed after capture ({len(self._group_ids)} group(s) of "
                 f"{[len(ids) for ids in self._group_ids]} parameter(s) then, {len(groups)} of "
                 f"{[len(g['params']) for g in groups]} now, or other parameters in them: optimizer.add_param_group, "
                 "or a group's 'params' changed). The captured step updates only the parameters it had at capture, so "
-                "the others would never be trained. Nothing was run. Fix: add every param group before "
-                "capture_train_step, or capture a new step after changing them.")
+                "the others would never be trained. Nothing was run",
+                "add every param group before capture_train_step, or capture a new step after changing them")
         now = [p.requires_grad for p in self._params]
         if now != self._requires_grad:
             names = {id(p): n for n, p in self.model.named_parameters()}
             changed = [names.get(id(p), f"parameter {i}") for i, (p, a, b) in
                        enumerate(zip(self._params, self._requires_grad, now)) if a != b]
-            raise StaleGraphError(
+            raise _stale(
                 f"requires_grad changed after capture for {', '.join(changed[:3])}"
                 f"{f' and {len(changed) - 3} more' if len(changed) > 3 else ''}: the captured backward computes "
                 "gradients only for the parameters that required them at capture (a layer unfrozen since would "
-                "never train, one frozen since would keep training). Nothing was run. Fix: capture a new step after "
-                "freezing or unfreezing layers.")
-        try:
-            self._captured_tensors.check()
-        except StaleGraphError as exc:
+                "never train, one frozen since would keep training). Nothing was run",
+                "capture a new step after freezing or unfreezing layers")
+        state = self.optimizer.state  # optimizer.load_state_dict replaces it and, loading a checkpoint, the tensors
+        replaced = [label for p, key, t, label in self._state_tensors if (dict.get(state, p) or {}).get(key) is not t]
+        cause = None
+        if replaced:
+            cause = ("a tensor the CUDA graph reads is no longer the one the optimizer holds: "
+                     f"{', '.join(replaced[:3])}"
+                     f"{f' and {len(replaced) - 3} more' if len(replaced) > 3 else ''} (the graph's optimizer step "
+                     "updates the state tensors it had at capture); nothing was copied or replayed")
+        else:
+            try:
+                self._captured_tensors.check()
+            except StaleGraphError as exc:
+                cause = exc.cause
+        if cause is not None:
             fix = ("capture a new step (capture_train_step) after changing the model or loading a checkpoint "
                    "(optimizer.load_state_dict makes new state tensors: load it before capturing); to change weights "
                    "without capturing again, copy them in place: model.load_state_dict(state_dict), or "
                    "param.copy_(new_value) under torch.no_grad()")
-            err = StaleGraphError(f"{exc.cause}. Fix: {fix}.")
-            err.cause, err.fix = exc.cause, fix
-            raise err from None
+            raise _stale(cause, fix)
 
     def _check_grads_still_static(self):
         # The graph writes gradients into the .grad tensors that existed at capture. If they were replaced
@@ -593,6 +600,12 @@ class GraphedTrainStep:
         return (f"GraphedTrainStep(mode={self.mode!r}, state={self.state!r}, warmup_steps={self.warmup_steps}, "
                 f"eager_steps={self.eager_steps}, replays={self.replays}{acc}, "
                 f"batch=[{', '.join(describe_tensor(s) for s in self.static_batch)}])")
+
+
+def _stale(cause: str, fix: str) -> StaleGraphError:
+    err = StaleGraphError(f"{cause}. Fix: {fix}.")
+    err.cause, err.fix = cause, fix
+    return err
 
 
 def _reseed_failure(calls: list, during: str, where: str) -> Exception:

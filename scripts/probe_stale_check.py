@@ -186,7 +186,8 @@ def main():
         s_ids.copy_(ids)
         s_pos.copy_(pos)
         hand_graph_l.replay()
-    case_rows("llama", {"hand_written": hand_l, "check_on": lambda: l_on(ids, pos), "check_off": lambda: l_off(ids, pos)},
+    case_rows("llama", {"hand_written": hand_l, "check_on": lambda: l_on(ids, pos),
+                        "check_off": lambda: l_off(ids, pos)},
               args.rounds, max(20, args.calls // 5), rows)
     checks["llama"] = (host_check_us(l_on, 10_000), len(l_on.weights))
 
@@ -209,8 +210,8 @@ def main():
     (args.out / "env.json").write_text(json.dumps(env, indent=2))
 
     print(f"{env['gpu']}, PyTorch {env['torch']}, transformers {tf_version}")
-    cols = ["case", "variant", "median_us", "q1_us", "q3_us", "minus_check_off_median_us", "minus_hand_written_median_us",
-            "check_us", "checked_tensors"]
+    cols = ["case", "variant", "median_us", "q1_us", "q3_us", "minus_check_off_median_us",
+            "minus_hand_written_median_us", "check_us", "checked_tensors"]
     print(pd.DataFrame(summary).reindex(columns=cols).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     for s in stale:
         print(f"{'RAISED' if s['raised'] else 'NOT RAISED':>10}  {s['case']}: {(s['message'] or '')[:160]}")

@@ -389,8 +389,8 @@ def test_reseeding_calls_reads_the_cuda_generators_seed_and_offset():
     assert seen_by(lambda: torch.rand_like(x)) == []                     # draws: the offset moves forward
     assert seen_by(lambda: x * 2) == []                                  # draws nothing
     assert "seed changed from 5 to 7" in seen_by(lambda: (torch.manual_seed(7), torch.rand_like(x)))[0]
-    assert "offset went back" in seen_by(lambda: (torch.manual_seed(7), torch.rand_like(x)))[0]  # same seed, after draws
-    assert "seed changed" in seen_by(lambda: torch.cuda.manual_seed(8))[0]                       # reseeds, draws nothing
+    assert "offset went back" in seen_by(lambda: (torch.manual_seed(7), torch.rand_like(x)))[0]  # same seed, drawn
+    assert "seed changed" in seen_by(lambda: torch.cuda.manual_seed(8))[0]                       # no draw after
 
     def same_seed_inside(t):
         torch.manual_seed(0)
