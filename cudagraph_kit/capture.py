@@ -5,7 +5,15 @@ buffers that new arguments are copied into, the capture itself (optionally into 
 optionally several calls in one graph), and checks that turn silent corruption into clear errors.
 
 It also holds the kit's shared parts: the error types and explanations of failed captures, the recovery after
-one, and the stream rule (:func:`capture_stream`) that every helper of the kit follows.
+one, the stream rule (:func:`capture_stream`) that every helper of the kit follows, the check that a graph's
+weights are still the module's (:class:`CapturedTensors`) and the profiler session that leaves no residue
+(:func:`profiler_session`).
+
+It runs inside other people's processes and leaves them as it found them: it replaces nothing of PyTorch's (a
+reseed inside the function is seen from the generators' seed and offset, :class:`reseeding_calls`), pauses the
+garbage collector only while a capture runs (:func:`graph_capture`), and sets ``TEARDOWN_CUPTI`` only for its own
+profiler sessions. A graph built from modules never silently reads weights replaced since the capture: it raises
+:class:`StaleGraphError` before replaying (``check_weights``).
 
 Example::
 
@@ -26,8 +34,11 @@ result yourself) when you keep outputs across calls.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import os
 import re
+import types
 from typing import Any, Callable
 
 import torch
@@ -35,11 +46,22 @@ from torch.utils._pytree import tree_map_only
 
 __all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "NoCudaError",
            "CaptureError", "recover_from_failed_capture", "explain_capture_failure", "graph_features",
-           "register_generators"]
+           "register_generators", "StaleGraphError", "CapturedTensors", "reseeding_calls", "profiler_session"]
 
 
 class NoCudaError(RuntimeError):
     """Raised when a CUDA graph is asked for on a machine without a usable CUDA GPU."""
+
+
+# A reseed inside a captured function: the same cause and fix whether the kit saw it in the warm-up (reseed_error) or
+# PyTorch refused it during the capture (CUDAGeneratorImpl::set_current_seed asserts that no capture is under way).
+_RESEED_CAUSE = ("the function calls torch.manual_seed (or another reseeding call) inside: a CUDA graph cannot reseed, "
+                 "so replays would never reseed and their random numbers would differ from eager; nothing was "
+                 "captured")
+_RESEED_FIX = ("seed before capture, not inside the function (each replay advances the generator's offset and draws "
+               "fresh numbers); if every call must start from the same seed, call torch.manual_seed(s) before each "
+               "replay, outside the graph (a replay reads the generator's seed and offset when it starts), or draw "
+               "from a CUDA torch.Generator passed as capture(..., generators=[gen]) and seed that one between replays")
 
 
 class CaptureError(RuntimeError):
@@ -69,6 +91,8 @@ NO_CUDA_MESSAGE = (
 
 # (substring of the CUDA/PyTorch error, cause, fix)
 _KNOWN_FAILURES = [
+    # first: the text searched includes the error a failure was raised while handling, and the first match wins
+    ("set_current_seed", _RESEED_CAUSE, _RESEED_FIX),
     ("operation not permitted when stream is capturing",
      "the function synchronizes with the CPU while being captured (.item(), .cpu(), .tolist(), print of a "
      "CUDA tensor, torch.nonzero, boolean-mask indexing or another data-dependent shape)",
@@ -269,15 +293,25 @@ def capture_stream(device=None) -> "torch.cuda.Stream":
 
 
 @contextlib.contextmanager
-def graph_capture(graph, pool=None, stream=None, **options):
-    """``torch.cuda.graph(graph, pool=pool, stream=stream, **options)`` with Python's cyclic garbage collector run just before
-    the capture and paused during it; every helper of the kit captures through this.
+def graph_capture(graph, pool=None, stream=None, collect_garbage: bool = False, **options):
+    """``torch.cuda.graph(graph, pool=pool, stream=stream, **options)`` with Python's cyclic garbage collector paused
+    while it captures; every helper of the kit captures through this.
 
-    A ``CUDAGraph`` left in a reference cycle (an old graph, a helper holding one) is freed whenever the collector
-    happens to run. If that is during another capture, its teardown calls CUDA, which is not permitted while a
-    stream captures, and the capture fails ("operation failed due to a previous error during capture"). Older
-    PyTorch collected before every capture; newer releases only do with ``torch.compiler.config.force_cudagraph_gc``
-    (it costs time on many back-to-back captures).
+    Why the pause: a ``CUDAGraph`` left in a reference cycle (an old graph, a helper holding one) is freed whenever the
+    collector happens to run. If that is during another capture, its teardown calls CUDA while a stream captures
+    ("operation not permitted when stream is capturing (function reset)"), and the capture fails ("operation failed
+    due to a previous error during capture"; seen on an H100 in a training-step capture; pytorch/pytorch#161037 has a
+    reproducer). Until PyTorch 2.8, ``torch.cuda.graph`` ran ``gc.collect()`` before every capture, which freed such
+    graphs first; pytorch/pytorch#158193 made that opt-in (``torch.compiler.config.force_cudagraph_gc``, environment
+    variable ``TORCH_CUDAGRAPH_GC``) because it is expensive for many captures in a row, and newer releases destroy a
+    graph in relaxed capture mode. Pausing the collector (``gc.disable()``, put back as it was after, also when the
+    capture fails) keeps such frees out of the capture on every release at no cost: the cycle is collected later,
+    outside it. ``torch.cuda.graph`` itself still synchronizes and empties the caching allocator's cache before each
+    capture (and collects garbage there on PyTorch 2.8 and older); the kit adds nothing to that.
+
+    ``collect_garbage=True`` also runs a full ``gc.collect()`` before the capture: it frees memory held only by dead
+    reference cycles (old graphs and their pools) for the new graph to use, at the cost of a walk over every Python
+    object. No helper of the kit asks for it.
 
     Example::
 
@@ -285,7 +319,8 @@ def graph_capture(graph, pool=None, stream=None, **options):
         with graph_capture(g, stream=capture_stream()):
             y = model(static_x)
     """
-    gc.collect()
+    if collect_garbage:
+        gc.collect()
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -296,11 +331,265 @@ def graph_capture(graph, pool=None, stream=None, **options):
             gc.enable()
 
 
+def _cupti_teardown_supported() -> bool:
+    """True when tearing CUPTI down after a profiler session is safe with CUDA graphs alive (CUDA >= 12.6)."""
+    try:
+        major, minor = (int(p) for p in (torch.version.cuda or "0.0").split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (12, 6)
+
+
+@contextlib.contextmanager
+def profiler_session():
+    """Wrap one ``torch.profiler`` session so that it leaves no residue: ``TEARDOWN_CUPTI=1`` while it runs, where
+    CUDA supports the teardown with graphs alive (12.6+), and the variable put back as it was when it ends.
+
+    A profiler session leaves CUPTI attached, and every later kernel launch in the process is slower (a third or
+    more) unless CUPTI is torn down. PyTorch's profiler (kineto, ``CuptiActivityApi``) reads ``TEARDOWN_CUPTI`` when a
+    session stops, inside ``profile.__exit__`` (``teardownContext``: tear down or not), and when a session starts (to
+    re-create the CUPTI subscriber that a teardown removed, unless ``DISABLE_CUPTI_LAZY_REINIT`` is set). So the
+    ``with profile(...)`` block must run inside this one. A value you set yourself is left as it is; if you run
+    profiler sessions of your own after the kit's, set ``TEARDOWN_CUPTI=1`` for the process, as kineto expects in a
+    process that tears CUPTI down.
+
+    Example::
+
+        with profiler_session(), torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
+            g.replay()
+            torch.cuda.synchronize()
+    """
+    if "TEARDOWN_CUPTI" in os.environ or not _cupti_teardown_supported():
+        yield
+        return
+    os.environ["TEARDOWN_CUPTI"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("TEARDOWN_CUPTI", None)  # it was unset (PyTorch may have written "0" meanwhile)
+
+
 def describe_tensor(t) -> str:
     """``describe_tensor(torch.zeros(2, 3))`` -> "shape (2, 3) float32 on cpu" (the kit's error messages)."""
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
     return f"shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device}"
+
+
+class StaleGraphError(RuntimeError):
+    """Raised before a replay when a tensor the graph read at capture was replaced, re-typed or moved since (nothing
+    was copied or replayed). Like :class:`CaptureError`, ``cause`` and ``fix`` hold the two parts of the message."""
+
+    cause: str = ""
+    fix: str = ""
+
+
+STALE_FIX = ("capture again after changing the model; to change weights without capturing again, copy the new values "
+             "into the tensors the graph reads, in place: model.load_state_dict(state_dict) or, under "
+             "torch.no_grad(), param.copy_(new_value)")
+
+_data_ptr = torch.Tensor.data_ptr
+_MAX_SCANNED = 256  # containers (lists, tuples, dicts) longer than this are not searched for modules
+_REACHED = (torch.nn.Module, torch.Tensor, list, tuple, dict)  # what the search follows inside containers
+
+
+class CapturedTensors:
+    """The parameters and buffers a graph reads from modules outside it: recorded at capture, checked before every
+    replay, so that a graph never silently reads weights the caller replaced.
+
+    A CUDA graph reads the memory it captured. Replace a parameter (``model.weight = nn.Parameter(...)``), swap a
+    submodule or rebind the global the function names, and replays keep reading the old tensors; re-type or move the
+    model (``model.half()``, ``model.to(...)``: the same ``Parameter`` objects get new storage) and replays read memory
+    that was released. Recorded per tensor: the dict that holds it and its name there (a module's ``_parameters``,
+    ``_buffers`` or ``_modules``, the function's globals), the object, its ``data_ptr``, dtype and shape.
+    :meth:`check` costs one identity and pointer check per captured tensor per call; in-place updates
+    (``load_state_dict``, ``param.copy_``, optimizer steps) keep both and pass. The kit's helpers hold the
+    recorded tensors while the graph lives, so memory the graph reads is not freed under it.
+
+    PyTorch 2.13+ has ``torch.cuda.graph(..., check_input_liveness=True)``: it raises when a tensor the graph reads
+    was freed; this check raises when the module no longer holds the tensor the graph reads, freed or not.
+
+    Modules (and tensors held directly) are found from the callable: a module itself, a bound method of one (or of
+    an object whose attributes hold modules), ``functools.partial`` arguments, closure variables, and the globals its
+    code names (also through the functions it calls that are named the same way); lists, tuples and dicts of them
+    are searched too.
+
+    Example::
+
+        checked = CapturedTensors.reached_from(model)
+        model.half()
+        checked.check()    # StaleGraphError: Sequential.0.weight has new storage: float32 at capture, now float16 ...
+    """
+
+    def __init__(self):
+        self._owners, self._keys, self._objects, self._ids, self._labels = [], [], [], [], []
+        self._tensors, self._ptrs, self._specs, self._tensor_labels = [], [], [], []
+        self._cells = []  # (closure cell, object, label): checked only when there are any
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __bool__(self) -> bool:
+        return bool(self._ids or self._tensors or self._cells)
+
+    # -- recording --------------------------------------------------------------------------------------------
+    def add_entry(self, owner: dict, key, obj, label: str) -> None:
+        """Check that ``owner[key]`` stays ``obj``."""
+        self._owners.append(owner)
+        self._keys.append(key)
+        self._objects.append(obj)
+        self._ids.append(id(obj))
+        self._labels.append(label)
+
+    def add_tensor(self, t: torch.Tensor, label: str) -> None:
+        """Check that ``t`` keeps its storage (``data_ptr``); each tensor once."""
+        if any(t is u for u in self._tensors):
+            return
+        try:
+            ptr = t.data_ptr()
+        except (RuntimeError, NotImplementedError):  # a tensor without storage of its own (a wrapper subclass)
+            return
+        self._tensors.append(t)
+        self._ptrs.append(ptr)
+        self._specs.append((tuple(t.shape), t.dtype, t.device))
+        self._tensor_labels.append(label)
+
+    def add_module(self, module: torch.nn.Module, label: str) -> None:
+        """Every submodule, parameter and buffer of ``module``, named ``label.path``."""
+        for path, mod in module.named_modules():
+            prefix = f"{label}.{path}" if path else label
+            for owner in (mod._modules, mod._parameters, mod._buffers):
+                for key, obj in list(owner.items()):
+                    if obj is None:
+                        continue
+                    if isinstance(owner, dict):  # a TorchScript module's are wrappers: its tensors' storage only
+                        self.add_entry(owner, key, obj, f"{prefix}.{key}")
+                    if isinstance(obj, torch.Tensor):
+                        self.add_tensor(obj, f"{prefix}.{key}")
+
+    @classmethod
+    def reached_from(cls, *callables) -> "CapturedTensors":
+        """The modules' tensors that the callables reach (see the class docstring)."""
+        checked = cls()
+        seen: set = set()
+        for fn in callables:
+            label = type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", type(fn).__name__)
+            checked._reach(fn, label, seen, depth=0)
+        return checked
+
+    def _reach(self, obj, label: str, seen: set, depth: int) -> None:
+        if id(obj) in seen or depth > 4:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            self.add_module(obj, label)
+        elif isinstance(obj, torch.Tensor):
+            self.add_tensor(obj, label)
+        elif isinstance(obj, (list, tuple)) and len(obj) <= _MAX_SCANNED:
+            for i, item in enumerate(obj):
+                if isinstance(item, _REACHED):
+                    self._reach(item, f"{label}[{i}]", seen, depth + 1)
+        elif isinstance(obj, dict) and len(obj) <= _MAX_SCANNED:
+            for key, item in list(obj.items()):
+                if isinstance(item, _REACHED):
+                    self._reach(item, f"{label}[{key!r}]", seen, depth + 1)
+        elif isinstance(obj, functools.partial):
+            self._reach(obj.func, label, seen, depth + 1)
+            for i, arg in enumerate(obj.args):
+                self._reach(arg, f"{label} argument {i}", seen, depth + 1)
+            for key, arg in obj.keywords.items():
+                self._reach(arg, f"{label} argument {key}", seen, depth + 1)
+        elif isinstance(obj, types.MethodType):
+            owner = obj.__self__
+            if isinstance(owner, torch.nn.Module):
+                self._reach(owner, type(owner).__name__, seen, depth + 1)
+            else:
+                self._reach_attributes(owner, type(owner).__name__, seen, depth)
+            self._reach(obj.__func__, label, seen, depth + 1)
+        elif isinstance(obj, types.FunctionType):
+            wrapped = getattr(obj, "__wrapped__", None)  # functools.wraps: torch.compile(fn), decorators
+            if wrapped is not None:
+                self._reach(wrapped, label, seen, depth + 1)
+            self._reach_function(obj, seen, depth)
+        elif callable(obj) and depth <= 1:  # a callable object
+            self._reach_attributes(obj, label, seen, depth)
+
+    def _reach_attributes(self, obj, label: str, seen: set, depth: int) -> None:
+        """The modules and tensors an object holds as attributes (one level)."""
+        for key, value in list(getattr(obj, "__dict__", {}).items()):
+            if isinstance(value, (torch.nn.Module, torch.Tensor)):
+                self.add_entry(vars(obj), key, value, f"{label}.{key}")
+                self._reach(value, f"{label}.{key}", seen, depth + 1)
+
+    def _reach_function(self, fn, seen: set, depth: int) -> None:
+        if (getattr(fn, "__module__", None) or "").split(".")[0] == "torch":
+            return  # PyTorch's own functions hold no module of the caller's
+        code = fn.__code__
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(value, (torch.nn.Module, torch.Tensor)):
+                self._cells.append((cell, value, name))
+            self._reach(value, name, seen, depth + 1)
+        names, codes = set(), [code]
+        while codes:  # the names of the function's code and of the code nested in it (lambdas, comprehensions)
+            c = codes.pop()
+            names.update(c.co_names)
+            codes.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        scope = fn.__globals__
+        for name in sorted(names):
+            value = scope.get(name)
+            if isinstance(value, (torch.nn.Module, torch.Tensor)):
+                self.add_entry(scope, name, value, name)
+            if isinstance(value, _REACHED + (types.FunctionType, functools.partial)):
+                self._reach(value, name, seen, depth + 1)
+
+    # -- checking ---------------------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise :class:`StaleGraphError` if a recorded tensor or module was replaced or got new storage."""
+        if (list(map(id, map(dict.get, self._owners, self._keys))) != self._ids
+                or list(map(_data_ptr, self._tensors)) != self._ptrs
+                or any(cell.cell_contents is not obj for cell, obj, _ in self._cells)):
+            raise self.error()
+
+    def changes(self) -> list:
+        """What changed since the recording, one sentence each (empty when nothing did)."""
+        found = []
+        for owner, key, obj, label in zip(self._owners, self._keys, self._objects, self._labels):
+            now = owner.get(key)
+            if now is obj:
+                continue
+            what = "tensor" if isinstance(obj, torch.Tensor) else type(obj).__name__
+            if now is None:
+                found.append(f"{label} was removed (the graph reads the {what} it held at capture)")
+            elif isinstance(obj, torch.Tensor) and isinstance(now, torch.Tensor):
+                found.append(f"{label} was replaced by another tensor ({describe_tensor(now)}; the graph reads the "
+                             f"one it held at capture, {describe_tensor(obj)})")
+            else:
+                found.append(f"{label} was replaced by another {type(now).__name__} (the graph reads the {what} it "
+                             "held at capture)")
+        for cell, obj, label in self._cells:
+            if cell.cell_contents is not obj:
+                found.append(f"the closure variable {label} now names another object (the graph reads the "
+                             f"{type(obj).__name__} it named at capture)")
+        for t, ptr, (shape, dtype, device), label in zip(self._tensors, self._ptrs, self._specs, self._tensor_labels):
+            if t.data_ptr() == ptr:
+                continue
+            was = f"shape {shape} {str(dtype).replace('torch.', '')} on {device}"
+            found.append(f"{label} has new storage: {was} at capture, now {describe_tensor(t)} (.half(), .to(), "
+                         ".float() or .data = ... gave it new memory; the graph reads the old one, released)")
+        return found
+
+    def error(self) -> StaleGraphError:
+        found = self.changes() or ["a recorded tensor changed"]
+        shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
+        cause = (f"a tensor the CUDA graph reads is no longer the one the module holds: {shown}. Replaying would "
+                 "silently use the old weights, or memory that was released; nothing was copied or replayed")
+        err = StaleGraphError(f"{cause}. Fix: {STALE_FIX}.")
+        err.cause, err.fix = cause, STALE_FIX
+        return err
 
 
 class GraphedCallable:
@@ -311,8 +600,9 @@ class GraphedCallable:
     """
 
     def __init__(self, fn, static_inputs, static_outputs, graph, mode, calls_per_graph, clone_outputs, pool,
-                 no_grad: bool = True):
+                 no_grad: bool = True, weights: CapturedTensors | None = None):
         self.fn = fn
+        self.weights = weights if weights else None  # checked before every copy and replay (None: nothing to check)
         self.no_grad = no_grad
         self.static_inputs = static_inputs
         self.static_outputs = static_outputs
@@ -326,7 +616,8 @@ class GraphedCallable:
         self._fast = None
         if graph is not None and len(static_inputs) == 1 and not clone_outputs:
             s0 = static_inputs[0]
-            self._fast = (s0, s0.shape, s0.dtype, s0.get_device(), graph.replay, static_outputs)
+            self._fast = (s0, s0.shape, s0.dtype, s0.get_device(), graph.replay, static_outputs,
+                          self.weights.check if self.weights is not None else None)
 
     def _check(self, args) -> None:
         if len(args) != len(self.static_inputs):
@@ -345,7 +636,7 @@ class GraphedCallable:
         # Every argument is checked before anything is copied, so a bad call never touches the graph.
         fast = self._fast
         if fast is not None and len(args) == 1:  # the common case: one tensor in, graph outputs back
-            static, shape, dtype, device_index, replay, outputs = fast
+            static, shape, dtype, device_index, replay, outputs, check_weights = fast
             a = args[0]
             try:
                 ok = a.shape == shape and a.dtype is dtype and a.get_device() == device_index
@@ -353,6 +644,8 @@ class GraphedCallable:
                 ok = False
             if not ok:
                 self._check(args)
+            if check_weights is not None:
+                check_weights()
             if a is not static:
                 static.copy_(a)
             replay()
@@ -360,6 +653,8 @@ class GraphedCallable:
         if len(args) != len(self.static_inputs) or self.graph is None:
             return self._slow_call(args)
         self._check(args)
+        if self.weights is not None:
+            self.weights.check()
         for a, s in zip(args, self.static_inputs):
             if a is not s:
                 s.copy_(a)
@@ -378,9 +673,12 @@ class GraphedCallable:
         return out
 
     def replay(self):
-        """Replay on whatever the static inputs hold now (no copies, no checks); returns the static outputs."""
+        """Replay on whatever the static inputs hold now (no copies, no argument checks; the weight check of
+        ``check_weights`` runs); returns the static outputs."""
         if self.mode == "eager":
             return self(*self.static_inputs)
+        if self.weights is not None:
+            self.weights.check()
         self.graph.replay()
         return self.static_outputs
 
@@ -392,7 +690,8 @@ class GraphedCallable:
 
 def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3, pool=None,
             calls_per_graph: int = 1, clone_outputs: bool = False, no_grad: bool = True,
-            eager_fallback: bool = False, generators=(), check_input_liveness: bool = False) -> GraphedCallable:
+            eager_fallback: bool = False, generators=(), check_input_liveness: bool = False,
+            check_weights: bool = True) -> GraphedCallable:
     """Capture ``fn(*sample_args)`` into a CUDA graph and return a :class:`GraphedCallable`.
 
     - ``warmup``: eager calls before capture (lazy init, cuBLAS handles, autotuning), on the stream that then
@@ -408,7 +707,15 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
       registered with the graph (:func:`register_generators`), so each replay advances them as eager would.
     - ``check_input_liveness``: have PyTorch raise at replay if a tensor the graph reads but does not own (a
       weight or constant held outside ``fn``) was freed since the capture (PyTorch 2.13+; costs a check per
-      replay, so use it to debug).
+      replay, so use it to debug). It checks that those tensors are alive, not that the module still holds them:
+      ``check_weights`` does that.
+    - ``check_weights``: record the parameters and buffers of the modules ``fn`` reaches (a module, a bound method
+      of one, ``functools.partial`` arguments, closure variables, the globals its code names) and, before every
+      call and replay, raise :class:`StaleGraphError` if one was replaced, re-typed or moved since the capture
+      (``model.weight = ...``, ``model.half()``, ``model.to(...)``), instead of replaying on old weights or released
+      memory. It costs one identity and pointer check per captured tensor per call, and nothing for a function
+      that reaches no module. In-place updates (``load_state_dict``, ``param.copy_``) pass. See
+      :class:`CapturedTensors`.
 
     All sample arguments must be tensors on one device; warm-up and capture run on that GPU, whichever
     device is current. A failed capture raises :class:`CaptureError` (cause, fix, original error) and leaves
@@ -458,9 +765,9 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
                 "Fix: move it to the GPU before capturing, e.g. x.cuda().")
 
     # warm up and capture on the GPU that holds the inputs, whatever the current device is
-    reseeds: list = []  # reseeding calls made inside fn: a graph cannot replay them
-    watched = _watching_reseeds(fn, reseeds)
     device = sample_args[0].device if sample_args else torch.device("cuda", torch.cuda.current_device())
+    reseeds: list = []  # reseeds seen in the warm-up (a graph cannot replay them); see reseeding_calls
+    watched = _watching_reseeds(fn, reseeds, device, generators)
     with torch.cuda.device(device):
         side = capture_stream(device)  # warm-up and capture on the kit's one stream for this GPU
         side.wait_stream(torch.cuda.current_stream(device))
@@ -474,82 +781,119 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
         graph = torch.cuda.CUDAGraph()
         register_generators(graph, generators)
         try:
+            # a reseed here is refused by PyTorch itself (set_current_seed during capture): from_exception explains it
             with grad_ctx(), graph_capture(graph, pool=pool, stream=side, **options):
                 for _ in range(calls_per_graph):
-                    out = watched(*static_inputs)
+                    out = fn(*static_inputs)
         except Exception as exc:
             del graph
             recover_from_failed_capture(device)
-            if reseeds:
-                raise reseed_error(reseeds, "the capture") from exc
             raise CaptureError.from_exception(exc) from exc
-        if reseeds:
-            del graph
-            raise reseed_error(reseeds, "the capture")
+    weights = CapturedTensors.reached_from(fn) if check_weights else None  # what the graph read, as it read it
     return GraphedCallable(fn, static_inputs, out, graph, "graph", calls_per_graph, clone_outputs,
-                           graph.pool(), no_grad=no_grad)
+                           graph.pool(), no_grad=no_grad, weights=weights)
 
 
-# Only the seeding calls. set_rng_state is left out: torch.compile saves and restores the RNG state around its
-# work (seen on an H100 with PyTorch 2.11: capturing a compiled function called set_rng_state once in its warm-up),
-# so watching it refused ordinary compiled code. verify()'s eager-twice check still sees a function whose output
-# depends on an RNG state it sets.
-_RESEEDING = ("manual_seed", "manual_seed_all", "seed", "seed_all")
+def _generator_state(gen) -> tuple:
+    """``(seed, offset)`` of a torch.Generator, read on the host (no draw, no sync); offset None where the generator
+    has none (the CPU's Mersenne Twister). Only outside a capture: PyTorch refuses the reads during one."""
+    seed = gen.initial_seed()
+    if gen.device.type != "cuda":
+        return seed, None
+    if hasattr(gen, "get_offset"):
+        return seed, gen.get_offset()
+    state = gen.get_state()  # older PyTorch: a CUDA generator's state is its seed and offset, 8 bytes each
+    return seed, int.from_bytes(bytes(state[8:16].tolist()), "little")
+
+
+def _default_generator(device):
+    device = torch.device(device) if device is not None else (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else
+                                             torch.cuda.current_device()]
+    return torch.default_generator
 
 
 class reseeding_calls:
-    """``with reseeding_calls() as calls:`` collects the names of the calls that reseed the CUDA generator while the
-    block runs (``manual_seed``, ``seed`` and their ``_all`` forms).
+    """``with reseeding_calls(device) as seen:`` lists the reseeds of the generator(s) seen across the block: the
+    default generator of ``device`` (default: the current GPU, else the CPU's) and any ``generators`` given. It
+    patches nothing: it reads each generator's seed and Philox offset before and after the block.
 
-    ``torch.manual_seed`` seeds CUDA through ``torch.cuda.manual_seed_all``, looked up when it is called, so
-    it is seen however it was imported. A graph cannot replay a reseed: replays would never reseed.
+    A graph cannot replay a reseed (replays would never reseed). What the two readings show, for one call:
+
+    - draws random numbers: same seed, the offset moved forward (nothing reported);
+    - draws nothing: same seed and offset (nothing reported);
+    - reseeds to another seed (``torch.manual_seed``, ``torch.cuda.seed``, ``set_rng_state`` of another seed),
+      whether it draws after or not: the seed changed (reported);
+    - reseeds to the seed it already had after earlier draws, or restores an earlier state: the offset went backwards
+      (reported).
+
+    What it cannot see: a reseed to the seed the generator already has, when the offset before the block is no
+    higher than where the block's own draws end (e.g. ``torch.manual_seed(0)`` before capturing and again first thing
+    in the function): the readings look like an ordinary draw. The rule "a call advanced the offset and the next
+    identical call did not" would catch that case, but it also fires on functions that draw only in their first
+    call (a ``LazyLinear`` initialising its weights on the GPU, a lazily made random buffer), so the kit does not use
+    it. That case is still refused: PyTorch raises during the capture (``CUDAGeneratorImpl::set_current_seed`` asserts
+    that no capture is under way, in every release with CUDA graphs), and ``CaptureError.from_exception`` gives it the
+    cause and fix of :func:`reseed_error`. Another thread that reseeds the same generator inside the block is
+    reported too.
+
+    Example::
+
+        with reseeding_calls(x.device) as seen:
+            fn(x)                               # an eager call, not during a capture
+        if seen:
+            raise reseed_error(seen, "its warm-up")
     """
+
+    def __init__(self, device=None, generators=()):
+        self.device, self.generators = device, tuple(generators)
+
+    def _read(self) -> list:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return []  # PyTorch refuses these reads during a capture (and refuses a reseed there itself)
+        gens = (_default_generator(self.device),) + self.generators
+        return [(gen, _generator_state(gen)) for gen in gens]
 
     def __enter__(self) -> list:
         self.seen: list = []
-        self.originals = {n: getattr(torch.cuda, n) for n in _RESEEDING if callable(getattr(torch.cuda, n, None))}
-        for name, original in self.originals.items():
-            setattr(torch.cuda, name, self._recording(name, original))
+        self.before = self._read()
         return self.seen
 
-    def _recording(self, name, original):
-        seen = self.seen
-
-        def call(*args, **kwargs):
-            seen.append(name)
-            return original(*args, **kwargs)
-        call.__name__, call.__doc__, call.__wrapped__ = original.__name__, original.__doc__, original
-        return call
-
     def __exit__(self, *exc) -> bool:
-        for name, original in self.originals.items():
-            setattr(torch.cuda, name, original)
+        after = dict((id(gen), state) for gen, state in self._read())
+        for gen, (seed, offset) in self.before:
+            if id(gen) not in after:
+                continue
+            seed_after, offset_after = after[id(gen)]
+            name = f"the default {gen.device} generator" if gen is _default_generator(self.device) else \
+                f"a {gen.device} torch.Generator"
+            if seed_after != seed:
+                self.seen.append(f"{name}'s seed changed from {seed} to {seed_after}")
+            elif offset is not None and offset_after is not None and offset_after < offset:
+                self.seen.append(f"{name}'s offset went back from {offset} to {offset_after} (seed {seed})")
         return False
 
 
-def _watching_reseeds(fn, seen: list):
-    """``fn`` that adds to ``seen`` the reseeding calls it makes (see :class:`reseeding_calls`)."""
+def _watching_reseeds(fn, seen: list, device=None, generators=()):
+    """``fn`` that adds to ``seen`` the reseeds each of its calls makes (see :class:`reseeding_calls`)."""
     def watched(*args):
-        with reseeding_calls() as calls:
-            try:
+        watch = reseeding_calls(device, generators)
+        try:
+            with watch:
                 return fn(*args)
-            finally:
-                seen.extend(calls)
+        finally:
+            seen.extend(watch.seen)  # filled when the block ends
     return watched
 
 
 def reseed_error(calls: list, during: str) -> CaptureError:
-    """The CaptureError for a function that reseeds the CUDA generator inside (``calls`` from reseeding_calls)."""
-    names = ", ".join(f"torch.cuda.{n}" for n in dict.fromkeys(calls))
-    cause = ("the function calls torch.manual_seed (or another reseeding call) inside: a CUDA graph cannot reseed, "
-             "so replays would never reseed and their random numbers would differ from eager; nothing was "
-             "captured")
-    fix = ("seed before capture, not inside the function (each replay advances the generator's offset and draws "
-           "fresh numbers); if every call must start from the same seed, call torch.manual_seed(s) before each "
-           "replay, outside the graph (a replay reads the generator's seed and offset when it starts), or draw "
-           "from a CUDA torch.Generator passed as capture(..., generators=[gen]) and seed that one between replays")
-    err = CaptureError(_format_failure(cause, fix, f"{names} called {len(calls)} time(s) during {during}"))
-    err.cause, err.fix, err.original = cause, fix, f"{names} called during {during}"
+    """The CaptureError for a function that reseeds the CUDA generator inside (``calls``: what
+    :class:`reseeding_calls` saw)."""
+    seen = "; ".join(dict.fromkeys(calls))
+    err = CaptureError(_format_failure(_RESEED_CAUSE, _RESEED_FIX, f"seen during {during}: {seen}"))
+    err.cause, err.fix, err.original = _RESEED_CAUSE, _RESEED_FIX, f"seen during {during}: {seen}"
     return err
 
 

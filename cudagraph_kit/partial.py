@@ -156,7 +156,8 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
             raise TypeError("this PyTorch's make_graphed_callables has no pool argument; upgrade PyTorch "
                             "or graph the modules together in one call (they then share a pool).")
         kwargs["pool"] = pool
-    # the kit's watch for reseeding inside the callables (a graph cannot replay a reseed)
+    # A graph cannot replay a reseed. The kit reads the generator's seed and offset around the whole call (it patches
+    # nothing): a reseed in the warm-up shows there; one in the capture PyTorch refuses itself (from_exception says so).
     reseeds = []
     try:
         with reseeding_calls() as reseeds:

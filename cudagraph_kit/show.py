@@ -1,6 +1,7 @@
 """Pictures of a CUDA graph: eager vs graph on one timeline, and the nodes a graph captured.
 
-Depends only on torch and matplotlib; copy this file into a project as it is.
+Depends on torch, matplotlib and the kit's ``capture.py`` (the stream rule, the recovery after a failed capture and
+the profiler session that leaves no residue): copy ``capture.py`` with this file into a project.
 
 - ``record(fn, *args)`` runs ``fn`` a few times under ``torch.profiler`` and returns the trace (the Chrome-trace
   dict that ``prof.export_chrome_trace`` writes). ``timeline(trace, ax=...)`` draws it: the host's CUDA runtime
@@ -12,19 +13,19 @@ Depends only on torch and matplotlib; copy this file into a project as it is.
   the order they ran). ``draw_graph(nodes)`` draws them, one box per node, labelled by kernel.
 
 Profile only after timing: a profiler session leaves CUPTI attached and slows every later launch in the process
-(by a third or more) unless CUPTI is torn down; ``record`` asks for the teardown where CUDA supports it (12.6+).
+(by a third or more) unless CUPTI is torn down; ``record`` asks for the teardown where CUDA supports it (12.6+),
+for its own session only (``capture.profiler_session`` puts ``TEARDOWN_CUPTI`` back as it was).
 
 Example::
 
     import torch
-    from cudagraph_kit import show
+    from cudagraph_kit import capture, show
 
     def gelu(x):
         return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
 
     x = torch.randn(1, 3, 224, 224, device="cuda")
-    g = torch.cuda.CUDAGraph()
-    ...                                             # warm up on a side stream, capture gelu(x) into g
+    g = capture(gelu, x)                            # warm-up and capture on the kit's capture stream
     fig = show.timelines({"eager": show.record(gelu, x), "graph": show.record(g.replay)})
     nodes, edges, source = show.graph_nodes(gelu, x)
     show.draw_graph(nodes, edges, title=f"gelu: {len(nodes)} nodes (from {source})")
@@ -32,13 +33,24 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import re
 import tempfile
 import warnings
 from pathlib import Path
 
 import torch
+
+try:  # inside cudagraph_kit
+    from .capture import CaptureError, capture_stream, graph_capture, profiler_session, recover_from_failed_capture
+except ImportError:  # copied into a project: capture.py sits beside this file
+    try:
+        from capture import CaptureError, capture_stream, graph_capture, profiler_session, recover_from_failed_capture
+    except ModuleNotFoundError as exc:
+        if exc.name != "capture":
+            raise
+        raise ImportError("show.py needs the kit's capture.py in the same folder (the capture stream, the recovery "
+                          "and the profiler session live there). "
+                          "Fix: copy cudagraph_kit/capture.py beside it.") from exc
 
 __all__ = ["record", "trace_events", "timeline", "timelines", "graph_nodes", "parse_dot", "draw_graph",
            "short_kernel_name", "demangle"]
@@ -60,14 +72,6 @@ def _require_cuda(what: str) -> None:
                            "a machine with an NVIDIA GPU (the recorded pictures are PNGs you can show instead).")
 
 
-def _cupti_teardown_supported() -> bool:
-    try:
-        major, minor = (int(p) for p in (torch.version.cuda or "0.0").split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (12, 6)
-
-
 def record(fn, *args, calls: int = 5, warmup: int = 3) -> dict:
     """Run ``fn(*args)`` ``calls`` times under ``torch.profiler`` (CPU and CUDA activity); return the trace.
 
@@ -87,8 +91,6 @@ def record(fn, *args, calls: int = 5, warmup: int = 3) -> dict:
     for _ in range(warmup):
         fn(*args)
     torch.cuda.synchronize()
-    if _cupti_teardown_supported():
-        os.environ.setdefault("TEARDOWN_CUPTI", "1")  # read when the session ends; a value you set is respected
     trace = None
     for _attempt in range(3):  # a session that saw no GPU activity at all is tried again
         with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -97,7 +99,7 @@ def record(fn, *args, calls: int = 5, warmup: int = 3) -> dict:
                 # start the session while the GPU is busy (a session that starts on an idle GPU right after another
                 # one can record no GPU activity), then wait, so the recorded calls start from an idle GPU
                 torch.cuda._sleep(20_000_000)
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with profiler_session(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 torch.cuda.synchronize()
                 with record_function(MARK):
                     for _ in range(calls):
@@ -395,14 +397,20 @@ def parse_dot(text: str):
 
 
 def _warm_up_and_capture(fn, args, graph):
-    side = torch.cuda.Stream()
+    """Warm ``fn`` up and capture it into ``graph`` on the kit's capture stream (``capture.capture_stream``); a failed
+    capture leaves the process working and raises ``CaptureError`` (cause, fix, original error)."""
+    side = capture_stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
             fn(*args)
     torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
-        out = fn(*args)
+    try:
+        with graph_capture(graph, stream=side):
+            out = fn(*args)
+    except Exception as exc:
+        recover_from_failed_capture()
+        raise CaptureError.from_exception(exc) from exc
     torch.cuda.synchronize()
     return out
 
@@ -443,11 +451,9 @@ def _nodes_from_replay(fn, args):
     _warm_up_and_capture(fn, args, graph)
     graph.replay()
     torch.cuda.synchronize()
-    if _cupti_teardown_supported():
-        os.environ.setdefault("TEARDOWN_CUPTI", "1")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profiler_session(), profile(activities=[ProfilerActivity.CUDA]) as prof:
             graph.replay()
             torch.cuda.synchronize()
     ev = trace_events(prof)
@@ -461,7 +467,7 @@ def _nodes_from_replay(fn, args):
 
 
 def graph_nodes(fn, *args):
-    """Capture ``fn(*args)`` (side-stream warm-up, then ``torch.cuda.graph``) and return its nodes.
+    """Capture ``fn(*args)`` (warm-up and capture on the kit's capture stream) and return its nodes.
 
     Returns ``(nodes, edges, source)`` as ``parse_dot`` does; ``source`` is ``"dot"`` when the nodes and their
     dependencies come from the graph's DOT dump (``CUDAGraph.enable_debug_mode`` + ``debug_dump``), or

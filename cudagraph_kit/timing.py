@@ -10,7 +10,8 @@ Two things make GPU timings lie, and this module guards against both:
 - **Profiler residue.** A ``torch.profiler`` session leaves CUPTI attached, and every later kernel launch in the
   process is slower (a third or more) unless CUPTI is torn down. So ``compare`` measures floors only after all
   its timings, and ``gpu_time`` asks for the teardown (``TEARDOWN_CUPTI=1``, honoured by the profiler from CUDA
-  12.6) so that timings taken after it stay clean.
+  12.6) for its own sessions only, putting the variable back as it was after each (``capture.profiler_session``),
+  so that timings taken after it stay clean.
 
 The **floor** (``floor_us``) is the time the GPU spends running a graph's kernels and copies per call: the union
 of their intervals in a ``torch.profiler`` trace of graph replays. It is given for rows that ran entirely as CUDA
@@ -25,10 +26,12 @@ Example::
     from cudagraph_kit.timing import compare
     df = compare({"eager": lambda: gelu(x), "graph": g.replay}, case="small")
     print(df[["variant", "median_us", "speedup", "speedup_lo", "speedup_hi", "floor_us", "vs_floor", "note"]])
+
+To use this file in a project of yours, copy the kit's ``capture.py`` with it (its profiler sessions go through
+``capture.profiler_session``).
 """
 from __future__ import annotations
 
-import os
 import statistics
 import time
 import warnings
@@ -36,6 +39,17 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
+
+try:  # inside cudagraph_kit
+    from .capture import profiler_session
+except ImportError:  # copied into a project: capture.py sits beside this file
+    try:
+        from capture import profiler_session
+    except ModuleNotFoundError as exc:
+        if exc.name != "capture":
+            raise
+        raise ImportError("timing.py needs the kit's capture.py in the same folder (its profiler sessions go "
+                          "through capture.profiler_session). Fix: copy cudagraph_kit/capture.py beside it.") from exc
 
 __all__ = ["Timing", "GpuTime", "timeit", "gpu_time", "device_time", "compare", "NOISY_SPREAD"]
 
@@ -195,22 +209,9 @@ def _busy_union(intervals):
     return total
 
 
-def _cupti_teardown_supported() -> bool:
-    """True when tearing CUPTI down after a profiler session is safe with CUDA graphs alive (CUDA >= 12.6)."""
-    try:
-        major, minor = (int(p) for p in (torch.version.cuda or "0.0").split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (12, 6)
-
-
 def _profile(fn, args, calls):
     from torch.profiler import ProfilerActivity, profile
 
-    if _cupti_teardown_supported():
-        # Without teardown, CUPTI stays attached after the session and slows every later launch in the process.
-        # Read by the profiler at the end of each session; a value the user set is respected.
-        os.environ.setdefault("TEARDOWN_CUPTI", "1")
     if hasattr(torch.cuda, "_sleep"):
         # Keep the GPU busy while the session starts: the calls then queue up behind this spin kernel and run
         # back to back. (Seen on an H100 with CUPTI teardown on: a session that starts on an idle GPU right after
@@ -218,7 +219,8 @@ def _profile(fn, args, calls):
         torch.cuda._sleep(20_000_000)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the profiler's notes on event cycles; irrelevant here
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        # Without CUPTI teardown, CUPTI stays attached after the session and slows every later launch in the process.
+        with profiler_session(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(calls):
                 fn(*args)
             torch.cuda.synchronize()

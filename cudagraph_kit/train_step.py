@@ -56,8 +56,13 @@ Example::
     print(loss.item())                         # read losses when you need them, not every step
 
 What the graph fixes at capture time: the batch shapes, dtypes and device; optimizer hyper-parameters other
-than the LR and a refreshed beta1/momentum (checked before every replay); the model's train/eval mode; the code path (no data-dependent Python
-control flow). Dropout still draws new masks each replay.
+than the LR and a refreshed beta1/momentum (checked before every replay); the model's train/eval mode; the code path
+(no data-dependent Python control flow); the tensors it trains. Dropout still draws new masks each replay. Before
+every replay the step checks that the optimizer's param groups hold the parameters they held at capture, that no
+parameter's ``requires_grad`` changed, and that the model's parameters and buffers and the optimizer's state tensors
+are the ones captured, at the same addresses (``optimizer.add_param_group``, ``model.half()``, a parameter assigned
+anew, ``optimizer.load_state_dict`` after capture): otherwise it raises ``StaleGraphError`` naming what changed,
+before running anything. In-place updates (``model.load_state_dict``, ``param.copy_``) pass.
 
 To use this file in a project of yours, copy the kit's ``capture.py`` with it (only ``torch`` is needed).
 """
@@ -82,6 +87,10 @@ except ImportError:  # copied into a project: capture.py sits beside this file
             raise
         raise ImportError("train_step.py needs the kit's capture.py in the same folder (errors, recovery and the "
                           "capture stream live there). Fix: copy cudagraph_kit/capture.py beside it.") from exc
+try:  # inside cudagraph_kit
+    from .capture import CapturedTensors, StaleGraphError
+except ImportError:  # copied into a project: capture.py sits beside this file
+    from capture import CapturedTensors, StaleGraphError
 
 __all__ = ["capture_train_step", "GraphedTrainStep", "NoCudaError", "CaptureError", "cuda_graph_capture"]
 
@@ -208,7 +217,11 @@ class GraphedTrainStep:
         self._live = []             # per param group: {"betas" or "momentum": GPU tensor the step reads}
         self._live_copied = []      # per param group: the host values last copied into those tensors
         self._frozen_why = []       # per param group: {key: why this PyTorch cannot read it on the GPU}
-        self._warmup_reseeds = []   # reseeding calls made inside warm-up steps (a graph cannot replay them)
+        self._warmup_reseeds = []   # reseeds seen in warm-up steps (a graph cannot replay them): reseeding_calls
+        self._captured_tensors = None  # after capture: what the graphs read from the model, loss and optimizer
+        self._group_ids = []        # after capture: per param group, the ids of its params (kept alive in _params)
+        self._requires_grad = []    # after capture: requires_grad of each of _params
+        self._state_tensors = []    # after capture: (param, key, tensor, label) of the optimizer state it steps
         self.static_loss = None
         self.grad_norm = None
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -346,7 +359,7 @@ class GraphedTrainStep:
     def _warmup_step(self, batch, first, last):
         if self._side_stream is not None:
             self._side_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with self._side(), _reseed_watch() as reseeds:
+        with self._side(), reseeding_calls(self.device) as reseeds:
             loss = self._eager_step(batch, first, last, set_to_none=True)
         if self._side_stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._side_stream)
@@ -371,6 +384,7 @@ class GraphedTrainStep:
         key = self._position(first, last)
         steps = last and self.scaler is None  # this graph contains the optimizer step
         if self.state == "captured":
+            self._check_still_captured()
             self._check_grads_still_static()
             if steps:
                 self._refuse_frozen_changes()
@@ -391,6 +405,66 @@ class GraphedTrainStep:
                 self.grad_norm = norm
         self.static_loss = loss
         return loss.clone() if self.clone_loss else loss
+
+    def _record_captured(self):
+        """At the first capture: what the graphs read that lives outside them (checked before every replay)."""
+        checked = CapturedTensors.reached_from(self.model, self.loss_fn)
+        self._group_ids = [list(map(id, g["params"])) for g in self.optimizer.param_groups]
+        self._requires_grad = [p.requires_grad for p in self._params]
+        self._state_tensors = []  # (param, key, tensor, label): optimizer.state[param][key] must stay that tensor
+        if self.scaler is None:  # the graph holds the optimizer step: it updates these state tensors in place
+            names = {id(p): n for n, p in self.model.named_parameters()}
+            for i, p in enumerate(self._params):
+                label = f"optimizer.state[{names.get(id(p), f'parameter {i}')}]"
+                for key, value in (dict.get(self.optimizer.state, p) or {}).items():
+                    if isinstance(value, torch.Tensor):
+                        self._state_tensors.append((p, key, value, f"{label}[{key!r}]"))
+                        checked.add_tensor(value, f"{label}[{key!r}]")
+        self._captured_tensors = checked
+
+    def _check_still_captured(self):
+        """Refuse to replay when the optimizer's groups, a parameter's requires_grad, or a tensor the graphs read
+        (model parameters and buffers, optimizer state) changed since the capture."""
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self._group_ids) or any(
+                list(map(id, g["params"])) != ids for g, ids in zip(groups, self._group_ids)):
+            raise _stale(
+                f"the optimizer's param groups changed after capture ({len(self._group_ids)} group(s) of "
+                f"{[len(ids) for ids in self._group_ids]} parameter(s) then, {len(groups)} of "
+                f"{[len(g['params']) for g in groups]} now, or other parameters in them: optimizer.add_param_group, "
+                "or a group's 'params' changed). The captured step updates only the parameters it had at capture, so "
+                "the others would never be trained. Nothing was run",
+                "add every param group before capture_train_step, or capture a new step after changing them")
+        now = [p.requires_grad for p in self._params]
+        if now != self._requires_grad:
+            names = {id(p): n for n, p in self.model.named_parameters()}
+            changed = [names.get(id(p), f"parameter {i}") for i, (p, a, b) in
+                       enumerate(zip(self._params, self._requires_grad, now)) if a != b]
+            raise _stale(
+                f"requires_grad changed after capture for {', '.join(changed[:3])}"
+                f"{f' and {len(changed) - 3} more' if len(changed) > 3 else ''}: the captured backward computes "
+                "gradients only for the parameters that required them at capture (a layer unfrozen since would "
+                "never train, one frozen since would keep training). Nothing was run",
+                "capture a new step after freezing or unfreezing layers")
+        state = self.optimizer.state  # optimizer.load_state_dict replaces it and, loading a checkpoint, the tensors
+        replaced = [label for p, key, t, label in self._state_tensors if (dict.get(state, p) or {}).get(key) is not t]
+        cause = None
+        if replaced:
+            cause = ("a tensor the CUDA graph reads is no longer the one the optimizer holds: "
+                     f"{', '.join(replaced[:3])}"
+                     f"{f' and {len(replaced) - 3} more' if len(replaced) > 3 else ''} (the graph's optimizer step "
+                     "updates the state tensors it had at capture); nothing was copied or replayed")
+        else:
+            try:
+                self._captured_tensors.check()
+            except StaleGraphError as exc:
+                cause = exc.cause
+        if cause is not None:
+            fix = ("capture a new step (capture_train_step) after changing the model or loading a checkpoint "
+                   "(optimizer.load_state_dict makes new state tensors: load it before capturing); to change weights "
+                   "without capturing again, copy them in place: model.load_state_dict(state_dict), or "
+                   "param.copy_(new_value) under torch.no_grad()")
+            raise _stale(cause, fix)
 
     def _check_grads_still_static(self):
         # The graph writes gradients into the .grad tensors that existed at capture. If they were replaced
@@ -497,32 +571,28 @@ class GraphedTrainStep:
         if last and self.scaler is None and not self._frozen:
             self._prepare_hyperparameters()
         if not self._captured:
+            self._params = [p for g in self.optimizer.param_groups for p in g["params"]]  # groups added in warm-up
             # Grads set to None before the first capture, so the captured backward allocates them from the
             # graph's private memory pool and each replay refills them (no zero_grad needed inside the graph).
             # Graphs captured later (accumulate > 1) find them allocated and add to them in place.
             self.optimizer.zero_grad(set_to_none=True)
         work = functools.partial(self._captured_work, first, last)
-        reseeds = []
         try:
-            with _reseed_watch() as reseeds:
-                graph, (loss, norm) = self._capture_fn(work, self._pool, self.device)
+            # a reseed inside is refused by PyTorch itself (set_current_seed during capture): from_exception says so
+            graph, (loss, norm) = self._capture_fn(work, self._pool, self.device)
         except Exception as exc:
             if self.device.type == "cuda":
                 recover_from_failed_capture(self.device)
-            if reseeds:
-                raise _reseed_failure(reseeds, "the capture", where) from exc
             err = CaptureError.from_exception(exc)  # the kit's error: .cause, .fix, .original as everywhere
             err.args = (where + str(err),)
             raise err from exc
-        if reseeds:
-            del graph
-            raise _reseed_failure(reseeds, "the capture", where)
         if self._pool is None and hasattr(graph, "pool"):
             self._pool = graph.pool()  # later graphs (accumulate > 1) share this graph's memory pool
         self._captured[key] = (graph, loss, norm)
         self.graphs[key] = graph
         if self.state == "warmup":
             self._static_grads = [(p, p.grad) for p in self._params]
+            self._record_captured()
             self.state = "captured"
 
     def __repr__(self):
@@ -532,10 +602,10 @@ class GraphedTrainStep:
                 f"batch=[{', '.join(describe_tensor(s) for s in self.static_batch)}])")
 
 
-def _reseed_watch():
-    """``with _reseed_watch() as calls:`` the reseeding calls made inside the block (capture.py's
-    ``reseeding_calls``)."""
-    return reseeding_calls()
+def _stale(cause: str, fix: str) -> StaleGraphError:
+    err = StaleGraphError(f"{cause}. Fix: {fix}.")
+    err.cause, err.fix = cause, fix
+    return err
 
 
 def _reseed_failure(calls: list, during: str, where: str) -> Exception:

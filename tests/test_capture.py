@@ -301,27 +301,53 @@ def test_failed_capture_explains_and_process_keeps_working():
 
 
 # ---------------------------------------------------------------- reseeding inside the captured function
-def test_reseeding_calls_sees_torch_manual_seed_however_imported_and_restores():
-    from torch import manual_seed  # bound before the watch: still seen (it seeds CUDA via torch.cuda)
+def test_reseeding_calls_reads_the_generator_and_patches_nothing():
+    """On the CPU generator (no Philox offset there, so a changed seed is what shows): a reseed to another seed is
+    seen however torch.manual_seed was imported; draws and no draws are not; torch's functions stay as they were."""
+    from torch import manual_seed  # bound before the watch: seen all the same (the watch reads the generator)
 
-    from cudagraph_kit.capture import reseed_error, reseeding_calls
-    original = torch.cuda.manual_seed_all
-    with reseeding_calls() as calls:
+    from cudagraph_kit.capture import _watching_reseeds, reseed_error, reseeding_calls
+    originals = {n: getattr(torch.cuda, n) for n in ("manual_seed", "manual_seed_all", "seed", "seed_all")}
+    torch.manual_seed(11)
+    with reseeding_calls("cpu") as seen:
+        assert all(getattr(torch.cuda, n) is f for n, f in originals.items())  # nothing replaced inside either
         manual_seed(3)
-        torch.cuda.manual_seed(4)
-    assert calls == ["manual_seed_all", "manual_seed"]
-    assert torch.cuda.manual_seed_all is original
-    with reseeding_calls() as calls:
-        torch.randn(3)
-    assert calls == []
-    from cudagraph_kit.capture import _watching_reseeds
-    seen = []
-    watched = _watching_reseeds(lambda x: torch.manual_seed(1) and x * 2, seen)
-    assert torch.equal(watched(torch.ones(2)), torch.full((2,), 2.0)) and seen == ["manual_seed_all"]
-    err = reseed_error(["manual_seed_all"], "its warm-up")
+    assert seen == ["the default cpu generator's seed changed from 11 to 3"]
+    with reseeding_calls("cpu") as seen:
+        torch.randn(3)       # draws
+    with reseeding_calls("cpu") as seen_nothing:
+        pass                 # draws nothing
+    assert seen == [] and seen_nothing == []
+    gen = torch.Generator().manual_seed(5)
+    with reseeding_calls("cpu", generators=[gen]) as seen:
+        gen.manual_seed(6)
+    assert seen == ["a cpu torch.Generator's seed changed from 5 to 6"]
+    found = []
+    watched = _watching_reseeds(lambda x: torch.manual_seed(1) and x * 2, found, "cpu")
+    assert torch.equal(watched(torch.ones(2)), torch.full((2,), 2.0)) and found == [
+        "the default cpu generator's seed changed from 3 to 1"]
+    err = reseed_error(found, "its warm-up")
     assert isinstance(err, CaptureError)
     assert "torch.manual_seed" in err.cause and "seed before capture" in err.fix
-    assert "generators=[gen]" in err.fix and "torch.cuda.manual_seed_all" in str(err)
+    assert "generators=[gen]" in err.fix and "seed changed from 3 to 1" in str(err) and "its warm-up" in str(err)
+
+
+def test_a_reseed_refused_by_pytorch_during_capture_gets_the_reseed_explanation():
+    """PyTorch refuses a reseed during capture (CUDAGeneratorImpl::set_current_seed asserts no capture is under way);
+    the kit's explanation of that error is the one reseed_error gives, whatever else failed around it."""
+    from cudagraph_kit.capture import reseed_error
+    refused = RuntimeError("Cannot call CUDAGeneratorImpl::set_current_seed during CUDA graph capture. If you need "
+                           "this call to be captured, please file an issue. Current cudaStreamCaptureStatus: "
+                           "cudaStreamCaptureStatusActive")
+    err = CaptureError.from_exception(refused)
+    assert (err.cause, err.fix) == (reseed_error([], "x").cause, reseed_error([], "x").fix)
+    try:
+        try:
+            raise refused
+        except RuntimeError:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+    except RuntimeError as chained:
+        assert CaptureError.from_exception(chained).cause == err.cause
 
 
 @pytest.mark.gpu
@@ -345,3 +371,65 @@ def test_reseeding_inside_the_function_is_refused_and_seeding_before_each_replay
         torch.manual_seed(0)
         out = g(x).clone()
         torch.testing.assert_close(out, noisy(x), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_reseeding_calls_reads_the_cuda_generators_seed_and_offset():
+    """The cases of reseeding_calls' docstring on the default CUDA generator, and the one it cannot see, which PyTorch
+    refuses during the capture with the same explanation."""
+    from cudagraph_kit.capture import reseeding_calls
+    x = torch.zeros(16, device="cuda")
+
+    def seen_by(fn):
+        with reseeding_calls(x.device) as seen:
+            fn()
+        return seen
+
+    torch.manual_seed(5)
+    assert seen_by(lambda: torch.rand_like(x)) == []                     # draws: the offset moves forward
+    assert seen_by(lambda: x * 2) == []                                  # draws nothing
+    assert "seed changed from 5 to 7" in seen_by(lambda: (torch.manual_seed(7), torch.rand_like(x)))[0]
+    assert "offset went back" in seen_by(lambda: (torch.manual_seed(7), torch.rand_like(x)))[0]  # same seed, drawn
+    assert "seed changed" in seen_by(lambda: torch.cuda.manual_seed(8))[0]                       # no draw after
+
+    def same_seed_inside(t):
+        torch.manual_seed(0)
+        return t + torch.rand_like(t)
+
+    torch.manual_seed(0)  # the blind spot: seeded with the same value just before, so the warm-up looks like draws
+    assert seen_by(lambda: same_seed_inside(x)) == []
+    torch.manual_seed(0)
+    with pytest.raises(CaptureError, match=r"torch.manual_seed.*seed before capture") as info:
+        capture(same_seed_inside, x)
+    assert "set_current_seed" in info.value.original  # refused by PyTorch during the capture
+    torch.rand(2, device="cuda")  # the process keeps working
+
+
+@pytest.mark.gpu
+def test_a_function_that_draws_only_in_its_first_call_is_not_taken_for_a_reseed():
+    """LazyLinear initialises its weights from the CUDA generator in its first call only: warm-up offsets advance
+    once and then stay, which is no reseed; the graph captures and matches eager."""
+    torch.manual_seed(0)
+    lazy = torch.nn.LazyLinear(8).cuda()
+    x = torch.randn(4, 16, device="cuda")
+    g = capture(lazy, x)
+    with torch.no_grad():
+        torch.testing.assert_close(g(x), lazy(x))
+
+
+@pytest.mark.gpu
+def test_warm_up_draws_are_those_of_eager_calls():
+    """Reading the generator around each warm-up call draws nothing: after capture(fn, x, warmup=3) the generator is
+    where three eager calls leave it (notebook 02's bitwise eager-vs-graph loss parity relies on this)."""
+    x = torch.zeros(1000, device="cuda")
+
+    def noisy(t):
+        return t + torch.rand_like(t)
+
+    torch.manual_seed(3)
+    capture(noisy, x, warmup=3)
+    after_capture = torch.rand(4, device="cuda")
+    torch.manual_seed(3)
+    for _ in range(3):
+        noisy(x)
+    torch.testing.assert_close(after_capture, torch.rand(4, device="cuda"), rtol=0, atol=0)

@@ -19,13 +19,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "cudagraph_kit"
 COMPANIONS = {
     "capture": [],
     "env": [],
-    "timing": [],
+    "timing": ["capture"],
     "diagnose": [],            # capture.py optional (one explanation table), timing.py for advise()
     "train_step": ["capture"],
     "partial": ["capture"],
     "buckets": ["capture"],    # timing.py for measure_bucket_costs()
     "ddp": ["capture"],
-    "show": [],
+    "show": ["capture"],
     "intervals": [],
 }
 

@@ -793,9 +793,10 @@ def test_step_with_item_raises_capture_error_and_process_keeps_working():
 
 
 def test_a_step_that_reseeds_inside_is_refused_at_capture():
-    """torch.manual_seed inside the step: warm-up steps run it eagerly, but a graph would never reseed."""
+    """torch.manual_seed inside the step: warm-up steps run it eagerly, but a graph would never reseed. The kit sees it
+    from the generator's seed (make_model seeded 0; the step reseeds 1234), patching nothing."""
     def reseeding_loss(out, target):
-        torch.manual_seed(0)
+        torch.manual_seed(1234)
         return mse(out, target)
 
     model = make_model()
@@ -807,3 +808,47 @@ def test_a_step_that_reseeds_inside_is_refused_at_capture():
     with pytest.raises(CaptureError, match=r"torch.manual_seed.*seed before capture") as info:
         step(*batches[2])
     assert "warm-up steps" in str(info.value) and fake.graphs == [] and step.state == "warmup"
+
+
+# ------------------------------------------------------------------ nothing silently stale (CPU, stand-in capture)
+def _captured_fake_step(opt_kind="sgd_momentum"):
+    model = make_model()
+    opt = make_opt(opt_kind, model.parameters())
+    step, fake = fake_graph_step(model, opt, make_batches(1)[0], warmup=2)
+    for x, y in make_batches(4):  # two warm-ups, the capture, a replay
+        step(x, y)
+    assert step.state == "captured" and step.replays == 2
+    return model, opt, step, fake
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda m, o: o.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]}),
+     r"param groups changed after capture \(1 group\(s\) of \[4\] parameter\(s\) then, 2 of \[4, 1\] now"),
+    (lambda m, o: o.param_groups[0]["params"].pop(), "param groups changed after capture"),
+    (lambda m, o: setattr(m[0], "weight", torch.nn.Parameter(torch.randn(256, 128))),
+     r"Sequential\.0\.weight was replaced"),
+    (lambda m, o: m.double(), r"Sequential\.0\.weight has new storage.*float64"),
+    (lambda m, o: m[1].bias.requires_grad_(False), r"requires_grad changed after capture for 1\.bias"),
+    (lambda m, o: o.load_state_dict(copy.deepcopy(o.state_dict())),
+     r"optimizer\.state\[0\.weight\]\['momentum_buffer'\]"),
+], ids=["add_param_group", "param-removed", "parameter-assigned", "retyped", "frozen", "optimizer-checkpoint"])
+def test_a_captured_step_refuses_to_replay_after_its_model_or_optimizer_changed(change, match):
+    from cudagraph_kit.capture import StaleGraphError
+    model, opt, step, fake = _captured_fake_step()
+    change(model, opt)
+    with pytest.raises(StaleGraphError, match=match) as info:
+        step(*make_batches(1)[0])
+    assert "capture" in info.value.fix and fake.graphs[0].replays == step.replays == 2  # nothing replayed
+
+
+def test_a_captured_step_keeps_replaying_after_in_place_updates():
+    model, opt, step, fake = _captured_fake_step()
+    opt.load_state_dict(opt.state_dict())                  # same state tensors
+    fresh = make_model(seed=3)
+    model.load_state_dict(fresh.state_dict())              # in place
+    with torch.no_grad():
+        model[0].bias.copy_(torch.zeros(256))
+    for g in opt.param_groups:
+        g["lr"] = g["lr"]                                  # untouched hyper-parameters
+    step(*make_batches(1)[0])
+    assert step.replays == 3

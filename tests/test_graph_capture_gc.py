@@ -1,0 +1,82 @@
+"""graph_capture pauses Python's garbage collector while it captures, without a full collection: a CUDAGraph left
+in a reference cycle is never freed inside another capture (its teardown calls CUDA while a stream captures; seen
+breaking a training-step capture on an H100), and is freed after it. The collector's state is put back, also when
+the capture fails."""
+import gc
+import weakref
+
+import pytest
+import torch
+
+from cudagraph_kit.capture import CaptureError, capture, capture_stream, graph_capture
+
+pytestmark = pytest.mark.gpu
+
+
+class Holder:
+    """A reference cycle around a captured graph: only the cyclic collector frees it."""
+
+
+def _drop_a_cyclic_graph_and_allocate(pending: list, refs: list, inside: list) -> None:
+    h = Holder()
+    h.me = h
+    h.graph = pending.pop()                 # a GraphedCallable: it holds a torch.cuda.CUDAGraph
+    refs.append(weakref.ref(h))
+    del h                                   # now cyclic garbage
+    junk = [[i] for i in range(2000)]       # container allocations: with threshold 1 the collector runs now
+    del junk
+    inside.append(refs[-1]() is None)       # was the cycle (and its graph) freed here?
+
+
+def test_a_cyclic_graph_is_never_freed_inside_a_capture_and_is_freed_after():
+    x = torch.ones(64, device="cuda")
+    thresholds, enabled = gc.get_threshold(), gc.isenabled()
+    gc.enable()
+    gc.set_threshold(1, 1, 1)
+    try:
+        # control: the same steps outside a capture, collector running: the cycle is freed at once
+        pending, refs, inside = [capture(lambda t: t * 3, x)], [], []
+        _drop_a_cyclic_graph_and_allocate(pending, refs, inside)
+        assert inside == [True], "the set-up does not make the collector free the cycle; the test would prove nothing"
+
+        pending, refs, inside = [capture(lambda t: t * 3, x)], [], []
+
+        def fn(t):
+            if torch.cuda.is_current_stream_capturing() and pending:
+                _drop_a_cyclic_graph_and_allocate(pending, refs, inside)
+            return t * 2 + 1
+
+        g = capture(fn, x)
+        assert inside == [False], "a cyclic graph was freed by the collector inside the capture"
+        assert gc.isenabled() and gc.get_threshold() == (1, 1, 1)   # the pause ended with the capture
+        torch.testing.assert_close(g(x), x * 2 + 1)
+        gc.collect()
+        assert refs[0]() is None                                   # freed after the capture, outside it
+    finally:
+        gc.set_threshold(*thresholds)
+        (gc.enable if enabled else gc.disable)()
+
+
+def test_the_collector_is_put_back_as_it_was_also_after_a_failed_capture():
+    x = torch.ones(8, device="cuda")
+    enabled = gc.isenabled()
+    try:
+        gc.disable()  # the caller's choice is kept
+        capture(lambda t: t + 1, x)
+        assert not gc.isenabled()
+        gc.enable()
+        with pytest.raises(CaptureError):
+            capture(lambda t: t + float(t.sum()), x)  # a host sync: the capture fails
+        assert gc.isenabled()
+        graph = torch.cuda.CUDAGraph()
+        garbage = Holder()
+        garbage.me = garbage
+        ref = weakref.ref(garbage)
+        del garbage
+        with graph_capture(graph, stream=capture_stream(), collect_garbage=True):  # opt-in full collection
+            assert ref() is None and not gc.isenabled()
+            y = x * 2
+        graph.replay()
+        torch.testing.assert_close(y, x * 2)
+    finally:
+        (gc.enable if enabled else gc.disable)()
