@@ -7,13 +7,14 @@ data-dependent shapes, side streams not joined back, Python values that change b
 outside the default CUDA generator, optimizers with ``capturable=False``, autocast with its weight-cast cache on.
 
 What it instruments, only while the checked calls run (all of it put back when they return or raise): a
-``TorchDispatchMode``, ``torch.cuda.set_sync_debug_mode("warn")`` and ``warnings.showwarning``, an optimizer
-step pre-hook, and wrappers it sets on ``torch.manual_seed``/``seed``, ``torch.cuda.manual_seed``/
-``manual_seed_all``/``set_rng_state``, ``Tensor.__repr__``, ``torch.cuda.synchronize``, ``Stream``/``Event``
-``synchronize``, ``Event.record``/``wait`` and ``torch.autocast.__enter__``. It also replaces ``sys.settrace`` with
-its own tracer during each call, so a debugger's breakpoints and coverage measurement inside the checked calls
-are lost (they resume afterwards); another thread calling those functions meanwhile is seen too. It is a
-diagnostic: run it once, not inside a serving or training loop.
+``TorchDispatchMode``; ``torch.cuda.set_sync_debug_mode("warn")`` with a ``warnings.catch_warnings`` block whose
+``warnings.showwarning`` records the sync warnings; an optimizer step pre-hook; and wrappers set on
+``torch.manual_seed``, ``torch.seed``, ``torch.cuda.manual_seed``, ``torch.cuda.manual_seed_all``,
+``torch.cuda.set_rng_state``, ``torch.Tensor.__repr__``, ``torch.cuda.synchronize``, ``torch.cuda.Event.record`` and
+``.wait``, and ``torch.autocast.__enter__``. These are process-wide: another thread calling them meanwhile is
+seen (and reported) too. During each call it also replaces ``sys.settrace`` with its own tracer, so a debugger's
+breakpoints and coverage measurement inside the checked calls are lost (they resume afterwards). It is a
+diagnostic that runs the function a few times slowly: run it once, never inside a serving or training loop.
 
 Example::
 
@@ -585,7 +586,8 @@ def check_capturable(fn: Callable, *args, calls: int = 2) -> CheckReport:
     made by the first call alone, lazy initialisation, is left alone), random numbers outside the default CUDA generator and reseeding, optimizers
     with ``capturable=False``, autocast with its cache on. Without CUDA the same function runs on the CPU and
     only what is meaningful there is checked (Python state, data-dependent ops, value reads, optimizers,
-    autocast, RNG seeding); the report says so.
+    autocast, RNG seeding); the report says so. While it runs it instruments PyTorch process-wide and takes over
+    ``sys.settrace`` (the module docstring lists what, all of it put back afterwards).
 
     Example::
 

@@ -1,5 +1,7 @@
-"""Which Python values a function can reach, and the line of your code that changed one: the watch that
-:func:`check.check_capturable` and :func:`verify.verify` share (a CUDA graph replays the values it read at capture).
+"""Which Python values a function can reach, and the line of your code that changed one.
+
+A CUDA graph replays the values it read at capture; this is the watch that :func:`check.check_capturable` and
+:func:`verify.verify` share to find the values that change.
 
 - :func:`watch_for` lists getters for everything a function reaches: closure cells, globals it names, default
   arguments, attributes of the objects it holds (and of their classes), items of its containers, optimizer
