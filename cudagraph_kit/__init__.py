@@ -1,28 +1,34 @@
 """cudagraph_kit: learn, measure and apply CUDA Graphs in PyTorch.
 
-One module per idea; a helper can be copied into a project (only torch needed), with ``capture.py`` beside it
-when it imports that (``train_step``, ``partial``, ``buckets``, ``ddp``; docs/ARCHITECTURE.md has the rules):
-``env`` (what machine is this), ``capture`` (capture once, call with new inputs), ``train_step`` (whole
-training step as one graph), ``partial`` (make_graphed_callables made safe), ``diagnose`` (find what breaks a
-graph before capture, verify a graph against eager, will a graph help?), ``timing`` (medians, spread, GPU-busy
-floor), ``intervals`` (where a rerun will land: prediction intervals over timing windows, and the verdict
-they support), ``buckets`` (variable shapes: bucketed graphs, a planner, a memory ledger), ``ddp``
-(DistributedDataParallel under graphs, per-rank step timing), ``show`` (pictures: eager vs graph on one timeline,
-a graph's nodes; needs matplotlib; import it as ``from cudagraph_kit import show``).
+One module per idea; a helper can be copied into a project (only torch needed), with the files it names beside it
+(docs/ARCHITECTURE.md has the copy rule): ``env`` (what machine is this), ``capture`` (capture once, call with new
+inputs; the kit's errors, ``explain`` and the stream rule), ``train_step`` (whole training step as one graph),
+``partial`` (make_graphed_callables made safe), ``check`` (find what breaks a graph before capture), ``verify`` (a
+graph against eager), ``advise`` (will a graph help?), ``timing`` (medians, spread, GPU-busy floor), ``intervals``
+(where a rerun will land: prediction intervals over timing windows, and the verdict they support),
+``bucket_graphs`` (variable shapes: one graph per bucket), ``bucket_plan`` (choose the buckets), ``memory`` (a
+memory ledger per graph and pool), ``ddp`` (DistributedDataParallel under graphs, per-rank step timing), ``show``
+(pictures: eager vs graph on one timeline, a graph's nodes; needs matplotlib; import it as
+``from cudagraph_kit import show``). ``diagnose`` and ``buckets`` keep the old names of those tools for code that
+imports them.
 
 The course (notebook results, ``reproduce``, exercises) lives apart, in ``cudagraph_kit.course``; nothing here
 imports it.
 """
-from .buckets import (BucketedGraphs, BucketPlan, MemoryLedger, capture_buckets, evaluate_buckets, ladder,
-                      plan_buckets, pool_usage)
-from .capture import (CaptureError, GraphedCallable, NoCudaError, capture, capture_stream, graph_features,
+from . import buckets, diagnose  # noqa: F401  (the old module names stay attributes of the package)
+from .advise import advise
+from .bucket_graphs import BucketedGraphs, capture_buckets, ladder
+from .bucket_plan import BucketPlan, evaluate_buckets, plan_buckets
+from .capture import (CaptureError, GraphedCallable, NoCudaError, capture, capture_stream, explain, graph_features,
                       register_generators, shared_pool)
-from .diagnose import advise, check_capturable, explain, verify
+from .check import check_capturable
 from .env import bf16_supported, describe, env_table, has_cuda
 from .intervals import combine_windows, prediction_interval, ratio_across_windows, verdict
+from .memory import MemoryLedger, pool_usage
 from .partial import graph_modules
 from .timing import compare, gpu_time, timeit
 from .train_step import GraphedTrainStep, capture_train_step
+from .verify import verify
 
 __all__ = [
     "capture", "GraphedCallable", "shared_pool", "capture_stream", "NoCudaError", "CaptureError",

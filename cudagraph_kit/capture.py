@@ -45,8 +45,9 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 __all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "NoCudaError",
-           "CaptureError", "recover_from_failed_capture", "explain_capture_failure", "graph_features",
-           "register_generators", "StaleGraphError", "CapturedTensors", "reseeding_calls", "profiler_session"]
+           "CaptureError", "recover_from_failed_capture", "explain", "Explanation", "explain_capture_failure",
+           "no_cuda_message", "graph_features", "register_generators", "StaleGraphError", "CapturedTensors",
+           "reseeding_calls", "profiler_session"]
 
 
 class NoCudaError(RuntimeError):
@@ -88,6 +89,50 @@ NO_CUDA_MESSAGE = (
     "Fix: run on a machine (or Colab runtime) with a CUDA GPU, or pass eager_fallback=True to run the "
     "function eagerly; results are then labelled 'eager', never 'graph'."
 )
+
+
+def no_cuda_message(fix: str) -> str:
+    """The kit's no-CUDA error text, ending with what to do instead (every helper raises the same sentence).
+
+    Example::
+
+        raise NoCudaError(no_cuda_message("run on a machine with a CUDA GPU, or call the modules themselves."))
+    """
+    return NO_CUDA_MESSAGE.split("Fix: ")[0] + "Fix: " + fix
+
+
+class Explanation:
+    """Why a capture (or a kit call) failed: ``cause``, ``fix`` and the ``original`` error text (see :func:`explain`)."""
+
+    def __init__(self, cause: str, fix: str, original: str):
+        self.cause, self.fix, self.original = cause, fix, original
+
+    def __str__(self):
+        return f"cause: {self.cause}\nfix: {self.fix}\noriginal error: {self.original}"
+
+    __repr__ = __str__
+
+
+def explain(exc: BaseException) -> Explanation:
+    """Cause, fix and original error for an exception from a capture or a kit call: the explanation
+    ``capture``, ``capture_train_step`` and ``graph_modules`` put into their ``CaptureError``; for the kit's other
+    errors, the message's own "Fix:" part.
+
+    Example::
+
+        try:
+            g = capture(fn, x)
+        except Exception as e:
+            print(explain(e))
+    """
+    if isinstance(exc, CaptureError) and exc.cause:
+        return Explanation(exc.cause, exc.fix, exc.original)
+    cause, fix, original = diagnose_capture_failure(exc)
+    if cause == _GENERIC_CAUSE and "Fix:" in str(exc):
+        before, _, after = str(exc).partition("Fix:")
+        return Explanation(before.strip().rstrip("."), after.strip().split("\n")[0].rstrip("."),
+                           f"{type(exc).__name__}: {exc}")
+    return Explanation(cause, fix, original)
 
 # (substring of the CUDA/PyTorch error, cause, fix)
 _KNOWN_FAILURES = [
@@ -164,10 +209,11 @@ def _format_failure(cause: str, fix: str, original: str) -> str:
 
 
 def explain_capture_failure(exc: BaseException) -> str:
-    """Turn an exception raised during capture into 'cause ... fix ... original error' text."""
+    """:func:`explain` as one text: 'CUDA graph capture failed: cause. Fix: fix. Original error: ...'."""
     if isinstance(exc, CaptureError) and exc.cause:
         return str(exc)
-    return _format_failure(*diagnose_capture_failure(exc))
+    e = explain(exc)
+    return _format_failure(e.cause, e.fix, e.original)
 
 
 def torch_release() -> tuple:

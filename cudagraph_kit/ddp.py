@@ -40,25 +40,40 @@ Without CUDA the same code runs eagerly with the gloo backend (``capture_train_s
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import socket
 import statistics
+import sys
 import time
+import types
 from dataclasses import dataclass
 
 import torch
 
-try:  # inside cudagraph_kit
-    from .capture import capture_stream, torch_release
-except ImportError:  # copied into a project: capture.py sits beside this file
+
+def _kit(name):
+    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
+    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
+    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
+    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
+    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
+        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
+            return importlib.import_module(name)
+        package = "_cudagraph_kit_" + folder.encode().hex()
+        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
     try:
-        from capture import capture_stream, torch_release
+        return importlib.import_module(f"{package}.{name}")
     except ModuleNotFoundError as exc:
-        if exc.name != "capture":
+        if exc.name != f"{package}.{name}":
             raise
-        raise ImportError("ddp.py needs the kit's capture.py in the same folder (the capture stream that DDP is "
-                          "built on lives there). Fix: copy cudagraph_kit/capture.py beside it.") from exc
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
+                          f"cudagraph_kit/{name}.py beside it.") from None
+
+
+_capture = _kit("capture")  # the capture stream DDP is built on
+capture_stream, torch_release = _capture.capture_stream, _capture.torch_release
 
 __all__ = ["setup_distributed_for_graphs", "ddp_for_graphs", "DistInfo", "StepTimer", "jitter_summary",
            "per_rank_summary", "async_error_handling_value", "free_port", "DDP_MIN_WARMUP"]

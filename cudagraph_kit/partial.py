@@ -28,25 +28,46 @@ Example::
 """
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import os
+import sys
+import types
 
 import torch
 
-try:  # inside cudagraph_kit
-    from .capture import CaptureError, NoCudaError, recover_from_failed_capture, reseed_error, reseeding_calls
-except ImportError:  # copied into a project: capture.py sits beside this file
+
+def _kit(name):
+    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
+    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
+    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
+    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
+    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
+        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
+            return importlib.import_module(name)
+        package = "_cudagraph_kit_" + folder.encode().hex()
+        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
     try:
-        from capture import CaptureError, NoCudaError, recover_from_failed_capture, reseed_error, reseeding_calls
+        return importlib.import_module(f"{package}.{name}")
     except ModuleNotFoundError as exc:
-        if exc.name != "capture":
+        if exc.name != f"{package}.{name}":
             raise
-        raise ImportError("partial.py needs the kit's capture.py in the same folder (errors and recovery live "
-                          "there). Fix: copy cudagraph_kit/capture.py beside it.") from exc
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
+                          f"cudagraph_kit/{name}.py beside it.") from None
+
+
+_capture = _kit("capture")  # errors and the recovery after a failed capture
+CaptureError = _capture.CaptureError
+NoCudaError = _capture.NoCudaError
+recover_from_failed_capture = _capture.recover_from_failed_capture
+reseed_error = _capture.reseed_error
+reseeding_calls = _capture.reseeding_calls
+no_cuda_message = _capture.no_cuda_message
 
 __all__ = ["graph_modules"]
 
-NO_CUDA_MESSAGE = ("CUDA graphs need an NVIDIA GPU, and torch.cuda.is_available() is False here. Fix: run on a "
-                   "machine (or Colab runtime) with a CUDA GPU; without one, call the modules themselves (eagerly).")
+NO_CUDA_MESSAGE = no_cuda_message("run on a machine (or Colab runtime) with a CUDA GPU; without one, call the "
+                                  "modules themselves (eagerly).")
 
 
 def _autocast_enabled() -> bool:

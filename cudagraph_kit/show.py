@@ -32,25 +32,45 @@ Example::
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
+import os
 import re
+import sys
 import tempfile
+import types
 import warnings
 from pathlib import Path
 
 import torch
 
-try:  # inside cudagraph_kit
-    from .capture import CaptureError, capture_stream, graph_capture, profiler_session, recover_from_failed_capture
-except ImportError:  # copied into a project: capture.py sits beside this file
+
+def _kit(name):
+    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
+    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
+    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
+    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
+    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
+        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
+            return importlib.import_module(name)
+        package = "_cudagraph_kit_" + folder.encode().hex()
+        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
     try:
-        from capture import CaptureError, capture_stream, graph_capture, profiler_session, recover_from_failed_capture
+        return importlib.import_module(f"{package}.{name}")
     except ModuleNotFoundError as exc:
-        if exc.name != "capture":
+        if exc.name != f"{package}.{name}":
             raise
-        raise ImportError("show.py needs the kit's capture.py in the same folder (the capture stream, the recovery "
-                          "and the profiler session live there). "
-                          "Fix: copy cudagraph_kit/capture.py beside it.") from exc
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
+                          f"cudagraph_kit/{name}.py beside it.") from None
+
+
+_capture = _kit("capture")
+CaptureError = _capture.CaptureError
+capture_stream = _capture.capture_stream
+graph_capture = _capture.graph_capture
+profiler_session = _capture.profiler_session
+recover_from_failed_capture = _capture.recover_from_failed_capture
 
 __all__ = ["record", "trace_events", "timeline", "timelines", "graph_nodes", "parse_dot", "draw_graph",
            "short_kernel_name", "demangle"]

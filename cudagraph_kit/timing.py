@@ -32,24 +32,41 @@ To use this file in a project of yours, copy the kit's ``capture.py`` with it (i
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
 import statistics
+import sys
 import time
+import types
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
 
-try:  # inside cudagraph_kit
-    from .capture import profiler_session
-except ImportError:  # copied into a project: capture.py sits beside this file
+
+def _kit(name):
+    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
+    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
+    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
+    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
+    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
+        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
+            return importlib.import_module(name)
+        package = "_cudagraph_kit_" + folder.encode().hex()
+        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
     try:
-        from capture import profiler_session
+        return importlib.import_module(f"{package}.{name}")
     except ModuleNotFoundError as exc:
-        if exc.name != "capture":
+        if exc.name != f"{package}.{name}":
             raise
-        raise ImportError("timing.py needs the kit's capture.py in the same folder (its profiler sessions go "
-                          "through capture.profiler_session). Fix: copy cudagraph_kit/capture.py beside it.") from exc
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
+                          f"cudagraph_kit/{name}.py beside it.") from None
+
+
+_capture = _kit("capture")
+profiler_session = _capture.profiler_session
 
 __all__ = ["Timing", "GpuTime", "timeit", "gpu_time", "device_time", "compare", "NOISY_SPREAD"]
 

@@ -70,35 +70,51 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
+import os
+import sys
+import types
 from typing import Callable, Sequence
 
 import torch
 
-try:  # inside cudagraph_kit
-    from .capture import (CaptureError, NoCudaError, capture_stream, graph_capture, recover_from_failed_capture, reseed_error,
-                          reseeding_calls, describe_tensor)
-except ImportError:  # copied into a project: capture.py sits beside this file
+
+def _kit(name):
+    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
+    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
+    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
+    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
+    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
+        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
+            return importlib.import_module(name)
+        package = "_cudagraph_kit_" + folder.encode().hex()
+        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
     try:
-        from capture import (CaptureError, NoCudaError, capture_stream, graph_capture, recover_from_failed_capture,
-                             reseed_error,
-                             reseeding_calls, describe_tensor)
+        return importlib.import_module(f"{package}.{name}")
     except ModuleNotFoundError as exc:
-        if exc.name != "capture":
+        if exc.name != f"{package}.{name}":
             raise
-        raise ImportError("train_step.py needs the kit's capture.py in the same folder (errors, recovery and the "
-                          "capture stream live there). Fix: copy cudagraph_kit/capture.py beside it.") from exc
-try:  # inside cudagraph_kit
-    from .capture import CapturedTensors, StaleGraphError
-except ImportError:  # copied into a project: capture.py sits beside this file
-    from capture import CapturedTensors, StaleGraphError
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
+                          f"cudagraph_kit/{name}.py beside it.") from None
+
+
+_capture = _kit("capture")  # errors, recovery after a failed capture, the capture stream
+CaptureError = _capture.CaptureError
+NoCudaError = _capture.NoCudaError
+capture_stream = _capture.capture_stream
+graph_capture = _capture.graph_capture
+recover_from_failed_capture = _capture.recover_from_failed_capture
+reseed_error = _capture.reseed_error
+reseeding_calls = _capture.reseeding_calls
+describe_tensor = _capture.describe_tensor
+no_cuda_message = _capture.no_cuda_message
+CapturedTensors = _capture.CapturedTensors
+StaleGraphError = _capture.StaleGraphError
 
 __all__ = ["capture_train_step", "GraphedTrainStep", "NoCudaError", "CaptureError", "cuda_graph_capture"]
 
-_NO_CUDA = (
-    "CUDA graphs need an NVIDIA GPU, and torch.cuda.is_available() is False here. Fix: run on a machine "
-    "(or Colab runtime) with a CUDA GPU, or pass eager_fallback=True to run plain eager training steps "
-    "(step.mode is then 'eager', never 'graph')."
-)
+_NO_CUDA = no_cuda_message("run on a machine (or Colab runtime) with a CUDA GPU, or pass eager_fallback=True to run "
+                           "plain eager training steps (step.mode is then 'eager', never 'graph').")
 _DEVICE_LR_FIX = ("use an optimizer that reads a tensor LR on the GPU inside the graph: torch.optim.SGD(..., "
                   "fused=True) or torch.optim.Adam/AdamW(..., capturable=True)")
 

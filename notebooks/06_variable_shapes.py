@@ -318,7 +318,8 @@ def build(model_name, label, sizes, pool="shared"):
     model, _ = MODELS[model_name]
     clean_cache()      # start from a clean cache, whatever was built or freed before
     with ledger.measure(f"{model_name}: {label}") as before_after:
-        bg = capture_buckets(model, data[model_name][:MAX_ROWS], sizes=sizes, pool=pool, eager_fallback=True)
+        bg = capture_buckets(model, data[model_name][:MAX_ROWS], sizes=sizes, pool=pool, eager_fallback=True,
+                             measure_memory=True)  # each bucket's pool growth in bg.capture_log
         clean_cache()  # what the captures freed and the allocator merely cached is not held by the strategy
     row = ledger.record(f"{model_name}: {label}", bg)
     info[model_name][label] = {"graphs": len(bg.sizes), "setup_s": bg.capture_seconds,

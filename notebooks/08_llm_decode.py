@@ -293,7 +293,8 @@ LADDER = ladder(MAX_BATCH)
 sample_tokens = torch.zeros(MAX_BATCH, dtype=torch.long, device=DEVICE)
 sample_pos = torch.zeros(MAX_BATCH, dtype=torch.long, device=DEVICE)
 with ledger.measure("kit buckets") as kit_mem:
-    graphs = capture_buckets(graph_step, sample_tokens, sample_pos, sizes=LADDER, eager_fallback=True)
+    graphs = capture_buckets(graph_step, sample_tokens, sample_pos, sizes=LADDER, eager_fallback=True,
+                             measure_memory=True)  # each bucket's pool growth in graphs.capture_log
 kit_held = ledger.record("kit buckets", graphs).get("held", float("nan")) / MiB
 print(graphs)
 capture_rows = [{"case": "capture", "variant": f"kit bucket {e['size']}", "median_us": float("nan"),
@@ -906,7 +907,7 @@ serve_info = {"eager": {"graphs": 0, "setup_s": 0.0, "held_mib": 0.0, "bucket_si
 for name, sizes in ((PLANNED_NAME, plan.sizes), (EXACT_NAME, list(range(1, MAX_BATCH + 1)))):
     with ledger.measure(name):
         bg = attempt(name, lambda sizes=sizes: capture_buckets(graph_step, sample_tokens, sample_pos, sizes=sizes,
-                                                               eager_fallback=True))
+                                                               eager_fallback=True, measure_memory=True))
     if bg is None:
         continue
     strategies[name] = bg

@@ -40,7 +40,7 @@ sample = torch.randn(64, 64, 256, device="cuda")
 out = {}
 for label, sizes in (("largest alone", [64]), ("default ladder", ladder(64)), ("exact sizes", list(range(1, 65)))):
     torch.cuda.synchronize(); torch.cuda.empty_cache()
-    bg = capture_buckets(model, sample, sizes=sizes)
+    bg = capture_buckets(model, sample, sizes=sizes, measure_memory=True)
     pool = tuple(bg.graphs[64].pool())
     segs = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", (0, 0))) == pool]
     out[label] = {

@@ -327,7 +327,42 @@ def test_ledger_reads_what_it_can_without_failing():
 
 
 # ------------------------------------------------------------------------------------------ GPU
+def test_measure_memory_is_an_explicit_flag():
+    with pytest.raises(TypeError, match="measure_memory must be True or False"):
+        fallback(torch.relu, torch.randn(4, 2, device=DEVICE), measure_memory="yes")
+
+
 gpu = pytest.mark.gpu
+
+
+@gpu
+def test_gpu_capture_buckets_empties_the_allocator_cache_only_when_asked(monkeypatch):
+    """By default the kit adds no torch.cuda.empty_cache() of its own: capturing k buckets calls it exactly as often
+    as k bare torch.cuda.graph captures do (PyTorch empties the cache as each capture begins). measure_memory=True
+    adds one per bucket and fills capture_log's pool_growth_bytes."""
+    calls = []
+    empty_cache = torch.cuda.empty_cache
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: (calls.append(1), empty_cache())[1])
+    x = torch.randn(8, 16, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.relu(x)
+    torch.cuda.current_stream().wait_stream(side)
+    bare = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(bare, stream=side):
+        torch.relu(x)
+    by_torch = len(calls)          # what one capture costs in empty_cache calls, PyTorch's own
+    sizes = [2, 4, 8]
+    calls.clear()
+    serve = capture_buckets(torch.relu, x, sizes=sizes)
+    assert len(calls) == by_torch * len(sizes)
+    assert all(set(e) == {"size", "seconds", "pool"} for e in serve.capture_log)
+    calls.clear()
+    measured = capture_buckets(mlp(16), torch.randn(64, 16, device="cuda"), sizes=[16, 64], measure_memory=True)
+    assert len(calls) == (by_torch + 1) * 2
+    growth = {e["size"]: e["pool_growth_bytes"] for e in measured.capture_log}
+    assert growth[64] > 0 and growth[16] >= 0, growth   # the largest bucket, captured first, grows the pool
 
 
 @gpu

@@ -1,7 +1,9 @@
 """The copy rule (docs/ARCHITECTURE.md): each helper of the library works when its file, with the companions it
 states, is copied into an empty folder of a project, without the package. Each case runs in a fresh interpreter
 (``python -I``): an import, then a small call of the helper's main function (on a CPU: its eager fallback or its
-clear no-CUDA error)."""
+clear no-CUDA error). A copied helper loads its companions from its own folder only (never a module of the same
+name elsewhere on sys.path), never hides an error raised inside them, and shares one ``capture`` module with every
+other helper copied there."""
 import ast
 import json
 import os
@@ -20,14 +22,23 @@ COMPANIONS = {
     "capture": [],
     "env": [],
     "timing": ["capture"],
-    "diagnose": [],            # capture.py optional (one explanation table), timing.py for advise()
+    "intervals": [],
+    "show": ["capture"],
+    "state_watch": [],
+    "check": ["state_watch"],
+    "verify": ["state_watch"],
+    "advise": ["timing"],
     "train_step": ["capture"],
     "partial": ["capture"],
-    "buckets": ["capture"],    # timing.py for measure_bucket_costs()
+    "bucket_graphs": ["capture"],
+    "bucket_plan": [],
+    "memory": [],
     "ddp": ["capture"],
-    "show": ["capture"],
-    "intervals": [],
 }
+# companions only one function needs, loaded when it runs: helper -> {function: [files]}
+OPTIONAL = {"bucket_plan": {"measure_bucket_costs": ["timing"]}}
+# modules that only re-export the helpers above under their old names, for the package (not for copying)
+PACKAGE_ONLY = {"diagnose", "buckets"}
 
 # a small call of each helper's main function; `cuda` says whether a GPU is there
 CALLS = {
@@ -54,12 +65,50 @@ CALLS = {
         t = timing.timeit(lambda: torch.ones(8, device=dev).sum(), calls=2, samples=3)
         assert t.median_us > 0
     """,
-    "diagnose": """
-        import diagnose
-        report = diagnose.check_capturable(lambda t: t * 2, torch.randn(3, device=dev))
+    "state_watch": """
+        import state_watch
+        box = {"n": 0}
+        def fn(x):
+            box["n"] += 1
+            return x * box["n"]
+        watch = state_watch.watch_for(fn)
+        before = watch.snapshot(); fn(torch.ones(2, device=dev)); after = watch.snapshot()
+        assert [k for k in after if after[k] != before[k]] == ["box['n']"], (before, after)
+    """,
+    "check": """
+        import check
+        report = check.check_capturable(lambda t: t * 2, torch.randn(3, device=dev))
         assert report.ok, report
-        assert "original error" in str(diagnose.explain(RuntimeError("operation not permitted when stream is "
-                                                                         "capturing")))
+        bad = check.check_capturable(lambda t: t[t > 0], torch.randn(8, device=dev))
+        assert "data-dependent shape" in bad.kinds(), bad
+        assert all(f.where.startswith("<string>") for f in bad), bad   # the user's line, not the copied files'
+    """,
+    "verify": """
+        import verify
+        x = torch.randn(4, 3, device=dev)
+        assert verify.verify(lambda t: t * 2, lambda t: t * 2, x).ok
+        report = verify.verify(lambda t: t * 3, lambda t: t * 2, x)
+        assert not report.ok and "DIVERGES" in str(report), report
+    """,
+    "advise": """
+        import advise
+        a = advise.advise(torch.relu, torch.randn(4, device=dev))
+        assert isinstance(a, advise.Advice)
+        assert (a.eager_us > 0) if cuda else ("NVIDIA GPU" in str(a)), a
+        assert os.path.dirname(advise.timing.__file__) == os.path.dirname(advise.__file__)
+    """,
+    "bucket_plan": """
+        import bucket_plan
+        assert bucket_plan.plan_buckets([1, 2, 3], max_graphs=1).sizes == [3]
+        assert bucket_plan.evaluate_buckets([3, 5], [4, 8])["padded_rows"] == 4
+    """,
+    "memory": """
+        import memory
+        ledger = memory.MemoryLedger()
+        with ledger.measure("ones"):
+            y = torch.ones(1 << 16, device=dev)
+        assert ledger.rows[-1]["label"] == "ones"
+        assert (ledger.rows[-1]["allocated_delta"] >= y.nbytes) if cuda else (memory.pool_usage() == {})
     """,
     "train_step": """
         import capture, train_step
@@ -89,13 +138,13 @@ CALLS = {
             except capture.NoCudaError as exc:
                 assert "NVIDIA GPU" in str(exc) and "Fix:" in str(exc)
     """,
-    "buckets": """
-        import capture, buckets
-        serve = buckets.capture_buckets(torch.relu, torch.randn(8, 3, device=dev), eager_fallback=True)
+    "bucket_graphs": """
+        import capture, bucket_graphs
+        serve = bucket_graphs.capture_buckets(torch.relu, torch.randn(8, 3, device=dev), eager_fallback=True)
         x = torch.randn(5, 3, device=dev)
         torch.testing.assert_close(serve(x), torch.relu(x))
         assert serve.stats.padded_rows == 3                        # 5 rows served by the bucket of 8
-        assert buckets.plan_buckets([1, 2, 3], max_graphs=1).sizes == [3]
+        assert bucket_graphs.capture is capture                   # the user's `import capture` is the same module
     """,
     "intervals": """
         import intervals
@@ -127,7 +176,7 @@ CALLS = {
 
 
 def _run(folder: Path, body: str) -> subprocess.CompletedProcess:
-    code = (f"import sys; sys.path.insert(0, {str(folder)!r})\n"
+    code = (f"import os, sys; sys.path.insert(0, {str(folder)!r})\n"
             "import torch\ncuda = torch.cuda.is_available(); dev = 'cuda' if cuda else 'cpu'\n"
             + textwrap.dedent(body) +
             "\nassert 'cudagraph_kit' not in sys.modules, 'imported the package, not the copies'\nprint('OK')\n")
@@ -137,16 +186,27 @@ def _run(folder: Path, body: str) -> subprocess.CompletedProcess:
                           timeout=300, env=env)
 
 
+def _with_companions(helper: str) -> list:
+    """The helper and every file it needs, its companions' companions too (advise -> timing -> capture)."""
+    todo, seen = [helper], []
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.append(name)
+            todo += COMPANIONS.get(name, [])
+    return seen
+
+
 @pytest.mark.parametrize("helper", sorted(COMPANIONS))
 def test_helper_works_copied_with_its_companions(tmp_path, helper):
-    for name in [helper] + COMPANIONS[helper]:
+    for name in _with_companions(helper):
         shutil.copy(PACKAGE / f"{name}.py", tmp_path / f"{name}.py")
     done = _run(tmp_path, CALLS[helper])
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stdout[-2000:] + done.stderr[-4000:]
 
 
 def test_a_missing_companion_is_a_clear_error(tmp_path):
-    """Each helper that needs capture.py, copied without it: the import error names the file and the fix."""
+    """Each helper that needs a companion, copied without it: the import error names the file and the fix."""
     needs = sorted(h for h, c in COMPANIONS.items() if c)
     for helper in needs:  # one folder each, tried in one interpreter (the import fails before anything is cached)
         (tmp_path / helper).mkdir()
@@ -167,35 +227,134 @@ def test_a_missing_companion_is_a_clear_error(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     errors = json.loads(done.stdout.strip().splitlines()[-2])
     for helper in needs:
-        assert errors[helper] and errors[helper].startswith(f"{helper}.py needs the kit's capture.py in the same "
-                                                            "folder"), (helper, errors[helper])
-        assert "Fix: copy cudagraph_kit/capture.py beside it" in errors[helper]
+        missing = COMPANIONS[helper][0]
+        assert errors[helper] == (f"{helper}.py needs the kit's {missing}.py in the same folder. Fix: copy "
+                                  f"cudagraph_kit/{missing}.py beside it."), (helper, errors[helper])
 
 
-def _kit_imports_at_top_level(path: Path) -> set:
-    """Kit modules a file imports when it is loaded (its module body and the try/except blocks in it), by
-    name as a copied file would import them (``from capture import ...``)."""
-    library = {p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("_")}
-    found, todo = set(), list(ast.parse(path.read_text()).body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Try):
-            todo += node.body + [n for h in node.handlers for n in h.body] + node.orelse + node.finalbody
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "") in library:
-            found.add(node.module)
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name in library}
-    return found
+def _copy(folder: Path, *names: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copy(PACKAGE / f"{name}.py", folder / f"{name}.py")
+    return folder
+
+
+def test_copied_helpers_share_one_capture_module(tmp_path):
+    """Helpers copied into one folder share its capture.py (one CaptureError class, one capture stream per GPU),
+    with the user's own `import capture` too, whichever is imported first."""
+    folder = _copy(tmp_path / "project", "capture", "train_step", "partial", "bucket_graphs", "ddp")
+    done = _run(folder, """
+        import train_step, bucket_graphs
+        import capture
+        import partial, ddp
+        assert train_step.CaptureError is partial.CaptureError is bucket_graphs.capture.CaptureError is capture.CaptureError
+        assert train_step.capture_stream is ddp.capture_stream is capture.capture_stream   # one stream per GPU
+        assert sum(getattr(m, "__file__", None) == capture.__file__ for m in list(sys.modules.values())) == 1
+    """)
+    assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def test_a_capture_module_elsewhere_on_sys_path_is_never_used(tmp_path):
+    """A user's own `capture.py` earlier on sys.path (a decoy that fails if it is ever imported) is left alone:
+    the copied helpers load the capture.py of their own folder, and still share it."""
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / "capture.py").write_text("raise AssertionError('the decoy capture.py was imported')\n")
+    folder = _copy(tmp_path / "project", "capture", "train_step", "bucket_graphs")
+    done = _run(folder, f"""
+        sys.path.insert(0, {str(decoy)!r})                 # the decoy comes first
+        import train_step, bucket_graphs
+        assert train_step.CaptureError is bucket_graphs.capture.CaptureError
+        assert bucket_graphs.capture.__file__ == os.path.join({str(folder)!r}, "capture.py")
+        assert "capture" not in sys.modules                 # `import capture` would still find the user's decoy
+    """)
+    assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stdout[-2000:] + done.stderr[-4000:]
+
+
+@pytest.mark.parametrize("defect, raised", [
+    ("def broken(:\n", "SyntaxError"),
+    ("raise RuntimeError('boom inside capture.py')\n", "RuntimeError: boom inside capture.py"),
+    ("import a_module_that_does_not_exist_4711\n", "ModuleNotFoundError: No module named 'a_module_that_does_not_exist_4711'"),
+])
+def test_an_error_inside_the_copied_capture_is_raised_not_hidden(tmp_path, defect, raised):
+    """A defect inside capture.py surfaces as itself, in a plain folder and inside a package of the user's; it is
+    never turned into "capture.py is missing" nor replaced by another capture module."""
+    plain = _copy(tmp_path / "plain", "capture", "train_step")
+    package = _copy(tmp_path / "mypkg", "capture", "train_step")
+    (package / "__init__.py").write_text("")
+    for folder in (plain, package):
+        text = (folder / "capture.py").read_text()
+        (folder / "capture.py").write_text(text + "\n" + defect)
+    for module, cwd in (("train_step", plain), ("mypkg.train_step", tmp_path)):
+        done = _run(cwd, f"import {module}")
+        assert done.returncode != 0 and raised in done.stderr, (module, done.stderr[-3000:])
+        assert "needs the kit's" not in done.stderr
+
+
+def test_inside_a_package_of_the_users(tmp_path):
+    """Copied into a package of the user's: the package's capture.py, and without it a clear error."""
+    with_capture = _copy(tmp_path / "withcap", "capture", "train_step", "bucket_graphs")
+    without = _copy(tmp_path / "nocap", "train_step")
+    for pkg in (with_capture, without):
+        (pkg / "__init__.py").write_text("")
+    done = _run(tmp_path, """
+        import withcap.capture, withcap.train_step, withcap.bucket_graphs
+        assert withcap.train_step.CaptureError is withcap.capture.CaptureError is withcap.bucket_graphs.capture.CaptureError
+        try:
+            import nocap.train_step
+            raise AssertionError("imported without capture.py")
+        except ImportError as exc:
+            assert str(exc) == ("train_step.py needs the kit's capture.py in the same folder. Fix: copy "
+                                "cudagraph_kit/capture.py beside it."), exc
+    """)
+    assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def _kit_loads(path: Path) -> tuple:
+    """The companions a file loads with ``_kit("name")``: (at import, {function: [names]} inside functions)."""
+    tree = ast.parse(path.read_text())
+    at_import, in_functions = set(), {}
+
+    def calls(node):
+        return [n.args[0].value for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                and n.func.id == "_kit" and n.args and isinstance(n.args[0], ast.Constant)]
+
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            for fn in [n for n in ast.walk(node) if isinstance(n, ast.FunctionDef) and n.name != "_kit"]:
+                if calls(fn):
+                    in_functions.setdefault(fn.name, []).extend(calls(fn))
+        else:
+            at_import |= set(calls(node))
+    return at_import, in_functions
 
 
 @pytest.mark.parametrize("helper", sorted(COMPANIONS))
-def test_stated_companions_are_what_the_file_imports(helper):
-    """COMPANIONS (the copy rule as the docs state it) lists every kit module the file needs at import time."""
-    imported = _kit_imports_at_top_level(PACKAGE / f"{helper}.py")
-    optional = {"diagnose": {"capture"}}.get(helper, set())
-    assert imported - optional == set(COMPANIONS[helper])
+def test_stated_companions_are_what_the_file_loads(helper):
+    """COMPANIONS and OPTIONAL (the copy rule as the docs state it) are exactly what the file loads, and it loads
+    its companions only through `_kit` (no `from capture import ...` that any module named capture would satisfy)."""
+    path = PACKAGE / f"{helper}.py"
+    at_import, in_functions = _kit_loads(path)
+    assert at_import == set(COMPANIONS[helper])
+    assert in_functions == OPTIONAL.get(helper, {})
+    library = {p.stem for p in PACKAGE.glob("*.py")}
+    bare = [n.lineno for n in ast.walk(ast.parse(path.read_text()))
+            if (isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").split(".")[0] in library))
+            or (isinstance(n, ast.Import) and any(a.name.split(".")[0] in library for a in n.names))]
+    assert not bare, f"{helper}.py imports a kit module by name at lines {bare}; load it with _kit(name)"
+
+
+def test_one_loader_shape_in_every_file():
+    """`_kit` is the same function, character for character, in every file that has one."""
+    sources = {}
+    for path in sorted(PACKAGE.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name == "_kit":
+                sources[path.stem] = ast.get_source_segment(path.read_text(), node)
+    assert set(sources) == {h for h, c in COMPANIONS.items() if c or h in OPTIONAL}
+    assert len(set(sources.values())) == 1, sorted(sources)
 
 
 def test_every_library_module_is_covered():
     library = {p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("_")}
-    assert library == set(COMPANIONS)
+    assert library == set(COMPANIONS) | PACKAGE_ONLY

@@ -382,6 +382,27 @@ def test_explain_unknown_error_points_to_check_capturable():
     assert "check_capturable" in e.fix and "KeyError" in e.original
 
 
+def test_explain_capture_failure_is_explain_as_one_text():
+    """capture.explain_capture_failure gives explain()'s parts as the CaptureError message reads, a kit error's own
+    fix included (one implementation, in capture.py)."""
+    from cudagraph_kit.capture import explain_capture_failure
+    exc = RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    e = explain(exc)
+    assert explain_capture_failure(exc) == (f"CUDA graph capture failed: {e.cause}. Fix: {e.fix}.\n"
+                                            f"Original error: {e.original}")
+    kit = ValueError("the sample is on the CPU. Fix: move it to the GPU first.")
+    assert "Fix: move it to the GPU first." in explain_capture_failure(kit)
+
+
+def test_no_cuda_message_keeps_the_kit_sentence_and_takes_the_fix():
+    from cudagraph_kit.capture import NO_CUDA_MESSAGE, no_cuda_message
+    fix = "run on a machine with a CUDA GPU; without one, call the modules themselves (eagerly)."
+    text = no_cuda_message(fix)
+    assert text.startswith("CUDA graphs need an NVIDIA GPU, and torch.cuda.is_available() is False here. Fix: ")
+    assert text.endswith("Fix: " + fix) and text.count("Fix:") == 1
+    assert no_cuda_message(NO_CUDA_MESSAGE.split("Fix: ")[1]) == NO_CUDA_MESSAGE
+
+
 @pytest.mark.gpu
 def test_boolean_mask_assignment_verdict_matches_what_cuda_does():
     """The ground truth on this GPU and PyTorch: CUDA's sync debug mode raises on a synchronizing call. The kit's

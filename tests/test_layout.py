@@ -1,58 +1,30 @@
 """The layout of docs/ARCHITECTURE.md, checked on the source: the library (cudagraph_kit/*.py) never imports the
-course (cudagraph_kit/course/), the imports between modules have no cycle, and the architecture's tree names
-every module. Imports are read with ``ast`` from every module, those inside functions included."""
-import ast
-import re
+course (cudagraph_kit/course/), the imports between modules have no cycle, and the page's generated blocks
+(``scripts/architecture.py --write``) agree with the code: every module, its arrows, its line count within 5%, and
+the copy rule. Imports are read with ``ast`` from every module, those inside functions included, by the same
+reader that writes the page."""
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "cudagraph_kit"
-COURSE = PACKAGE / "course"
+sys.path.insert(0, str(ROOT / "scripts"))
+import architecture  # noqa: E402
 
-
-def _name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {_name(p): p for p in sorted(PACKAGE.glob("*.py")) + sorted(COURSE.glob("*.py"))}
+MODULES = architecture.modules()
 # The library: every top-level module but __main__, the command line (``python -m cudagraph_kit reproduce``),
 # which opens the course.
-LIBRARY = {m for m, p in MODULES.items() if p.parent == PACKAGE and m != "cudagraph_kit.__main__"}
-COURSE_MODULES = {m for m, p in MODULES.items() if p.parent == COURSE}
-
-
-def _imports(module: str) -> set:
-    """The modules of the kit that ``module`` imports (any import statement anywhere in the file)."""
-    path = MODULES[module]
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    siblings = {p.stem for p in path.parent.glob("*.py")}
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("cudagraph_kit")}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                source = f"{base}.{node.module}" if node.module else base
-            elif (node.module or "").startswith("cudagraph_kit"):
-                source = node.module
-            elif node.module in siblings:  # a copied helper's same-folder import: `from capture import ...`
-                source = f"{package}.{node.module}"
-            else:
-                continue
-            for alias in node.names:  # `from pkg import mod` imports the submodule; otherwise the module itself
-                found.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in MODULES else source)
-    return {m for m in found if m in MODULES and m != module}
-
-
-GRAPH = {m: _imports(m) for m in MODULES}
+LIBRARY = {m for m, p in MODULES.items() if p.parent == architecture.PACKAGE and m != "cudagraph_kit.__main__"}
+COURSE_MODULES = {m for m, p in MODULES.items() if p.parent == architecture.COURSE}
+GRAPH = architecture.import_graph()
+PAGE = ROOT / "docs" / "ARCHITECTURE.md"
 
 
 def test_the_tree_is_what_the_architecture_describes():
     assert "cudagraph_kit.capture" in LIBRARY and "cudagraph_kit.course.exercises" in COURSE_MODULES
-    assert GRAPH["cudagraph_kit.buckets"] >= {"cudagraph_kit.capture"}       # the reader sees imports at all
+    assert GRAPH["cudagraph_kit.bucket_graphs"] >= {"cudagraph_kit.capture"}   # `_kit("capture")` is seen
+    assert GRAPH["cudagraph_kit.check"] >= {"cudagraph_kit.state_watch"}
     assert "cudagraph_kit.capture" in GRAPH["cudagraph_kit.course.exercises"]
+    assert "cudagraph_kit.course.tiny_llm" in GRAPH["cudagraph_kit.course.exercises"]   # inside a function
 
 
 def test_no_library_module_imports_the_course():
@@ -80,9 +52,56 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-def test_architecture_names_every_module():
-    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
-    named = set(re.findall(r"([\w]+\.py)", text))
-    missing = sorted(p.name for p in MODULES.values() if p.name not in named)
-    assert not missing, f"docs/ARCHITECTURE.md does not name {missing}"
+def disagreements(page: str) -> list:
+    """What the page's layout and copy rule say that the code does not (empty when they agree)."""
+    shown = architecture.parse_layout(page)
+    problems = []
+    expected = {architecture.page_name(m, p): m for m, p in MODULES.items()}
+    for name in sorted(set(expected) - set(shown)):
+        problems.append(f"{name} is missing from the layout")
+    for name in sorted(set(shown) - set(expected)):
+        problems.append(f"{name} is in the layout but not in the code")
+    for name in sorted(set(shown) & set(expected)):
+        module = expected[name]
+        lines, arrows = shown[name]
+        actual = architecture.line_count(MODULES[module])
+        if abs(lines - actual) > 0.05 * actual:
+            problems.append(f"{name}: {lines} lines on the page, {actual} in the code")
+        at_load, in_functions = (set(map(architecture._short, s)) for s in architecture.imports(module, MODULES))
+        if architecture.arrows_of(arrows) != (at_load, in_functions):
+            problems.append(f"{name}: arrows {arrows!r} on the page; the code imports {sorted(at_load)} when it "
+                            f"loads and {sorted(in_functions)} inside functions")
+    start, end = architecture.MARKERS["copy"]
+    if architecture.render_copy_rule() not in page.split(start, 1)[-1].split(end, 1)[0]:
+        problems.append("the copy rule differs from what the helpers load")
+    return problems
+
+
+def test_architecture_page_agrees_with_the_code():
+    problems = disagreements(PAGE.read_text())
+    assert not problems, ("docs/ARCHITECTURE.md disagrees with the code (run python scripts/architecture.py "
+                          "--write):\n" + "\n".join(problems))
     assert "docs/ARCHITECTURE.md" in (ROOT / "README.md").read_text()
+
+
+def test_the_page_check_sees_drift():
+    """Each kind of drift is reported: a line count off by more than 5%, a missing arrow, a missing module."""
+    page = PAGE.read_text()
+    row = next(line for line in page.splitlines() if line.startswith("├── capture.py"))
+    lines = int(row.split()[2])
+    assert not disagreements(page.replace(row, row.replace(f" {lines} ", f" {round(lines * 1.04)} ", 1)))
+    assert disagreements(page.replace(row, row.replace(f" {lines} ", f" {round(lines * 1.10)} ", 1)))
+    exercises = next(line for line in page.splitlines() if "exercises.py" in line)
+    assert disagreements(page.replace(exercises, exercises.replace("course.tiny_llm, ", "")))
+    assert disagreements(page.replace(row, ""))
+    assert disagreements(page.replace("| `check.py` | `state_watch.py` |", "| `check.py` | nothing |"))
+
+
+def test_the_script_is_deterministic():
+    """Two runs with different string hashing (set order) print the same page blocks."""
+    import os
+    import subprocess
+    outputs = {subprocess.run([sys.executable, str(ROOT / "scripts" / "architecture.py")], capture_output=True,
+                              text=True, check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+               for seed in ("1", "2", "3")}
+    assert len(outputs) == 1 and "capture.py" in outputs.pop()
