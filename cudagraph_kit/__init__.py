@@ -19,8 +19,8 @@ from . import buckets, diagnose  # noqa: F401  (the old module names stay attrib
 from .advise import advise
 from .bucket_graphs import BucketedGraphs, capture_buckets, ladder
 from .bucket_plan import BucketPlan, evaluate_buckets, plan_buckets
-from .capture import (CaptureError, GraphedCallable, NoCudaError, capture, capture_stream, explain, graph_features,
-                      register_generators, shared_pool)
+from .capture import (CaptureError, GraphedCallable, NoCudaError, StaleGraphError, capture, capture_stream, explain,
+                      graph_features, register_generators, shared_pool)
 from .check import check_capturable
 from .env import bf16_supported, describe, env_table, has_cuda
 from .intervals import combine_windows, prediction_interval, ratio_across_windows, verdict
@@ -31,7 +31,7 @@ from .train_step import GraphedTrainStep, capture_train_step
 from .verify import verify
 
 __all__ = [
-    "capture", "GraphedCallable", "shared_pool", "capture_stream", "NoCudaError", "CaptureError",
+    "capture", "GraphedCallable", "shared_pool", "capture_stream", "NoCudaError", "CaptureError", "StaleGraphError",
     "graph_features", "register_generators",
     "has_cuda", "bf16_supported", "describe", "env_table",
     "graph_modules", "timeit", "gpu_time", "compare", "prediction_interval", "verdict", "combine_windows", "ratio_across_windows",

@@ -166,6 +166,7 @@ class BucketedGraphs:
         self.clone_outputs = clone_outputs
         self.measure_memory = measure_memory
         self.graphs: dict = {}
+        self.weights = None  # capture.CapturedTensors of the modules fn reaches, once the graphs exist
         self.pool = None
         self.static_inputs: tuple = ()
         self.static_outputs: tuple = ()
@@ -311,6 +312,8 @@ class BucketedGraphs:
         stats.rows += n
         if b is None:
             return self._overflow(args, n)
+        if self.weights is not None:  # before any copy: a stale graph touches nothing
+            self.weights.check()
         d = self.dim
         for a, view in zip(args, self._views[b]):
             view.narrow(d, 0, n).copy_(a)
@@ -396,7 +399,8 @@ class BucketedGraphs:
 def capture_buckets(fn: Callable[..., Any], *sample_args: torch.Tensor, sizes: Sequence[int] | None = None,
                     max_size: int | None = None, dim: int = 0, pool="shared", pad_value: float | None = 0.0,
                     warmup: int = 3, overflow: str = "eager", no_grad: bool = True, clone_outputs: bool = False,
-                    eager_fallback: bool = False, measure_memory: bool = False) -> BucketedGraphs:
+                    eager_fallback: bool = False, measure_memory: bool = False,
+                    check_weights: bool = True) -> BucketedGraphs:
     """Capture ``fn`` once per bucket size and return a :class:`BucketedGraphs` that serves any request size.
 
     - ``sample_args``: tensors like a request (dtype, device, every dim but ``dim``); their values only seed
@@ -424,6 +428,10 @@ def capture_buckets(fn: Callable[..., Any], *sample_args: torch.Tensor, sizes: S
       calls ``torch.cuda.empty_cache()`` once per bucket; off by default, the kit adds no such call of its own.
       (``torch.cuda.graph`` itself synchronizes and empties the cache as each capture begins, in every PyTorch
       release the kit supports: that part is PyTorch's.)
+    - ``check_weights``: before every replay, check that the modules ``fn`` reaches still hold the parameters and
+      buffers the graphs read, with the same storage (``capture.CapturedTensors``); a replaced or re-typed weight
+      (``model.half()``, ``model.weight = ...``) raises ``StaleGraphError`` instead of replaying stale or released
+      memory. ``False`` skips it (one identity and pointer check per captured tensor per call).
 
     Only functions whose output rows depend on their own input rows alone are correct under padding.
 
@@ -476,6 +484,8 @@ def capture_buckets(fn: Callable[..., Any], *sample_args: torch.Tensor, sizes: S
     bg._init_buffers(sample_args)
     if mode == "graph":
         bg._capture(warmup, pool)
+        if check_weights:
+            bg.weights = capture.CapturedTensors.reached_from(fn) or None
     else:
         for b in reversed(sizes):  # validate every bucket's outputs once, as a capture would
             bg._run_eager_bucket(b)

@@ -190,6 +190,26 @@ def test_the_stale_cases_of_the_issue_raise_and_in_place_updates_do_not(how):
 
 
 @gpu
+def test_bucketed_graphs_raise_on_a_replaced_or_retyped_weight_and_follow_in_place_updates():
+    from cudagraph_kit import capture_buckets
+    model = small_model("cuda").eval()
+    serve = capture_buckets(model, torch.randn(8, 8, device="cuda"), sizes=[4, 8])
+    x = torch.randn(3, 8, device="cuda")
+    with torch.no_grad():
+        model[3].weight.mul_(2.0)                                  # in place: the graphs see it
+        torch.testing.assert_close(serve(x), model(x))
+        model[3].weight = torch.nn.Parameter(torch.randn(4, 16, device="cuda"))
+        with pytest.raises(StaleGraphError, match=r"\.3\.weight was replaced by another tensor"):
+            serve(x)
+        serve = capture_buckets(model, torch.randn(8, 8, device="cuda"), sizes=[4, 8])
+        model.half()
+        with pytest.raises(StaleGraphError, match="has new storage"):
+            serve(x)
+    assert capture_buckets(model.float(), torch.randn(8, 8, device="cuda"), sizes=[8],
+                           check_weights=False).weights is None
+
+
+@gpu
 def test_check_weights_false_turns_the_check_off():
     model = small_model("cuda").eval()
     x = torch.randn(4, 8, device="cuda")
