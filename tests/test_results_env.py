@@ -177,7 +177,7 @@ def test_a_regular_pip_install_elsewhere_works_and_says_what_needs_the_checkout(
     src = tmp_path / "src"
     src.mkdir()
     shutil.copytree(PROJECT_ROOT / "cudagraph_kit", src / "cudagraph_kit", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):  # LICENSE: pyproject's license-files
         shutil.copy(PROJECT_ROOT / name, src / name)
     venv = _kernel_venv(tmp_path / "venv")  # sees this environment's packages (torch, pip); installs into its own
     python = str(venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
