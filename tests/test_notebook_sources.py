@@ -12,6 +12,7 @@ import jupytext
 import pytest
 
 from cudagraph_kit.course.reproduce import PROJECT_ROOT, lab, lab_copies, notebook_sources
+from cudagraph_kit.course.reproduce import running_as_root as rep_running_as_root
 
 sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
 import sync_setup_cell  # noqa: E402
@@ -154,7 +155,8 @@ def test_lab_working_copies_are_outside_notebooks_and_kept(tmp_path):
     mine = edited.read_bytes()
     command = lab(dest, start=False)
     assert edited.read_bytes() == mine, "a second `lab` overwrote the learner's working copy"
-    assert command == [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={dest}"]
+    as_root = ["--allow-root"] if rep_running_as_root() else []  # JupyterLab refuses root without it
+    assert command == [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={dest}", *as_root]
 
 
 def test_nbval_options_come_from_conftest_so_strict_and_disabled_modes_work():
