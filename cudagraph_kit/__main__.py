@@ -18,10 +18,13 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("env", help="print the GPU, driver, PyTorch, CUDA, CPU and Python of this machine")
     rep = sub.add_parser(
         "reproduce", help="execute the notebooks headless (papermill); on a GPU this refreshes the recorded "
-                          "notebooks/*.ipynb and figures/",
+                          "notebooks/*.ipynb and figures/ (for maintainers; --smoke leaves them alone)",
         description="Execute the notebooks headless. Each notebook runs into build/reproduce/<name>/ first; only "
                     "a notebook that finished without error is moved into place, its results folder replacing "
-                    "the old one whole. A failed or interrupted notebook leaves the published files as they were.")
+                    "the old one whole. A failed or interrupted notebook leaves the published files as they were. "
+                    "Before each notebook it forecasts its time from a recorded run on the same kind of device; at "
+                    "the end it prints a summary (each notebook, its time, where its outputs went, the failing "
+                    "cell) and exits 1 if a notebook failed (130 if interrupted).")
     rep.add_argument("names", nargs="*", help="notebook name prefixes, e.g. 01 02 (default: all)")
     rep.add_argument("--smoke", action="store_true", help="small sizes; nothing recorded is touched (build/)")
     rep.add_argument("--out", default=None, help="folder for the executed notebooks")
