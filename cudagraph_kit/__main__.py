@@ -1,7 +1,7 @@
 """Command line of cudagraph-kit: python -m cudagraph_kit {env, reproduce, check-figures, lab} [options].
 
-reproduce, check-figures and lab need a source checkout of the repository (git clone); env works wherever the
-kit is installed. python -m cudagraph_kit COMMAND --help describes each command.
+reproduce, check-figures and lab need a source checkout of the repository (git clone); env and --version work
+wherever the kit is installed. python -m cudagraph_kit COMMAND --help describes each command.
 """
 from __future__ import annotations
 
@@ -12,14 +12,19 @@ import sys
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m cudagraph_kit", description=__doc__.strip(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"cudagraph-kit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("env", help="print the GPU, driver, PyTorch, CUDA, CPU and Python of this machine")
     rep = sub.add_parser(
         "reproduce", help="execute the notebooks headless (papermill); on a GPU this refreshes the recorded "
-                          "notebooks/*.ipynb and figures/",
+                          "notebooks/*.ipynb and figures/ (for maintainers; --smoke leaves them alone)",
         description="Execute the notebooks headless. Each notebook runs into build/reproduce/<name>/ first; only "
                     "a notebook that finished without error is moved into place, its results folder replacing "
-                    "the old one whole. A failed or interrupted notebook leaves the published files as they were.")
+                    "the old one whole. A failed or interrupted notebook leaves the published files as they were. "
+                    "Before each notebook it forecasts its time from a recorded run on the same kind of device; at "
+                    "the end it prints a summary (each notebook, its time, where its outputs went, the failing "
+                    "cell) and exits 1 if a notebook failed (130 if interrupted).")
     rep.add_argument("names", nargs="*", help="notebook name prefixes, e.g. 01 02 (default: all)")
     rep.add_argument("--smoke", action="store_true", help="small sizes; nothing recorded is touched (build/)")
     rep.add_argument("--out", default=None, help="folder for the executed notebooks")
@@ -31,10 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     chk = sub.add_parser("check-figures", help="say whether figures/ comes from one run (exit 1 if it mixes runs)")
     chk.add_argument("--figures", default=None, help="results folder to check (default: the recorded figures/)")
     lab = sub.add_parser("lab", help="open JupyterLab on working copies of the notebooks (build/lab); other "
-                                     "options (--no-browser, --port 8889, --ip, --allow-root, ...) go to jupyter lab",
+                                     "options (--no-browser, --port 8889, --ip, ...) go to jupyter lab",
                          description="Open JupyterLab on working copies of the notebooks (build/lab). Options not "
-                                     "listed here (--no-browser, --port 8889, --ip 0.0.0.0, --allow-root, ...) go "
-                                     "to jupyter lab as they are; the exit status is JupyterLab's.")
+                                     "listed here (--no-browser, --port 8889, --ip 0.0.0.0, ...) go to jupyter lab "
+                                     "as they are; the exit status is JupyterLab's. Run as root (a container, "
+                                     "Colab), it adds --allow-root, which JupyterLab otherwise demands before it "
+                                     "starts, and says so.")
     lab.add_argument("--dir", default=None, help="folder for the working copies (default: build/lab)")
     return parser
 

@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 03 · Fusion and CUDA graphs: `torch.jit.script`, `torch.compile` and `mode="reduce-overhead"`
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/v0.2.0/notebooks/03_jit_compile.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/03_jit_compile.ipynb)
 #
 # The 2021 blog that notebook 01 reproduces ran one more experiment: the same GELU,
 # `x * 0.5 * (1.0 + torch.erf(x / 1.41421))`, compiled with `torch.jit.script`, with and without a CUDA graph.
@@ -38,13 +38,13 @@
 # minute on a CPU (small sizes).
 
 # %%
-# Setup: use the kit of this checkout; in Colab first make a shallow clone of the release REPO_REF (the kit and
+# Setup: use the kit of this checkout; in Colab first make a shallow clone of the branch REPO_REF (the kit and
 # its recorded GPU results). cudagraph_kit.course.setup_notebook then checks PyTorch and, in Colab, installs it.
 import os, subprocess, sys
 from pathlib import Path
 
 REPO_URL = os.environ.get("CGK_REPO_URL", "https://github.com/cudagraph-kit/cudagraph-kit")
-REPO_REF = os.environ.get("CGK_REPO_REF", "v0.2.0")
+REPO_REF = os.environ.get("CGK_REPO_REF", "main")
 try:
     import google.colab  # noqa: F401  (importable only in Colab)
     IN_COLAB = True
@@ -58,7 +58,13 @@ if checkout is None and IN_COLAB:
         cloned = subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", REPO_REF, REPO_URL,
                                  str(checkout)], capture_output=True, text=True)
         if cloned.returncode != 0:
-            raise RuntimeError(f"setup failed: git clone --branch {REPO_REF} {REPO_URL}\n{cloned.stderr.strip()}")
+            err = cloned.stderr.strip()
+            why = (f"the repository has no branch or tag {REPO_REF!r}: open the notebook from the README's Colab "
+                   'badge (it names a ref the repository holds) or write REPO_REF = "main" in this cell'
+                   if "not found" in err else "the runtime could not reach the repository: check that it has "
+                   "internet access")
+            raise RuntimeError(f"setup failed: git clone --branch {REPO_REF} {REPO_URL}\n{err}\n"
+                               f"Why and what to do: {why}; then run this cell again.")
 if checkout is not None and str(checkout) not in sys.path:
     sys.path.insert(0, str(checkout))
 from cudagraph_kit.course.setup_notebook import setup_notebook  # noqa: E402

@@ -1,7 +1,10 @@
-"""Write the canonical setup cell (scripts/setup_cell.py) into every notebook source (notebooks/NN_*.py).
+"""Write the canonical setup cell (scripts/setup_cell.py) into every notebook source (notebooks/NN_*.py), and
+point every notebook's Colab badge at the ref that cell clones (its ``REPO_REF``).
 
 The setup cell is the code cell that mentions ``google.colab``; it is defined once, here, and
-tests/test_notebook_sources.py checks that every source carries it unchanged.
+tests/test_notebook_sources.py checks that every source carries it unchanged. The badges open
+``.../blob/<REPO_REF>/notebooks/NN_name.ipynb``, so a notebook opened from a badge and the kit its setup cell
+clones are the same ref.
 
     python scripts/sync_setup_cell.py           # rewrite the sources
     python scripts/sync_setup_cell.py --check   # exit 1 and name the sources that differ
@@ -11,16 +14,31 @@ The setup cell prints nothing in a checkout (where ``reproduce`` executes the no
 updated in a committed .ipynb without a GPU re-run: ``--ipynb`` rewrites that one cell's code and refuses a
 notebook whose setup cell has outputs.
 """
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP_CELL = ROOT / "scripts" / "setup_cell.py"
 MARK = "# %%"
+BADGE_REF = re.compile(r"(https://colab\.research\.google\.com/github/[^/\s)]+/[^/\s)]+/blob/)([^/\s)]+)(/notebooks/)")
 
 
 def canonical() -> str:
     return SETUP_CELL.read_text().strip("\n")
+
+
+def repo_ref() -> str:
+    """The ref the setup cell clones (``REPO_REF``'s default), which the Colab badges open too."""
+    m = re.search(r'^REPO_REF = os\.environ\.get\("CGK_REPO_REF", "([^"]+)"\)$', canonical(), re.M)
+    if not m:
+        raise ValueError(f"no REPO_REF line in {SETUP_CELL}")
+    return m.group(1)
+
+
+def with_badge_ref(text: str) -> str:
+    """``text`` with every Colab badge opening the notebooks of :func:`repo_ref`."""
+    return BADGE_REF.sub(lambda m: m.group(1) + repo_ref() + m.group(3), text)
 
 
 def split_cells(text: str) -> list:
@@ -57,36 +75,40 @@ def sync(source: Path) -> bool:
     i = setup_cell_index(chunks)
     header = chunks[i].split("\n", 1)[0]
     chunks[i] = f"{header}\n{canonical()}\n\n"
-    new = "".join(chunks)
+    new = with_badge_ref("".join(chunks))
     if new != text:
         source.write_text(new)
     return new != text
 
 
 def sync_ipynb(ipynb: Path) -> bool:
-    """Put the canonical cell into the setup cell of an executed notebook; True if it changed."""
+    """Put the canonical cell and the badges' ref into an executed notebook; True if it changed."""
     import nbformat
 
     nb = nbformat.read(ipynb, as_version=4)
     cells = [c for c in nb.cells if c.cell_type == "code" and "google.colab" in c.source]
     if len(cells) != 1:
         raise ValueError(f"{ipynb.name}: expected exactly one setup cell, found {len(cells)}")
-    cell = cells[0]
-    if cell.source == canonical():
-        return False
-    if cell.get("outputs"):
-        raise ValueError(f"{ipynb.name}: its setup cell has outputs; re-run the notebook instead")
-    cell.source = canonical()
-    nbformat.write(nb, ipynb)
-    return True
+    cell, changed = cells[0], False
+    if cell.source != canonical():
+        if cell.get("outputs"):
+            raise ValueError(f"{ipynb.name}: its setup cell has outputs; re-run the notebook instead")
+        cell.source, changed = canonical(), True
+    for md in (c for c in nb.cells if c.cell_type == "markdown"):
+        if with_badge_ref(md.source) != md.source:
+            md.source, changed = with_badge_ref(md.source), True
+    if changed:
+        nbformat.write(nb, ipynb)
+    return changed
 
 
 def main(argv):
     sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
     if "--check" in argv:
-        stale = [s.name for s in sources if setup_cell_of(s) != canonical()]
+        stale = [s.name for s in sources if setup_cell_of(s) != canonical()
+                 or with_badge_ref(s.read_text()) != s.read_text()]
         if stale:
-            sys.exit(f"setup cell differs from scripts/setup_cell.py in: {', '.join(stale)}; "
+            sys.exit(f"setup cell or Colab badge differs from scripts/setup_cell.py in: {', '.join(stale)}; "
                      "run python scripts/sync_setup_cell.py")
         print(f"{len(sources)} notebook source(s) carry the canonical setup cell")
         return

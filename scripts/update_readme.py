@@ -1,8 +1,13 @@
-"""Regenerate the README's results section from the recorded runs in figures/ (never typed by hand).
+"""Render every number the README and docs/RESULTS.md show from the recorded runs in figures/ (never typed).
 
-    python scripts/update_readme.py          # rewrite README.md between the results markers
-    python scripts/update_readme.py --check  # exit 1 if README.md is stale (the tests run this)
+- README.md: the "start here" table (each notebook's time from figures/reproduce_times*.json, its Colab badge at
+  the ref the setup cell clones) and the headline numbers, between their markers;
+- docs/RESULTS.md: all results, between the results markers.
+
+    python scripts/update_readme.py          # rewrite both files between their markers
+    python scripts/update_readme.py --check  # exit 1 if either is stale (the tests run this)
 """
+import json
 import sys
 from pathlib import Path
 
@@ -10,6 +15,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+README, RESULTS_DOC = ROOT / "README.md", ROOT / "docs" / "RESULTS.md"
 
 from cudagraph_kit.course import results, runs  # noqa: E402
 from cudagraph_kit.course.claims import load_claims  # noqa: E402
@@ -472,18 +479,28 @@ def data_parallel_section():
     return "\n".join(lines)
 
 
+KIT_CALL_ROWS = "kit g(x)"  # cross-check rows of the kit call: its cost is measured by bench_overhead alone
+
+
 def crosscheck_section():
+    """Does the kit's timing (``compare``) agree with a plain loop? The kit call's own cost is not read from this
+    table: its g(x) rows time `compare` against a plain loop at different moments of a round, so they mix the
+    timing method with the call; ``overhead_section`` (interleaved pairs) is the one figure of what the kit costs."""
     rec = results.load("00_crosscheck")
     if rec is None:
         return ""
-    df = rec.df
+    df = rec.df[~rec.df.variant.astype(str).str.startswith(KIT_CALL_ROWS)]
     inside = ((df.ratio >= 0.85) & (df.ratio <= 1.15)).sum()
-    lines = [f"**Cross-check: the kit's timings against plain PyTorch** (`scripts/crosscheck.py`, run by `reproduce`; "
-             f"{_env_caption(rec.env)}). Each round times a case with `compare` (profiler and floor included) and "
-             "with a hand-written capture and loop (no kit, no profiler), one right after the other; `ratio` is "
-             f"kit / plain, median over {rec.env.get('rounds', 'several')} rounds with its quartiles. "
+    left_out = len(rec.df) - len(df)
+    lines = [f"**Cross-check: the kit's timing method against plain PyTorch** (`scripts/crosscheck.py`, run by "
+             f"`reproduce`; {_env_caption(rec.env)}). Each round times a case with `compare` (profiler and floor "
+             "included) and with a hand-written capture and loop (no kit, no profiler), one right after the other; "
+             f"`ratio` is the median over {rec.env.get('rounds', 'several')} rounds of each round's kit / plain, "
+             "with its quartiles, so it can differ from the ratio of the two medians beside it when rounds drift. "
              f"{inside} of {len(df)} rows lie within 0.85-1.15. `recorded` is the notebook's value from the same "
-             "`reproduce` run, minutes earlier.", "",
+             "`reproduce` run, minutes earlier."
+             + (f" The {left_out} rows of the kit call `g(x)` are left out: what the kit costs is the interleaved "
+                "benchmark above, not a comparison of two timing methods." if left_out else ""), "",
              "| case | variant | kit | plain PyTorch | ratio (quartiles) | recorded in notebook |", "|---|---|---|---|---|---|"]
     for r in df.itertuples():
         rec_us = "-" if r.recorded_us != r.recorded_us else f"{r.recorded_us:.1f} µs"
@@ -544,24 +561,143 @@ def drift_paragraph():
             + "\n".join(rows) + f"\n\n![Run-to-run drift on {drift['gpu']}](figures/drift/drift.png)\n")
 
 
+# ------------------------------------------------------------------------------------------------ README blocks
+HEADLINE = ("<!-- headline:start -->", "<!-- headline:end -->")
+START_HERE = ("<!-- start-here:start -->", "<!-- start-here:end -->")
+NOTEBOOKS = {  # title and what each notebook teaches, in one line (prose; every number comes from figures/)
+    "01_gelu": ("GELU, small vs large", "capture and replay by hand; when a graph pays and when it stops"),
+    "02_train_step": ("training step", "a whole step as one graph vs `make_graphed_callables` vs eager; AMP"),
+    "03_jit_compile": ("jit.script / torch.compile", "fusion with graphs; what `reduce-overhead` costs"),
+    "04_resnet50": ("ResNet-50", "inference batch sweep; an AMP training step with schedule and clipping"),
+    "05_pitfalls": ("pitfalls", "what breaks a graph or makes it silently wrong; `check_capturable`, `verify`"),
+    "06_variable_shapes": ("variable shapes", "one graph per batch-size bucket in a shared pool; a planner"),
+    "07_data_parallel": ("data parallel", "DDP + torchrun under graphs (two GPUs; otherwise the recorded run)"),
+    "08_llm_decode": ("LLM decoding", "a static KV cache; graphs per bucket vs `reduce-overhead` vs transformers"),
+}
+
+
+def _times_records():
+    """The non-smoke records of figures/reproduce_times*.json, the recorded run's (reproduce_times.json) first."""
+    paths = sorted((ROOT / "figures").glob("reproduce_times*.json"), key=lambda p: (p.name != "reproduce_times.json",
+                                                                                      p.name))
+    records = [json.loads(p.read_text()) for p in paths]
+    return [r for r in records if not r.get("smoke")]
+
+
+def notebook_time(stem):
+    """(seconds, gpu, date) of ``stem`` from the recorded run, else from the newest other record; None if none."""
+    records = _times_records()
+    main, others = records[:1], sorted(records[1:], key=lambda r: str(r.get("date")), reverse=True)
+    for r in main + others:
+        if r.get("notebooks", {}).get(stem) is not None:
+            return r["notebooks"][stem], r.get("gpu"), str(r.get("date"))[:10]
+    return None
+
+
+def _duration(seconds):
+    """As the notebooks' "How long" lines round it: "77 s", "2.9 min"."""
+    return f"{seconds:.0f} s" if seconds < 100 else f"{seconds / 60:.1f} min"
+
+
+def start_here_block():
+    """The notebooks in reading order, each with what it teaches, its time on a recorded run and its Colab badge."""
+    import sync_setup_cell
+    from cudagraph_kit.course.paths import notebook_sources, repository_url
+
+    base = repository_url().replace("https://github.com/", "https://colab.research.google.com/github/")
+    ref = sync_setup_cell.repo_ref()
+    lines = ["| # | notebook: what you learn | time (recorded run) | Colab |", "|---|---|---|---|"]
+    total, gpus = 0.0, set()
+    for source in notebook_sources(ROOT / "notebooks"):
+        stem = source.stem
+        took = notebook_time(stem)
+        when = "-" if took is None else f"{_duration(took[0])} on an {took[1]} ({took[2]})"
+        if took is not None:
+            total += took[0]
+            gpus.add(took[1])
+        badge = (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+                 f"({base}/blob/{ref}/notebooks/{stem}.ipynb)")
+        title, what = NOTEBOOKS.get(stem, (stem[3:].replace("_", " "), ""))
+        lines.append(f"| {stem[:2]} | [{title}](notebooks/{stem}.ipynb): {what} | {when} | {badge} |")
+    lines += ["", f"Together about {total / 60:.0f} min on the {' and '.join(sorted(gpus))} GPUs named above (times "
+              "measured by `reproduce`, read from `figures/reproduce_times*.json`); a Colab T4 has not been timed."]
+    return "\n".join(lines)
+
+
+def _interval(r):
+    """'6.75x (4.12-9.44x), faster': the speedup over eager, its 90% prediction interval and what that allows
+    saying (faster or slower only where the whole interval is on one side of 1x)."""
+    verdict = "faster" if r.speedup_lo > 1 else "slower" if r.speedup_hi < 1 else "no clear difference"
+    return f"{r.speedup:.2f}x ({r.speedup_lo:.2f}-{r.speedup_hi:.2f}x), {verdict}"
+
+
+def headline_block():
+    """Three results of the recorded run, with its GPU, and the one figure of what the kit costs."""
+    lines = []
+    gelu, step, llm = (results.load(s) for s in ("01_gelu", "02_train_step", "08_llm_decode"))
+    if gelu is not None:
+        small, large = _row(gelu.df, "small", "graph replay"), _row(gelu.df, "large", "graph replay")
+        lines.append(f"- **GELU on a small tensor** (1x3x224x224, notebook 01): {_interval(small)}; on a 32x larger "
+                     f"one: {_interval(large)}.")
+    if step is not None:
+        small = _row(step.df, "MLP 32x128x256x16, Adam(capturable)", "whole-step graph")
+        big = _row(step.df, "MLP 640x4096x2048x1024, Adam(capturable)", "whole-step graph")
+        if small is not None and big is not None:
+            lines.append(f"- **A whole training step as one graph** (forward, backward, Adam; notebook 02): a small "
+                         f"MLP {_interval(small)}; a large one {_interval(big)}.")
+    if llm is not None:
+        graph = _row(llm.df, "generate, batch 1", "kit graphs per bucket")
+        if graph is not None:
+            lines.append(f"- **LLM decoding at batch 1** (a static KV cache, one graph per batch bucket; notebook "
+                         f"08): {_interval(graph)}.")
+    runs_ = {_env_caption(r.env) for r in (gelu, step, llm) if r is not None}
+    if runs_:
+        lines[:0] = [f"Speedup of the CUDA graph over eager, with the 90% prediction interval of where a further "
+                     f"timing window lands, on {'; '.join(sorted(runs_))}:", ""]
+    cost = results.load("00_overhead")
+    if cost is not None:
+        kit = cost.df[cost.df.variant.astype(str).str.startswith("kit")]
+        parts = "; ".join(f"{r.case}: {r.kit_minus_raw_us:+.2f} µs ({r.overhead_pct:+.1f}%)" for r in kit.itertuples())
+        lines += ["", f"**What the kit costs**: a kit call `g(x)` against the hand-written `static_x.copy_(x); "
+                  f"graph.replay()`, interleaved pairs (`scripts/bench_overhead.py`; {_env_caption(cost.env)}): "
+                  f"{parts}."]
+    return "\n".join(lines)
+
+
 def render():
-    return "\n".join([START, provenance_paragraph(), noise_paragraph(), rerun_paragraph(), gelu_section(), train_step_section(),
-                      jit_compile_section(), resnet_section(), advise_section(), buckets_section(), data_parallel_section(), llm_decode_section(),
-                      overhead_section(),
+    body = "\n".join([START, provenance_paragraph(), noise_paragraph(), rerun_paragraph(), gelu_section(),
+                      train_step_section(), jit_compile_section(), resnet_section(), advise_section(),
+                      buckets_section(), data_parallel_section(), llm_decode_section(), overhead_section(),
                       crosscheck_section(), END])
+    return body.replace("](figures/", "](../figures/")  # docs/RESULTS.md links up to the checkout's figures/
+
+
+def _between(text, markers, block, name):
+    start, end = markers
+    if start not in text or end not in text:
+        raise SystemExit(f"{name} lacks the markers {start} ... {end}: put them where the block goes")
+    head, rest = text.split(start, 1)
+    return head + start + "\n" + block + "\n" + end + rest.split(end, 1)[1]
+
+
+def rendered() -> dict:
+    """{path: the text it should have}."""
+    readme = README.read_text()
+    readme = _between(readme, START_HERE, start_here_block(), "README.md")
+    readme = _between(readme, HEADLINE, headline_block(), "README.md")
+    doc = RESULTS_DOC.read_text()
+    head, rest = doc.split(START, 1)
+    return {README: readme, RESULTS_DOC: head + render() + rest.split(END, 1)[1]}
 
 
 def main():
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    new = head + render() + tail
+    stale = [path for path, text in rendered().items() if path.read_text() != text]
     if "--check" in sys.argv:
-        if new != text:
-            sys.exit("README.md results are stale: run python scripts/update_readme.py")
+        if stale:
+            sys.exit(f"{', '.join(p.name for p in stale)}: stale; run python scripts/update_readme.py")
         return
-    readme.write_text(new)
+    for path, text in rendered().items():
+        path.write_text(text)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,20 @@
 """The notebooks' setup cell as Colab runs it: a notebook opened outside any checkout, google.colab importable.
 
-The test builds a local git repository from this working tree (the "GitHub" of the test), fakes the
-``google.colab`` module, and executes notebook 01 (SMOKE) from an empty folder in a kernel of its own virtual
-environment (so the cell's ``pip install`` lands there, never in the environment running the tests). It then
-checks what the cell did: a shallow clone, an editable install of that clone, the working directory moved into
-the clone's notebooks/, the recorded GPU results shown from the clone, and fresh results kept apart from them.
+The test builds a local git repository from this working tree (the "GitHub" of the test) holding the ref that the
+Colab badges and the setup cell name (``REPO_REF`` of scripts/setup_cell.py, unchanged: the cell clones its own
+default), fakes the ``google.colab`` module, and executes notebook 01 (SMOKE) from an empty folder in a kernel of
+its own virtual environment (so the cell's ``pip install`` lands there, never in the environment running the
+tests). It then checks what the cell did: a shallow clone of that ref, an editable install of that clone, the
+kit imported from it, the working directory moved into the clone's notebooks/, the recorded GPU results shown
+from the clone, and fresh results kept apart from them. That the ref exists in this repository itself is checked
+by tests/test_front_door.py.
+
+The install is the cell's own, as in Colab: ``--no-deps`` (Colab's PyTorch stays) with pip's build isolation, so
+the build gets pyproject's setuptools floor from the package index; the test skips, saying so, where no such
+setuptools can be had.
 """
 import json
+import re
 import os
 import shutil
 import site
@@ -16,6 +24,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import sync_setup_cell  # noqa: E402
 
 from cudagraph_kit.course.reproduce import NOTEBOOKS_DIR, PROJECT_ROOT, _kernel_config, to_ipynb
 
@@ -52,13 +63,13 @@ def colab(tmp_path_factory):
     remote.mkdir()
     for name in ("cudagraph_kit", "notebooks", "figures"):
         shutil.copytree(PROJECT_ROOT / name, remote / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in ("pyproject.toml", "README.md", "requirements.txt"):
+    for name in ("pyproject.toml", "README.md", "requirements.txt", "LICENSE"):
         shutil.copy(PROJECT_ROOT / name, remote / name)
     env_json = remote / "figures" / "01_gelu" / "env.json"
     env = json.loads(env_json.read_text())
     env["date"] = MARKER  # shows up in show_recorded's caption only if the recorded results came from the clone
     env_json.write_text(json.dumps(env, indent=2) + "\n")
-    _git("init", "-q", "-b", "main", cwd=remote)
+    _git("init", "-q", "-b", sync_setup_cell.repo_ref(), cwd=remote)  # the ref the badges and the cell name
     _git("add", "-A", cwd=remote)
     _git("-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-q", "-m", "snapshot", cwd=remote)
 
@@ -76,7 +87,15 @@ def colab(tmp_path_factory):
     return {"base": base, "remote": remote, "fake": fake, "venv": venv, "jupyter": base / "jupyter"}
 
 
-def _run_as_colab(colab, monkeypatch, workdir, ref="main"):
+def _setuptools_for_the_build(tmp):
+    """None if pip can get a setuptools that meets pyproject's build floor (what build isolation installs), else why."""
+    floor = re.search(r'requires = \["(setuptools[^"]*)"\]', (PROJECT_ROOT / "pyproject.toml").read_text()).group(1)
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", floor, "-d", str(tmp)],
+                         capture_output=True, text=True, timeout=300)
+    return None if got.returncode == 0 else f"pip cannot get {floor} for the build: {got.stderr.strip()[-300:]}"
+
+
+def _run_as_colab(colab, monkeypatch, workdir, ref=None, url=None):
     """Execute notebook 01 (SMOKE) from ``workdir`` as Colab would; return the executed notebook."""
     import papermill
 
@@ -84,8 +103,11 @@ def _run_as_colab(colab, monkeypatch, workdir, ref="main"):
     notebook = to_ipynb(NOTEBOOKS_DIR / "01_gelu.py", workdir / "01_gelu.ipynb")
     monkeypatch.setenv("JUPYTER_PATH", str(colab["jupyter"]))
     monkeypatch.setenv("PYTHONPATH", str(colab["fake"]))  # google.colab importable; no checkout on the path
-    monkeypatch.setenv("CGK_REPO_URL", colab["remote"].as_uri())
-    monkeypatch.setenv("CGK_REPO_REF", ref)
+    monkeypatch.setenv("CGK_REPO_URL", url or colab["remote"].as_uri())
+    if ref is None:
+        monkeypatch.delenv("CGK_REPO_REF", raising=False)  # the cell's own default, the badges' ref
+    else:
+        monkeypatch.setenv("CGK_REPO_REF", ref)
     monkeypatch.delenv("CGK_RESULTS_DIR", raising=False)  # the defaults are under test
     out = workdir / "01_gelu.out.ipynb"
     try:
@@ -108,13 +130,19 @@ def _text(nb) -> str:
 
 
 def test_notebook_in_colab_clones_installs_and_shows_the_recorded_results(colab, monkeypatch):
+    missing = _setuptools_for_the_build(colab["base"] / "setuptools")
+    if missing:
+        pytest.skip(missing)
     workdir = colab["base"] / "content"
     nb = _run_as_colab(colab, monkeypatch, workdir)
     clone = workdir / "cudagraph-kit"
     text = _text(nb)
+    ref = sync_setup_cell.repo_ref()
 
-    # a shallow clone of the ref, made by the setup cell
-    assert f"cudagraph-kit (main) in {clone}, installed; working in {clone / 'notebooks'}" in text
+    # a shallow clone of the badges' ref, made by the setup cell
+    assert f"cudagraph-kit ({ref}) in {clone}, installed; working in {clone / 'notebooks'}" in text
+    branch = subprocess.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=clone, capture_output=True, text=True)
+    assert branch.stdout.strip() == ref
     shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=clone, capture_output=True,
                              text=True)
     assert shallow.stdout.strip() == "true"
@@ -149,11 +177,19 @@ def test_notebook_in_colab_clones_installs_and_shows_the_recorded_results(colab,
     assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout == head
 
 
-def test_failed_setup_step_shows_the_real_error(colab, monkeypatch):
+@pytest.mark.parametrize("case", ["missing-ref", "unreachable"])
+def test_failed_clone_says_why_and_what_to_do(colab, monkeypatch, case):
     import papermill
 
+    bad = {"missing-ref": {"ref": "no-such-branch"},
+           "unreachable": {"url": (colab["base"] / "no-such-repository").as_uri()}}[case]
     with pytest.raises(papermill.PapermillExecutionError) as failed:
-        _run_as_colab(colab, monkeypatch, colab["base"] / "content-bad-ref", ref="no-such-branch")
+        _run_as_colab(colab, monkeypatch, colab["base"] / f"content-{case}", **bad)
     message = str(failed.value)
     assert "RuntimeError" in message and "setup failed" in message and "git clone" in message
-    assert "no-such-branch" in message and "not found" in message  # git's own words, not a bare exit status
+    assert "Why and what to do" in message and "run this cell again" in message
+    if case == "missing-ref":
+        assert "no-such-branch" in message and "not found" in message  # git's own words, not a bare exit status
+        assert "has no branch or tag 'no-such-branch'" in message and "Colab badge" in message
+    else:
+        assert "could not reach the repository" in message and "internet access" in message

@@ -240,8 +240,8 @@ def test_the_committed_figures_are_reported_with_their_runs():
 
 
 def test_readme_says_which_results_come_from_which_run():
-    """Every results folder the README shows is listed under its run in the README's provenance paragraph."""
-    readme = (rep.PROJECT_ROOT / "README.md").read_text()
+    """Every results folder docs/RESULTS.md shows is listed under its run in its provenance paragraph."""
+    readme = (rep.PROJECT_ROOT / "docs" / "RESULTS.md").read_text()
     section = readme.split("<!-- results:start -->", 1)[1].split("<!-- results:end -->", 1)[0]
     report = runs.check_figures()
     assert "**Where these results come from.**" in section

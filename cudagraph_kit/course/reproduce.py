@@ -112,6 +112,12 @@ def recorded_durations(executed_ipynb: Path) -> dict:
     return durations
 
 
+def _this_gpu():
+    """The name of this machine's first GPU, None without CUDA."""
+    import torch
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
 def _cell_printer(code_cells: int, recorded: dict):
     count = [0]
 
@@ -177,7 +183,9 @@ def execute_notebook(source, output, parameters: dict | None = None, results_dir
     to_ipynb(source, unexecuted)
     engine_kwargs = {}
     if progress:
-        recorded = recorded_durations(source.with_suffix(".ipynb"))
+        committed = source.with_suffix(".ipynb")
+        on = recorded_device(committed)
+        recorded = recorded_durations(committed) if on is not None and on == _this_gpu() else {}
         code_cells = sum(c.cell_type == "code" for c in nbformat.read(unexecuted, as_version=4).cells)
         code_cells += 1 if parameters else 0  # papermill adds a cell with the injected parameters
         engine_kwargs["on_cell_start"] = _cell_printer(code_cells, recorded)
@@ -226,17 +234,49 @@ def _slow_cells(executed_ipynb: Path, min_s: float = 5.0) -> list:
     return sorted(slow, reverse=True)
 
 
-def _forecast(src: Path) -> str:
-    """What the recorded GPU run of this notebook took, and its slowest cells (said before it starts)."""
-    recorded = recorded_durations(src.with_suffix(".ipynb"))
-    if None not in recorded:
-        return "no recorded run to compare with"
-    from .results import load
-    rec = load(src.stem)
-    where = f" on {rec.env['gpu']}" if rec is not None and rec.env.get("gpu") else ""
-    slow = _slow_cells(src.with_suffix(".ipynb"))[:3]
-    slow_text = "; slowest: " + "; ".join(f"{s:.0f} s in '{h}' (`{code}`)" for s, h, code in slow) if slow else ""
-    return f"the recorded run took {recorded[None]:.0f} s{where}{slow_text}"
+def recorded_device(executed_ipynb: Path):
+    """The GPU an executed notebook ran on (its run record, else its results' env.json); None if unknown or CPU."""
+    try:
+        meta = json.loads(Path(executed_ipynb).read_text()).get("metadata", {})
+    except (OSError, ValueError):
+        return None
+    gpu = (meta.get("cudagraph_kit", {}).get("run") or {}).get("gpu")
+    if gpu is None and (FIGURES_DIR / Path(executed_ipynb).stem / "env.json").is_file():
+        gpu = json.loads((FIGURES_DIR / Path(executed_ipynb).stem / "env.json").read_text()).get("gpu")
+    return gpu
+
+
+def _time_records(results_dir) -> list:
+    """Every ``reproduce_times*.json`` of the recorded figures/ and of ``results_dir`` (a CPU run's build/figures)."""
+    paths = sorted(FIGURES_DIR.glob("reproduce_times*.json"))
+    if results_dir is not None and Path(results_dir).resolve() != FIGURES_DIR.resolve():
+        paths += sorted(Path(results_dir).glob("reproduce_times*.json"))
+    records = []
+    for path in paths:
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return records
+
+
+def _forecast(src: Path, gpu=None, smoke: bool = False, results_dir=None) -> str:
+    """How long this notebook took on a recorded run on the same kind of device (``gpu``, None for the CPU) and
+    size, and its slowest cells there; said before it starts. No such run: no forecast (another device's time
+    would mislead: a CPU run is not a GPU run)."""
+    device = gpu or "the CPU"
+    same = [r for r in _time_records(results_dir) if r.get("gpu") == gpu and bool(r.get("smoke")) == smoke
+            and r.get("notebooks", {}).get(src.stem) is not None]
+    if not same:
+        return f"no recorded run on {device}{' at --smoke size' if smoke else ''} to forecast from"
+    newest = max(same, key=lambda r: str(r.get("date", "")))
+    text = f"a recorded run on {device} took {newest['notebooks'][src.stem]:.0f} s ({newest.get('date', 'undated')})"
+    committed = src.with_suffix(".ipynb")
+    if gpu is not None and not smoke and recorded_device(committed) == gpu:
+        slow = _slow_cells(committed)[:3]
+        if slow:
+            text += "; slowest: " + "; ".join(f"{s:.0f} s in '{h}' (`{code}`)" for s, h, code in slow)
+    return text
 
 
 STAGING_DIR = PROJECT_ROOT / "build" / "reproduce"  # scratch: a notebook's executed copy and results until published
@@ -281,6 +321,35 @@ def _failing_cell(executed: Path) -> str:
     if failed is None:
         return f"{len(code)} code cells, none marked as failed"
     return f"cell {failed + 1}/{len(code)}: {_first_line(''.join(code[failed].get('source', '')))}"
+
+
+class RunSummary:
+    """What a ``reproduce`` run did, notebook by notebook, printed at its end (also when it stopped)::
+
+        reproduce: summary of run 20261125T042649Z-...: 1 done, 1 failed, 1 not run
+          01_gelu             done      77 s  -> notebooks/01_gelu.ipynb, figures/01_gelu/
+          02_train_step       FAILED    12 s  at cell 5/40: loss = step(x); staged copy build/reproduce/...
+          03_jit_compile      not run
+    """
+
+    def __init__(self, run_id: str):
+        self.run_id, self.rows = run_id, []
+
+    def add(self, stem: str, status: str, seconds=None, where: str = "") -> None:
+        self.rows.append((stem, status, seconds, where))
+
+    def text(self) -> str:
+        counts = {}
+        for _, status, _, _ in self.rows:
+            counts[status] = counts.get(status, 0) + 1
+        head = f"reproduce: summary of run {self.run_id}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+        width = max([len(r[0]) for r in self.rows] + [8])
+        lines = [f"  {stem:<{width}}  {status:<9} {'' if s is None else f'{s:.0f} s':>6}  {where}".rstrip()
+                 for stem, status, s, where in self.rows]
+        return "\n".join([head, *lines])
+
+    def print(self) -> None:
+        print(self.text(), flush=True)
 
 
 def _stopped(src: Path, staged: Path, exc: BaseException, committed: list, resume_hint: str) -> RunStopped:
@@ -374,15 +443,17 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
     def hint():  # --resume once this run has published something to go on from
         return again + " --resume" if resume or done else again + " (nothing of this run was published yet)"
     done = []
+    summary = RunSummary(run["id"])
     _sigterm_as_interrupt()
     try:
         for i, src in enumerate(sources, 1):
             if src.stem in done_before:
                 print(f"[{i}/{len(sources)}] {src.name}: published by run {run['id']} already; skipped", flush=True)
                 done.append(out_dir / f"{src.stem}.ipynb")
+                summary.add(src.stem, "skipped", where=f"published before by this run: {out_dir / src.name}")
                 continue
             t0 = time.perf_counter()
-            print(f"[{i}/{len(sources)}] {src.name}: {_forecast(src)}", flush=True)
+            print(f"[{i}/{len(sources)}] {src.name}: {_forecast(src, gpu, smoke, results_dir)}", flush=True)
             stage = STAGING_DIR / src.stem
             if stage.exists():
                 shutil.rmtree(stage)  # reproduce's own scratch from an earlier try of this notebook
@@ -391,11 +462,20 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
             try:
                 execute_notebook(src, staged_nb, params, staged_results, progress=True, run=run)
             except BaseException as exc:  # noqa: BLE001 -- a failed cell, Ctrl-C, SIGTERM: publish nothing, say so
-                raise _stopped(src, staged_nb, exc, [out_dir / f"{src.stem}.ipynb", results_dir / src.stem],
-                               hint()) from exc
+                stopped = _stopped(src, staged_nb, exc, [out_dir / f"{src.stem}.ipynb", results_dir / src.stem],
+                                   hint())
+                summary.add(src.stem, "stopped" if isinstance(exc, KeyboardInterrupt) else "FAILED",
+                            time.perf_counter() - t0, f"at {_failing_cell(staged_nb)}; staged copy {staged_nb}")
+                for later in sources[i:]:
+                    summary.add(later.stem, "not run")
+                summary.print()
+                raise stopped from exc
             _stamp_run(staged_nb, run)
             seconds = round(time.perf_counter() - t0, 1)
+            folders = sorted(p.name for p in staged_results.iterdir() if p.is_dir()) if staged_results.is_dir() else []
             _publish(src.stem, staged_nb, staged_results, out_dir, results_dir, run, seconds)
+            summary.add(src.stem, "done", seconds, "-> " + ", ".join(
+                [str(out_dir / f"{src.stem}.ipynb")] + [f"{results_dir / f}{os.sep}" for f in folders]))
             shutil.rmtree(stage, ignore_errors=True)
             done.append(out_dir / f"{src.stem}.ipynb")
             print(f"[{i}/{len(sources)}] {src.name} done in {seconds:.0f} s; published to {out_dir} and "
@@ -405,9 +485,15 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
     except KeyboardInterrupt as exc:  # between two notebooks, or while one was being published (held back)
         print(f"reproduce: interrupted; what run {run['id']} published so far is whole, nothing of the rest was "
               f"published.\nreproduce: go on with: {hint()}", file=sys.stderr, flush=True)
+        listed = {row[0] for row in summary.rows}
+        for later in sources:
+            if later.stem not in listed:
+                summary.add(later.stem, "not run")
+        summary.print()
         raise RunStopped(130) from exc
     finally:
         _restore_sigterm()
+    summary.print()
     return done
 
 
@@ -519,22 +605,34 @@ def lab_copies(dest=None) -> Path:
     return dest
 
 
+def running_as_root() -> bool:
+    """True for the root user on POSIX (containers, Colab); False elsewhere (and on Windows)."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
 def lab(dest=None, start: bool = True, extra_args=()):
     """Open JupyterLab on working copies of the notebooks (see :func:`lab_copies`).
 
-    ``extra_args`` go to ``jupyter lab`` as they are (e.g. ``["--no-browser", "--port", "8889"]``). Returns
+    ``extra_args`` go to ``jupyter lab`` as they are (e.g. ``["--no-browser", "--port", "8889"]``); as root,
+    ``--allow-root`` is added (JupyterLab exits 1 as root without it). Returns
     JupyterLab's exit status, or with ``start=False`` the command it would run::
 
         lab("build/lab", start=False)   # [python, "-m", "jupyterlab", "--ServerApp.root_dir=build/lab"]
     """
     folder = lab_copies(dest)
     command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={folder}", *extra_args]
+    as_root = running_as_root() and "--allow-root" not in extra_args
+    if as_root:  # containers and Colab run as root; JupyterLab refuses to start there without it
+        command.append("--allow-root")
     if not start:
         return command
     import importlib.util
     if importlib.util.find_spec("jupyterlab") is None:
         raise SystemExit("JupyterLab is not installed. Fix: pip install -r requirements.txt (it lists jupyterlab).")
     print(f"JupyterLab on {folder} (working copies; the committed notebooks/ stay as recorded)", flush=True)
+    if as_root:
+        print("Running as root (a container or Colab): passing --allow-root to jupyter lab, which refuses to start "
+              "as root without it.", flush=True)
     import subprocess
     return subprocess.run(command, check=False).returncode
 

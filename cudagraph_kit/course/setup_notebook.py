@@ -2,19 +2,20 @@
 
 The cell itself (``scripts/setup_cell.py``, copied into every notebook) stays a few lines: it finds a checkout of
 cudagraph-kit in the working folder or above it; in Colab, where there is none, it makes a shallow clone of the
-release ``REPO_REF`` first. Then it calls ``setup_notebook(checkout, ref)``, which
+ref ``REPO_REF`` first (the branch the Colab badges open), and if that fails it says why and what to do. Then it calls ``setup_notebook(checkout, ref)``, which
 
 - checks that the PyTorch it finds is one the kit supports (``torch>=`` in the checkout's ``pyproject.toml``)
   and otherwise stops with the version found, the version needed and the fix;
 - in Colab: installs the clone (editable, ``--no-deps`` so Colab's own torch, numpy, pandas and matplotlib stay
-  as they are) unless that clone is already the installed kit, and moves into its ``notebooks/`` folder;
+  as they are; with pip's build isolation, so the build uses the setuptools floor of ``pyproject.toml``) unless
+  that clone is already the installed kit, and moves into its ``notebooks/`` folder;
 - puts the checkout on ``sys.path``.
 
 Run twice (a re-run cell, a restarted kernel) it reuses the clone and the install. In a checkout it prints
 nothing. Example (what the cell does after the clone)::
 
     from cudagraph_kit.course.setup_notebook import setup_notebook
-    setup_notebook(Path("cudagraph-kit"), "v0.2.0", in_colab=True)
+    setup_notebook(Path("cudagraph-kit"), "main", in_colab=True)
 """
 from __future__ import annotations
 
