@@ -8,6 +8,7 @@ import platform
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +45,16 @@ def pytest_addoption(parser):
                           "$CGK_BENCHMARK_DIR, else a folder under pytest's temporary directory; never figures/)")
 
 
+def give_python_a_stdin():
+    """Started with stdin closed (`0<&-`), Python has no ``sys.__stdin__``, and pytest's stand-in stdin fails
+    when code under test asks it for its encoding (IPython does, as papermill starts a kernel in-process). Give
+    Python an empty stdin, as `< /dev/null` would: the tests then run as they do with stdin open."""
+    if sys.__stdin__ is None:
+        sys.__stdin__ = open(os.devnull)  # noqa: SIM115 -- lives as long as the process, like a real stdin
+
+
 def pytest_configure(config):
+    give_python_a_stdin()
     configure_nbval(config)
     folder = config.getoption("--benchmark-dir")
     if folder and Path(folder).resolve().is_relative_to(FIGURES_DIR.resolve()):
