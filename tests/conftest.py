@@ -53,8 +53,19 @@ def give_python_a_stdin():
         sys.__stdin__ = open(os.devnull)  # noqa: SIM115 -- lives as long as the process, like a real stdin
 
 
+def keep_notebooks_whole_under_xdist(config):
+    """nbval's items are the cells of one notebook, run in order in one kernel; pytest-xdist's default
+    distribution (`-n N` alone means `--dist load`) hands cells of one notebook to different workers, and a later
+    cell misses what an earlier one defined (NameError). With -n and no --dist given, each file goes to one
+    worker (`--dist loadfile`); an explicit --dist is left as given."""
+    given = any(a == "-d" or a.startswith("--dist") for a in config.invocation_params.args)
+    if getattr(config.option, "dist", "no") == "load" and not given and config.pluginmanager.hasplugin("nbval"):
+        config.option.dist = "loadfile"
+
+
 def pytest_configure(config):
     give_python_a_stdin()
+    keep_notebooks_whole_under_xdist(config)
     configure_nbval(config)
     folder = config.getoption("--benchmark-dir")
     if folder and Path(folder).resolve().is_relative_to(FIGURES_DIR.resolve()):
