@@ -1,11 +1,16 @@
-"""Test-session setup: nbval options, a results folder of its own, the GPU-test stamp, and a guard that no test
-run changes the recorded results in figures/."""
+"""Test-session setup: nbval options, a results folder of its own, the GPU-test stamp, a guard that no test
+run changes the recorded results in figures/, and the benchmark tests (run only when asked for, they report a
+figure instead of gating the suite)."""
 import hashlib
+import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -34,8 +39,39 @@ def configure_nbval(config):
         opt.nbval_cell_timeout = NBVAL_CELL_TIMEOUT_S
 
 
+def pytest_addoption(parser):
+    parser.addoption("--benchmark-dir", default=os.environ.get("CGK_BENCHMARK_DIR"),
+                     help="folder for the figures the benchmark tests report, one JSON per test (default: "
+                          "$CGK_BENCHMARK_DIR, else a folder under pytest's temporary directory; never figures/)")
+
+
+def give_python_a_stdin():
+    """Started with stdin closed (`0<&-`), Python has no ``sys.__stdin__``, and pytest's stand-in stdin fails
+    when code under test asks it for its encoding (IPython does, as papermill starts a kernel in-process). Give
+    Python an empty stdin, as `< /dev/null` would: the tests then run as they do with stdin open."""
+    if sys.__stdin__ is None:
+        sys.__stdin__ = open(os.devnull)  # noqa: SIM115 -- lives as long as the process, like a real stdin
+
+
+def keep_notebooks_whole_under_xdist(config):
+    """nbval's items are the cells of one notebook, run in order in one kernel; pytest-xdist's default
+    distribution (`-n N` alone means `--dist load`) hands cells of one notebook to different workers, and a later
+    cell misses what an earlier one defined (NameError). With -n and no --dist given, each file goes to one
+    worker (`--dist loadfile`); an explicit --dist is left as given."""
+    given = any(a == "-d" or a.startswith("--dist") for a in config.invocation_params.args)
+    if getattr(config.option, "dist", "no") == "load" and not given and config.pluginmanager.hasplugin("nbval"):
+        config.option.dist = "loadfile"
+
+
 def pytest_configure(config):
+    give_python_a_stdin()
+    keep_notebooks_whole_under_xdist(config)
     configure_nbval(config)
+    folder = config.getoption("--benchmark-dir")
+    if folder and Path(folder).resolve().is_relative_to(FIGURES_DIR.resolve()):
+        raise pytest.UsageError(f"--benchmark-dir {folder} lies under {FIGURES_DIR}, which holds the recorded GPU "
+                                "results; no test run writes there. Fix: name a folder elsewhere, e.g. "
+                                "build/benchmarks.")
     # Notebooks executed by nbval inherit this environment: small sizes unless the caller chose otherwise,
     # and their results.save() goes to a folder of this session (never figures/, never build/).
     os.environ.setdefault("CGK_SMOKE", "1")
@@ -103,11 +139,56 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def benchmarks_wanted(config, item) -> bool:
+    """Benchmark tests run when the -m expression names them (`-m benchmark`, `-m "gpu and benchmark"`) or
+    when the test is named on the command line by its node id; every other run leaves them out."""
+    named = {a.split("[")[0] for a in config.invocation_params.args if "::" in a}
+    return "benchmark" in (config.option.markexpr or "") or any(
+        item.nodeid.split("[")[0].endswith(a.split("/tests/")[-1]) for a in named)
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU machine: pytest -m gpu)")
+    left_out = [item for item in items if item.get_closest_marker("benchmark") and not benchmarks_wanted(config, item)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
     for item in items:
-        if "gpu" in item.keywords and not HAS_CUDA:
+        if item.get_closest_marker("gpu") and not HAS_CUDA:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def benchmark_report(request, tmp_path_factory):
+    """Report a benchmark test's figures: print them and write them as JSON to ``<benchmark dir>/<test>.json``.
+
+    Usage: ``benchmark_report(kit_call_after_over_before=1.04, eager_after_over_before=0.98)``; returns the path.
+    The folder is ``--benchmark-dir`` (or ``$CGK_BENCHMARK_DIR``), else one under pytest's temporary directory.
+    """
+    def report(**figures):
+        option = request.config.getoption("--benchmark-dir")
+        folder = Path(option) if option else tmp_path_factory.getbasetemp() / "benchmarks"
+        folder.mkdir(parents=True, exist_ok=True)
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)
+        path = folder / f"{name}.json"
+        record = {"test": request.node.nodeid, "device": torch.cuda.get_device_name(0) if HAS_CUDA else None,
+                  "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  "figures": figures}
+        path.write_text(json.dumps(record, indent=1, default=float) + "\n")
+        print(f"\nBENCHMARK {request.node.nodeid}: {json.dumps(figures, default=float)} -> {path}")
+        return path
+    return report
+
+
+@pytest.fixture
+def sigint_raises_keyboardinterrupt():
+    """SIGINT raises KeyboardInterrupt in this process for the test's duration, however pytest was started: a
+    background job (`cmd &` in a script) inherits SIGINT as ignored, and Python then installs no handler."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

@@ -50,15 +50,57 @@ def test_eager_fallback_validates_shapes_like_a_graph():
         g(torch.randn(2, 3), torch.randn(2, 3))
 
 
-def test_graph_features_match_the_releases_that_brought_them():
-    """Read from PyTorch's own wheels: torch.cuda.graph took check_input_liveness from 2.13; from 2.14 a graph takes
-    a MemPool as its pool and register_generator_state is a deprecated no-op."""
+def test_graph_features_agree_with_what_this_pytorch_documents():
+    """Each flag against PyTorch's own public surface, not the kit's version arithmetic: the documented
+    parameters of ``torch.cuda.graph`` (``check_input_liveness``; a ``MemPool`` as ``pool``) and the attributes
+    that exist. The GPU test below checks the same flags by using each feature."""
+    import inspect
     features = graph_features()
-    release = capture_module.torch_release()
     assert set(features) == {"check_input_liveness", "mempool_capture_pool", "generators_register_themselves",
                              "debug_dump"}
-    assert features["check_input_liveness"] == (release >= (2, 13))
-    assert features["mempool_capture_pool"] == features["generators_register_themselves"] == (release >= (2, 14))
+    doc = inspect.getdoc(torch.cuda.graph) or ""
+    assert features["check_input_liveness"] == ("check_input_liveness" in doc), doc
+    assert features["debug_dump"] == callable(getattr(torch.cuda.CUDAGraph, "debug_dump", None))
+    if features["mempool_capture_pool"]:  # a MemPool exists and torch.cuda.graph says it takes one as its pool
+        assert hasattr(torch.cuda, "MemPool") and ":class:`~torch.cuda.MemPool`" in doc, doc
+    if not hasattr(torch.cuda, "MemPool") or "MemPool" not in doc:
+        assert not features["mempool_capture_pool"]
+
+
+@pytest.mark.gpu
+def test_graph_features_agree_with_what_this_pytorch_does():
+    """Each flag against the feature used: torch.cuda.graph accepts check_input_liveness; a capture into a
+    MemPool pool works; where the kit says generators register themselves, a draw from an unregistered CUDA
+    generator replays new numbers like eager (where it says they do not, test_torch_graph_properties checks that
+    leaving the registration out is refused)."""
+    x = torch.ones(8, device="cuda")
+    features = graph_features()
+
+    def captures(**options):
+        g, stream = torch.cuda.CUDAGraph(), torch.cuda.current_stream()
+        try:
+            with torch.cuda.graph(g, **options):
+                x.mul(2)
+        except TypeError:  # an option (or a pool type) this PyTorch does not take, refused before capturing
+            torch.cuda.set_stream(stream)  # a refusal inside __enter__ leaves the capture stream current
+            return False
+        return True
+    assert captures(check_input_liveness=True) == features["check_input_liveness"]
+    if hasattr(torch.cuda, "MemPool"):
+        assert captures(pool=torch.cuda.MemPool()) == features["mempool_capture_pool"]
+    if features["generators_register_themselves"]:
+        gen = torch.Generator(device="cuda")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):  # no register_generator_state
+            out = torch.rand(8, device="cuda", generator=gen)
+        gen.manual_seed(3)
+        replays = []
+        for _ in range(2):
+            g.replay()
+            replays.append(out.clone())
+        gen.manual_seed(3)
+        eager = [torch.rand(8, device="cuda", generator=gen) for _ in range(2)]
+        assert all(torch.equal(a, b) for a, b in zip(replays, eager)) and not torch.equal(*replays)
 
 
 def test_check_input_liveness_on_a_pytorch_without_it_names_the_version(monkeypatch):

@@ -4,16 +4,21 @@ OneCycleLR and CyclicLR with cycle_momentum=True.
 capture_train_step keeps the value the captured optimizer step reads in a GPU tensor and refreshes it before
 each replay, where this PyTorch's step path reads a tensor there on the GPU (probed on the spot: a throw-away
 optimizer steps under a dispatch mode that watches for host reads). Elsewhere the schedule is refused before
-anything runs, with the reason and the fix. The CPU tests check the probe, the refusal and the state machine
-(with the CPU stand-in capture); the GPU tests train a whole cycle against eager.
+anything runs, with the reason and the fix. Every test reads the outcome through the public API
+(``capture_train_step``, ``GraphedTrainStep`` and its ``hyperparameters`` property): the CPU tests, with the CPU
+stand-in capture, check what the probe decided, the refusal of a frozen value that changed, and the state
+machine; the GPU tests train a whole cycle against eager and check the up-front refusal.
 """
 import copy
+import re
 
 import pytest
 import torch
 
 from cudagraph_kit import train_step as ts
 from cudagraph_kit.train_step import GraphedTrainStep, capture_train_step
+
+from test_train_step import fake_graph_step  # GraphedTrainStep on the CPU stand-in capture
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -71,27 +76,31 @@ def eager_train(model, opt, scheduler, batches, device_hparams_from=None):
 
 
 # ------------------------------------------------------------------------------------------------ on any machine
-def test_sgd_momentum_cycle_is_refused_up_front_with_the_reason_and_fix():
+def test_a_momentum_read_on_the_host_is_frozen_and_a_cycled_change_is_refused_with_the_fix():
+    """SGD(fused=False) reads momentum on the host (``momentum != 0``, ``alpha=momentum``): the graph freezes it,
+    ``hyperparameters`` says so, and the change a cycling scheduler makes is refused before the replay, with the
+    reason and the fix; nothing is trained by the refused call."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=False)
-    one_cycle(opt, 10)
-    works, why = ts._reads_on_device(opt, opt.param_groups[0], "momentum", "cpu")
-    assert not works and "host" in why  # `momentum != 0` and alpha=momentum read it on the host
-    with pytest.raises(ValueError, match=r"cycle_momentum=True.*momentum every step.*"
-                                         r"PyTorch .*cycle_momentum=False") as info:
-        ts._refuse_cycled_momentum(opt, "cpu")
+    batches = make_batches(4)
+    step, _ = fake_graph_step(model, opt, batches[0])
+    for x, y in batches:
+        step(x, y)
+    assert step.state == "captured"
+    hp = step.hyperparameters[0]
+    assert hp["on_gpu"] == {} and hp["frozen"]["momentum"] == 0.9 and hp["frozen"]["lr"] == 0.1
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.param_groups[0]["momentum"] = 0.85  # what OneCycleLR/CyclicLR(cycle_momentum=True) do every step
+    with pytest.raises(RuntimeError, match=r"(?s)'momentum' changed from 0.9 to 0.85.*cycle_momentum=True.*"
+                                           r"PyTorch .*Fix: .*cycle_momentum=False") as info:
+        step(*batches[0])
     assert torch.__version__ in str(info.value)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-def test_no_cycling_scheduler_no_probe_no_refusal():
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=False)
-    sched.OneCycleLR(opt, max_lr=0.05, total_steps=10, cycle_momentum=False)
-    assert "max_momentum" not in opt.param_groups[0]
-    ts._refuse_cycled_momentum(opt, "cpu")  # nothing to refuse: momentum stays fixed
-
-
-def test_the_probe_sees_a_path_that_reads_on_the_device_and_one_that_reads_on_the_host(monkeypatch):
+def test_the_probe_sees_a_path_that_reads_on_the_device_and_one_that_reads_on_the_host():
+    """Two optimizers that differ only in how their step reads beta1: tensor ops only (the graph can refresh it:
+    ``on_gpu``) or a Python number (a host read: ``frozen``). Seen through ``hyperparameters`` after capture."""
     class DeviceBeta(torch.optim.Optimizer):  # reads beta1 only in tensor ops
         def __init__(self, params, lr=0.1, betas=(0.9, 0.99)):
             super().__init__(params, dict(lr=lr, betas=betas))
@@ -109,11 +118,16 @@ def test_the_probe_sees_a_path_that_reads_on_the_device_and_one_that_reads_on_th
                 for p in g["params"]:
                     p.add_(p.grad, alpha=-float(g["betas"][0]))
 
-    p = torch.nn.Parameter(torch.ones(3))
-    for cls, works in ((DeviceBeta, True), (HostBeta, False)):
-        opt = cls([p])
-        ok, why = ts._reads_on_device(opt, opt.param_groups[0], "betas", "cpu", lr_on_device=False)
-        assert ok is works, why
+    batches = make_batches(3)
+    for cls, on_gpu in ((DeviceBeta, True), (HostBeta, False)):
+        model = make_model()
+        step, _ = fake_graph_step(model, cls(model.parameters()), batches[0])
+        for x, y in batches:
+            step(x, y)
+        assert step.state == "captured"
+        hp = step.hyperparameters[0]
+        assert ("betas" in hp["on_gpu"]) is on_gpu and ("betas" in hp["frozen"]) is not on_gpu, (cls, hp)
+        assert hp["frozen"]["lr"] == 0.1  # neither reads a tensor LR: frozen, checked before each replay
 
 
 def test_state_machine_refreshes_beta1_before_each_replay(monkeypatch):
@@ -121,6 +135,8 @@ def test_state_machine_refreshes_beta1_before_each_replay(monkeypatch):
     a beta1 or LR that is not copied in before a replay trains differently from eager, and this fails."""
     from test_train_step import ReplayingCapture  # the CPU stand-in for a CUDA graph
 
+    # as on a GPU whose step path reads beta1 and the LR from GPU tensors (the CPU step cannot: capturable=True
+    # needs CUDA); what follows is the state machine's refreshing, read through hyperparameters
     monkeypatch.setattr(ts, "_reads_on_device", lambda *a, **k: (True, ""))  # as on a GPU path that can
     monkeypatch.setattr(ts, "_reads_lr_on_device", lambda opt, group: True)
     n = 24
@@ -150,9 +166,10 @@ def test_state_machine_refreshes_beta1_before_each_replay(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------------ GPU
-def _adam_supported(foreach):
-    opt = torch.optim.Adam(make_model("cuda").parameters(), lr=1e-3, capturable=True, foreach=foreach)
-    return ts._reads_on_device(opt, opt.param_groups[0], "betas", torch.device("cuda"))
+def _refused_cycle(exc: ValueError) -> bool:
+    """capture_train_step's up-front refusal of a cycled beta1/momentum this PyTorch would freeze."""
+    return bool(re.search(r"(?s)cycle_momentum=True.*PyTorch .*Fix: .*cycle_momentum=False", str(exc))) and \
+        torch.__version__ in str(exc)
 
 
 @gpu
@@ -160,9 +177,6 @@ def _adam_supported(foreach):
 @pytest.mark.parametrize("kind", ["Adam", "AdamW"])
 def test_gpu_momentum_schedule_over_a_whole_cycle_matches_eager(kind, schedule, record_property):
     """beta1 and the LR follow OneCycleLR / CyclicLR(cycle_momentum=True) inside the graph for a whole cycle."""
-    works, why = _adam_supported(foreach=False)
-    if not works:  # then capture_train_step must refuse it (checked by the next test)
-        pytest.skip(f"this PyTorch's Adam(foreach=False, capturable=True) reads beta1 on the host: {why}")
     n, warmup = 40, 3
     cls = getattr(torch.optim, kind)
 
@@ -171,6 +185,14 @@ def test_gpu_momentum_schedule_over_a_whole_cycle_matches_eager(kind, schedule, 
 
     base = make_model("cuda")
     batches = make_batches(n, device="cuda")
+    test = copy.deepcopy(base)
+    opt = opt_for(test)
+    scheduler = SCHEDULES[schedule](opt, n)
+    try:
+        step = capture_train_step(test, opt, mse, batches[0], warmup=warmup)
+    except ValueError as exc:  # refused up front, with the reason and the fix (the next test checks refusals too)
+        assert _refused_cycle(exc), exc
+        pytest.skip(f"this PyTorch's {kind}(foreach=False, capturable=True) reads beta1 on the host: {exc}")
     # eager with numbers (what a user's eager loop does), twice: is eager itself deterministic here?
     runs = []
     for _ in range(2):
@@ -183,10 +205,6 @@ def test_gpu_momentum_schedule_over_a_whole_cycle_matches_eager(kind, schedule, 
     same = copy.deepcopy(base)
     o = opt_for(same)
     eager_train(same, o, SCHEDULES[schedule](o, n), batches, device_hparams_from=warmup)
-    test = copy.deepcopy(base)
-    opt = opt_for(test)
-    scheduler = SCHEDULES[schedule](opt, n)
-    step = capture_train_step(test, opt, mse, batches[0], warmup=warmup)
     for x, y in batches:
         step(x, y)
         scheduler.step()
@@ -227,18 +245,45 @@ def test_gpu_paths_that_read_beta1_or_momentum_on_the_host_are_refused_or_work(m
     opt = make(model)
     scheduler = one_cycle(opt, 20)
     key = "betas" if "betas" in opt.param_groups[0] else "momentum"
-    works, _ = ts._reads_on_device(opt, opt.param_groups[0], key, torch.device("cuda"),
-                                   ts._reads_lr_on_device(opt, opt.param_groups[0]))
     batches = make_batches(20, device="cuda")
-    if not works:
-        with pytest.raises(ValueError, match=r"cycle_momentum=True.*cycle_momentum=False"):
-            capture_train_step(model, opt, mse, batches[0])
+    try:
+        step = capture_train_step(model, opt, mse, batches[0])
+    except ValueError as exc:  # refused before anything ran, naming the reason and the fix
+        assert _refused_cycle(exc), exc
+        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters()))
         return
-    step = capture_train_step(model, opt, mse, batches[0])
     for x, y in batches:
         step(x, y)
         scheduler.step()
     assert step.state == "captured" and key in step.hyperparameters[0]["on_gpu"]
     ref_opt = make(ref)
     eager_train(ref, ref_opt, one_cycle(ref_opt, 20), batches)
+    torch.testing.assert_close(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+
+
+@gpu
+def test_a_scheduler_that_keeps_momentum_fixed_is_not_refused():
+    """OneCycleLR(cycle_momentum=False) on SGD(fused=True): only the LR moves; capture_train_step takes it, the
+    LR follows the schedule inside the graph and momentum stays what it was (frozen or refreshed, 0.9)."""
+    model = make_model("cuda")
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    scheduler = sched.OneCycleLR(opt, max_lr=0.05, total_steps=12, cycle_momentum=False)
+    assert "max_momentum" not in opt.param_groups[0]
+    batches = make_batches(12, device="cuda")
+    step = capture_train_step(model, opt, mse, batches[0])
+    for x, y in batches:
+        step(x, y)
+        scheduler.step()
+    hp = step.hyperparameters[0]
+    momentum = hp["on_gpu"]["momentum"].item() if "momentum" in hp["on_gpu"] else hp["frozen"]["momentum"]
+    assert step.state == "captured" and momentum == pytest.approx(0.9)
+    assert hp["on_gpu"]["lr"].item() == pytest.approx(opt.param_groups[0]["lr"], rel=1e-6)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, fused=True)
+    ref_sched = sched.OneCycleLR(ref_opt, max_lr=0.05, total_steps=12, cycle_momentum=False)
+    for x, y in batches:
+        ref_opt.zero_grad(set_to_none=True)
+        mse(ref(x), y).backward()
+        ref_opt.step()
+        ref_sched.step()
     torch.testing.assert_close(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)

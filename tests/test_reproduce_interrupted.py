@@ -121,7 +121,8 @@ def test_a_stopped_notebook_leaves_the_committed_files_byte_identical(checkout, 
     assert "go on with: python -m cudagraph_kit reproduce (nothing of this run was published yet)" in err
 
 
-def test_interrupted_at_several_points_then_resumed_gives_one_run(checkout, monkeypatch, capsys):
+def test_interrupted_at_several_points_then_resumed_gives_one_run(checkout, monkeypatch, capsys,
+                                                               sigint_raises_keyboardinterrupt):
     before = _committed(checkout)
     # 1. interrupted in the second notebook, after its results were written: the first is published whole
     kernel = FakeKernel(("92_beta", "results saved", KeyboardInterrupt()))
@@ -298,7 +299,10 @@ def test_a_real_failing_notebook_publishes_nothing(checkout, monkeypatch, capsys
 
 
 DRIVER = '''
-import sys, torch
+import signal, sys, torch
+# Ctrl-C as in a terminal, however the test run was started: a background job (`cmd &` in a script) inherits
+# SIGINT as ignored, and Python then installs no KeyboardInterrupt handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pathlib import Path
 from cudagraph_kit.course import reproduce as rep
 root = Path(sys.argv[1])
@@ -319,7 +323,7 @@ def test_a_real_notebook_interrupted_midway_publishes_nothing(checkout, sig):
     (checkout / "driver.py").write_text(DRIVER)
     env = dict(os.environ, PYTHONPATH=str(rep.PROJECT_ROOT), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, str(checkout / "driver.py"), str(checkout)], cwd=checkout, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = ""
     deadline = time.monotonic() + 120
     while "cell  3/4" not in seen and time.monotonic() < deadline:  # the sleeping cell has started

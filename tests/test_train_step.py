@@ -620,12 +620,6 @@ def test_dropout_masks_change_between_replays():
     assert len(set(losses[4:])) == len(losses[4:])  # replays draw new dropout masks
 
 
-def test_graphedtrainstep_exported():
-    import cudagraph_kit
-    assert cudagraph_kit.capture_train_step is capture_train_step
-    assert cudagraph_kit.GraphedTrainStep is GraphedTrainStep
-
-
 @gpu
 def test_habitual_zero_grad_after_capture_is_refused_not_silently_ignored():
     model = make_model("cuda")
