@@ -39,6 +39,7 @@ import gc
 import os
 import re
 import types
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -47,7 +48,7 @@ from torch.utils._pytree import tree_map_only
 __all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "NoCudaError",
            "CaptureError", "recover_from_failed_capture", "explain", "Explanation", "explain_capture_failure",
            "no_cuda_message", "graph_features", "register_generators", "StaleGraphError", "CapturedTensors",
-           "reseeding_calls", "profiler_session"]
+           "reseeding_calls", "ReseedWarning", "profiler_session"]
 
 
 class NoCudaError(RuntimeError):
@@ -875,15 +876,16 @@ class reseeding_calls:
     - reseeds to the seed it already had after earlier draws, or restores an earlier state: the offset went backwards
       (reported).
 
-    What it cannot see: a reseed to the seed the generator already has, when the offset before the block is no
-    higher than where the block's own draws end (e.g. ``torch.manual_seed(0)`` before capturing and again first thing
-    in the function): the readings look like an ordinary draw. The rule "a call advanced the offset and the next
-    identical call did not" would catch that case, but it also fires on functions that draw only in their first
-    call (a ``LazyLinear`` initialising its weights on the GPU, a lazily made random buffer), so the kit does not use
-    it. That case is still refused: PyTorch raises during the capture (``CUDAGeneratorImpl::set_current_seed`` asserts
-    that no capture is under way, in every release with CUDA graphs), and ``CaptureError.from_exception`` gives it the
-    cause and fix of :func:`reseed_error`. Another thread that reseeds the same generator inside the block is
-    reported too.
+    What the readings cannot tell apart: a reseed to the seed the generator already has, when the offset before the
+    block is no higher than where the block's own draws end (e.g. ``torch.manual_seed(0)`` before capturing and again
+    first thing in the function), looks like an ordinary draw; and PyTorch allows that reseed during a capture too
+    (``CUDAGeneratorImpl::set_current_seed`` refuses only a *different* seed while capturing, and makes the same seed a
+    no-op). Across several blocks it leaves a trace: with ``history`` (one list shared by consecutive calls of the same
+    function), a call that advanced the offset followed by one that did not gets a :class:`ReseedWarning`. That is a
+    warning, not an error, because a function that draws only in its first call (a ``LazyLinear`` initialising its
+    weights on the GPU) leaves the same trace. ``check_capturable`` (which instruments the seeding calls while it
+    runs) names the line. A reseed to another seed is seen, and refused, whatever the offsets. Another thread that
+    reseeds the same generator inside the block is reported too.
 
     Example::
 
@@ -893,8 +895,8 @@ class reseeding_calls:
             raise reseed_error(seen, "its warm-up")
     """
 
-    def __init__(self, device=None, generators=()):
-        self.device, self.generators = device, tuple(generators)
+    def __init__(self, device=None, generators=(), history: list | None = None):
+        self.device, self.generators, self.history = device, tuple(generators), history
 
     def _read(self) -> list:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -919,13 +921,33 @@ class reseeding_calls:
                 self.seen.append(f"{name}'s seed changed from {seed} to {seed_after}")
             elif offset is not None and offset_after is not None and offset_after < offset:
                 self.seen.append(f"{name}'s offset went back from {offset} to {offset_after} (seed {seed})")
+            elif self.history is not None and offset is not None and offset_after is not None and \
+                    gen is _default_generator(self.device):
+                advanced = offset_after > offset
+                if self.history and self.history[-1] and not advanced:
+                    warnings.warn(ReseedWarning(RESEED_SUSPECT), stacklevel=4)
+                self.history.append(advanced)
         return False
+
+
+class ReseedWarning(UserWarning):
+    """A warm-up drew random numbers in one call and none in the next: a reseed to the same seed, or a lazy init."""
+
+
+RESEED_SUSPECT = (
+    "the function drew random numbers from the CUDA generator in one warm-up call and none in the next. Either it "
+    "draws only in its first call (lazy initialisation, e.g. LazyLinear: nothing to do), or it reseeds the generator "
+    "to the seed it already had (torch.manual_seed inside the function): a graph cannot replay a reseed, so each "
+    "replay would draw new numbers where eager repeats them. Fix: seed before capture, not inside the function; "
+    "check_capturable(fn, *args) names the line that reseeds.")
 
 
 def _watching_reseeds(fn, seen: list, device=None, generators=()):
     """``fn`` that adds to ``seen`` the reseeds each of its calls makes (see :class:`reseeding_calls`)."""
+    history: list = []  # did each call advance the default generator's offset (see reseeding_calls)
+
     def watched(*args):
-        watch = reseeding_calls(device, generators)
+        watch = reseeding_calls(device, generators, history)
         try:
             with watch:
                 return fn(*args)

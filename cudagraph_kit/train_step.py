@@ -234,6 +234,7 @@ class GraphedTrainStep:
         self._live_copied = []      # per param group: the host values last copied into those tensors
         self._frozen_why = []       # per param group: {key: why this PyTorch cannot read it on the GPU}
         self._warmup_reseeds = []   # reseeds seen in warm-up steps (a graph cannot replay them): reseeding_calls
+        self._offset_history = []   # did each warm-up step advance the generator (a same-seed reseed's trace)
         self._captured_tensors = None  # after capture: what the graphs read from the model, loss and optimizer
         self._group_ids = []        # after capture: per param group, the ids of its params (kept alive in _params)
         self._requires_grad = []    # after capture: requires_grad of each of _params
@@ -375,7 +376,7 @@ class GraphedTrainStep:
     def _warmup_step(self, batch, first, last):
         if self._side_stream is not None:
             self._side_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with self._side(), reseeding_calls(self.device) as reseeds:
+        with self._side(), reseeding_calls(self.device, history=self._offset_history) as reseeds:
             loss = self._eager_step(batch, first, last, set_to_none=True)
         if self._side_stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._side_stream)

@@ -274,11 +274,12 @@ def test_a_scheduler_that_keeps_momentum_fixed_is_not_refused():
     step = capture_train_step(model, opt, mse, batches[0])
     for x, y in batches:
         step(x, y)
+        used_lr = opt.param_groups[0]["lr"]  # what this replay read (refreshed before it); the scheduler moves on
         scheduler.step()
     hp = step.hyperparameters[0]
     momentum = hp["on_gpu"]["momentum"].item() if "momentum" in hp["on_gpu"] else hp["frozen"]["momentum"]
     assert step.state == "captured" and momentum == pytest.approx(0.9)
-    assert hp["on_gpu"]["lr"].item() == pytest.approx(opt.param_groups[0]["lr"], rel=1e-6)
+    assert hp["on_gpu"]["lr"].item() == pytest.approx(used_lr, rel=1e-6)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, fused=True)
     ref_sched = sched.OneCycleLR(ref_opt, max_lr=0.05, total_steps=12, cycle_momentum=False)
     for x, y in batches:

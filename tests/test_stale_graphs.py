@@ -259,7 +259,7 @@ def test_a_train_step_keeps_training_after_in_place_weight_updates():
     reference = small_model("cuda")
     reference.load_state_dict(fresh.state_dict())
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
-    ref_opt.load_state_dict(opt.state_dict())       # same momentum buffers
+    ref_opt.load_state_dict(copy.deepcopy(opt.state_dict()))   # equal momentum buffers, not the same tensors
     step(x, y)
     ref_opt.zero_grad()
     mse(reference(x), y).backward()
