@@ -695,12 +695,12 @@ if CUDA:
              f"gave: {old_output or 'nothing (the experiment did not finish)'}"))
     seen = f"{skips} skip(s) logged; old output: {old_output}"
     found_old = ("the RuntimeError on reading it" if old_output.startswith("RuntimeError") else
-                 "comparing it with a clone (no error on this PyTorch)")
+                 "comparing it with a clone (a replay's output raises no error)")
     detected = (bool(skips) and ro.get("clone keeps it") is True
                 and old_output.startswith(("RuntimeError", "silently")))
 else:
     seen, detected = "needs a GPU", None
-    found_old = "a RuntimeError on PyTorch versions that raise; otherwise comparing it with a clone"
+    found_old = "a RuntimeError for a warm-up's or recording's output; for a replay's, comparing it with a clone"
 record("reduce-overhead: skipped graphs, overwritten outputs",
        "silently slower; a kept output raises or silently holds the next call's values",
        f"TORCH_LOGS=cudagraphs (perf_hints), the cudagraph_skips counter; for a kept output: {found_old}",

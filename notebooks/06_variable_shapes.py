@@ -802,7 +802,7 @@ def row_of(name, strat):
 
 def claim_vs_eager(claim_id, name, strat):
     r = row_of(name, strat)
-    return Claim(claim_id, lo=float(r.speedup_lo), hi=float(r.speedup_hi), above=1.0,
+    return Claim(claim_id, lo=float(r.speedup_lo), hi=float(r.speedup_hi), above=1.0, eager_fallback=not CUDA,
                  holds=f"{name}: {r.variant} serves the stream faster than eager ({{lo:.2f}}-{{hi:.2f}}x, "
                        f"90% prediction interval)",
                  fails=f"{name}: {r.variant} serves the stream slower than eager ({{lo:.2f}}-{{hi:.2f}}x, "
@@ -815,7 +815,7 @@ def claim_faster_than(claim_id, name, fast, slow):
     """``fast`` serves the stream faster than ``slow``: slow's median pass / fast's, window by window."""
     fast_label, slow_label = row_of(name, fast).variant, row_of(name, slow).variant
     r = ratio_across_windows(windows, (name, slow_label), (name, fast_label))
-    return Claim(claim_id, lo=r["lo"], hi=r["hi"], above=1.0,
+    return Claim(claim_id, lo=r["lo"], hi=r["hi"], above=1.0, eager_fallback=not CUDA,
                  holds=f"{name}: {fast_label} serves the stream faster than {slow_label} ({slow_label} takes "
                        f"{{lo:.2f}}-{{hi:.2f}}x its time, 90% prediction interval)",
                  fails=f"{name}: {fast_label} is not faster than {slow_label} ({slow_label} takes "
@@ -894,7 +894,7 @@ for name, (best, label, plan) in pairs.items():
     planned_row = df.iloc[1]
     lo, hi = float(planned_row["speedup_lo"]), float(planned_row["speedup_hi"])
     picked = f"{best} (the fixed ladder picked by its median pass in section 9)"
-    c = Claim(f"{SHORT[name]}_planned_beats_best_ladder", lo=lo, hi=hi, above=1.0,
+    c = Claim(f"{SHORT[name]}_planned_beats_best_ladder", lo=lo, hi=hi, above=1.0, eager_fallback=not CUDA,
               holds=f"{name}: the planned buckets serve the stream faster than {picked}: ladder / planned time "
                     f"{{lo:.3f}}-{{hi:.3f}}x, 90% prediction interval",
               fails=f"{name}: the planned buckets are not faster than {picked}: ladder / planned time "

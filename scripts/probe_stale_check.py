@@ -67,7 +67,7 @@ def host_check_us(g, calls: int) -> float | None:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def build_llama(layers=12, hidden=768, heads=12, max_len=256):
+def build_llama(layers=12, hidden=768, heads=12, max_len=512):
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
     torch.manual_seed(0)
@@ -85,12 +85,14 @@ def build_llama(layers=12, hidden=768, heads=12, max_len=256):
     def decode_step(ids, pos):
         return model(input_ids=ids, cache_position=pos, use_cache=True, **{cache_kw: cache}).logits
 
-    return model, decode_step
+    return model, decode_step, cache
 
 
-def case_rows(case: str, variants: dict, rounds: int, calls: int, rows: list) -> None:
+def case_rows(case: str, variants: dict, rounds: int, calls: int, rows: list, before_round=None) -> None:
     names = list(variants)
     for r in range(rounds):
+        if before_round is not None:
+            before_round()
         order = names[r % len(names):] + names[:r % len(names)]
         for name, us in time_round(variants, calls, order).items():
             rows.append({"case": case, "variant": name, "round": r, "us_per_call": us})
@@ -174,7 +176,11 @@ def main():
               args.rounds, args.calls, rows)
     checks["gelu"] = (host_check_us(g_on, 10_000), len(g_on.weights) if g_on.weights is not None else 0)
 
-    model, decode_step = build_llama()
+    model, decode_step, cache = build_llama()
+
+    def rewind():  # transformers 5's StaticLayer advances its own write position on every call: start over
+        torch.cuda.synchronize()
+        cache.reset()
     ids = torch.ones(1, 1, dtype=torch.long, device="cuda")
     pos = torch.zeros(1, dtype=torch.long, device="cuda")
     with torch.no_grad():
@@ -188,10 +194,11 @@ def main():
         hand_graph_l.replay()
     case_rows("llama", {"hand_written": hand_l, "check_on": lambda: l_on(ids, pos),
                         "check_off": lambda: l_off(ids, pos)},
-              args.rounds, max(20, args.calls // 5), rows)
+              args.rounds, max(20, args.calls // 5), rows, before_round=rewind)
     checks["llama"] = (host_check_us(l_on, 10_000), len(l_on.weights))
 
     summary = summarize(rows, checks)
+    rewind()
     stale = stale_cases(decode_step, model, ids, pos)
 
     import pandas as pd

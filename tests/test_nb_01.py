@@ -63,11 +63,15 @@ def test_gelu_notebook_records_correct_and_honest_results(run_notebook):
     claims = pd.read_csv(folder / "claims.csv")
     assert set(claims.claim) == {"replay_beats_eager_small", "copy_replay_beats_eager_small",
                                  "replay_beats_eager_large", "replay_saves_10pct_large"}
-    assert set(claims.verdict) <= {"holds", "fails", "unclear"} and (claims.lo <= claims.hi).all()
+    assert (claims.lo <= claims.hi).all()
     for c in claims.itertuples():  # the sentence printed is the one of its verdict, from the saved interval
         row = graphed[(graphed.case == c.claim.split("_")[-1]) & graphed.variant.str.startswith(
             "graph copy+replay" if c.claim.startswith("copy") else "graph replay")].iloc[0]
         assert (c.lo, c.hi) == pytest.approx((row.speedup_lo, row.speedup_hi))
+        if not torch.cuda.is_available():  # both sides ran eagerly: no verdict about a graph
+            assert c.verdict == "eager fallback" and "no verdict about a graph" in c.statement, c
+            continue
         expected = "holds" if c.lo > c.above else "fails" if c.hi <= c.above else "unclear"
         assert c.verdict == expected
         assert ("no clear difference" in c.statement) == (expected == "unclear")
+        assert " not " not in f" {c.statement} ", c.statement  # says which way the interval points

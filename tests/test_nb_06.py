@@ -113,6 +113,9 @@ def test_variable_shapes_notebook_records_correct_and_honest_results(run_noteboo
         assert not measured or c.lo <= c.hi
         verdict = ("unclear" if not measured else "holds" if c.lo > c.above else "fails" if c.hi <= c.above
                    else "unclear")
+        if not HAS_CUDA:  # the buckets ran eagerly: no verdict about a graph
+            assert c.verdict == "eager fallback" and "no verdict about a graph" in c.statement, c
+            continue
         assert c.verdict == verdict, c
         assert ("no clear difference" in c.statement) == (verdict == "unclear"), c.statement
     claim = claims.set_index("claim")
@@ -135,7 +138,8 @@ def test_variable_shapes_notebook_records_correct_and_honest_results(run_noteboo
         assert tuple(claim.loc[f"{m}_planned_beats_best_ladder", ["lo", "hi"]]) == pytest.approx(
             (h2h.speedup_lo.iloc[1], h2h.speedup_hi.iloc[1]))
     checks = {c["model"]: c for c in env["planned_vs_best"]}
-    assert {checks[model]["verdict"] for model in MODELS} <= {"holds", "fails", "unclear"}
+    assert {checks[model]["verdict"] for model in MODELS} <= (
+        {"holds", "fails", "unclear"} if HAS_CUDA else {"eager fallback"})
     assert checks["MLP"]["statement"] == claim.loc["mlp_planned_beats_best_ladder", "statement"]
 
     # memory: reduce-overhead's graphs live in the graph trees' one pool, shared by every compiled variant, so no
