@@ -1209,27 +1209,47 @@ faster_claim("hf_fused_graph_beats_hf_static_generate", hf_windows, HF_CASE, fas
 # %% [markdown]
 # ## 14. The batch-16 question: which kernels does a decode step run at each batch size?
 #
-# In the recorded run a decode step at batch 16 kept the GPU busy longer than one at batch 64 (the floors of
-# section 7), on an H200 and on an H100. The profiler can say which kernels change with the batch size:
-# `scripts/probe_decode_kernels.py` profiles this notebook's decode step (eager and the kit's graph) at batch
-# 1, 8, 16, 32 and 64 and writes each batch's top kernels (name, count, total µs) to
-# `figures/08_decode_kernels/decode_kernels.csv`. This section reads that table. *Placeholder: the explanation
-# is written once the table has been recorded on a GPU; until then the cell only shows what was recorded.*
+# In the recorded runs a decode step at batch 16 kept the GPU busy longer than one at batch 64 (the floors of
+# section 7), on an H200 and on an H100. `scripts/probe_decode_kernels.py` profiled this notebook's decode step
+# (eager and the kit's graph, float32 as here) at batch 1, 8, 16, 32 and 64 and saved each batch's top kernels to
+# `figures/08_decode_kernels/`. The cell below reads that table: the matrix-multiply kernel that cuBLAS picks
+# changes with the batch size, and at batch 8 and 16 its choice (a different tile shape) takes longer than the one it
+# picks for 32 and 64. Eager and the graph run the same kernel at every batch: the graph replays what eager
+# launched, so this is cuBLAS's heuristic for these shapes, not the kit. Padding a batch of 16 up to a bucket of
+# 32 is one way around it, which `plan_buckets` (notebook 06) can find from measured costs.
 
 # %%
-KERNELS_CSV = (results.recorded_root() or Path("figures")) / "08_decode_kernels" / "decode_kernels.csv"
-if KERNELS_CSV.is_file():
-    kernels = pd.read_csv(KERNELS_CSV)
-    top = (kernels[kernels.variant == "graph"].sort_values(["batch", "total_us"], ascending=[True, False])
-           .groupby("batch").head(5))
-    print(top[["batch", "name", "count", "total_us"]].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
-    wide = kernels[kernels.variant == "graph"].pivot_table(index="name", columns="batch", values="total_us")
-    if {16, 64} <= set(wide.columns):
-        gap = (wide[16] - wide[64]).sort_values(ascending=False).head(3)
-        print("\nkernels whose GPU time per step is larger at batch 16 than at batch 64, largest gap first (µs):")
-        print(gap.to_string(float_format=lambda v: f"{v:+.1f}"))
+import re  # noqa: E402
+
+
+def matmul_kernel(name: str) -> str:
+    """A cuBLAS kernel's family and tile shape, e.g. 'gemm 32x128x8' (the full names run to 200 characters)."""
+    tile = re.search(r"tilesize(\d+x\d+x\d+)", name)
+    return ("gemv" if "gemv" in name else "gemm") + (f" {tile.group(1)}" if tile else "")
+
+
+KERNELS_DIR = (results.recorded_root() or Path("figures")) / "08_decode_kernels"
+if (KERNELS_DIR / "decode_kernels.csv").is_file():
+    kernels = pd.read_csv(KERNELS_DIR / "decode_kernels.csv")
+    steps = pd.read_csv(KERNELS_DIR / "decode_steps.csv")
+    gemm = kernels[kernels.name.str.contains("gemm|gemv", case=False)].copy()
+    gemm["kernel"] = gemm.name.map(matmul_kernel)
+    top = gemm.sort_values("total_us", ascending=False).groupby(["variant", "batch"]).head(1)
+    table = top.merge(steps, on=["variant", "batch"]).sort_values(["batch", "variant"])
+    print(table[["batch", "variant", "kernel", "total_us", "busy_us"]].rename(columns={
+        "total_us": "top matmul µs/step", "busy_us": "GPU busy µs/step"}).to_string(
+        index=False, float_format=lambda v: f"{v:.1f}"))
+    graph_rows = table[table.variant == "graph"].set_index("batch")
+    slow, fast = graph_rows.busy_us.idxmax(), graph_rows.busy_us[graph_rows.index > graph_rows.busy_us.idxmax()]
+    if len(fast):
+        fast = fast.idxmin()
+        same = (table.groupby("batch").kernel.nunique() == 1).all()
+        print(f"\nBatch {slow} keeps the GPU busy {graph_rows.busy_us[slow]:.0f} µs per step and batch {fast} "
+              f"{graph_rows.busy_us[fast]:.0f} µs; their top matmul kernels are {graph_rows.kernel[slow]} "
+              f"({graph_rows.total_us[slow]:.0f} µs) and {graph_rows.kernel[fast]} ({graph_rows.total_us[fast]:.0f} µs). "
+              f"Eager and the graph run {'the same' if same else 'different'} top kernels at each batch.")
 else:
-    print(f"not recorded yet ({KERNELS_CSV.name} is missing): on a GPU, run\n"
+    print(f"not recorded ({KERNELS_DIR / 'decode_kernels.csv'} is missing): on a GPU, run\n"
           "    python scripts/probe_decode_kernels.py --out figures/08_decode_kernels")
 
 # %% [markdown]
