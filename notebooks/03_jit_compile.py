@@ -655,14 +655,6 @@ else:
 # for eager and compiled code alike, before anything is compiled (`MATMUL_PRECISION`, default `"high"`: TF32
 # tensor cores, which PyTorch's own warning suggests). The cells below print both floors, and a claim checks
 # that a graph of the compiled kernels is not far slower than a graph of eager's.
-#
-# **One precaution when the kit's graphs and `reduce-overhead` share a process.** A matrix multiply uses a cuBLAS
-# *workspace*: scratch memory that PyTorch allocates once per stream and keeps. A graph captured after that
-# workspace exists bakes its address in. `reduce-overhead` frees the workspaces every time it warms up or records
-# a graph (`clear_cublass_cache` in PyTorch's `torch/_inductor/cudagraph_trees.py`), so a graph captured
-# earlier would then write into memory that may belong to other tensors. `own_workspace` below frees the
-# workspace at the start of a capture, so the capture allocates a fresh one inside the graph's own pool: the MLP
-# graphs here and the kit's training step (6b) are captured that way, as in notebook 08, section 4.
 
 # %%
 def build_mlp(seed):
@@ -674,25 +666,6 @@ def build_mlp(seed):
     for _ in range(MLP_LAYERS):
         layers += [torch.nn.Linear(MLP_WIDTH, MLP_WIDTH), torch.nn.ReLU()]
     return torch.nn.Sequential(*layers).to(DEVICE)
-
-
-CLEAR_CUBLAS = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)   # what Inductor's graph trees call
-
-
-def fresh_workspace_in_capture(*_):
-    """While a capture is under way, free the cuBLAS workspaces: the capture's next matmul allocates a fresh one
-    in the graph's own pool. Also a forward pre-hook: model.register_forward_pre_hook(fresh_workspace_in_capture)."""
-    if CUDA and CLEAR_CUBLAS is not None and torch.cuda.is_current_stream_capturing():
-        CLEAR_CUBLAS()
-
-
-def own_workspace(fn):
-    """``fn`` for capturing with its own cuBLAS workspace. Example: capture(own_workspace(mlp), x) survives a later
-    reduce-overhead warm-up or recording."""
-    def call(*args):
-        fresh_workspace_in_capture()
-        return fn(*args)
-    return call
 
 
 mlp = build_mlp(seed=0).requires_grad_(False)
@@ -709,7 +682,7 @@ if CUDA and COMPILE:
     mlp_variants["reduce-overhead + mark_step_begin"] = with_mark_step(
         torch.compile(fresh(mlp_forward), mode="reduce-overhead", dynamic=False))
 if CUDA:
-    g_mlp = capture(own_workspace(mlp), x_mlp)
+    g_mlp = capture(mlp, x_mlp)
     mlp_variants["cuda graph"] = g_mlp
     mlp_variants["cuda graph" + IP] = lambda _x, g=g_mlp: g.replay()
 
@@ -723,7 +696,7 @@ for name, fn in list(mlp_variants.items()):
     out = fn(x_mlp_test)
     mlp_errors[name] = (out - ref_mlp).abs().max().item()
 if "torch.compile" in mlp_variants:         # the compiled kernels alone, without the Python: a graph of them
-    g_mlp_compiled = capture(own_workspace(mlp_variants["torch.compile"]), x_mlp)
+    g_mlp_compiled = capture(mlp_variants["torch.compile"], x_mlp)
     mlp_variants["torch.compile + graph" + IP] = lambda _x, g=g_mlp_compiled: g.replay()
     g_mlp_compiled.static_inputs[0].copy_(x_mlp_test)
     mlp_errors["torch.compile + graph" + IP] = (mlp_variants["torch.compile + graph" + IP](x_mlp_test)
@@ -770,8 +743,6 @@ if CUDA and COMPILE:
         return step
 
     train_models = {name: build_mlp(seed=1) for name in ("eager", TRAIN_RO, TRAIN_KIT)}  # the same initial weights
-    # the kit's step captures the forward: its first matmul under capture gets a fresh workspace (section 6)
-    train_models[TRAIN_KIT].register_forward_pre_hook(fresh_workspace_in_capture)
     train_optimizers = {name: torch.optim.SGD(model.parameters(), lr=1e-3) for name, model in train_models.items()}
     train_steps = {
         "eager": eager_train_step(train_models["eager"], train_optimizers["eager"]),
