@@ -389,16 +389,18 @@ def _cupti_teardown_supported() -> bool:
 
 @contextlib.contextmanager
 def profiler_session():
-    """Wrap one ``torch.profiler`` session so that it leaves no residue: ``TEARDOWN_CUPTI=1`` while it runs, where
-    CUDA supports the teardown with graphs alive (12.6+), and the variable put back as it was when it ends.
+    """Wrap one ``torch.profiler`` session so that it leaves no residue: ``TEARDOWN_CUPTI=1``, where CUDA supports the
+    teardown with graphs alive (12.6+).
 
     A profiler session leaves CUPTI attached, and every later kernel launch in the process is slower (a third or
     more) unless CUPTI is torn down. PyTorch's profiler (kineto, ``CuptiActivityApi``) reads ``TEARDOWN_CUPTI`` when a
     session stops, inside ``profile.__exit__`` (``teardownContext``: tear down or not), and when a session starts (to
     re-create the CUPTI subscriber that a teardown removed, unless ``DISABLE_CUPTI_LAZY_REINIT`` is set). So the
-    ``with profile(...)`` block must run inside this one. A value you set yourself is left as it is; if you run
-    profiler sessions of your own after the kit's, set ``TEARDOWN_CUPTI=1`` for the process, as kineto expects in a
-    process that tears CUPTI down.
+    ``with profile(...)`` block must run inside this one, and once a session has torn CUPTI down, the variable stays
+    set for the rest of the process: every later session, the kit's or yours, then re-creates CUPTI at its start and
+    tears it down at its end. (Put back to unset, a later session of the notebook's own failed on an H100 with
+    PyTorch 2.11: "unspecified launch failure" as it stopped.) This is the one change the kit leaves in the process,
+    and only after it profiled; a value you set yourself is left as it is.
 
     Example::
 
@@ -406,14 +408,9 @@ def profiler_session():
             g.replay()
             torch.cuda.synchronize()
     """
-    if "TEARDOWN_CUPTI" in os.environ or not _cupti_teardown_supported():
-        yield
-        return
-    os.environ["TEARDOWN_CUPTI"] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop("TEARDOWN_CUPTI", None)  # it was unset (PyTorch may have written "0" meanwhile)
+    if "TEARDOWN_CUPTI" not in os.environ and _cupti_teardown_supported():
+        os.environ["TEARDOWN_CUPTI"] = "1"  # left set: see the docstring
+    yield
 
 
 def describe_tensor(t) -> str:

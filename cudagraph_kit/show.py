@@ -14,7 +14,8 @@ the profiler session that leaves no residue): copy ``capture.py`` with this file
 
 Profile only after timing: a profiler session leaves CUPTI attached and slows every later launch in the process
 (by a third or more) unless CUPTI is torn down; ``record`` asks for the teardown where CUDA supports it (12.6+),
-for its own session only (``capture.profiler_session`` puts ``TEARDOWN_CUPTI`` back as it was).
+through ``capture.profiler_session``, which leaves ``TEARDOWN_CUPTI=1`` set once CUPTI was torn down (every later
+session needs it).
 
 Example::
 

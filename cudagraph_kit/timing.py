@@ -10,8 +10,8 @@ Two things make GPU timings lie, and this module guards against both:
 - **Profiler residue.** A ``torch.profiler`` session leaves CUPTI attached, and every later kernel launch in the
   process is slower (a third or more) unless CUPTI is torn down. So ``compare`` measures floors only after all
   its timings, and ``gpu_time`` asks for the teardown (``TEARDOWN_CUPTI=1``, honoured by the profiler from CUDA
-  12.6) for its own sessions only, putting the variable back as it was after each (``capture.profiler_session``),
-  so that timings taken after it stay clean.
+  12.6; ``capture.profiler_session``), so that timings taken after it stay clean. The variable stays set once
+  the kit has profiled: with CUPTI torn down, every later session needs it (the docstring there says why).
 
 The **floor** (``floor_us``) is the time the GPU spends running a graph's kernels and copies per call: the union
 of their intervals in a ``torch.profiler`` trace of graph replays. It is given for rows that ran entirely as CUDA
