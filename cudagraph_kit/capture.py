@@ -758,8 +758,11 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
       call and replay, raise :class:`StaleGraphError` if one was replaced, re-typed or moved since the capture
       (``model.weight = ...``, ``model.half()``, ``model.to(...)``), instead of replaying on old weights or released
       memory. It costs one identity and pointer check per captured tensor per call, and nothing for a function
-      that reaches no module. In-place updates (``load_state_dict``, ``param.copy_``) pass. See
-      :class:`CapturedTensors`.
+      that reaches no module. Measured on an H100 host (``figures/stale_check``): a 12-layer Llama decode step
+      (113 tensors) spends about 93 µs of host time per call in the check; its step is GPU-bound, so the check
+      overlaps the GPU's work and the step took 9.4 µs (0.7%) longer than with ``check_weights=False``. A
+      host-bound graph pays the whole check: turn it off in such a loop once the code is settled. In-place updates
+      (``load_state_dict``, ``param.copy_``) pass. See :class:`CapturedTensors`.
 
     All sample arguments must be tensors on one device; warm-up and capture run on that GPU, whichever
     device is current. A failed capture raises :class:`CaptureError` (cause, fix, original error) and leaves

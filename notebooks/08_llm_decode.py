@@ -57,7 +57,7 @@
 # (the notebook says so and skips it when it is missing). Without a GPU the notebook runs its CPU part small (the
 # correctness checks, everything eager, labelled so) and shows the recorded GPU results.
 #
-# **How long**: 2.7 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-25; the first calls of the compiled
+# **How long**: 3.0 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25; the first calls of the compiled
 # variants took about 30 s of it); a T4 has not been timed yet; under a minute on a CPU (small sizes).
 
 # %%
