@@ -56,6 +56,10 @@ def test_the_probe_finds_where_this_version_writes():
 @needs_hf
 @pytest.mark.parametrize("b", [1, 3])
 def test_the_capturable_step_decodes_transformers_own_greedy_tokens(b):
+    from cudagraph_kit.capture import torch_release
+    if b > 1 and torch_release() < (2, 5):  # seen with transformers 4.57 on PyTorch 2.3 (CI's oldest leg)
+        pytest.skip("transformers' own causal mask for PyTorch < 2.5 (masking_utils.sdpa_mask_older_torch) writes "
+                    "in place into an expanded tensor and raises at batch > 1, in eager decoding too")
     model, x = tiny_llama(), prompt(b)
     with torch.no_grad():
         ref = hf_greedy(model, x, NEW)
