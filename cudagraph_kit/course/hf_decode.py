@@ -143,6 +143,12 @@ class StaticDecoder:
         version, reason = hf_status()
         if version is None:
             raise RuntimeError(f"the Hugging Face recipe cannot run: {reason}.")
+        if batch > 1 and tuple(int(n) for n in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5):
+            raise RuntimeError(
+                f"a StaticCache at batch {batch} needs PyTorch 2.5 or newer here: on PyTorch {torch.__version__}, "
+                "transformers builds its causal mask with an in-place fix for older PyTorch that writes into an "
+                "expanded tensor and raises at batch > 1 (seen with transformers 4.57 on PyTorch 2.3). Fix: upgrade "
+                "PyTorch, or decode one sequence at a time (batch=1).")
         p = next(model.parameters())
         self.model, self.batch, self.max_len = model, batch, max_len
         self.cache = make_static_cache(model.config, batch, max_len, device=p.device, dtype=p.dtype)
