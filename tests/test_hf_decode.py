@@ -92,11 +92,11 @@ def test_without_the_reset_the_write_position_runs_on():
 
 @needs_hf
 def test_bad_sizes_get_clear_errors():
-    dec = StaticDecoder(tiny_llama(), batch=2, max_len=L + 2)
+    dec = StaticDecoder(tiny_llama(), batch=1, max_len=L + 2)
     with pytest.raises(ValueError, match="does not fit this decoder"):
-        dec.prefill(prompt(3))
+        dec.prefill(prompt(2))
     with pytest.raises(ValueError, match="need more than the cache's"):
-        dec.generate(prompt(2), 10)
+        dec.generate(prompt(1), 10)
 
 
 @pytest.mark.gpu
