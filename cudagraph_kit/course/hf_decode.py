@@ -143,7 +143,7 @@ class StaticDecoder:
         version, reason = hf_status()
         if version is None:
             raise RuntimeError(f"the Hugging Face recipe cannot run: {reason}.")
-        if batch > 1 and tuple(int(n) for n in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5):
+        if batch > 1 and _version(torch.__version__) < (2, 5):
             raise RuntimeError(
                 f"a StaticCache at batch {batch} needs PyTorch 2.5 or newer here: on PyTorch {torch.__version__}, "
                 "transformers builds its causal mask with an in-place fix for older PyTorch that writes into an "
