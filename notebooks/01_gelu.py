@@ -665,7 +665,7 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb01_gelu.py` (try first).
 
 # %%
-from cudagraph_kit.course.exercises import HOST_COPY_WHY, check_fp16_sweep, check_fused_gelu, check_host_copies
+from cudagraph_kit.course.exercises_01 import HOST_COPY_WHY, check_fp16_sweep, check_fused_gelu, check_host_copies
 
 # %% [markdown]
 # ### Exercise 1: one fused kernel instead of five

@@ -1238,7 +1238,7 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # first).
 
 # %%
-from cudagraph_kit.course.exercises import STEP_PARTS, check_amp_adam, check_lr_schedule, check_short_batches
+from cudagraph_kit.course.exercises_02 import STEP_PARTS, check_amp_adam, check_lr_schedule, check_short_batches
 
 # %% [markdown]
 # ### Exercise 1: Adam with fp16 and a `GradScaler`

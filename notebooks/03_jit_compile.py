@@ -1226,7 +1226,7 @@ print(f"- Reading a reduce-overhead output after the next call: from a replay, "
 # run by the test suite against these checks: `notebooks/solutions/nb03_jit_compile.py` (try first).
 
 # %%
-from cudagraph_kit.course.exercises import check_clone_cost, check_compiled_calls_per_graph, check_max_autotune, check_mlp_depth
+from cudagraph_kit.course.exercises_03 import check_clone_cost, check_compiled_calls_per_graph, check_max_autotune, check_mlp_depth
 
 # %% [markdown]
 # ### Exercise 1: ten compiled calls in one graph

@@ -1280,7 +1280,7 @@ recorded = results.show_recorded(STEM, columns=["section", "case", "variant", "e
 # %%
 import numpy as np
 
-from cudagraph_kit.course.exercises import check_batch_prediction, check_clip_norms
+from cudagraph_kit.course.exercises_04 import check_batch_prediction, check_clip_norms
 
 # %% [markdown]
 # ### Exercise 1: predict, then measure, a batch size between two of the sweep

@@ -1204,7 +1204,7 @@ else:
 # %%
 import copy
 
-from cudagraph_kit.course.exercises import check_clip_without_sync, check_step_counter
+from cudagraph_kit.course.exercises_05 import check_clip_without_sync, check_step_counter
 
 # %% [markdown]
 # ### Exercise 1: a step counter that a graph replays

@@ -1136,7 +1136,7 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # (try first).
 
 # %%
-from cudagraph_kit.course.exercises import MIXING_WHY, check_batch_mixing, check_uniform_plan
+from cudagraph_kit.course.exercises_06 import MIXING_WHY, check_batch_mixing, check_uniform_plan
 
 # %% [markdown]
 # ### Exercise 1: buckets for uniform traffic

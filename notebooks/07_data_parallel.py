@@ -429,7 +429,7 @@ else:
 # (try first).
 
 # %%
-from cudagraph_kit.course.exercises import check_item_per_step, check_rank_spread
+from cudagraph_kit.course.exercises_07 import check_item_per_step, check_rank_spread
 
 # %% [markdown]
 # ### Exercise 1: the spread across ranks, from the raw step times

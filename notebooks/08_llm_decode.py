@@ -1403,7 +1403,7 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 # first).
 
 # %%
-from cudagraph_kit.course.exercises import TIE_WHY, check_decode_buckets, check_k_step_decode, check_low_precision_ties
+from cudagraph_kit.course.exercises_08 import TIE_WHY, check_decode_buckets, check_k_step_decode, check_low_precision_ties
 
 # %% [markdown]
 # ### Exercise 1: buckets for the serving loop, and what a padding row costs

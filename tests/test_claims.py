@@ -1,74 +1,125 @@
-"""Claims whose graph side ran as an eager fallback, and the plain sentences of faster() (course/claims.py)."""
+"""Claims as plain sentences (course/claims.py): which way the interval points, eager fallbacks, the builders."""
 import math
 
 import pandas as pd
 import pytest
 
-from cudagraph_kit.course.claims import EAGER_FALLBACK, Claim, faster, load_claims, save_claims
+from cudagraph_kit.course.claims import (EAGER_FALLBACK, Claim, best_of, faster, load_claims, save_claims, speedup,
+                                         stops_paying, summary, versus, within_floor)
+from cudagraph_kit.course.measure import Measured
 
-NEGATIONS = (" not ", " no faster", " never ")
+NEGATIONS = (" not ", " no faster", " never ", "n't ")
+
+
+def plain(text):
+    return not any(n in f" {text} " for n in NEGATIONS)
 
 
 def test_an_eager_fallback_claim_states_no_verdict_about_a_graph(tmp_path):
     """The CPU run of 01 printed '[holds] large: the graph replay is faster than eager (1.12-1.78x)' with both sides
     eager: with eager_fallback the interval is kept, the verdict and the sentence say what ran."""
-    kw = dict(holds="large: the graph replay is faster than eager ({lo:.2f}-{hi:.2f}x)",
-              fails="large: the graph replay takes at least as long as eager ({lo:.2f}-{hi:.2f}x)")
-    graph = Claim("replay_beats_eager_large", 1.12, 1.78, **kw)
-    fallback = Claim("replay_beats_eager_large", 1.12, 1.78, eager_fallback=True, **kw)
-    assert graph.verdict == "holds" and "faster than eager" in graph.statement
+    graph = faster("replay_beats_eager_large", 1.12, 1.78, "large: the graph replay")
+    fallback = faster("replay_beats_eager_large", 1.12, 1.78, "large: the graph replay", eager_fallback=True)
+    assert graph.verdict == "holds" and graph.statement == "large: the graph replay is 1.12-1.78x faster than eager"
     assert fallback.verdict == EAGER_FALLBACK == "eager fallback"
     text = fallback.statement
-    assert text.startswith("replay_beats_eager_large: eager vs eager (no GPU")
-    assert "no verdict about a graph" in text and "1.12-1.78" in text
+    assert "no GPU" in text and "eager with eager" in text and "1.12-1.78x" in text
     assert "faster" not in text and "holds" not in text and "fails" not in text
-    # every interval gives the same sentence: no verdict leaks through from lo/hi
     for lo, hi in [(0.5, 0.9), (0.8, 1.3), (float("nan"), float("nan"))]:
-        c = Claim("replay_beats_eager_large", lo, hi, eager_fallback=True, **kw)
-        assert c.verdict == EAGER_FALLBACK and "no verdict about a graph" in c.statement
-    assert "not measured" in Claim("x", float("nan"), float("nan"), eager_fallback=True, **kw).statement
-    # claims.csv keeps the interval and says what ran
-    save_claims(tmp_path, [Claim("a", 1.12, 1.78, **kw), fallback])
+        c = faster("x", lo, hi, "the graph", eager_fallback=True)
+        assert c.verdict == EAGER_FALLBACK and "eager with eager" in c.statement
+    assert "not measured" in faster("x", float("nan"), float("nan"), "g", eager_fallback=True).statement
+    save_claims(tmp_path, [faster("a", 1.12, 1.78, "g"), fallback])
     saved = load_claims(tmp_path).set_index("claim")
     assert saved.loc["a", "verdict"] == "holds" and saved.loc["replay_beats_eager_large", "verdict"] == EAGER_FALLBACK
     assert saved.loc["replay_beats_eager_large", "lo"] == pytest.approx(1.12)
 
 
-@pytest.mark.parametrize("lo, hi, verdict, words", [
-    (4.1, 9.4, "holds", "is faster than eager (4.10-9.40x"),
-    (0.8, 0.95, "fails", "takes at least as long as eager (0.80-0.95x"),
-    (0.9, 1.3, "unclear", "against eager: no clear difference (the interval 0.90-1.30x straddles 1x)"),
+@pytest.mark.parametrize("lo, hi, verdict, sentence", [
+    (4.1, 9.4, "holds", "the graph is 4.10-9.40x faster than eager"),
+    (0.8, 0.95, "fails", "the graph is 1.05-1.25x slower than eager"),
+    (0.9, 1.3, "unclear", "the graph and eager are too close to call: 0.90-1.30x as fast"),
 ])
-def test_faster_says_which_way_the_interval_points_without_negating_faster(lo, hi, verdict, words):
-    c = faster("replay_beats_eager_small", lo, hi, "small: the graph replay")
-    assert c.verdict == verdict
-    assert c.statement.startswith("small: the graph replay") and words in c.statement
-    assert not any(n in f" {c.statement} " for n in NEGATIONS), c.statement
+def test_faster_says_which_way_the_interval_points(lo, hi, verdict, sentence):
+    c = faster("replay_beats_eager_small", lo, hi, "the graph")
+    assert (c.verdict, c.statement) == (verdict, sentence)
+    assert plain(c.statement)
 
 
 def test_faster_with_a_margin_names_it_and_reads_plainly():
-    holds = faster("saves_10pct", 1.15, 1.4, "large: the graph replay", above=1.10)
-    fails = faster("saves_10pct", 1.01, 1.08, "large: the graph replay", above=1.10)
-    unclear = faster("saves_10pct", 1.05, 1.2, "large: the graph replay", above=1.10)
-    assert holds.verdict == "holds" and "more than 10% faster than eager (1.15-1.40x" in holds.statement
-    assert fails.verdict == "fails" and "at most 10% faster than eager (1.01-1.08x" in fails.statement
-    assert unclear.verdict == "unclear" and "straddles 1.1x" in unclear.statement
-    for c in (holds, fails, unclear):
-        assert not any(n in f" {c.statement} " for n in NEGATIONS), c.statement
-    # the interval of a fallback is kept; the sentence is the fallback's
-    c = faster("saves_10pct", 1.15, 1.4, "large: the graph replay", above=1.10, eager_fallback=True)
-    assert c.verdict == EAGER_FALLBACK and (c.lo, c.hi, c.above) == (1.15, 1.4, 1.10)
-
-
-def test_faster_refuses_a_threshold_below_one():
+    holds = faster("saves_10pct", 1.15, 1.4, "the graph", above=1.10)
+    fails = faster("saves_10pct", 1.01, 1.08, "the graph", above=1.10)
+    unclear = faster("saves_10pct", 1.05, 1.2, "the graph", above=1.10)
+    assert holds.statement == "the graph is 1.15-1.40x faster than eager: more than 10% faster"
+    assert fails.statement == "the graph is 1.01-1.08x as fast as eager: at most 10% faster"
+    assert unclear.statement == "the graph is 1.05-1.20x as fast as eager: too close to 1.1x to call"
+    assert [c.verdict for c in (holds, fails, unclear)] == ["holds", "fails", "unclear"]
+    assert all(plain(c.statement) for c in (holds, fails, unclear))
     with pytest.raises(ValueError, match="at least 1"):
         faster("x", 0.5, 0.7, "the graph", above=0.8)
 
 
-def test_a_graph_run_is_unchanged_by_the_new_field():
-    """Without eager_fallback a claim renders as before (recorded GPU runs keep their verdicts and sentences)."""
-    c = Claim("a", 5.2, 7.0, holds="h {lo:.1f}-{hi:.1f}", fails="f")
-    assert (c.verdict, c.statement) == ("holds", "h 5.2-7.0")
-    row = c.row()
-    assert list(row) == ["claim", "statement", "verdict", "lo", "hi", "above"]
-    assert math.isclose(row["lo"], 5.2) and isinstance(pd.Series(row)["statement"], str)
+def test_a_claim_id_must_be_quotable():
+    with pytest.raises(ValueError, match="lower-case"):
+        Claim("Bad id", 1, 2, holds="h", fails="f")
+    row = Claim("a", 5.2, 7.0, holds="h {lo:.1f}-{hi:.1f}", fails="f").row()
+    assert list(row) == ["claim", "statement", "verdict", "lo", "hi", "above"] and row["statement"] == "h 5.2-7.0"
+    assert math.isclose(row["lo"], 5.2)
+
+
+def measured(cuda=True):
+    """A Measured of three windows: eager 100 µs; graph 20-25 µs; compiled 50-60 µs; graph floor 10 µs."""
+    frames = []
+    for g, c in [(20, 50), (22, 55), (25, 60)]:
+        frames.append(pd.DataFrame({
+            "case": ["small"] * 3, "variant": ["eager", "graph" if cuda else "graph (eager fallback)", "compiled"],
+            "executed_as": ["eager", "cuda graph" if cuda else "eager", "eager"],
+            "median_us": [100.0, g, c], "speedup": [1.0, 100 / g, 100 / c],
+            "floor_us": [float("nan"), 10.0 if cuda else float("nan"), float("nan")]}))
+    from cudagraph_kit.intervals import combine_windows
+    return Measured(combine_windows(frames), frames)
+
+
+def test_builders_read_a_measurement(monkeypatch):
+    import cudagraph_kit.course.measure as measure_module
+    monkeypatch.setattr(measure_module, "_cuda", lambda: True)
+    m = measured()
+    s = speedup(m, "graph_beats_eager", "small", "graph", subject="the graph")
+    assert s.verdict == "holds" and s.statement.startswith("the graph is ") and "faster than eager" in s.statement
+    v = versus(m, "graph_beats_compiled", ("small", "graph"), ("small", "compiled"))
+    assert v.verdict == "holds" and v.lo > 2 and "faster than compiled" in v.statement
+    b = best_of(m, "fastest", "small", ["graph", "compiled"])
+    assert b.statement.startswith("small: graph (fastest) is") and b.lo == v.lo
+    w = within_floor(m, "near_floor", "small", "graph", 4.0)
+    assert w.verdict == "holds" and w.statement.startswith("small: graph runs within 4x of its GPU floor")
+    tight = within_floor(m, "near_floor", "small", "graph", 1.05)
+    assert tight.verdict == "fails" and "more than 1.05x" in tight.statement
+    with pytest.raises(KeyError, match="no row"):
+        speedup(m, "x", "small", "missing")
+
+
+def test_builders_give_no_graph_verdict_for_an_eager_fallback(monkeypatch):
+    import cudagraph_kit.course.measure as measure_module
+    monkeypatch.setattr(measure_module, "_cuda", lambda: False)
+    m = measured(cuda=False)
+    for c in (speedup(m, "a", "small", "graph"), versus(m, "b", ("small", "graph"), ("small", "compiled")),
+              within_floor(m, "c", "small", "graph", 1.5)):
+        assert c.verdict == EAGER_FALLBACK and "eager with eager" in c.statement
+
+
+def test_stops_paying_reads_verdicts_not_points():
+    pts = [(2**20, 1.5, 2.0), (2**22, 0.9, 1.4), (2**24, 1.0, 1.05)]
+    c = stops_paying("stops", pts, 1.10, "the graph", " elements")
+    assert c.verdict == "holds"
+    assert c.statement == "the graph stops paying (at most 1.1x) from 16777216 elements on (too close to call at 4194304 elements)"
+    pays = stops_paying("stops", [(1, 2.0, 3.0), (2, 1.5, 1.9)], 1.10, "the graph")
+    assert pays.verdict == "fails" and pays.statement.startswith("the graph pays at every point measured, up to 2")
+    assert all(plain(c.statement) for c in (c, pays))
+
+
+def test_summary_is_one_sentence_per_claim(capsys):
+    df = summary([faster("a", 2, 3, "the graph"), faster("b", 0.5, 0.8, "the compiled forward")])
+    assert list(df.finding) == ["the graph is 2.00-3.00x faster than eager",
+                                "the compiled forward is 1.25-2.00x slower than eager"]
+    out = capsys.readouterr().out
+    assert "1. the graph is 2.00-3.00x faster" in out and "holds" not in out

@@ -17,11 +17,15 @@ import pytest
 import torch
 
 from cudagraph_kit import capture, capture_train_step, compare
-from cudagraph_kit.course import exercises
+from cudagraph_kit.course import exercises as _machinery
 from cudagraph_kit.buckets import capture_buckets
 from cudagraph_kit.diagnose import verify
-from cudagraph_kit.course.exercises import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT
+from cudagraph_kit.course.exercises import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT, load_all
 from cudagraph_kit.course.reproduce import NOTEBOOKS_DIR
+
+# every notebook's checks (exercises_01 ... exercises_08) and the shared helpers, under one name
+exercises = types.SimpleNamespace(**{k: getattr(m, k) for m in (_machinery, *load_all()) for k in dir(m)
+                                     if not k.startswith("__")})
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

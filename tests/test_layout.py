@@ -20,11 +20,11 @@ PAGE = ROOT / "docs" / "ARCHITECTURE.md"
 
 
 def test_the_tree_is_what_the_architecture_describes():
-    assert "cudagraph_kit.capture" in LIBRARY and "cudagraph_kit.course.exercises" in COURSE_MODULES
+    assert "cudagraph_kit.capture" in LIBRARY and "cudagraph_kit.course.exercises_05" in COURSE_MODULES
     assert GRAPH["cudagraph_kit.bucket_graphs"] >= {"cudagraph_kit.capture"}   # `_kit("capture")` is seen
     assert GRAPH["cudagraph_kit.check"] >= {"cudagraph_kit.state_watch"}
-    assert "cudagraph_kit.capture" in GRAPH["cudagraph_kit.course.exercises"]
-    assert "cudagraph_kit.course.tiny_llm" in GRAPH["cudagraph_kit.course.exercises"]   # inside a function
+    assert "cudagraph_kit.capture" in GRAPH["cudagraph_kit.course.exercises_05"]
+    assert "cudagraph_kit.course.tiny_llm" in GRAPH["cudagraph_kit.course.exercises_08"]   # inside a function
 
 
 def test_no_library_module_imports_the_course():
@@ -91,8 +91,8 @@ def test_the_page_check_sees_drift():
     lines = int(row.split()[2])
     assert not disagreements(page.replace(row, row.replace(f" {lines} ", f" {round(lines * 1.04)} ", 1)))
     assert disagreements(page.replace(row, row.replace(f" {lines} ", f" {round(lines * 1.10)} ", 1)))
-    exercises = next(line for line in page.splitlines() if "exercises.py" in line)
-    assert disagreements(page.replace(exercises, exercises.replace("course.tiny_llm, ", "")))
+    exercises = next(line for line in page.splitlines() if "exercises_08.py" in line)
+    assert disagreements(page.replace(exercises, exercises.replace(", course.tiny_llm", "")))
     assert disagreements(page.replace(row, ""))
     assert disagreements(page.replace("| `check.py` | `state_watch.py` |", "| `check.py` | nothing |"))
 

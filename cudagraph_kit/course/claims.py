@@ -8,23 +8,22 @@ gives its own sentence. The notebook prints ``claim.statement`` and saves every 
 Markdown cells quote a claim by id as ``{claim:ID}``; ``quoted_claims`` finds those, and the tests check that
 every quoted id exists in the notebook's saved claims.
 
-A claim about a graph whose graph side ran as an eager fallback (no GPU: ``capture(..., eager_fallback=True)``
-gives ``mode == "eager"``, ``compare`` labels the row ``executed_as == "eager"``) compares eager with eager.
-Build it with ``eager_fallback=True``: its verdict is then ``"eager fallback"`` and its sentence says so, never
-"holds" or "fails" about a graph that was not built. ``faster(...)`` builds the common claim "A is faster than
-B" with plain sentences that say which way the interval points.
+Build claims from a ``Measured`` (``course.measure.measure``): ``speedup`` (a variant against its case's
+baseline), ``versus`` (any two rows), ``within_floor``, ``best_of``; ``stops_paying`` reads a sweep and ``faster``
+takes a bare interval. Each renders one plain sentence that says what was measured and which way the interval
+points ("the graph is 5.10-7.30x faster than eager"); ``holds``/``fails``/``unclear`` stay in ``claims.csv``.
+``summary(claims)`` shows a notebook's findings as one short table.
+
+A claim about a graph whose graph side ran eagerly (no GPU) compares eager with eager: the builders detect it
+from the rows ("(eager fallback)", or no CUDA), its verdict is ``"eager fallback"`` and its sentence says so,
+never a verdict about a graph that was not built.
 
 Example::
 
-    from cudagraph_kit.course.claims import Claim, faster, save_claims
-    c = Claim("graph_beats_eager_small", lo=5.2, hi=7.0, above=1.0,
-              holds="the graph is faster than eager on the small GELU ({lo:.1f}-{hi:.1f}x)",
-              fails="the graph takes at least as long as eager on the small GELU ({lo:.2f}-{hi:.2f}x)")
-    print(c.statement)          # the sentence as rendered from the verdict
-    save_claims("01_gelu", [c])
-    no_gpu = not torch.cuda.is_available()
-    c = faster("replay_beats_eager_large", 1.12, 1.78, "large: the graph replay", eager_fallback=no_gpu)
-    print(f"[{c.verdict}] {c.statement}")   # on a CPU: [eager fallback] ..., no verdict about a graph
+    from cudagraph_kit.course.claims import save_claims, speedup, summary
+    claims = [speedup(m, "replay_beats_eager_small", "small", "graph replay")]   # m = measure(...)
+    summary(claims)                 # 1. small: graph replay is 5.10-7.30x faster than eager
+    save_claims(folder, claims)     # claims.csv: claim, statement, verdict, lo, hi, above
 """
 from __future__ import annotations
 
@@ -34,8 +33,8 @@ from pathlib import Path
 
 from ..intervals import verdict
 
-__all__ = ["Claim", "faster", "save_claims", "load_claims", "quoted_claims", "CLAIMS_FILE", "CLAIM_COLUMNS",
-           "EAGER_FALLBACK"]
+__all__ = ["Claim", "faster", "speedup", "versus", "within_floor", "stops_paying", "best_of", "summary", "save_claims",
+           "load_claims", "quoted_claims", "CLAIMS_FILE", "CLAIM_COLUMNS", "EAGER_FALLBACK"]
 
 CLAIMS_FILE = "claims.csv"
 CLAIM_COLUMNS = ["claim", "statement", "verdict", "lo", "hi", "above"]
@@ -44,20 +43,29 @@ _QUOTE = re.compile(r"\{claim:([a-z0-9_]+)\}")
 EAGER_FALLBACK = "eager fallback"  # the verdict of a claim about a graph that ran eagerly (no GPU)
 
 
+def _x(v: float) -> str:
+    """A ratio for a sentence: 2 decimals below 10, 1 below 100, none above."""
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
+
+
 @dataclass(frozen=True)
 class Claim:
     """One comparative sentence. ``lo``/``hi``: the interval (e.g. a speedup's prediction interval); ``above``: the
-    threshold the claim asserts it clears. ``holds``/``fails``/``unclear``: the sentence for each verdict, format
-    strings that may use {lo}, {hi}, {above}. ``eager_fallback``: the claim is about a graph, and its graph side
-    ran eagerly (no GPU): the verdict is ``"eager fallback"`` and the sentence says no verdict about a graph."""
+    threshold the claim asserts it clears (``below=True``: the claim asserts the interval lies under it, as in
+    "within 1.2x of the floor"). ``holds``/``fails``/``unclear``: the sentence for each verdict, format strings
+    that may use {lo}, {hi}, {above}. ``eager_fallback``: the claim is about a graph whose graph side ran
+    eagerly (no GPU): the verdict is ``"eager fallback"`` and the sentence says it compares eager with eager;
+    ``subject`` names what was compared in that sentence."""
     claim: str
     lo: float
     hi: float
     holds: str
     fails: str
     above: float = 1.0
-    unclear: str = "no clear difference (the interval {lo:.3g}-{hi:.3g} straddles {above:g})"
+    unclear: str = "{lo:.3g}-{hi:.3g}: too close to {above:g} to call"
     eager_fallback: bool = False
+    below: bool = False
+    subject: str = ""
 
     def __post_init__(self):
         if not _ID.match(self.claim):
@@ -65,20 +73,29 @@ class Claim:
                              f"{{claim:ID}}), got {self.claim!r}.")
 
     @property
+    def measured(self) -> bool:
+        return self.lo == self.lo and self.hi == self.hi
+
+    @property
     def verdict(self) -> str:
-        return EAGER_FALLBACK if self.eager_fallback else verdict(self.lo, self.hi, self.above)
+        if self.eager_fallback:
+            return EAGER_FALLBACK
+        if self.below and self.measured and self.lo > 0:
+            return verdict(1 / self.hi, 1 / self.lo, 1 / self.above)
+        return verdict(self.lo, self.hi, self.above)
 
     @property
     def statement(self) -> str:
-        measured = self.lo == self.lo and self.hi == self.hi
+        what = self.subject or self.claim.replace("_", " ")
         if self.eager_fallback:
-            interval = f"{self.lo:.3g}-{self.hi:.3g}" if measured else "not measured"
-            return (f"{self.claim}: eager vs eager (no GPU: the graph side ran eagerly; interval {interval}), "
-                    "no verdict about a graph")
-        if not measured:
-            return "no clear difference (not measured in two or more windows)"
+            interval = f"{_x(self.lo)}-{_x(self.hi)}x" if self.measured else "not measured"
+            return (f"{what}: no GPU, so the graph side ran eagerly; this run compares eager with eager "
+                    f"({interval}). The recorded GPU run has the verdict.")
+        if not self.measured:
+            return f"{what}: not measured in two or more windows, so no verdict"
         template = {"holds": self.holds, "fails": self.fails, "unclear": self.unclear}[self.verdict]
-        return template.format(lo=self.lo, hi=self.hi, above=self.above)
+        return template.format(lo=self.lo, hi=self.hi, above=self.above, inv_lo=1 / self.hi if self.hi else
+                               float("inf"), inv_hi=1 / self.lo if self.lo else float("inf"))
 
     def row(self) -> dict:
         return {"claim": self.claim, "statement": self.statement, "verdict": self.verdict, "lo": self.lo,
@@ -86,33 +103,171 @@ class Claim:
 
 
 def faster(claim_id: str, lo: float, hi: float, subject: str, than: str = "eager", above: float = 1.0,
-           interval: str = "90% prediction interval", eager_fallback: bool = False) -> Claim:
-    """The claim "``subject`` is faster than ``than``" on a speedup interval (``than``'s time / ``subject``'s),
-    with plain sentences: each says which way the interval points, none negates "faster". ``above`` > 1 asks for
-    more than that margin (1.10: more than 10% faster).
+           eager_fallback: bool = False) -> Claim:
+    """The claim "``subject`` is faster than ``than``" on a speedup interval (``than``'s time / ``subject``'s).
+    Each sentence says what was measured and which way the interval points; none negates "faster". ``above`` >
+    1 asks for more than that margin (1.10: more than 10% faster).
 
     Example::
 
-        c = faster("replay_beats_eager_small", 4.1, 9.4, "small: the graph replay")
-        c.statement   # 'small: the graph replay is faster than eager (4.10-9.40x, 90% prediction interval)'
+        faster("replay_beats_eager_small", 4.1, 9.4, "the graph").statement
+        # 'the graph is 4.10-9.40x faster than eager'
         faster("x", 0.8, 0.95, "the compiled forward").statement
-        # 'the compiled forward takes at least as long as eager (0.80-0.95x, 90% prediction interval)'
+        # 'the compiled forward is 1.05-1.25x slower than eager'
     """
     if not above >= 1.0:
         raise ValueError(f"faster() needs a threshold of at least 1 (a speedup to clear), got above={above}. For "
                          "'at most x slower', swap the two sides and build the claim on the inverse ratio.")
-    ratio = f"{{lo:.2f}}-{{hi:.2f}}x, {interval}"
+    if eager_fallback:
+        return Claim(claim_id, lo=lo, hi=hi, holds="", fails="", above=above, eager_fallback=True,
+                     subject=f"{subject} against {than}")
+    span = f"{_x(lo)}-{_x(hi)}x" if lo == lo and hi == hi and lo > 0 else "?"
+    slower = f"{_x(1 / hi)}-{_x(1 / lo)}x" if lo == lo and hi == hi and lo > 0 else "?"
     if above == 1.0:
-        holds = f"{subject} is faster than {than} ({ratio})"
-        fails = f"{subject} takes at least as long as {than} ({ratio})"
+        holds = f"{subject} is {span} faster than {than}"
+        fails = f"{subject} is {slower} slower than {than}"
     else:
         margin = f"{100 * (above - 1):.0f}%"
-        holds = f"{subject} is more than {margin} faster than {than} ({ratio})"
-        fails = f"{subject} is at most {margin} faster than {than} ({ratio})"
-    unclear = (f"{subject} against {than}: no clear difference (the interval {{lo:.2f}}-{{hi:.2f}}x straddles "
-               f"{above:g}x)")
+        holds = f"{subject} is {span} faster than {than}: more than {margin} faster"
+        fails = f"{subject} is {span} as fast as {than}: at most {margin} faster"
+    unclear = f"{subject} and {than} are too close to call: {span} as fast"
+    if above != 1.0:
+        unclear = f"{subject} is {span} as fast as {than}: too close to {above:g}x to call"
     return Claim(claim_id, lo=lo, hi=hi, holds=holds, fails=fails, above=above, unclear=unclear,
-                 eager_fallback=eager_fallback)
+                 subject=f"{subject} against {than}")
+
+
+def _fallback(*labels) -> bool:
+    from .measure import is_eager_fallback
+    return any(is_eager_fallback(label) for label in labels)
+
+
+def speedup(m, claim_id: str, case: str, variant: str, subject: str | None = None, than: str | None = None,
+            above: float = 1.0) -> Claim:
+    """The claim "``variant`` is faster than its case's baseline" from a ``Measured`` (``measure``). A graph that
+    ran eagerly (no GPU) gives an eager-fallback claim, never a verdict.
+
+    Example::
+
+        c = speedup(m, "graph_beats_eager_small", "small", "graph replay")
+        print(c.statement)    # 'small: graph replay is 5.10-7.30x faster than eager'
+    """
+    rows = m.table[m.table.case == case]
+    base = str(rows.variant.iloc[0]) if len(rows) else "eager"
+    label = m.label(case, variant)
+    lo, hi = m.interval(case, variant)
+    return faster(claim_id, lo, hi, subject or f"{case}: {variant}", than or base, above,
+                  eager_fallback=_fallback(label, base))
+
+
+def versus(m, claim_id: str, fast: tuple, slow: tuple, subject: str | None = None, than: str | None = None,
+           above: float = 1.0) -> Claim:
+    """The claim "``fast`` is faster than ``slow``" for any two ``(case, variant)`` rows of a ``Measured``, from
+    their ratio window by window (A vs B when neither is the baseline).
+
+    Example::
+
+        versus(m, "bf16_beats_fp32", ("bs64", "bf16 graph"), ("bs64", "fp32 graph")).statement
+    """
+    r = m.ratio(slow, fast)
+    return faster(claim_id, r["lo"], r["hi"], subject or f"{fast[0]}: {fast[1]}", than or f"{slow[1]}", above,
+                  eager_fallback=_fallback(m.label(*fast), m.label(*slow)))
+
+
+def within_floor(m, claim_id: str, case: str, variant: str, factor: float, subject: str | None = None) -> Claim:
+    """The claim "``variant`` runs within ``factor`` x of its GPU-busy floor": its time's interval over the
+    windows divided by the floor the profiler measured. Without a floor (no GPU, or not a pure graph) the claim
+    is not measured.
+
+    Example::
+
+        within_floor(m, "graph_near_floor_large", "large", "graph replay", 1.2).statement
+        # 'large: graph replay runs within 1.2x of its GPU floor (1.01-1.05x the floor)'
+    """
+    r = m.row(case, variant)
+    floor = float(r.floor_us) if "floor_us" in r.index and r.floor_us == r.floor_us else float("nan")
+    lo, hi = float(r.median_pi_lo) / floor, float(r.median_pi_hi) / floor
+    subject = subject or f"{case}: {variant}"
+    span = f"{_x(lo)}-{_x(hi)}x" if lo == lo else "?"
+    return Claim(claim_id, lo=lo, hi=hi, above=factor, below=True, subject=subject,
+                 eager_fallback=_fallback(str(r.variant)),
+                 holds=f"{subject} runs within {factor:g}x of its GPU floor ({span} the floor)",
+                 fails=f"{subject} takes {span} its GPU floor: more than {factor:g}x",
+                 unclear=f"{subject} takes {span} its GPU floor: too close to {factor:g}x to call")
+
+
+def stops_paying(claim_id: str, points, above: float, subject: str, unit: str = "",
+                 eager_fallback: bool = False) -> Claim:
+    """The claim "``subject`` stops paying from some x on": ``points`` are ``(x, lo, hi)`` speedup intervals of a
+    sweep; "stops paying" means every interval from x on lies at or below ``above`` (``intervals.stops_clearing``).
+
+    Example::
+
+        stops_paying("graph_stops_paying", [(2**20, 1.5, 2.0), (2**24, 1.0, 1.05)], 1.10, "the graph", " elements")
+        # statement: 'the graph stops paying (at most 1.1x) from 16777216 elements on'
+    """
+    from ..intervals import stops_clearing
+
+    pts = sorted((float(x), lo, hi) for x, lo, hi in points)
+    if not pts:
+        raise ValueError("stops_paying needs the sweep's points as (x, lo, hi).")
+    found = stops_clearing(pts, above)
+    at = found["from"]
+    x, lo, hi = next(p for p in pts if p[0] == float(at)) if at is not None else pts[-1]
+    shown = lambda v: f"{int(v)}" if float(v).is_integer() else f"{v:g}"  # noqa: E731
+    before = (f" (too close to call at {shown(found['unclear_before'])}{unit})"
+              if found["unclear_before"] is not None else "")
+    span = f"{_x(lo)}-{_x(hi)}x" if lo == lo else "?"
+    # verdict: holds when the sweep's interval at x lies at or below ``above`` (checked with below=True)
+    return Claim(claim_id, lo=lo, hi=hi, above=above * (1 + 1e-12), below=True, subject=subject,
+                 eager_fallback=eager_fallback,
+                 holds=f"{subject} stops paying (at most {above:g}x) from {shown(x)}{unit} on{before}",
+                 fails=f"{subject} pays at every point measured, up to {shown(x)}{unit} ({span} there)",
+                 unclear=f"{subject} at {shown(x)}{unit}: {span}, too close to {above:g}x to call")
+
+
+def best_of(m, claim_id: str, case: str, variants=None, above: float = 1.0) -> Claim:
+    """The claim "the fastest of ``variants`` (default: all in ``case``) beats the runner-up", from their ratio
+    window by window.
+
+    Example::
+
+        best_of(m, "fastest_at_bs1", "bs1", ["kit graph", "reduce-overhead", "compile + kit graph"]).statement
+    """
+    rows = m.table[m.table.case == case]
+    names = list(variants) if variants is not None else list(rows.variant)
+    ranked = sorted(names, key=lambda v: -float(m.row(case, v).speedup))
+    if len(ranked) < 2:
+        raise ValueError(f"best_of needs two or more variants of {case!r}, got {ranked}.")
+    best, runner = ranked[0], ranked[1]
+    return versus(m, claim_id, (case, best), (case, runner), subject=f"{case}: {best} (fastest)", than=runner,
+                  above=above)
+
+
+def summary(claims):
+    """One short table of a notebook's findings: one plain sentence per claim (``holds``/``fails`` stay in
+    ``claims.csv``). Shown as Markdown in a notebook, printed elsewhere; returns the DataFrame.
+
+    Example::
+
+        summary(claims)
+    """
+    import pandas as pd
+
+    df = pd.DataFrame({"finding": [c.statement for c in claims]}, index=range(1, len(claims) + 1))
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+        if get_ipython() is not None:
+            lines = ["| | finding |", "|---|---|"] + [f"| {i} | {s.replace('|', '/')} |" for i, s in
+                                                      df.finding.items()]
+            display(Markdown("\n".join(lines)))
+            return df
+    except ImportError:
+        pass
+    for i, s in df.finding.items():
+        print(f"{i}. {s}")
+    return df
 
 
 def save_claims(folder, claims) -> Path:

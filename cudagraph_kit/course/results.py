@@ -26,7 +26,7 @@ from pathlib import Path
 from ..env import describe, has_cuda
 from .files import interrupts_deferred, replace_folder
 
-__all__ = ["save", "load", "show_recorded", "results_root", "recorded_root", "checkout_root", "Recorded",
+__all__ = ["save", "load", "show_recorded", "beside_recorded", "results_root", "recorded_root", "checkout_root", "Recorded",
            "REQUIRED_COLUMNS"]
 
 REQUIRED_COLUMNS = ("case", "variant", "median_us", "speedup")
@@ -165,6 +165,46 @@ def show_recorded(stem: str, root=None, columns=None) -> Recorded | None:
     for png in rec.pngs:
         display(Image(filename=str(png)))
     return rec
+
+
+def _speedups(df):
+    import pandas as pd
+
+    span = [f"{s:.2f}x ({lo:.2f}-{hi:.2f})" if lo == lo and hi == hi else f"{s:.2f}x"
+            for s, lo, hi in zip(df.speedup, df.get("speedup_lo", df.speedup), df.get("speedup_hi", df.speedup))]
+    return pd.DataFrame({"case": df.case.values, "variant": df.variant.str.replace(" (eager fallback)", "",
+                                                                                 regex=False).values,
+                         "time (µs)": df.median_us.round(1).values, "speedup (90% interval)": span})
+
+
+def beside_recorded(stem: str, table, root=None):
+    """This run's ``table`` (a ``combine_windows``/``measure`` table) beside the recorded GPU run of ``stem``: one
+    row per case and variant, time and speedup now and as recorded, under a caption naming the recorded run.
+    Returns the DataFrame (None when nothing is recorded: then it says where to find the figures).
+
+    Example::
+
+        beside_recorded("01_gelu", m.table)
+    """
+    rec = load(stem, root)
+    if rec is None:
+        show_recorded(stem, root)
+        return None
+    now, then = _speedups(table), _speedups(rec.df)
+    out = now.merge(then, on=["case", "variant"], how="left", suffixes=(" now", " recorded"))
+    caption = f"Now: {'this GPU' if has_cuda() else 'this CPU (graphs ran eagerly)'}. {rec.caption}."
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+        if get_ipython() is not None:
+            display(Markdown(f"**{caption}**"))
+            display(out)
+            return out
+    except ImportError:
+        pass
+    print(caption)
+    print(out.to_string(index=False))
+    return out
 
 
 def drift_summary(folder) -> dict | None:

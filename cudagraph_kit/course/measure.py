@@ -1,0 +1,152 @@
+"""Time a notebook's variants one way everywhere: ``measure`` runs them over timing windows and returns a short
+table with intervals; the claims of ``claims`` are built from what it returns.
+
+One policy for every notebook:
+
+- every case is timed in each of ``windows`` windows, ``pause_s`` apart, with ``cudagraph_kit.compare`` (its
+  round-robin rounds inside a window);
+- the profiler (floors, kernel counts, "ran as") runs once, in the **last** window, after that window's timings;
+- the windows are combined with ``cudagraph_kit.intervals.combine_windows``: each speedup is the median of the
+  windows' speedups with its 90% prediction interval (where one more window lands 9 times out of 10).
+
+More, shorter windows give narrower intervals in the same time than a few long ones: the interval's width grows
+with Student's t for n - 1 degrees of freedom times sqrt(1 + 1/n), which is 3.4 for 3 windows and 2.0 for 8
+(``scripts/interval_design.py`` shows it on recorded windows).
+
+Example::
+
+    from cudagraph_kit.course.measure import measure
+    m = measure({"small": {"eager": lambda: f(x), "graph": g.replay}}, windows=8)
+    m.short()                                   # variant, time, speedup with its interval, floor
+    lo, hi = m.interval("small", "graph")       # the graph's speedup over eager, 90% prediction interval
+    m.ratio(("small", "graph"), ("small", "eager"))   # any two rows, window by window
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..intervals import combine_windows, ratio_across_windows
+from ..timing import compare
+
+__all__ = ["measure", "Measured", "SHORT_COLUMNS", "is_eager_fallback"]
+
+SHORT_COLUMNS = ["case", "variant", "ran as", "time (µs)", "speedup", "90% interval", "floor (µs)"]
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def is_eager_fallback(label: str, cuda: bool | None = None) -> bool:
+    """True when a row labelled ``label`` stands for a graph that was not built: ``compare`` marks such rows
+    "(eager fallback)"; without CUDA, any variant named for a graph or reduce-overhead ran eagerly too."""
+    if cuda is None:
+        cuda = _cuda()
+    label = str(label)
+    return "(eager fallback)" in label or (not cuda and ("graph" in label.lower() or "reduce-overhead" in label))
+
+
+@dataclass
+class Measured:
+    """What ``measure`` returns: the combined ``table`` (one row per case and variant, every column of
+    ``combine_windows``) and the per-window ``windows`` tables it came from."""
+    table: object
+    windows: list = field(default_factory=list)
+
+    def row(self, case: str, variant: str):
+        """The combined row of ``variant`` in ``case``; the variant may be named without its "(eager fallback)"
+        suffix. A clear KeyError lists what there is."""
+        t = self.table
+        rows = t[(t.case == case) & ((t.variant == variant) | (t.variant == f"{variant} (eager fallback)"))]
+        if not len(rows):
+            have = sorted(set(zip(t.case, t.variant)))
+            raise KeyError(f"no row ({case!r}, {variant!r}) in this measurement; it has {have}.")
+        return rows.iloc[0]
+
+    def label(self, case: str, variant: str) -> str:
+        """The variant's label as timed (with "(eager fallback)" where the graph ran eagerly)."""
+        return str(self.row(case, variant).variant)
+
+    def interval(self, case: str, variant: str) -> tuple[float, float]:
+        """The 90% prediction interval of ``variant``'s speedup over its case's first variant."""
+        r = self.row(case, variant)
+        return float(r.speedup_pi_lo), float(r.speedup_pi_hi)
+
+    def ratio(self, slow: tuple, fast: tuple) -> dict:
+        """How many times faster ``fast`` is than ``slow`` (``(case, variant)`` pairs), window by window: the
+        ``ratio_across_windows`` dict (ratio, lo, hi, windows, values)."""
+        slow = (slow[0], self.label(*slow))
+        fast = (fast[0], self.label(*fast))
+        return ratio_across_windows(self.windows, slow, fast)
+
+    def short(self, cases=None):
+        """The table a reader needs: case, variant, what it ran as, median time, speedup, its interval and the
+        GPU-busy floor (graph rows on a GPU), rounded for display."""
+        import pandas as pd
+
+        t = self.table if cases is None else self.table[self.table.case.isin(list(cases))]
+        out = pd.DataFrame({
+            "case": t.case, "variant": t.variant,
+            "ran as": t.get("executed_as", pd.Series(["-"] * len(t), index=t.index)),
+            "time (µs)": t.median_us.round(1),
+            "speedup": t.speedup.map(lambda s: f"{s:.2f}x"),
+            "90% interval": [f"{lo:.2f}-{hi:.2f}x" if lo == lo and hi == hi else "-"
+                             for lo, hi in zip(t.speedup_pi_lo, t.speedup_pi_hi)],
+            "floor (µs)": t.floor_us.round(1) if "floor_us" in t else float("nan"),
+        })
+        return out.reset_index(drop=True)
+
+
+def _case_parts(spec):
+    """``{name: fn}`` or ``(variants, args)`` or ``(variants, args, options)`` → (variants, args, options)."""
+    if isinstance(spec, dict):
+        return spec, (), {}
+    if isinstance(spec, tuple) and 2 <= len(spec) <= 3 and isinstance(spec[0], dict):
+        return spec[0], tuple(spec[1]), dict(spec[2]) if len(spec) == 3 else {}
+    raise TypeError("each case is {name: fn}, (variants, args) or (variants, args, options) with options passed "
+                    f"to compare (calls, samples, sample_ms, warmup); got {type(spec).__name__}.")
+
+
+def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | None = None, pause_s: float = 1.0,
+            sample_ms: float = 20.0, floor: bool = True, before_window=None, progress=print,
+            sleep=time.sleep) -> Measured:
+    """Time ``cases`` (``{case: {variant: fn}}``; the first variant of a case is its baseline) in ``windows``
+    windows, ``pause_s`` apart, and return a ``Measured``.
+
+    ``samples``, ``calls``, ``sample_ms``: passed to ``compare`` (a case given as ``(variants, args, options)``
+    overrides them). ``floor``: read GPU floors and kernel counts with the profiler, in the last window only.
+    ``before_window(w)``: called before window ``w`` (0-based), e.g. to reset a cache. ``progress``: called with
+    one line per window (``None``: silent).
+
+    Example::
+
+        m = measure({"bs1": {"eager": step, "graph": g.replay}}, windows=8, samples=2)
+        m.short()
+    """
+    if windows < 1:
+        raise ValueError(f"measure needs at least one window, got windows={windows}; use 2 or more for intervals.")
+    if not cases:
+        raise ValueError("measure needs at least one case: {case: {variant: fn}}.")
+    import pandas as pd
+
+    parts = {case: _case_parts(spec) for case, spec in cases.items()}
+    baselines = {case: next(iter(variants)) for case, (variants, _, _) in parts.items()}
+    frames = []
+    for w in range(windows):
+        if w:
+            sleep(pause_s)
+        if before_window is not None:
+            before_window(w)
+        last = w == windows - 1
+        tables = []
+        for case, (variants, args, options) in parts.items():
+            opts = {"calls": calls, "samples": samples, "sample_ms": sample_ms, **options}
+            tables.append(compare(variants, *args, case=case, floor=floor and last, **opts))
+        frames.append(pd.concat(tables, ignore_index=True))
+        if progress is not None:
+            shown = ", ".join(f"{r.case} {r.variant} {r.speedup:.2f}x" for r in frames[-1].itertuples()
+                              if r.variant != baselines[r.case])
+            progress(f"window {w + 1}/{windows}: {shown}")
+    return Measured(combine_windows(frames), frames)

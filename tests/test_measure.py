@@ -1,0 +1,89 @@
+"""course/measure.py on a fake clock: the window loop, its single profiler policy, the short table and claims."""
+import types
+
+import pytest
+
+import cudagraph_kit.timing as timing
+from cudagraph_kit.course.claims import speedup
+from cudagraph_kit.course.measure import measure
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def spend(self, us):
+        self.now += us * 1e-6
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = FakeClock()
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=c.perf_counter))
+    monkeypatch.setattr(timing.torch.cuda, "is_available", lambda: False)
+    return c
+
+
+def test_measure_times_every_case_in_every_window_and_combines_them(clock):
+    drift = [1.0, 1.2, 0.9, 1.1, 1.0, 1.3, 0.95, 1.05]  # the host's state per window: eager moves, the graph does not
+    state = {"w": 0}
+    slept, lines, profiled = [], [], []
+    real_compare = timing.compare
+
+    def spy(variants, *args, floor=True, **kw):
+        profiled.append(floor)
+        return real_compare(variants, *args, floor=floor, **kw)
+
+    import cudagraph_kit.course.measure as measure_module
+    measure_module.compare = spy
+    try:
+        m = measure({"small": {"eager": lambda: clock.spend(100 * drift[state["w"]]), "graph": lambda: clock.spend(20)},
+                     "large": ({"eager": lambda n: clock.spend(n), "graph": lambda n: clock.spend(n * 0.9)}, (1000,))},
+                    windows=8, samples=3, calls=4, pause_s=0.5, sleep=slept.append,
+                    before_window=lambda w: state.update(w=w), progress=lines.append)
+    finally:
+        measure_module.compare = real_compare
+    assert slept == [0.5] * 7 and len(lines) == 8 and lines[0].startswith("window 1/8: small graph ")
+    assert profiled == [False] * 14 + [True] * 2   # the profiler in the last window only, once per case
+    assert len(m.windows) == 8 and (m.table.windows == 8).all()
+    speedups = [f.set_index(["case", "variant"]).loc[("small", m.label("small", "graph")), "speedup"] for f in m.windows]
+    assert speedups == pytest.approx([5 * d for d in drift])
+    lo, hi = m.interval("small", "graph")
+    assert lo < 5 * min(drift) and hi > 5 * max(drift) * 0.95
+    assert m.interval("large", "graph") == pytest.approx((1 / 0.9, 1 / 0.9))
+    short = m.short()
+    assert list(short.columns) == ["case", "variant", "ran as", "time (µs)", "speedup", "90% interval", "floor (µs)"]
+    assert short.loc[1, "speedup"].endswith("x") and "-" in short.loc[1, "90% interval"]
+    r = m.ratio(("large", "eager"), ("small", "graph"))     # any two rows, window by window
+    assert r["windows"] == 8 and r["ratio"] == pytest.approx(50.0)
+    # on a machine without CUDA the graph rows are eager: the claim about the graph says so
+    assert speedup(m, "graph_beats_eager", "small", "graph").verdict == "eager fallback"
+
+
+def test_measure_refuses_bad_input(clock):
+    with pytest.raises(ValueError, match="at least one window"):
+        measure({"a": {"eager": lambda: None}}, windows=0)
+    with pytest.raises(ValueError, match="at least one case"):
+        measure({}, windows=2)
+    with pytest.raises(TypeError, match="each case is"):
+        measure({"a": [lambda: None]}, windows=2)
+
+
+def test_beside_recorded_puts_this_run_next_to_the_recorded_one(tmp_path, capsys):
+    import pandas as pd
+
+    from cudagraph_kit.course import results
+    recorded = pd.DataFrame({"case": ["small", "small"], "variant": ["eager", "graph"], "median_us": [100.0, 20.0],
+                             "speedup": [1.0, 5.0], "speedup_lo": [1.0, 4.5], "speedup_hi": [1.0, 5.5]})
+    results.save("01_gelu", recorded, root=tmp_path)
+    fresh = recorded.assign(variant=["eager", "graph (eager fallback)"], median_us=[300.0, 290.0],
+                            speedup=[1.0, 1.03], speedup_lo=[1.0, 0.9], speedup_hi=[1.0, 1.2])
+    out = results.beside_recorded("01_gelu", fresh, root=tmp_path)
+    row = out.set_index("variant").loc["graph"]
+    assert row["speedup (90% interval) now"] == "1.03x (0.90-1.20)"
+    assert row["speedup (90% interval) recorded"] == "5.00x (4.50-5.50)"
+    assert "Recorded on" in capsys.readouterr().out
+    assert results.beside_recorded("02_train_step", fresh, root=tmp_path) is None
