@@ -92,11 +92,11 @@ def test_combine_windows_carries_columns_from_the_window_that_has_them_and_drops
 
 
 def test_a_claim_prints_the_sentence_of_its_verdict(tmp_path):
-    kw = dict(holds="graph faster ({lo:.1f}-{hi:.1f}x)", fails="graph no faster ({lo:.2f}-{hi:.2f}x)")
+    kw = dict(holds="graph faster ({lo:.1f}-{hi:.1f}x)", fails="graph slower ({lo:.2f}-{hi:.2f}x)")
     holds, fails, unclear = Claim("a", 5.2, 7.0, **kw), Claim("b", 0.5, 0.9, **kw), Claim("c", 0.8, 1.3, **kw)
     assert (holds.statement, holds.verdict) == ("graph faster (5.2-7.0x)", "holds")
-    assert (fails.statement, fails.verdict) == ("graph no faster (0.50-0.90x)", "fails")
-    assert unclear.verdict == "unclear" and unclear.statement.startswith("no clear difference")
+    assert (fails.statement, fails.verdict) == ("graph slower (0.50-0.90x)", "fails")
+    assert unclear.verdict == "unclear" and unclear.statement == "0.8-1.3: too close to 1 to call"
     assert "not measured" in Claim("d", float("nan"), float("nan"), **kw).statement
     with pytest.raises(ValueError, match="claim id"):
         Claim("Graph Wins", 1.0, 2.0, **kw)

@@ -118,9 +118,10 @@ def faster(claim_id: str, lo: float, hi: float, subject: str, than: str = "eager
     if not above >= 1.0:
         raise ValueError(f"faster() needs a threshold of at least 1 (a speedup to clear), got above={above}. For "
                          "'at most x slower', swap the two sides and build the claim on the inverse ratio.")
+    aim = "" if above == 1.0 else f" (aim: more than {100 * (above - 1):.0f}% faster)"
     if eager_fallback:
         return Claim(claim_id, lo=lo, hi=hi, holds="", fails="", above=above, eager_fallback=True,
-                     subject=f"{subject} against {than}")
+                     subject=f"{subject} against {than}{aim}")
     span = f"{_x(lo)}-{_x(hi)}x" if lo == lo and hi == hi and lo > 0 else "?"
     slower = f"{_x(1 / hi)}-{_x(1 / lo)}x" if lo == lo and hi == hi and lo > 0 else "?"
     if above == 1.0:

@@ -146,7 +146,8 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
             tables.append(compare(variants, *args, case=case, floor=floor and last, **opts))
         frames.append(pd.concat(tables, ignore_index=True))
         if progress is not None:
-            shown = ", ".join(f"{r.case} {r.variant} {r.speedup:.2f}x" for r in frames[-1].itertuples()
-                              if r.variant != baselines[r.case])
+            parts_shown = [f"{r.case} {r.variant} {r.speedup:.2f}x" for r in frames[-1].itertuples()
+                           if r.variant != baselines[r.case]]
+            shown = ", ".join(parts_shown[:4]) + (f" (+{len(parts_shown) - 4} more)" if len(parts_shown) > 4 else "")
             progress(f"window {w + 1}/{windows}: {shown}")
     return Measured(combine_windows(frames), frames)
