@@ -72,14 +72,13 @@ setup_notebook(checkout, REPO_REF, in_colab=IN_COLAB)
 
 # %% tags=["parameters"]
 SMOKE = None           # tiny run (CI / tests): few sizes and calls; None reads $CGK_SMOKE (1 means on)
-SAMPLES = 7            # timing rounds per comparison (one sample of every variant per round); medians reported
+SAMPLES = 2            # timing rounds per window (one sample of every variant per round)
 CALLS = None           # calls per sample; None: the kit picks the count from a time budget per sample
 SWEEP_MIN_EXP = 12     # size sweep from 2**12 (4 K) elements ...
 SWEEP_MAX_EXP = 25     # ... to 2**25 (33.5 M) elements
 CALLS_PER_GRAPH = [1, 10, 100]
-WINDOWS = 5            # timing windows of the headline and calls-per-graph tables, a pause apart: intervals from them
-WINDOW_PAUSE_S = 2.0   # seconds between windows
-SWEEP_WINDOWS = 3      # windows of the size sweep (every size in each window, a pause apart)
+WINDOWS = 8            # timing windows of every table, a pause apart: the intervals come from them
+WINDOW_PAUSE_S = 0.5   # seconds between windows
 
 # %%
 import json
@@ -90,10 +89,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from cudagraph_kit import capture, combine_windows, compare, env_table, has_cuda, timeit
+from cudagraph_kit import capture, env_table, has_cuda, timeit
 from cudagraph_kit.intervals import stops_clearing
 from cudagraph_kit.course import results
-from cudagraph_kit.course.claims import faster, save_claims
+from cudagraph_kit.course.claims import save_claims, speedup, stops_paying, summary, versus, within_floor
+from cudagraph_kit.course.measure import measure
 
 STEM = "01_gelu"
 CUDA = has_cuda()
@@ -101,25 +101,16 @@ if SMOKE is None:
     SMOKE = os.environ.get("CGK_SMOKE", "0") == "1"
 SMOKE = SMOKE or not CUDA  # without a GPU only the small CPU part runs
 if SMOKE:
-    SAMPLES, CALLS = 3, 20
+    SAMPLES, CALLS = 2, 20
     SWEEP_MIN_EXP, SWEEP_MAX_EXP = 12, 16
     CALLS_PER_GRAPH = [1, 10]
-    WINDOWS, WINDOW_PAUSE_S, SWEEP_WINDOWS = 2, 0.0, 2
+    WINDOWS, WINDOW_PAUSE_S = 2, 0.0
 DEVICE = "cuda" if CUDA else "cpu"
 torch.manual_seed(0)
 print(env_table())
 if not CUDA:
     print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run only checks the GELU on the CPU at\n"
           ">>> small sizes (labelled 'eager'); the GPU results recorded in figures/ are shown at the end.")
-
-
-def show(df, columns):
-    """The columns of a timing table that this run has (rounded for reading)."""
-    return df[[c for c in columns if c in df.columns]].round(2)
-
-
-TIMING_COLUMNS = ["case", "variant", "executed_as", "median_us", "iqr_us", "windows", "speedup", "speedup_lo",
-                  "speedup_hi", "floor_us", "kernels_per_call", "copies_per_call", "vs_floor", "note"]
 
 # %% [markdown]
 # ## 1. The workload
@@ -233,127 +224,69 @@ for case, g in graphs.items():
 
 # %% [markdown]
 # ## 4. Timing: eager vs graph, and the floor
-# `compare` times all variants of one case in the same window, round-robin (one sample of each per round),
-# each sample ending with a `torch.cuda.synchronize()`. `speedup` is the median over rounds of
-# eager time / variant time. After all timings it reads from `torch.profiler` the **floor** (`floor_us`: the
-# time the GPU was busy per call), the kernels and the copies (memcpy/memset) per call. The `executed_as`
-# column comes from the profiler (did a `cudaGraphLaunch` happen?), never from the name.
+# `measure` times every variant of a case in the same window, round-robin (one sample of each per round, the
+# order rotated), each sample ending with a `torch.cuda.synchronize()`. A window's speedup is the median over
+# its rounds of eager time / variant time. One window is not enough to quote a number: the host's speed
+# drifts over minutes, and eager (host-bound) times move with it far more than graph replays do. So the table
+# is timed in `WINDOWS` short windows a pause apart, and each speedup is quoted with a 90% **prediction
+# interval** over the windows: where one more window, taken the same way, should land. In the last window,
+# after its timings, the profiler reads the **floor** (`floor (µs)`: the time the GPU was busy per call) and
+# what each variant *ran as* (did a `cudaGraphLaunch` happen?), never inferred from the name.
 #
-# One window is not enough to quote a number. The host's speed drifts over minutes, and eager (host-bound)
-# times move with it far more than graph replays do, so a window's own quartiles say little about where a
-# rerun lands. The headline table is therefore timed in `WINDOWS` windows a pause apart (the profiler only in
-# the last one, after all timings), and `combine_windows` reports the median of the windows with a 90%
-# **prediction interval** (`speedup_lo`..`speedup_hi`): where one more window, taken the same way, should land.
-# Each sentence below that compares two variants is a **claim** computed from that interval: it holds when
-# the whole interval clears the threshold, fails when the whole interval is on the other side, and says "no
-# clear difference" otherwise. Without a GPU both sides ran eagerly: each such claim says "eager vs eager" and
-# states no verdict about a graph.
+# Each comparison in the summary at the end of the lesson is computed from such an interval: it says
+# "faster" only when the whole interval lies above the threshold, "slower" when it lies below, and "too
+# close to call" otherwise. Without a GPU both sides ran eagerly, and the sentence says so instead of a verdict.
 #
 # Two ways to call the graph:
 # - `graph replay`: `g.replay()` on data already in the static input (as when the previous step wrote it
 #   there);
 # - `graph copy+replay`: a kit call `g(x)` with new data. It first copies `x` into the static input: one
-#   device-to-device memcpy launched from the CPU (the `copies_per_call` column), not a kernel, so
-#   `kernels_per_call` stays 5. A real caller with new data each call pays this one.
+#   device-to-device memcpy launched from the CPU, not a kernel. A real caller with new data each call pays
+#   this one.
 
 # %%
-import time
-
-windows = []
-for w in range(WINDOWS):
-    last = w == WINDOWS - 1
-    tables = []
-    for case, x in inputs.items():
-        g = graphs[case]
-        fresh = torch.randn_like(x)
-        tables.append(compare({"eager": lambda x=x: gelu(x), "graph replay": g.replay,
-                               "graph copy+replay": lambda g=g, f=fresh: g(f)},
-                              case=case, samples=SAMPLES, calls=CALLS, floor=last))
-    windows.append(pd.concat(tables, ignore_index=True))
-    print(f"window {w + 1}/{WINDOWS}: " + ", ".join(
-        f"{r.case} {r.variant} {r.speedup:.2f}x" for r in windows[-1].itertuples() if r.variant != "eager"))
-    if not last:
-        time.sleep(WINDOW_PAUSE_S)
-main_table = combine_windows(windows)
+m = measure({case: {"eager": lambda x=x: gelu(x),
+                    "graph replay": graphs[case].replay,
+                    "graph copy+replay": lambda g=graphs[case], f=torch.randn_like(x): g(f)}
+             for case, x in inputs.items()},
+            windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S)
+main_table = m.table
 main_table["max_abs_err"] = [0.0 if v == "eager" else max_err[c] for c, v in zip(main_table.case, main_table.variant)]
-show(main_table, TIMING_COLUMNS)
-
-# %%
-def row(table, case, variant):
-    return table[(table.case == case) & (table.variant.str.startswith(variant))].iloc[0]
-
-
-def claim_faster(claim_id, case, variant, above=1.0):
-    """A claim on a speedup's prediction interval: the variant is faster than eager (by more than `above`) on
-    `case`. A row that ran eagerly (no GPU) gives an eager-fallback claim: no verdict about a graph."""
-    r = row(main_table, case, variant)
-    return faster(claim_id, r.speedup_lo, r.speedup_hi, f"{case}: the {variant}", above=above,
-                  eager_fallback=r.executed_as == "eager")
-
-
-claims = [claim_faster("replay_beats_eager_small", "small", "graph replay"),
-          claim_faster("copy_replay_beats_eager_small", "small", "graph copy+replay"),
-          claim_faster("replay_beats_eager_large", "large", "graph replay"),
-          claim_faster("replay_saves_10pct_large", "large", "graph replay", above=1.10)]
-for c in claims:
-    print(f"[{c.verdict}] {c.statement}")
+claims = [speedup(m, "replay_beats_eager_small", "small", "graph replay"),
+          speedup(m, "copy_replay_beats_eager_small", "small", "graph copy+replay"),
+          speedup(m, "replay_beats_eager_large", "large", "graph replay"),
+          speedup(m, "replay_saves_10pct_large", "large", "graph replay", above=1.10)]
+m.short()
 
 # %% [markdown]
-# **How far does a rerun move, and can we stop it?** `scripts/probe_drift.py` asks that of this GELU: it
-# starts many fresh Python processes, one after another, and each times eager against the graph replay under
-# one *control*: nothing changed (`baseline`), the garbage collector off, one CPU thread, 20 s of launches
-# first, a `torch.profiler` session first, a higher scheduling priority. The cell below shows its recorded
-# run (one dot per process) and reads the verdict off its table.
-
-# %%
-drift_dir = (results.recorded_root() or Path("figures")) / "drift"
-drift = results.drift_summary(drift_dir)
-if drift is not None:
-    print(f"recorded on {drift['gpu']} ({drift['processes']} fresh processes per control, 3 windows each):")
-    print(drift["table"][["control", "processes", "eager_us", "eager_spread", "graph_us", "graph_spread", "speedup",
-                          "speedup_pi_lo", "speedup_pi_hi"]].round(2).to_string(index=False))
-    print(f"\n{drift['sentence'][0].upper()}{drift['sentence'][1:]}.")
-    from IPython.display import Image, display
-    display(Image(filename=str(drift_dir / "drift.png")))
-else:
-    print("No recorded drift study found (figures/drift/); run python scripts/probe_drift.py on a GPU.")
-
-# %% [markdown]
-# What it means for a speedup someone quotes: the replay is steady, but eager, the baseline of every speedup,
-# moves with the host from one process to the next, and none of the usual suspects (garbage collection,
-# threads, a cold start, priority) holds it still. The one thing that does move everything is what ran before
-# in the process: time before you profile. So a speedup is a range, not a number; the interval above is that
-# range for a fresh process, and the headline table of this notebook gives one for its own windows.
+# On a GPU the next cell reads two more things off the last window's profile. First, what `g(x)` costs on top
+# of the replay, and that it is one copy, not one more kernel. Second, the traffic arithmetic of section 1
+# against the floor of the replay (the five kernels alone): where the floor is far above the time the traffic
+# needs, the kernels' fixed cost on the GPU dominates; where the two are close, the call is bandwidth-bound.
+# Compare both with eager's wall time per kernel: that is what launching from Python costs.
 
 # %%
 if CUDA:
     for case in inputs:
-        e, r, c = (row(main_table, case, v) for v in ("eager", "graph replay", "graph copy+replay"))
-        print(f"{case}: eager {e.median_us:.1f} µs, replay {r.median_us:.1f} µs ({r.speedup:.2f}x), "
-              f"g(x) {c.median_us:.1f} µs ({c.speedup:.2f}x). g(x) costs {c.median_us - r.median_us:.1f} µs more "
-              f"than the replay: {c.copies_per_call:g} copy and {c.kernels_per_call:g} kernels per call "
-              f"(replay: {r.copies_per_call:g} copies, {r.kernels_per_call:g} kernels).")
-
-    # the traffic arithmetic of section 1 against the measured floor (graph replay rows: the five kernels alone)
+        r, c = m.row(case, "graph replay"), m.row(case, "graph copy+replay")
+        print(f"{case}: g(x) takes {c.median_us - r.median_us:.1f} µs more than the replay: {c.copies_per_call:g} "
+              f"copy and {c.kernels_per_call:g} kernels per call (replay: {r.copies_per_call:g} copies, "
+              f"{r.kernels_per_call:g} kernels)")
     floors = traffic.set_index("case")
-    floors["floor_us (graph replay row)"] = [row(main_table, c, "graph replay").floor_us for c in floors.index]
-    floors["floor - traffic time, per kernel (µs)"] = (
-        (floors["floor_us (graph replay row)"] - floors.traffic_us_at_copy_bw) / KERNELS)
-    print(floors[["traffic_MB", "traffic_us_at_copy_bw", "floor_us (graph replay row)",
-                  "floor - traffic time, per kernel (µs)"]].round(2).to_string())
-    s, l = floors.loc["small"], floors.loc["large"]
-    print(f"\nSmall tensor: the traffic alone would take {s.traffic_us_at_copy_bw:.1f} µs, the GPU is busy "
-          f"{s['floor_us (graph replay row)']:.1f} µs: the kernels' fixed cost dominates. Large tensor: "
-          f"{l.traffic_us_at_copy_bw:.1f} µs of traffic against a floor of {l['floor_us (graph replay row)']:.1f} µs: "
-          f"bandwidth-bound. Eager pays {row(main_table, 'small', 'eager').median_us / KERNELS:.1f} µs of "
-          f"wall time per kernel on the small tensor.")
+    floors["floor_us (replay)"] = [m.row(c, "graph replay").floor_us for c in floors.index]
+    floors["eager µs per kernel"] = [m.row(c, "eager").median_us / KERNELS for c in floors.index]
+    floors["(floor - traffic) per kernel"] = (floors["floor_us (replay)"] - floors.traffic_us_at_copy_bw) / KERNELS
+    print(floors[["traffic_MB", "traffic_us_at_copy_bw", "floor_us (replay)", "(floor - traffic) per kernel",
+                  "eager µs per kernel"]].round(2).to_string())
+else:
+    print("The floor and the copy counts come from the profiler on a GPU; the recorded run has them (section 10).")
 
 # %% [markdown]
 # ## 5. Size sweep: where does the launch overhead stop mattering?
 # From 4 K to 33 M elements, time per call of eager and of the graph (replay), and the floor. While the
 # GPU work per call is shorter than the CPU's launch cost, eager time is flat (launch-bound) and the graph
-# wins; once the GPU work dominates, both approach the floor and the speedup falls to 1. We mark the
-# **crossover** from verdicts, not from single readings: the smallest size from which the graph's whole 90%
+# wins; once the GPU work dominates, both approach the floor and the speedup falls to 1. The **crossover** is
+# read from intervals, not from single readings: the smallest size from which the graph's whole 90%
 # prediction interval lies at or below 1.10x (it saves at most 10%), at that size and every larger one
 # (`stops_clearing`). A size whose interval straddles 1.10x gets no verdict either way.
 #
@@ -364,38 +297,26 @@ if CUDA:
 
 # %%
 exps = list(range(SWEEP_MIN_EXP, SWEEP_MAX_EXP + 1))
-sweep_graphs = {}
-for e in exps:  # capture every size first (and check it against eager), then time them in windows
-    x = torch.randn(2 ** e, device=DEVICE)
-    sweep_graphs[e] = (x, capture(gelu, x, eager_fallback=True))
-    torch.testing.assert_close(sweep_graphs[e][1](x), gelu(x))
-sweep_windows = []
-for w in range(SWEEP_WINDOWS):
-    last = w == SWEEP_WINDOWS - 1
-    rows = []
-    for e, (x, g) in sweep_graphs.items():
-        df = compare({"eager": lambda x=x: gelu(x), "graph replay": g.replay}, case=f"sweep 2^{e}",
-                     samples=SAMPLES, calls=CALLS, floor=last)
-        df["numel"] = 2 ** e
-        rows.append(df)
-    sweep_windows.append(pd.concat(rows, ignore_index=True))
-    print(f"sweep window {w + 1}/{SWEEP_WINDOWS}: {len(exps)} sizes timed")
-    if not last:
-        time.sleep(WINDOW_PAUSE_S)
-sweep = combine_windows(sweep_windows)
-for e in exps:
-    ev, gr = sweep[sweep.case == f"sweep 2^{e}"].iloc[0], sweep[sweep.case == f"sweep 2^{e}"].iloc[1]
-    print(f"2^{e} = {2 ** e:>10,} elements: eager {ev.median_us:8.1f} µs, graph {gr.median_us:8.1f} µs "
-          f"({gr.executed_as}), speedup {gr.speedup:5.2f}x ({gr.speedup_lo:.2f}-{gr.speedup_hi:.2f}), "
-          f"floor (graph row) {gr.floor_us:7.1f} µs")
+sweep_cases = {}
+for e in exps:  # capture every size first (and check it against eager), then time them all in each window
+    xs = torch.randn(2 ** e, device=DEVICE)
+    gs = capture(gelu, xs, eager_fallback=True)
+    torch.testing.assert_close(gs(xs), gelu(xs))
+    sweep_cases[f"sweep 2^{e}"] = {"eager": lambda xs=xs: gelu(xs), "graph replay": gs.replay}
+ms = measure(sweep_cases, windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S,
+             progress=lambda line: print(line.split(":")[0], f"of the sweep: {len(exps)} sizes timed"))
+sweep = ms.table
+sweep["numel"] = [2 ** int(c.split("^")[1]) for c in sweep.case]
+graph_s = sweep[sweep.variant != "eager"].set_index("numel")
+sweep_ran_eagerly = graph_s.variant.str.contains("eager fallback").any()
+points = list(zip(graph_s.index, graph_s.speedup_lo, graph_s.speedup_hi))
+crossover = None if sweep_ran_eagerly else stops_clearing(points, above=1.10)["from"]
+claims.append(stops_paying("graph_stops_paying", points, 1.10, "the graph replay in the size sweep", " elements",
+                           eager_fallback=sweep_ran_eagerly))
+ms.short()
 
 # %%
 eager_s = sweep[sweep.variant == "eager"].set_index("numel")
-graph_s = sweep[sweep.variant.str.startswith("graph")].set_index("numel")
-speedup = graph_s.speedup  # median over windows of the per-round ratios eager / graph, from compare()
-stops = stops_clearing(zip(graph_s.index, graph_s.speedup_lo, graph_s.speedup_hi), above=1.10)
-crossover = stops["from"]
-
 fig_sweep, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
 ax1.loglog(eager_s.index, eager_s.median_us, "o-", label="eager")
 ax1.loglog(graph_s.index, graph_s.median_us, "s-",
@@ -403,96 +324,50 @@ ax1.loglog(graph_s.index, graph_s.median_us, "s-",
 if graph_s.floor_us.notna().any():
     ax1.loglog(graph_s.index, graph_s.floor_us, "k--", lw=1, label="floor (GPU busy, graph rows)")
 ax1.set(xlabel="elements", ylabel="time per call (µs)", title="GELU time per call")
-ax2.semilogx(speedup.index, speedup.values, "o-", color="C2")
-if "speedup_lo" in graph_s:
-    ax2.fill_between(speedup.index, graph_s.speedup_lo, graph_s.speedup_hi, color="C2", alpha=0.2,
-                     label="90% prediction interval (windows)")
-    ax2.legend(loc="upper right")
+ax2.semilogx(graph_s.index, graph_s.speedup, "o-", color="C2")
+ax2.fill_between(graph_s.index, graph_s.speedup_lo, graph_s.speedup_hi, color="C2", alpha=0.2,
+                 label="90% prediction interval (windows)")
+ax2.legend(loc="upper right")
 ax2.axhline(1.0, color="grey", lw=0.8)
 ax2.set(xlabel="elements", ylabel="eager / graph", title="speedup of the graph")
 if crossover:
     for ax in (ax1, ax2):
         ax.axvline(crossover, color="C3", ls=":", lw=1.5)
-    ax2.annotate(f"crossover: {crossover:,}\n(≤ 10% gain from here)", (crossover, speedup.max() * 0.8),
+    ax2.annotate(f"crossover: {crossover:,}\n(≤ 10% gain from here)", (crossover, graph_s.speedup.max() * 0.8),
                  color="C3", ha="right", xytext=(-8, 0), textcoords="offset points")
 ax1.legend()
 where = torch.cuda.get_device_name(0) if CUDA else "CPU (eager only, no graphs)"
 fig_sweep.suptitle(f"GELU eager vs CUDA graph on {where}")
 fig_sweep.tight_layout()
-if crossover:
-    print(f"crossover: from {crossover:,} elements on, every interval lies at or below 1.10x")
-else:
-    print("crossover: not reached in this sweep (no run of sizes up to the largest whose intervals all lie at "
-          "or below 1.10x)")
-if stops["unclear_before"]:
-    r = graph_s.loc[stops["unclear_before"]]
-    print(f"at {stops['unclear_before']:,} elements the interval {r.speedup_lo:.2f}-{r.speedup_hi:.2f}x straddles "
-          "1.10x: no verdict there")
 
 # %% [markdown]
-# **Does the sweep agree with the headline table?** The sweep point nearest the small tensor's size was
-# timed the same way (same `compare`, same samples, same calls rule) but in another window: it is one more
-# window, which the headline's prediction interval should hold (nine times out of ten). The cell below puts
-# the two side by side, says whether it does, and if not, which time moved.
-
-# %%
-small_numel = inputs["small"].numel()
-nearest = min(graph_s.index, key=lambda n: abs(math.log(n / small_numel)))
-h_e, h_g = row(main_table, "small", "eager"), row(main_table, "small", "graph replay")
-s_e, s_g = eager_s.loc[nearest], graph_s.loc[nearest]
-print(pd.DataFrame([
-    {"timed in": "section 4 (small tensor)", "numel": small_numel, "eager µs": h_e.median_us,
-     "graph µs": h_g.median_us, "speedup": h_g.speedup, "speedup_lo": h_g.get("speedup_lo"),
-     "speedup_hi": h_g.get("speedup_hi")},
-    {"timed in": f"sweep 2^{int(math.log2(nearest))}", "numel": nearest, "eager µs": s_e.median_us,
-     "graph µs": s_g.median_us, "speedup": s_g.speedup, "speedup_lo": s_g.get("speedup_lo"),
-     "speedup_hi": s_g.get("speedup_hi")},
-]).round(2).to_string(index=False))
-ratio_change = s_g.speedup / h_g.speedup - 1
-eager_change, graph_change = s_e.median_us / h_e.median_us - 1, s_g.median_us / h_g.median_us - 1
-agree = bool(pd.notna(h_g.speedup_lo) and h_g.speedup_lo <= s_g.speedup <= h_g.speedup_hi)
-if agree:
-    print(f"\nThey agree: the sweep's speedup ({s_g.speedup:.2f}x) lies inside the headline's prediction interval "
-          f"({h_g.speedup_lo:.2f}-{h_g.speedup_hi:.2f}x); the speedups differ by {ratio_change:+.0%}.")
-else:
-    mover = "eager" if abs(eager_change) > abs(graph_change) else "graph"
-    print(f"\nThey differ by {ratio_change:+.0%}. Between the two windows the eager time moved by {eager_change:+.0%} "
-          f"and the graph time by {graph_change:+.0%}: the {mover} time moved. Eager time is host-bound (Python, "
-          "dispatcher, driver) and drifts with the host's state from one window to the next, while the graph "
-          "replay barely moves; that is why a speedup is quoted with an interval from several windows.")
-consistency = {"small_numel": small_numel, "sweep_numel": int(nearest), "speedup_small": float(h_g.speedup),
-               "speedup_sweep": float(s_g.speedup), "agree": bool(agree),
-               "eager_change": float(eager_change), "graph_change": float(graph_change)}
-
-# %% [markdown]
+# The red dotted line marks the crossover where this run found one; the summary at the end of the lesson
+# states it with its interval (claim `graph_stops_paying`). The appendix checks that the sweep point nearest
+# the small tensor agrees with the table of section 4.
+#
 # ## 6. Several calls per graph
-# Even a graph has a launch cost (the `cudaGraphLaunch` call and its scheduling: in the table, the gap between
-# a replay and its floor). For tiny work that cost dominates, so capture several calls in one graph:
-# `capture(..., calls_per_graph=k)` records `k` calls, and the kit divides the time per replay by `k`. All
-# variants, with eager as the baseline, are timed in one `compare`. How close to the floor does the small case
-# get?
+# Even a graph has a launch cost (the `cudaGraphLaunch` call and its scheduling: in the table of section 4,
+# the gap between a replay and its floor). For tiny work that cost dominates, so capture several calls in one
+# graph: `capture(..., calls_per_graph=k)` records `k` calls, and the kit divides the time per replay by `k`.
+# All variants, with eager as the baseline, are timed together. How close to the floor does the small case get?
 
 # %%
 x = inputs["small"]
-k_variants = {"eager": lambda: gelu(x)}
+k_variants = {"eager": lambda x=x: gelu(x)}
 for k in CALLS_PER_GRAPH:
     gk = capture(gelu, x, calls_per_graph=k, eager_fallback=True)
     torch.testing.assert_close(gk(x), gelu(x))
     k_variants[f"graph, {k} calls/graph"] = gk.replay
-k_windows = []
-for w in range(WINDOWS):  # a pause apart, like the headline: back-to-back windows hide the host's drift
-    k_windows.append(compare(k_variants, case="small, calls per graph", samples=SAMPLES, calls=CALLS,
-                             floor=w == WINDOWS - 1))
-    if w < WINDOWS - 1:
-        time.sleep(WINDOW_PAUSE_S)
-per_graph = combine_windows(k_windows)
+K_CASE, K_FEW, K_MANY = "small, calls per graph", min(CALLS_PER_GRAPH), max(CALLS_PER_GRAPH)
+mk = measure({K_CASE: k_variants}, windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S)
+per_graph = mk.table
 per_graph["calls_per_graph"] = [float("nan")] + [float(k) for k in CALLS_PER_GRAPH]
-amortized = per_graph[per_graph.calls_per_graph >= 10].vs_floor
-if amortized.notna().any():
-    print(f"with >= 10 calls per graph the small GELU runs at {amortized.max():.2f}x its floor "
-          f"(target on an H100/H200: within 1.3x)")
-show(per_graph, ["variant", "executed_as", "median_us", "floor_us", "vs_floor", "speedup", "speedup_lo",
-                 "speedup_hi", "note"])
+claims += [versus(mk, "more_calls_per_graph_faster", (K_CASE, f"graph, {K_MANY} calls/graph"),
+                  (K_CASE, f"graph, {K_FEW} calls/graph"), subject=f"small: {K_MANY} calls per graph",
+                  than=f"{K_FEW} per graph"),
+           within_floor(mk, "many_calls_near_floor", K_CASE, f"graph, {K_MANY} calls/graph", 1.3,
+                        subject=f"small: {K_MANY} calls per graph")]
+mk.short()
 
 # %%
 graphed_k = per_graph[per_graph.calls_per_graph.notna()]
@@ -566,13 +441,14 @@ else:
 
 # %% [markdown]
 # ## 8. Save the results
-# One row per measurement in `figures/01_gelu/results.csv`, the machine in `env.json`, the verdicts of
-# section 4 in `claims.csv`, and the figures as PNG. A run without CUDA writes to `build/figures/` instead, so it never overwrites the recorded GPU run.
+# One row per measurement in `figures/01_gelu/results.csv`, the machine in `env.json`, the verdicts in
+# `claims.csv`, and the figures as PNG. A run without CUDA writes to `build/figures/` instead, so it never
+# overwrites the recorded GPU run.
 
 # %%
 all_rows = pd.concat([main_table, sweep, per_graph], ignore_index=True)
 folder = results.save(STEM, all_rows, figures={"size_sweep": fig_sweep, "calls_per_graph": fig_k, **pictures},
-                      extra_env={"crossover_numel": crossover, "headline_vs_sweep": consistency,
+                      extra_env={"crossover_numel": crossover,
                                  "copy_bandwidth_TBps": copy_bandwidth / 1e12 if copy_bandwidth else None,
                                  "pictures": picture_facts})
 save_claims(folder, claims)
@@ -586,7 +462,7 @@ print("saved to", folder, "(results.csv, env.json, claims.csv, figures)")
 # [shu65/blog-pytorch-notebooks: pytorch_CUDA_Graphs.ipynb](https://github.com/shu65/blog-pytorch-notebooks/blob/main/pytorch_CUDA_Graphs.ipynb).
 # The blog timed 10,000 calls with `time.time()` on a Tesla K80, PyTorch 1.10, CUDA 11.1 (mean per call).
 # Its graph figures replayed on data already in place. Here both speedups are shown: replay on data in
-# place, and `g(x)` with the input copy. The floor quoted is the `floor_us` of the graph replay row (the
+# place, and `g(x)` with the input copy. The floor quoted is the `floor (µs)` of the graph replay row (the
 # five kernels alone).
 
 # %%
@@ -602,18 +478,19 @@ print(PUBLISHED_K80.to_string(index=False))
 
 # %%
 here = "this GPU" if CUDA else "this CPU (eager only)"
+cases = ["small", "large"]
 side_by_side = pd.DataFrame({
-    "case": ["small", "large"],
+    "case": cases,
     "K80 eager µs": PUBLISHED_K80.eager_us,
     "K80 graph µs": PUBLISHED_K80.graph_us,
     "K80 speedup": PUBLISHED_K80.speedup,
-    f"{here} eager µs": [row(main_table, c, "eager").median_us for c in ("small", "large")],
-    "replay µs": [row(main_table, c, "graph replay").median_us for c in ("small", "large")],
-    "speedup (replay)": [row(main_table, c, "graph replay").speedup for c in ("small", "large")],
-    "g(x) µs": [row(main_table, c, "graph copy+replay").median_us for c in ("small", "large")],
-    "speedup (g(x))": [row(main_table, c, "graph copy+replay").speedup for c in ("small", "large")],
-    "floor µs (replay row)": [row(main_table, c, "graph replay").floor_us for c in ("small", "large")],
-    "graph executed as": [row(main_table, c, "graph replay").executed_as for c in ("small", "large")],
+    f"{here} eager µs": [m.row(c, "eager").median_us for c in cases],
+    "replay µs": [m.row(c, "graph replay").median_us for c in cases],
+    "speedup (replay)": [m.row(c, "graph replay").speedup for c in cases],
+    "g(x) µs": [m.row(c, "graph copy+replay").median_us for c in cases],
+    "speedup (g(x))": [m.row(c, "graph copy+replay").speedup for c in cases],
+    "floor µs (replay row)": [m.row(c, "graph replay").floor_us for c in cases],
+    "graph ran as": [m.row(c, "graph replay").executed_as for c in cases],
 })
 side_by_side.round(2)
 
@@ -623,31 +500,43 @@ side_by_side.round(2)
 # A modern GPU runs the same five kernels in a few microseconds while the CPU still spends several
 # microseconds per launch, so the small case becomes launch-bound and removing the launches pays; the large
 # case is bandwidth-bound, so the graph only removes the gaps between kernels. The cell below puts this run's
-# numbers on it, with the verdicts of section 4.
+# numbers on it.
 
 # %%
 if CUDA:
-    for case in ("small", "large"):
-        e, r = row(main_table, case, "eager"), row(main_table, case, "graph replay")
+    for case in cases:
+        e, r = m.row(case, "eager"), m.row(case, "graph replay")
         k80 = PUBLISHED_K80.set_index("case").loc[case]
         print(f"{case}: K80 eager {k80.eager_us:g} µs -> {k80.speedup:.2f}x with a graph. Here eager "
-              f"{e.median_us:.1f} µs ({e.median_us / KERNELS:.1f} µs per kernel) against a floor of {r.floor_us:.1f} µs: "
-              f"eager spends {e.median_us / r.floor_us:.1f}x the GPU's busy time, the graph {r.vs_floor:.2f}x.")
-    for c in claims[::2]:
-        print(f"[{c.verdict}] {c.statement}")
+              f"{e.median_us:.1f} µs ({e.median_us / KERNELS:.1f} µs per kernel) against a floor of "
+              f"{r.floor_us:.1f} µs: eager takes {e.median_us / r.floor_us:.1f}x the GPU's busy time, the graph "
+              f"replay {r.vs_floor:.2f}x.")
 else:
     print("The measured side needs an NVIDIA GPU; the recorded GPU run is shown below.")
 
 # %% [markdown]
 # ## 10. Recorded GPU results
-# The table and figures of the last GPU run committed to this repository (what a reader without a GPU sees).
+# This run's table beside the last GPU run committed to this repository (the caption names its GPU and date).
+# Without a GPU, the recorded figures follow.
 
 # %%
-recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as", "median_us", "speedup", "floor_us",
-                                                "kernels_per_call", "copies_per_call", "vs_floor"])
+recorded = results.beside_recorded(STEM, main_table)
+rec = results.load(STEM)
+if not CUDA and rec is not None:
+    from IPython.display import Image, display
+    for png in rec.pngs:
+        if png.stem in ("size_sweep", "calls_per_graph"):
+            display(Image(filename=str(png)))
 
 # %% [markdown]
 # ## Summary
+# The findings of this run, one sentence each, computed from the intervals above (on a CPU, each says that the
+# graph side ran eagerly and leaves the verdict to the recorded GPU run):
+
+# %%
+findings = summary(claims)
+
+# %% [markdown]
 # - A CUDA graph replaces many kernel launches with one. It helps exactly when launches, not the GPU, are
 #   the bottleneck: small tensors, many small kernels, fast GPUs.
 # - Time honestly: compare variants round-robin in one window, quote the speedup with its prediction interval
@@ -730,3 +619,65 @@ print("\n".join(f"{key}) {text}" for key, text in HOST_COPY_WHY.items()))
 
 # %%
 check_host_copies(kit_message, host_copy_capture, why)
+
+
+# %% [markdown]
+# ## Appendix: how far a rerun moves, and does the sweep agree with the headline?
+# ### A. Drift across fresh processes
+# `scripts/probe_drift.py` asks how far a rerun moves: it starts many fresh Python processes, one after
+# another, and each times eager against the graph replay under one *control*: nothing changed (`baseline`),
+# the garbage collector off, one CPU thread, 20 s of launches first, a `torch.profiler` session first, a higher
+# scheduling priority. The cell below shows its recorded run (one dot per process) and reads the verdict off
+# its table.
+
+# %%
+drift_dir = (results.recorded_root() or Path("figures")) / "drift"
+drift = results.drift_summary(drift_dir)
+if drift is not None:
+    print(f"recorded on {drift['gpu']} ({drift['processes']} fresh processes per control, 3 windows each):")
+    print(drift["table"][["control", "processes", "eager_us", "eager_spread", "graph_us", "graph_spread", "speedup",
+                          "speedup_pi_lo", "speedup_pi_hi"]].round(2).to_string(index=False))
+    print(f"\n{drift['sentence'][0].upper()}{drift['sentence'][1:]}.")
+    from IPython.display import Image, display
+    display(Image(filename=str(drift_dir / "drift.png")))
+else:
+    print("No recorded drift study found (figures/drift/); run python scripts/probe_drift.py on a GPU.")
+
+# %% [markdown]
+# What it means for a speedup someone quotes: where the recorded spreads say so, the replay is steady while
+# eager, the baseline of every speedup, moves with the host from one process to the next, and the controls
+# tried do not hold it still; a profiler session earlier in the process slows what runs after it. So a speedup
+# is a range, not a number: the interval for a fresh process above, and the prediction intervals of this
+# notebook for its own windows.
+#
+# ### B. The sweep against the headline table
+# The sweep point nearest the small tensor's size was timed the same way as section 4 (same samples, same
+# calls rule) but in other windows: it is one more measurement, which the headline's prediction interval
+# should hold (nine times out of ten). The cell below puts the two side by side, says whether it does, and if
+# not, which time moved. It adds `headline_vs_sweep.json` to this run's results folder.
+
+# %%
+small_numel = inputs["small"].numel()
+nearest = min(graph_s.index, key=lambda n: abs(math.log(n / small_numel)))
+h_e, h_g = m.row("small", "eager"), m.row("small", "graph replay")
+s_e, s_g = eager_s.loc[nearest], graph_s.loc[nearest]
+print(pd.DataFrame([
+    {"timed in": "section 4 (small tensor)", "numel": small_numel, "eager µs": h_e.median_us,
+     "graph µs": h_g.median_us, "speedup": h_g.speedup, "speedup_lo": h_g.speedup_lo, "speedup_hi": h_g.speedup_hi},
+    {"timed in": f"sweep 2^{int(math.log2(nearest))}", "numel": nearest, "eager µs": s_e.median_us,
+     "graph µs": s_g.median_us, "speedup": s_g.speedup, "speedup_lo": s_g.speedup_lo, "speedup_hi": s_g.speedup_hi},
+]).round(2).to_string(index=False))
+eager_change, graph_change = s_e.median_us / h_e.median_us - 1, s_g.median_us / h_g.median_us - 1
+agree = bool(pd.notna(h_g.speedup_lo) and h_g.speedup_lo <= s_g.speedup <= h_g.speedup_hi)
+if agree:
+    print(f"\nThe sweep's speedup lies inside the headline's prediction interval; the speedups differ by "
+          f"{s_g.speedup / h_g.speedup - 1:+.0%}.")
+else:
+    mover = "eager" if abs(eager_change) > abs(graph_change) else "graph"
+    print(f"\nThe sweep's speedup lies outside the headline's prediction interval. Between the two measurements "
+          f"the eager time moved by {eager_change:+.0%} and the graph time by {graph_change:+.0%}: the {mover} "
+          "time moved.")
+consistency = {"small_numel": small_numel, "sweep_numel": int(nearest), "speedup_small": float(h_g.speedup),
+               "speedup_sweep": float(s_g.speedup), "agree": agree,
+               "eager_change": float(eager_change), "graph_change": float(graph_change)}
+_ = (folder / "headline_vs_sweep.json").write_text(json.dumps(consistency, indent=1))

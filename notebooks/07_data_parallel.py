@@ -87,12 +87,11 @@ import importlib.util
 import os
 import tempfile
 import textwrap
-import warnings
 
 import pandas as pd
 import torch
 import torch.distributed as dist
-from IPython.display import Image, Markdown, display
+from IPython.display import display
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cudagraph_kit import capture_train_step, env_table, has_cuda
@@ -304,47 +303,48 @@ print("saved to", folder)
 # (`parity_ok`).
 
 # %%
-rec = results.load(SWEEP_STEM)
+rec = results.show_recorded(SWEEP_STEM, columns=[
+    "case", "variant", "executed_as", "median_us", "speedup", "images_per_s", "throughput_speedup", "iqr_us",
+    "p99_us", "jitter_p99_over_median", "rank_median_spread_us", "step_rank_diff_p99_us", "host_median_us",
+    "parity_ok"])
 if rec is None:
-    print(f"No recorded two-GPU results under figures/{SWEEP_STEM}/ yet. Make them on a machine with two NVIDIA GPUs:\n"
-          f"    python scripts/ddp_train.py --sweep --nproc 2 --out figures\n"
-          "and this section shows them.")
+    print("Make them on a machine with two NVIDIA GPUs: python scripts/ddp_train.py --sweep --nproc 2 --out figures")
 else:
-    display(Markdown(f"**{rec.caption}**, {rec.env.get('world_size')} ranks; the sweep took "
-                     f"{rec.env.get('sweep_seconds')} s"))
-    display(rec.df[["case", "variant", "executed_as", "median_us", "speedup", "images_per_s", "throughput_speedup",
-                    "iqr_us", "p99_us", "jitter_p99_over_median", "rank_median_spread_us", "step_rank_diff_p99_us",
-                    "host_median_us", "parity_ok"]].round(2))
-    if (rec.dir / "per_rank.csv").is_file():
-        display(pd.read_csv(rec.dir / "per_rank.csv").round(1))
-    for png in rec.pngs:
-        display(Image(filename=str(png)))
+    print(f"{rec.env.get('world_size')} ranks; the sweep took {rec.env.get('sweep_seconds')} s")
 
 # %% [markdown]
 # How to read it. The *host time per step* (`host_median_us`, the time between step returns) cannot tell
 # whether the CPU is the bottleneck. In a steady loop the CPU cannot run ahead of the GPU for long: once it has
-# filled the launch queue, or when it reaches the all-reduce, a copy or a synchronize, it waits. So a step
-# returns once per step time on average, whether the CPU spent that time launching or waiting, and the host
-# time is about 100% of the step in every run, graphed ones included (the next cell prints it), although a
-# graphed step leaves the CPU almost nothing to do.
+# filled the launch queue, or when it reaches a call that blocks, it waits. So a step returns once per step
+# time on average, whether the CPU spent that time launching or waiting, and the host time is about 100% of
+# the step in every run, graphed ones included, although a graphed step leaves the CPU almost nothing to do.
 #
-# What separates the two cases is the CPU's time spent *launching* a step (not waiting) against the GPU's busy
-# time per step (the floor, from the profiler). The script measures neither inside the DDP ranks: a profiler
-# session there would slow the steps it times. The recorded table answers the question another way. A
-# whole-step graph runs the same kernels and the same all-reduce as the eager step, with one launch. Its step
-# time is therefore about what the GPU needs, including the wait for the other rank. If the eager step is much
-# longer than the graphed one, the eager GPU spent the difference waiting for its CPU: the eager step was
-# CPU-bound, and a hiccup of either rank's CPU delays the all-reduce of both. If the two are close, the step
-# was GPU-bound and a graph has little to remove. The next cell prints, from the recorded table, both step times
-# of each model and how the spread across steps (IQR, p99) and across ranks changed from eager to graph.
+# What separates the two cases is the CPU's time to *issue* a step, without the waiting, against the step
+# time. The recorded steps hold it: the timed window opens with a synchronize, so in its first steps the GPU's
+# queue is short and the CPU has not waited yet, and their host time is the issue time
+# (`ddp_train.issue_times`: steps 1-4, the slowest rank). If issuing a step takes about as long as the step
+# (80% of it or more), the CPU never gets ahead: the step is **CPU-bound**, the GPU waits for launches, and a
+# hiccup of either rank's CPU delays the all-reduce of both. If it takes much less, the CPU gets ahead and
+# the step time is what the GPUs need, the wait for the other rank included. A whole-step graph runs the same
+# kernels and all-reduce with one launch, so where the graphed step is not CPU-bound, the eager step's extra
+# time over it is time the eager GPU spent waiting for a CPU, its own or, through the all-reduce, the other
+# rank's. The next cell prints both readings for each model, and how the spread across steps (IQR, p99) and
+# across ranks changed from eager to graph. (The runs with a synchronize per step wait from the first step on,
+# so they have no issue time.)
 
 # %%
-def compare_sentence(label, e, g):
+def compare_sentence(label, e, g, ie, ig):
     def change(a, b):
         return "smaller" if b < a else "larger" if b > a else "the same"
+
+    def bound(i):
+        return "CPU-bound" if i.cpu_bound else "the CPU gets ahead"
+    waited = (f" The eager GPU waited for a CPU about {1 - g.median_us / e.median_us:.0%} of the eager step."
+              if ig.issue_share < ddp_train.CPU_BOUND_SHARE and g.median_us < e.median_us else "")
     return (f"{label}: {e.images_per_s:,.0f} -> {g.images_per_s:,.0f} images/s ({g.throughput_speedup:.2f}x), "
-            f"median step {e.median_us:,.0f} -> {g.median_us:,.0f} µs. Host time per step: "
-            f"{e.host_median_us / e.median_us:.0%} of the step eager, {g.host_median_us / g.median_us:.0%} graphed. "
+            f"median step {e.median_us:,.0f} -> {g.median_us:,.0f} µs. Issuing a step took the slowest rank's CPU "
+            f"{ie.issue_us:,.0f} µs eager ({ie.issue_share:.0%} of the step: {bound(ie)}) and {ig.issue_us:,.0f} µs "
+            f"graphed ({ig.issue_share:.0%}: {bound(ig)}).{waited} "
             f"Spread across steps: IQR {e.iqr_us:,.0f} -> {g.iqr_us:,.0f} µs, p99 {e.p99_us:,.0f} -> "
             f"{g.p99_us:,.0f} µs (p99/median {e.jitter_p99_over_median:.2f} -> {g.jitter_p99_over_median:.2f}, "
             f"{change(e.jitter_p99_over_median, g.jitter_p99_over_median)}). Across ranks: medians differ by "
@@ -355,11 +355,14 @@ def compare_sentence(label, e, g):
 
 if rec is not None:
     df = rec.df
+    issue = ddp_train.issue_times(pd.read_csv(rec.dir / "steps.csv.gz")).set_index(["case", "variant"])
     for model_name, label in (("mlp", "MLP"), ("resnet50", "ResNet-50")):
         sub = df[(df.model == model_name) & ~df.variant.str.contains("sync")]
         eager, graph = sub[sub.variant == "eager"], sub[sub.variant.str.startswith("whole-step graph")]
         if not eager.empty and not graph.empty:
-            print(textwrap.fill(compare_sentence(label, eager.iloc[0], graph.iloc[0]), 110), end="\n\n")
+            e, g = eager.iloc[0], graph.iloc[0]
+            sentence = compare_sentence(label, e, g, issue.loc[(e.case, e.variant)], issue.loc[(g.case, g.variant)])
+            print(textwrap.fill(sentence, 110), end="\n\n")
     for row in df[df.variant.str.contains("sync")].itertuples():
         print(f"MLP, {row.variant}: median {row.median_us:,.0f} µs, IQR {row.iqr_us:,.0f} µs, p99 {row.p99_us:,.0f} µs "
               f"({row.throughput_speedup:.2f}x the eager throughput without a synchronize)")
@@ -405,8 +408,8 @@ else:
 # **Why they differ.** The GPUs differ (A100 there; the recorded run names its GPU above), TorchAcc's gain
 # comes from a compiler, ours from removing launches, and their "AMP" is not necessarily our bf16. What
 # carries over is the shape of the argument: a data-parallel step can only be as fast as its slowest rank,
-# and where the eager step is bound by the CPU that launches it (section 5 reads that from the eager and the
-# graphed step times), removing the launches raises the throughput of every rank at once. The talk's jitter
+# and where the eager step is bound by the CPU that launches it (section 5 reads that from the CPU's time to
+# issue a step), removing the launches raises the throughput of every rank at once. The talk's jitter
 # argument grows with the number of ranks, since the more ranks there are, the likelier one of them hiccups
 # at any given step; the MLPerf figures come from runs at scale, two GPUs on one machine show the mechanism.
 #
@@ -417,6 +420,9 @@ else:
 #   (`setup_distributed_for_graphs`, `ddp_for_graphs`) and `capture_train_step` checks them.
 # - Measure per rank with CUDA events, not a synchronize per step: the synchronize itself removes the
 #   CPU's lead that graphs rely on.
+# - Is a step CPU-bound? Compare the CPU's time to *issue* a step (the first steps after a synchronize) with
+#   the step time, not the host time between step returns, which includes the waiting and is about the step
+#   time in every run.
 # - Correct before fast: graphed DDP trained like eager DDP here, its parameters equal to float rounding
 #   (section 2 prints the largest difference), and every graphed run of the script checks that first.
 

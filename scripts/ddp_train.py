@@ -375,6 +375,37 @@ def collect(run_dirs: list):
     return table, per_rank_summary(steps), steps, meta
 
 
+ISSUE_STEPS = (1, 5)  # steps 1-4 of the timed window: the GPU's queue is still short, the CPU has not waited yet
+CPU_BOUND_SHARE = 0.8  # issuing a step takes at least 80% of the step: the CPU has no room to get ahead
+
+
+def issue_times(steps, first: int = ISSUE_STEPS[0], last: int = ISSUE_STEPS[1]):
+    """How long the CPU takes to *issue* one step, per (case, variant), against the step time.
+
+    The host time between step returns (``host_us``) includes the time the CPU waits (a full launch queue, a
+    blocking call, a synchronize), so over a whole run it is about the step time whether the CPU is busy or
+    idle. The timed window opens with a synchronize, though: in its first steps the GPU's queue is short and
+    the CPU has not waited yet, so their host time is the time to issue a step. ``issue_us``: the median host
+    time of steps ``first`` .. ``last - 1`` on each rank, the slowest rank's (an all-reduce waits for it);
+    ``issue_share``: ``issue_us`` / the median step time. A share near 1 (at least ``CPU_BOUND_SHARE``) means
+    the CPU never gets ahead of its GPU: the step is CPU-bound. Runs with a synchronize per step wait from the
+    first step on, so they get no value (NaN); with the host clock (no CUDA) host time is the step time.
+
+    Example::
+
+        issue_times(pd.read_csv("figures/07_data_parallel_sweep/steps.csv.gz"))
+    """
+    head = steps[(steps.step >= first) & (steps.step < last)]
+    per_rank = head.groupby(["case", "variant", "rank"], sort=False).host_us.median()
+    out = per_rank.groupby(["case", "variant"], sort=False).max().rename("issue_us").reset_index()
+    step_us = steps.groupby(["case", "variant"], sort=False).step_us.median().rename("step_median_us")
+    out = out.merge(step_us.reset_index(), on=["case", "variant"])
+    out.loc[out.variant.str.contains("sync each step"), "issue_us"] = float("nan")
+    out["issue_share"] = out.issue_us / out.step_median_us
+    out["cpu_bound"] = [bool(v >= CPU_BOUND_SHARE) if v == v else None for v in out.issue_share]
+    return out
+
+
 def plot_step_times(steps, title: str = ""):
     """Per-rank step-time distributions (right) and step time against step (left), one row per case."""
     import matplotlib.pyplot as plt

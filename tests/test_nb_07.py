@@ -31,3 +31,33 @@ def test_data_parallel_notebook_records_its_local_run(run_notebook):
         assert (df.clock == "host (CPU)").all()
         assert env["demo_mode"] == "eager" and env["executed_as"] == "cpu (eager only)" and env["gpu"] is None
     assert (folder / "step_time_distributions.png").stat().st_size > 10_000
+
+
+def test_issue_time_reads_cpu_bound_from_the_first_steps_not_from_the_host_time_between_returns():
+    """Section 5's rule (scripts/ddp_train.issue_times): over a whole run the host time between step returns is
+    about the step time in every run, waiting included; the host time of the first steps after the window's
+    opening synchronize is the time to issue a step. Synthetic steps of the three kinds of run the sweep has."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import ddp_train
+
+    rows = []
+    for rank in (0, 1):
+        for step in range(40):
+            # eager, CPU-bound: issuing takes the whole step from the first step on (rank 1 a little slower)
+            rows.append(("m", "eager", rank, step, 1000.0 + 50 * rank, 1000.0 + 50 * rank))
+            # graphed: the CPU issues in 50 µs until it is 10 steps ahead, then waits: host time = step time
+            rows.append(("m", "whole-step graph", rank, step, 300.0, 50.0 if step < 10 else 300.0))
+            # a synchronize per step: the CPU waits from the first step on, so no issue time
+            rows.append(("m", "whole-step graph, sync each step", rank, step, 350.0, 350.0))
+    steps = pd.DataFrame(rows, columns=["case", "variant", "rank", "step", "step_us", "host_us"])
+    host_share = steps.groupby("variant").host_us.median() / steps.groupby("variant").step_us.median()
+    assert (host_share > 0.99).all()  # the old rule (host time close to the step time) calls every run CPU-bound
+    t = ddp_train.issue_times(steps).set_index("variant")
+    assert t.loc["eager", "issue_us"] == pytest.approx(1050.0)  # the slowest rank's
+    assert t.loc["eager", "cpu_bound"] is True and t.loc["whole-step graph", "cpu_bound"] is False
+    assert t.loc["whole-step graph", "issue_share"] == pytest.approx(50 / 300)
+    sync = t.loc["whole-step graph, sync each step"]
+    assert sync.cpu_bound is None and sync.issue_us != sync.issue_us  # NaN: no issue time with a sync per step
