@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from cudagraph_kit.course.claims import (EAGER_FALLBACK, Claim, best_of, faster, load_claims, save_claims, speedup,
-                                         stops_paying, summary, versus, within_floor)
+                                         stops_paying, summary, summary_table, versus, within_floor)
 from cudagraph_kit.course.measure import Measured
 
 NEGATIONS = (" not ", " no faster", " never ", "n't ")
@@ -118,7 +118,9 @@ def test_stops_paying_reads_verdicts_not_points():
 
 
 def test_summary_is_one_sentence_per_claim(capsys):
-    df = summary([faster("a", 2, 3, "the graph"), faster("b", 0.5, 0.8, "the compiled forward")])
+    claims = [faster("a", 2, 3, "the graph"), faster("b", 0.5, 0.8, "the compiled forward")]
+    assert summary(claims) is None    # shown, not returned: a cell ending with it shows one table
+    df = summary_table(claims)
     assert list(df.finding) == ["the graph is 2.00-3.00x faster than eager",
                                 "the compiled forward is 1.25-2.00x slower than eager"]
     out = capsys.readouterr().out

@@ -33,7 +33,8 @@ from pathlib import Path
 
 from ..intervals import verdict
 
-__all__ = ["Claim", "faster", "speedup", "versus", "within_floor", "stops_paying", "best_of", "summary", "save_claims",
+__all__ = ["Claim", "faster", "speedup", "versus", "within_floor", "stops_paying", "best_of", "summary", "summary_table",
+           "save_claims",
            "load_claims", "quoted_claims", "CLAIMS_FILE", "CLAIM_COLUMNS", "EAGER_FALLBACK"]
 
 CLAIMS_FILE = "claims.csv"
@@ -245,17 +246,22 @@ def best_of(m, claim_id: str, case: str, variants=None, above: float = 1.0) -> C
                   above=above)
 
 
-def summary(claims):
-    """One short table of a notebook's findings: one plain sentence per claim (``holds``/``fails`` stay in
-    ``claims.csv``). Shown as Markdown in a notebook, printed elsewhere; returns the DataFrame.
+def summary_table(claims):
+    """The findings as a DataFrame: one plain sentence per claim, numbered from 1."""
+    import pandas as pd
+
+    return pd.DataFrame({"finding": [c.statement for c in claims]}, index=range(1, len(claims) + 1))
+
+
+def summary(claims) -> None:
+    """Show a notebook's findings as one short table: one plain sentence per claim (``holds``/``fails`` stay in
+    ``claims.csv``). Markdown in a notebook, numbered lines elsewhere; ``summary_table`` returns the DataFrame.
 
     Example::
 
         summary(claims)
     """
-    import pandas as pd
-
-    df = pd.DataFrame({"finding": [c.statement for c in claims]}, index=range(1, len(claims) + 1))
+    df = summary_table(claims)
     try:
         from IPython import get_ipython
         from IPython.display import Markdown, display
@@ -263,12 +269,11 @@ def summary(claims):
             lines = ["| | finding |", "|---|---|"] + [f"| {i} | {s.replace('|', '/')} |" for i, s in
                                                       df.finding.items()]
             display(Markdown("\n".join(lines)))
-            return df
+            return
     except ImportError:
         pass
     for i, s in df.finding.items():
         print(f"{i}. {s}")
-    return df
 
 
 def save_claims(folder, claims) -> Path:

@@ -110,13 +110,13 @@ def _case_parts(spec):
 
 
 def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | None = None, pause_s: float = 1.0,
-            sample_ms: float = 20.0, floor: bool = True, before_window=None, progress=print,
+            sample_ms: float = 20.0, warmup: int | None = None, floor: bool = True, before_window=None, progress=print,
             sleep=time.sleep) -> Measured:
     """Time ``cases`` (``{case: {variant: fn}}``; the first variant of a case is its baseline) in ``windows``
     windows, ``pause_s`` apart, and return a ``Measured``.
 
-    ``samples``, ``calls``, ``sample_ms``: passed to ``compare`` (a case given as ``(variants, args, options)``
-    overrides them). ``floor``: read GPU floors and kernel counts with the profiler, in the last window only.
+    ``samples``, ``calls``, ``sample_ms``, ``warmup``: passed to ``compare`` (a case given as ``(variants, args,
+    options)`` overrides them; ``warmup=None`` warms each variant up for about 50 ms in every window). ``floor``: read GPU floors and kernel counts with the profiler, in the last window only.
     ``before_window(w)``: called before window ``w`` (0-based), e.g. to reset a cache. ``progress``: called with
     one line per window (``None``: silent).
 
@@ -142,7 +142,7 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
         last = w == windows - 1
         tables = []
         for case, (variants, args, options) in parts.items():
-            opts = {"calls": calls, "samples": samples, "sample_ms": sample_ms, **options}
+            opts = {"calls": calls, "samples": samples, "sample_ms": sample_ms, "warmup": warmup, **options}
             tables.append(compare(variants, *args, case=case, floor=floor and last, **opts))
         frames.append(pd.concat(tables, ignore_index=True))
         if progress is not None:
