@@ -114,6 +114,7 @@ if SMOKE:
     SAMPLES, CALLS, PARITY_STEPS, AMP_STEPS = 2, 5, 44, 22
     WINDOWS, WINDOW_PAUSE_S = 2, 0.0
 TIMING = dict(windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S, sample_ms=SAMPLE_MS)
+WARM = {"warmup": 2}  # every variant is run before it is timed: 2 warm-up calls per window, not 50 ms of them
 DEVICE = "cuda" if CUDA else "cpu"
 SEED = 0
 torch.manual_seed(SEED)
@@ -336,7 +337,8 @@ if drop["params_bitwise_equal"]:
 else:
     print(f"With dropout the masks differ from eager ({drop['steps_with_different_loss']} of {drop['steps']} step "
           f"losses differ), but the statistics match: mean loss over the last quarter "
-          f"{drop['mean_loss_last_quarter_eager']:.4f} (eager) vs {drop['mean_loss_last_quarter_variant']:.4f} (graph).")
+          f"{drop['mean_loss_last_quarter_eager']:.4f} (eager) vs "
+          f"{drop['mean_loss_last_quarter_variant']:.4f} (graph).")
 
 # %% [markdown]
 # Without dropout both runs use the same optimizer with the same options (for Adam: `capturable=True`, PyTorch's
@@ -435,7 +437,7 @@ def eager_step(model, opt):
 
 MODEL_ONLY = "make_graphed_callables (model only)"
 ADAM_DEFAULT = "default eager Adam (capturable=False)"
-step_cases = {}  # case -> (variants, (x, y)), as measure() takes them
+step_cases = {}  # case -> (variants, (x, y), options), as measure() takes them
 for size, (n, d_in, h, d_out) in SIZES.items():
     x, y = torch.randn(n, d_in, device=DEVICE), torch.randn(n, d_out, device=DEVICE)
     for opt_name in ["SGD", "Adam(capturable)"]:
@@ -452,7 +454,7 @@ for size, (n, d_in, h, d_out) in SIZES.items():
         for fn in variants.values():
             for _ in range(4):
                 fn(x, y)
-        step_cases[f"MLP {size}, {opt_name}"] = (variants, (x, y))
+        step_cases[f"MLP {size}, {opt_name}"] = (variants, (x, y), WARM)
 if not CUDA:
     print("make_graphed_callables skipped: it needs an NVIDIA GPU. The CPU times below are eager, not results.")
 
@@ -615,7 +617,7 @@ for label, dtype, use_scaler in AMP_CASES:
     for fn in variants.values():
         for _ in range(4):
             fn(x, y)
-    amp_cases[f"MLP {N}x{D_IN}x{H}x{D_OUT}, SGD, AMP {label}"] = (variants, (x, y))
+    amp_cases[f"MLP {N}x{D_IN}x{H}x{D_OUT}, SGD, AMP {label}"] = (variants, (x, y), WARM)
 amp_parity = pd.DataFrame(amp_parity_rows)
 
 # %% [markdown]
@@ -827,8 +829,8 @@ from cudagraph_kit.course.nb02_train import breakdown, part_claims, step_parts  
 xp, yp = torch.randn(N, D_IN, device=DEVICE), torch.randn(N, D_OUT, device=DEVICE)
 OPT_LABEL = {"SGD": "SGD", "Adam(capturable)": "Adam (capturable=True)" if CUDA else "Adam (capturable=False)"}
 part_cases = {f"eager step parts, MLP {N}x{D_IN}x{H}x{D_OUT}, {o}":
-              (step_parts(make_model(D_IN, H, D_OUT), lambda ps, o=o: make_opt(o, ps), loss_fn, xp, yp), (xp, yp))
-              for o in OPT_LABEL}
+              (step_parts(make_model(D_IN, H, D_OUT), lambda ps, o=o: make_opt(o, ps), loss_fn, xp, yp),
+               (xp, yp), WARM) for o in OPT_LABEL}
 parts_m = measure(part_cases, **TIMING, progress=None)
 appendix_claims = []
 for opt_name, label in OPT_LABEL.items():

@@ -103,7 +103,8 @@ def test_train_step_notebook_records_parity_and_honest_labels(run_notebook):
         # if autograd's AccumulateGrad stream warning was raised by the plain make_graphed_callables cell (the first
         # in the process to make one; autograd warns once per process), the notebook recorded it
         warned = env["accumulate_grad_stream_warning"]
-        assert warned is None or (warned[0] == "make_graphed_callables' warm-up and capture" and warned[1] in set(df.case))
+        assert warned is None or (warned[0] == "make_graphed_callables' warm-up and capture"
+                                  and warned[1] in set(df.case))
     else:
         # eager fallback runs the same code as the eager loop: identical, dropout included
         assert (parity.max_abs_param_diff == 0).all() and parity.params_bitwise_equal.all()
