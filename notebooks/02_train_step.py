@@ -390,8 +390,8 @@ if CUDA:
         plain_model = torch.cuda.make_graphed_callables(plain_model, (sample_x,))
         x_new, y_new = torch.randn(N, D_IN, device="cuda"), torch.randn(N, D_OUT, device="cuda")
         outputs = {}
-        for name, m in {"eager": eager_model, "make_graphed_callables": plain_model}.items():
-            out = m(x_new)
+        for name, module in {"eager": eager_model, "make_graphed_callables": plain_model}.items():
+            out = module(x_new)
             loss_fn(out, y_new).backward()                    # autograd runs the captured backward graph
             outputs[name] = out.detach().clone()
     for w in caught:
@@ -447,8 +447,8 @@ for size, (n, d_in, h, d_out) in SIZES.items():
                     GRAPH: capture_train_step(copies[1], make_opt(opt_name, copies[1].parameters()), loss_fn,
                                               (x, y), eager_fallback=True)}
         if CUDA:
-            m = graph_modules(copies[2], (x,))  # warms up and captures on its own side streams
-            variants[MODEL_ONLY] = eager_step(m, make_opt(opt_name, m.parameters()))
+            partial = graph_modules(copies[2], (x,))  # warms up and captures on its own side streams
+            variants[MODEL_ONLY] = eager_step(partial, make_opt(opt_name, partial.parameters()))
             if opt_name.startswith("Adam"):  # what an ordinary eager loop would use: Adam's defaults
                 variants[ADAM_DEFAULT] = eager_step(copies[3], torch.optim.Adam(copies[3].parameters(), lr=1e-3))
         for fn in variants.values():
@@ -553,7 +553,6 @@ fig_time.tight_layout()
 #   and skips the update on the GPU: no synchronization (`GradScaler.step` in `torch/amp/grad_scaler.py`).
 #   `scaler.update()` updates the scale on the GPU either way. So the fp16 case is timed with both, `SGD` and
 #   `SGD(fused=True)`, in the same rounds.
-#
 #
 # Each case: parity with the eager AMP loop built the same way (same seed, same batches, short batches
 # included, no dropout), then eager vs whole-step graph timed like section 5.
