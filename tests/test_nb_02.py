@@ -100,11 +100,11 @@ def test_train_step_notebook_records_parity_and_honest_labels(run_notebook):
         assert parts.kernels_per_call.notna().all()
         whole = parts[parts.variant == "whole eager step"]
         assert (whole.kernels_per_call > parts[parts.variant == "forward + loss"].kernels_per_call.values).all()
-        # if autograd's AccumulateGrad stream warning was raised, the notebook recorded who raised it, and where
+        # if autograd's AccumulateGrad stream warning was raised by the plain make_graphed_callables cell (the first
+        # in the process to make one; autograd warns once per process), the notebook recorded it
         warned = env["accumulate_grad_stream_warning"]
-        assert warned is None or (warned[1] in set(df.case) and (
-            warned[0] in ("the timing", "make_graphed_callables' warm-up and capture")
-            or warned[0].removeprefix("the first steps of ").strip("'") in set(df.variant)))
+        assert warned is None or (warned[0] == "make_graphed_callables' warm-up and capture"
+                                  and warned[1] in set(df.case))
     else:
         # eager fallback runs the same code as the eager loop: identical, dropout included
         assert (parity.max_abs_param_diff == 0).all() and parity.params_bitwise_equal.all()
@@ -123,29 +123,38 @@ def test_train_step_notebook_records_parity_and_honest_labels(run_notebook):
     claims = pd.read_csv(folder / "claims.csv")
     assert list(claims.columns) == ["claim", "statement", "verdict", "lo", "hi", "above"]
     expected_ids = {f"{what}_{o}" for what in ("optimizer_step_adds_time", "backward_adds_time") for o in OPTS.values()}
+    expected_ids |= {f"graph_beats_eager_small_{o}" for o in OPTS.values()}
     if torch.cuda.is_available():
         for size, s in SIZES.items():
             for opt, o in OPTS.items():
                 expected_ids |= {f"graph_beats_eager_{s}_{o}", f"model_only_beats_eager_{s}_{o}",
                                  f"graph_beats_model_only_{s}_{o}"}
                 graph = timed[(timed.case == f"MLP {size}, {opt}") & (timed.variant == "whole-step graph")].iloc[0]
-                if graph.floor_us == graph.floor_us:  # a floor was measured: the graph/floor verdict is there
-                    expected_ids.add(f"graph_above_floor_{s}_{o}")
-            expected_ids |= {f"default_adam_beats_capturable_{s}", f"adam_gains_more_than_sgd_{s}"}
+                if graph.floor_us > 0:  # a floor was measured: the graph-within-floor verdict is there
+                    expected_ids.add(f"graph_within_floor_{s}_{o}")
+            expected_ids.add(f"default_adam_beats_capturable_{s}")
         expected_ids |= {"amp_graph_beats_eager_fp16", "fused_sgd_graph_beats_plain_sgd_graph_fp16"}
         if env["bf16"]:
             expected_ids.add("amp_graph_beats_eager_bf16")
     assert set(claims.claim) == expected_ids and claims.claim.is_unique
-    assert set(claims.verdict) <= {"holds", "fails", "unclear"}
-    for c in claims.itertuples():  # the sentence printed is the one of its verdict, from the saved interval
-        expected = expected_verdict(c.lo, c.hi, c.above)
+    # a claim about a graph is a verdict only where the graph was built; the parts of an eager step are eager on
+    # both sides, so they get a verdict on a CPU too
+    about_graph = ~claims.claim.str.contains("adds_time")
+    if torch.cuda.is_available():
+        assert set(claims.verdict) <= {"holds", "fails", "unclear"}
+    else:
+        assert (claims[about_graph].verdict == "eager fallback").all()
+        assert all("no GPU" in s for s in claims[about_graph].statement)
+    for c in claims[claims.verdict != "eager fallback"].itertuples():  # the verdict follows from the saved interval
+        below = c.claim.startswith("graph_within_floor")  # "within 1.1x of the floor": the interval lies below
+        expected = (expected_verdict(1 / c.hi, 1 / c.lo, 1 / c.above) if below and c.lo > 0
+                    else expected_verdict(c.lo, c.hi, c.above))
         assert c.verdict == expected, c
-        assert ("no clear difference" in c.statement) == (expected == "unclear"), c
-        assert not re.search(r"\bnan\b", c.statement, re.IGNORECASE), c  # a missing value is said in words
-        if c.lo == c.lo:
-            assert c.lo <= c.hi
+        assert ("too close" in c.statement) == (expected == "unclear"), c
+        assert not re.search(r"\b(nan|holds|fails)\b", c.statement, re.IGNORECASE), c  # plain sentences
+        assert c.lo <= c.hi
     for c in claims[claims.claim.str.startswith("graph_beats_eager_")].itertuples():  # from the table's interval
         size = next(k for k, v in SIZES.items() if f"_{v}_" in c.claim)
         opt = next(k for k, v in OPTS.items() if c.claim.endswith(f"_{v}"))
-        row = timed[(timed.case == f"MLP {size}, {opt}") & (timed.variant == "whole-step graph")].iloc[0]
+        row = timed[(timed.case == f"MLP {size}, {opt}") & timed.variant.str.startswith("whole-step graph")].iloc[0]
         assert (c.lo, c.hi) == pytest.approx((row.speedup_lo, row.speedup_hi))
