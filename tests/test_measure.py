@@ -33,8 +33,11 @@ def test_measure_times_every_case_in_every_window_and_combines_them(clock):
     slept, lines, profiled = [], [], []
     real_compare = timing.compare
 
+    warmups = []
+
     def spy(variants, *args, floor=True, **kw):
         profiled.append(floor)
+        warmups.append(kw["warmup"])
         return real_compare(variants, *args, floor=floor, **kw)
 
     import cudagraph_kit.course.measure as measure_module
@@ -48,6 +51,7 @@ def test_measure_times_every_case_in_every_window_and_combines_them(clock):
         measure_module.compare = real_compare
     assert slept == [0.5] * 7 and len(lines) == 8 and lines[0].startswith("window 1/8: small graph ")
     assert profiled == [False] * 14 + [True] * 2   # the profiler in the last window only, once per case
+    assert warmups == [None] * 2 + [2] * 14          # warm-up by time in the first window, two calls later
     assert len(m.windows) == 8 and (m.table.windows == 8).all()
     speedups = [f.set_index(["case", "variant"]).loc[("small", m.label("small", "graph")), "speedup"] for f in m.windows]
     assert speedups == pytest.approx([5 * d for d in drift])

@@ -116,7 +116,8 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
     windows, ``pause_s`` apart, and return a ``Measured``.
 
     ``samples``, ``calls``, ``sample_ms``, ``warmup``: passed to ``compare`` (a case given as ``(variants, args,
-    options)`` overrides them; ``warmup=None`` warms each variant up for about 50 ms in every window). ``floor``: read GPU floors and kernel counts with the profiler, in the last window only.
+    options)`` overrides them; ``warmup=None`` warms each variant up for about 50 ms in the first window and for two
+    calls in the later ones, which follow it with everything already compiled and captured). ``floor``: read GPU floors and kernel counts with the profiler, in the last window only.
     ``before_window(w)``: called before window ``w`` (0-based), e.g. to reset a cache. ``progress``: called with
     one line per window (``None``: silent).
 
@@ -142,7 +143,8 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
         last = w == windows - 1
         tables = []
         for case, (variants, args, options) in parts.items():
-            opts = {"calls": calls, "samples": samples, "sample_ms": sample_ms, "warmup": warmup, **options}
+            warm = warmup if warmup is not None or w == 0 else 2
+            opts = {"calls": calls, "samples": samples, "sample_ms": sample_ms, "warmup": warm, **options}
             tables.append(compare(variants, *args, case=case, floor=floor and last, **opts))
         frames.append(pd.concat(tables, ignore_index=True))
         if progress is not None:
