@@ -724,7 +724,7 @@ print(f"K80, large GELU: {large_bytes / 1e6:.0f} MB per call / {K80_BANDWIDTH / 
 # ## 9. This run beside the recorded GPU run
 
 # %%
-results.beside_recorded(STEM, df)
+results.beside_recorded(STEM, df);
 
 # %% [markdown]
 # ## 10. Summary
@@ -733,7 +733,7 @@ results.beside_recorded(STEM, df)
 # compared eager with eager):
 
 # %%
-summary(claims)
+summary(claims);
 
 # %% [markdown]
 # - **Fusion** (`torch.jit.script`'s fuser, `torch.compile`'s Inductor) turns five kernels into one: less GPU
