@@ -61,7 +61,8 @@ def test_a_divergence_is_located_and_sized():
     assert not d["equal"] and d["rows_differing"] == 1 and d["first_step"] == 1
     assert d["margin"] == pytest.approx(0.01) and d["logit_diff"] == pytest.approx(1.0)
     assert d["near_tie"] is True                      # a 0.01 gap, logits 1.0 apart: rounding decided it
-    ref_logits[1][1, 9] = -5.0                        # a clear winner (gap 6) that the other side missed anyway
+    ref_logits[1][1] = torch.full((10,), -5.0)        # a clear winner (gap 6) that the other side missed anyway
+    ref_logits[1][1, 5] = 1.0
     logits[1][1, 9] = 0.9                             # logits 5.9 apart at most: less than the gap, not a tie
     far = first_divergence(got, ref, logits, ref_logits)
     assert far["margin"] == pytest.approx(6.0) and far["logit_diff"] < far["margin"] and far["near_tie"] is False
