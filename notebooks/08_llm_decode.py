@@ -168,10 +168,7 @@ if not CUDA:
 HF_VERSION, HF_WHY = hf_status()   # the transformers version, or None and why (missing, too old)
 HF = HF and HF_VERSION is not None
 
-
-def elapsed():
-    return time.perf_counter() - T_START
-
+elapsed = lambda: time.perf_counter() - T_START  # noqa: E731  (seconds since the start)
 
 print(env_table())
 print(f"\nSMOKE={SMOKE}  BATCHES={BATCHES}  PROMPT_LEN={PROMPT_LEN}  NEW_TOKENS={NEW_TOKENS}  dtype={DT}  "
@@ -179,10 +176,8 @@ print(f"\nSMOKE={SMOKE}  BATCHES={BATCHES}  PROMPT_LEN={PROMPT_LEN}  NEW_TOKENS=
 if HF_VERSION is None:
     print(f">>> the transformers rows are skipped: {HF_WHY}.")
 if not CUDA:
-    print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run checks the static-cache decoding and the\n"
-          ">>> transformers parity on the CPU at small sizes and runs every 'graph' eagerly (labelled 'eager\n"
-          ">>> fallback'); it skips torch.compile. CPU timings are not results; the recorded GPU results are shown\n"
-          ">>> at the end.")
+    print("\n>>> No CUDA GPU here: CUDA graphs need an NVIDIA GPU. This run checks the decoding on the CPU, small, runs\n"
+          ">>> every 'graph' eagerly ('eager fallback'), skips torch.compile; the recorded GPU results are at the end.")
 
 # %% [markdown]
 # ## 1. A small LLaMA-style model and a static KV cache
