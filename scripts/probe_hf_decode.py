@@ -10,7 +10,9 @@ weights, bfloat16; nothing downloaded), a 32-token prompt, 64 new tokens, greedy
   ``max-autotune-no-cudagraphs``), then captured by the kit;
 - ``HF generate static``: ``generate(cache_implementation="static")``, which compiles with reduce-overhead itself.
 
-Every variant's tokens are compared with eager's first. All variants are timed round-robin in ``--windows``
+Every variant's tokens are compared with eager's first; where they differ, ``env.json`` and ``hf_decode.csv``
+keep the first differing step, eager's top-2 logit gap there (``margin``), how far the variant's logits were
+(``logit_diff``) and ``near_tie`` (``logit_diff >= margin``: bfloat16 rounding decided a near tie). All variants are timed round-robin in ``--windows``
 windows (``cudagraph_kit.compare``), each call one whole generation (prefill included); per token = median / new
 tokens. Writes ``hf_decode.csv`` (one row per variant, with the prediction intervals of ``combine_windows``),
 ``hf_decode_ratios.csv`` (kit / hand graph and compiled+kit vs HF generate, window by window, with intervals) and
@@ -54,6 +56,20 @@ def hand_capture(fn, ids, pos):
         graph.replay()
         return static_out
     return call
+
+
+def token_checks(generators: dict, ref, ref_logits) -> dict:
+    """Each ``{name: generate(logits_out) -> tokens}`` against the eager reference: tokens equal, and where they
+    differ the first differing step, eager's top-2 logit gap there (``margin``), how far the variant's logits were
+    (``logit_diff``) and whether that makes it a near tie (``logit_diff >= margin``: rounding decided it)."""
+    checks = {}
+    for name, gen in generators.items():
+        logits = []
+        d = first_divergence(gen(logits), ref, logits, ref_logits)
+        known = lambda v: None if v != v else v  # noqa: E731  (NaN -> None in env.json)
+        checks[name] = {"tokens_equal": d["equal"], "first_step": d["first_step"], "margin": known(d["margin"]),
+                        "logit_diff": known(d["logit_diff"]), "near_tie": d["near_tie"]}
+    return checks
 
 
 def main():
@@ -120,22 +136,31 @@ def main():
     runners.update({name: (lambda g=g: dec.generate(prompt, args.new, step=g)) for name, g in steps.items()})
     if not args.skip_hf_generate:
         runners["HF generate static"] = lambda: hf_generate(model, prompt, args.new, cache_implementation="static")
-    ref = runners["eager"]()
-    checks = {}
-    for name, fn in runners.items():
+    ref_logits = []
+    ref = dec.generate(prompt, args.new, logits_out=ref_logits)
+    generators = {name: (lambda out, g=g: dec.generate(prompt, args.new, step=g, logits_out=out))
+                  for name, g in steps.items()}
+    if "HF generate static" in runners:
+        generators["HF generate static"] = lambda out: hf_generate(model, prompt, args.new,
+                                                                   cache_implementation="static", logits_out=out)
+    for name in generators:   # its first call (a compile) counts as setup
         t0 = time.perf_counter()
-        tokens = fn()
+        runners[name]()
         torch.cuda.synchronize()
-        setup_s[name] = setup_s.get(name, 0.0) + (time.perf_counter() - t0)   # + its first call (a compile)
-        d = first_divergence(tokens, ref)
-        checks[name] = {"tokens_equal": d["equal"], "first_step": d["first_step"]}
-        print(f"{name}: tokens equal to eager: {d['equal']}" + ("" if d["equal"] else f" (from step {d['first_step']})"))
+        setup_s[name] = setup_s.get(name, 0.0) + (time.perf_counter() - t0)
+    checks = {"eager": {"tokens_equal": True, "first_step": None, "margin": None, "logit_diff": None,
+                        "near_tie": False}, **token_checks(generators, ref, ref_logits)}
+    for name, c in checks.items():
+        print(f"{name}: tokens equal to eager: {c['tokens_equal']}" + ("" if c["tokens_equal"] else
+              f" (from step {c['first_step']}: eager's top-2 gap {c['margin']}, logits {c['logit_diff']} apart, "
+              f"near tie: {c['near_tie']})"))
     windows = [compare(runners, case="hf decode, batch 1", calls=1, samples=args.samples, floor=False)
                for _ in range(args.windows)]
     table = combine_windows(windows)
     table["ms_per_token"] = table.median_us / 1000 / args.new
     table["setup_s"] = table.variant.map(setup_s)
-    table["tokens_equal"] = table.variant.map(lambda v: checks[v]["tokens_equal"])
+    for col in ("tokens_equal", "first_step", "margin", "logit_diff", "near_tie"):
+        table[col] = table.variant.map(lambda v, col=col: checks[v][col])
     print(table[["variant", "ms_per_token", "speedup", "speedup_lo", "speedup_hi", "setup_s", "tokens_equal"]]
           .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     ratios = []

@@ -60,6 +60,45 @@ def test_a_divergence_is_located_and_sized():
     d = first_divergence(got, ref, logits, ref_logits)
     assert not d["equal"] and d["rows_differing"] == 1 and d["first_step"] == 1
     assert d["margin"] == pytest.approx(0.01) and d["logit_diff"] == pytest.approx(1.0)
+    assert d["near_tie"] is True                      # a 0.01 gap, logits 1.0 apart: rounding decided it
+    ref_logits[1][1] = torch.full((10,), -5.0)        # a clear winner (gap 6) that the other side missed anyway
+    ref_logits[1][1, 5] = 1.0
+    logits[1][1, 9] = 0.9                             # logits 5.9 apart at most: less than the gap, not a tie
+    far = first_divergence(got, ref, logits, ref_logits)
+    assert far["margin"] == pytest.approx(6.0) and far["logit_diff"] < far["margin"] and far["near_tie"] is False
+    assert first_divergence(got, ref)["near_tie"] is None          # no logits: the margin is unknown, not "no tie"
+    assert first_divergence(ref, ref)["near_tie"] is False
+
+
+def test_the_hf_probe_records_the_tie_margin_where_tokens_diverge():
+    """scripts/probe_hf_decode.py keeps, for a variant whose tokens differ from eager's, the reference's top-2 gap at
+    the first differing step and how far the variant's logits were: so a bf16 divergence can be told a near tie."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "probe_hf_decode.py"
+    spec = importlib.util.spec_from_file_location("probe_hf_decode", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    ref = torch.tensor([[1, 2, 3]])
+    ref_logits = [torch.zeros(1, 10) for _ in range(3)]
+    ref_logits[2][0, 3], ref_logits[2][0, 7] = 2.0, 1.995
+
+    def tie(logits_out):                          # flips the near tie at step 2
+        lg = [x.clone() for x in ref_logits]
+        lg[2][0, 7] = 2.01
+        logits_out.extend(lg)
+        return torch.tensor([[1, 2, 7]])
+
+    def same(logits_out):
+        logits_out.extend(ref_logits)
+        return ref.clone()
+    checks = probe.token_checks({"tie": tie, "same": same}, ref, ref_logits)
+    assert checks["same"] == {"tokens_equal": True, "first_step": None, "margin": None, "logit_diff": None,
+                              "near_tie": False}
+    t = checks["tie"]
+    assert not t["tokens_equal"] and t["first_step"] == 2 and t["near_tie"] is True
+    assert t["margin"] == pytest.approx(0.005, abs=1e-6) and t["logit_diff"] == pytest.approx(0.015, abs=1e-6)
 
 
 def test_bad_sizes_get_clear_errors(model):

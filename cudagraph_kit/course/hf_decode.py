@@ -199,9 +199,10 @@ class StaticDecoder:
         fn = fn or self.step
         device = next(self.model.parameters()).device
         ids = torch.zeros(self.batch, 1, dtype=torch.long, device=device)
-        fn(ids, ids)
+        pos = ids.clone()   # two tensors, as in the capture: a compiled fn first called with one tensor passed
+        fn(ids, pos)        # twice would be recompiled for two (Dynamo guards on the aliasing)
         self.cache.reset()
-        graph = capture_fn(fn, ids, ids.clone(), **kwargs)
+        graph = capture_fn(fn, ids, pos, **kwargs)
         self.cache.reset()
         return graph
 

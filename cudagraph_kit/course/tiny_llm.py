@@ -313,27 +313,35 @@ def greedy_generate_no_cache(model: TinyLLM, prompt, new_tokens: int, logits_out
 def first_divergence(tokens, reference, logits=None, reference_logits=None) -> dict:
     """Where two greedy token tensors (b, n) first differ, and whether that is a near tie.
 
-    Returns ``{"equal": bool, "rows_differing": int, "first_step": int | None, "margin": float, "logit_diff": float}``:
-    at the first differing step, ``margin`` is the reference's gap between its top two logits in the differing row,
-    and ``logit_diff`` the largest |logits - reference_logits| there (both NaN without logits). A divergence with
-    ``logit_diff >= margin`` is a near tie that rounding decided (different kernels round differently); after it the
-    two continuations are different texts and are no longer compared.
+    Returns ``{"equal": bool, "rows_differing": int, "first_step": int | None, "margin": float, "logit_diff": float,
+    "near_tie": bool | None}``: at the first differing step, ``margin`` is the reference's gap between its top two
+    logits in the differing row, and ``logit_diff`` the largest |logits - reference_logits| there (both NaN without
+    logits). A divergence with ``logit_diff >= margin`` is a near tie that rounding decided (different kernels round
+    differently): ``near_tie`` True; after it the two continuations are different texts and are no longer compared.
+    ``near_tie`` is False for equal tokens and None for a divergence without logits (pass them to know).
+
+    Example::
+
+        d = first_divergence(tokens, ref, logits, ref_logits)
+        if not d["equal"] and not d["near_tie"]: raise AssertionError(f"decodes differently: {d}")
     """
     tokens, reference = tokens.cpu(), reference.cpu()
     diff = tokens != reference
     out = {"equal": not bool(diff.any()), "rows_differing": int(diff.any(dim=1).sum()), "first_step": None,
-           "margin": math.nan, "logit_diff": math.nan}
+           "margin": math.nan, "logit_diff": math.nan, "near_tie": False}
     if out["equal"]:
         return out
     steps = diff.any(dim=0).nonzero().flatten()
     s = int(steps[0])
     out["first_step"] = s
+    out["near_tie"] = None
     if logits is not None and reference_logits is not None:
         row = int(diff[:, s].nonzero()[0])
         ref = reference_logits[s][row].float().cpu()
         top2 = ref.topk(2).values
         out["margin"] = float(top2[0] - top2[1])
         out["logit_diff"] = float((logits[s][row].float().cpu() - ref).abs().max())
+        out["near_tie"] = out["logit_diff"] >= out["margin"]
     return out
 
 
