@@ -772,7 +772,7 @@ print("\n".join(c.statement for c in claims if "reduce_overhead" in c.claim and 
 # sees); the full table and figure are in `figures/06_variable_shapes/`.
 
 # %%
-results.beside_recorded(STEM, timing.table)
+beside = results.beside_recorded(STEM, timing.table)  # shows the table (None when nothing is recorded)
 
 # %% [markdown]
 # ## Summary
@@ -793,7 +793,7 @@ results.beside_recorded(STEM, timing.table)
 # This run's verdicts:
 
 # %%
-summary(claims)
+findings = summary(claims)  # shows the table
 
 # %% [markdown]
 # ## Exercises
