@@ -30,7 +30,7 @@
 # - `verify(graphed, reference, *args)`: replay a graph against eager on fresh and poisoned inputs and get
 #   the first divergence: the tool for the silent failures.
 # - `advise(fn, *args)`: will a graph help at all? Its predictions, made before capturing, checked against speedups
-#   measured on the spot (and, apart, the rows notebooks 01-04 recorded, which can only be fitted after the fact).
+#   measured right after.
 # - Memory: private pools vs one shared pool; `torch.compile(mode="reduce-overhead")`'s own pitfalls; and
 #   why a graph replayed after its model was freed can crash the whole process.
 #
@@ -77,9 +77,9 @@ setup_notebook(checkout, REPO_REF, in_colab=IN_COLAB)
 
 # %% tags=["parameters"]
 SMOKE = None                 # tiny run (CI / tests); None reads $CGK_SMOKE (1 means on)
-SAMPLES = 3                  # timing samples per window in section 12; each window's median is kept
-WINDOWS = 3                  # timing windows of section 12, a pause apart: its intervals come from them
-WINDOW_PAUSE_S = 1.0         # seconds between windows
+SAMPLES = 2                  # timing samples per window in section 12; each window's median is kept
+WINDOWS = 8                  # timing windows of section 12, a pause apart: its intervals come from them
+WINDOW_PAUSE_S = 0.5         # seconds between windows
 ADVISE_SAMPLES = 7           # samples of advise's own eager timing (one prediction per case, before capture)
 TRIES = 2                    # fresh processes per variant of the two-captures experiment (section 11)
 POOL_BATCHES = [1024, 768, 512, 384, 256, 192, 128, 64]   # batch sizes captured in section 9, largest first
@@ -92,11 +92,12 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from cudagraph_kit import (CaptureError, capture, capture_train_step, combine_windows, compare, env_table, has_cuda,
-                           shared_pool)
+from cudagraph_kit import CaptureError, capture, capture_train_step, env_table, has_cuda, shared_pool
 from cudagraph_kit.course import results
-from cudagraph_kit.course.claims import Claim, load_claims, save_claims
-from cudagraph_kit.diagnose import advise, check_capturable, explain, measure_replay_cost, predict_graph_time, verify
+from cudagraph_kit.course.claims import Claim, save_claims, summary
+from cudagraph_kit.course.measure import measure
+from cudagraph_kit.diagnose import advise, check_capturable, explain, measure_replay_cost, verify
+from IPython.display import display
 
 STEM = "05_pitfalls"
 CUDA = has_cuda()
@@ -104,7 +105,7 @@ if SMOKE is None:
     SMOKE = os.environ.get("CGK_SMOKE", "0") == "1"
 SMOKE = SMOKE or not CUDA  # without a GPU only the small CPU part runs
 if SMOKE:
-    SAMPLES, ADVISE_SAMPLES, TRIES, POOL_BATCHES = 3, 3, 1, [512, 256, 128]
+    SAMPLES, ADVISE_SAMPLES, TRIES, POOL_BATCHES = 2, 3, 1, [512, 256, 128]
     WINDOWS, WINDOW_PAUSE_S = 2, 0.0
 DEVICE = "cuda" if CUDA else "cpu"
 torch.manual_seed(0)
@@ -112,26 +113,23 @@ print(env_table())
 if not CUDA:
     print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run only does the checks that are honest on\n"
           ">>> a CPU (check_capturable on Python state, value reads, data-dependent shapes, optimizers, seeding);\n"
-          ">>> nothing is captured, and a summary of the GPU results recorded in figures/ is shown at the end.")
+          ">>> nothing is captured, and the GPU results recorded in figures/ are shown at the end.")
 
 # %% [markdown]
-# ## 0. Two helpers for this notebook
-# Every pitfall below ends with one row in a table: the pitfall, what happens without a fix (it **raises**,
-# it is **silently wrong**, it **warns**, or it **crashes the process**), which tool finds it, the fix, and
-# what this run saw. After each failure we check that the process still works (eager work and a fresh capture,
-# both compared with the CPU). Experiments that could kill the CUDA context, or need a fresh process, run in a
-# separate Python process: they are functions in `cudagraph_kit/course/pitfall_scripts.py`, and its `run_isolated(fn,
-# *args, timeout=...)` runs one in a fresh interpreter and returns the dict it reports, with the exit code (a
-# crash or a process killed after `timeout` seconds is a row in a table, never a stalled notebook).
-#
-# The comparisons this notebook measures (memory in section 9, `advise` against measured speedups in section 12)
-# are **claims**: a verdict computed from the data (`holds`, `fails`, or `unclear`, printed as "no clear
-# difference"), printed by the cell that measures them and saved in `claims.csv` with the results. The prose
-# explains mechanisms; what this run found is what the cells print.
+# ## 0. How this notebook keeps score
+# Every pitfall below ends with one row in a table: the pitfall, what happens without a fix (it **raises**, it is
+# **silently wrong**, it **warns**, or it **crashes the process**), which tool finds it, the fix, and what this run
+# saw. After a failure, `still_works(gelu)` checks that the process still works (eager work and a fresh capture,
+# both compared with the CPU). Experiments that could kill the CUDA context, or need a fresh process, are functions
+# in `cudagraph_kit/course/pitfall_scripts.py`; `run_isolated(fn, *args, timeout=...)` runs one in a fresh
+# interpreter and returns the dict it reports, with the exit code, so a crash is a row in a table, not a stalled
+# notebook. The two measured comparisons (memory in section 9, `advise` in section 12) are claims: one plain
+# sentence each, computed from the data and collected in the summary at the end.
 
 # %%
 import inspect
 
+from cudagraph_kit.course.nb05_parts import PitfallTable, first_line, show_figure, still_works
 from cudagraph_kit.course.pitfall_scripts import run_isolated
 
 
@@ -139,43 +137,8 @@ def gelu(x):
     return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
 
 
-PITFALLS = []
-claims = []  # every comparison this run measured, as a Claim (saved to claims.csv in section 14)
-
-
-def show_figure(fig):
-    """Show a matplotlib figure inline as a PNG, whatever matplotlib's backend (the figure can still be saved)."""
-    import io
-
-    from IPython.display import Image, display
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)  # shown once: the inline backend would show an open figure a second time
-    display(Image(data=buffer.getvalue()))
-
-
-def record(pitfall, without_fix, found_by, fix, seen, detected, still_works=None):
-    """One row of the summary table; ``detected`` is what this run measured (None: not run here)."""
-    PITFALLS.append({"pitfall": pitfall, "without a fix": without_fix, "found by": found_by, "fix": fix,
-                     "this run saw": seen, "detected": detected, "process still works": still_works})
-
-
-def still_works():
-    """After a failure: eager work and a fresh capture, both compared with the CPU (None: no GPU, no capture)."""
-    if not CUDA:
-        return None
-    x = torch.randn(64, device=DEVICE)
-    g = capture(gelu, x)
-    y = torch.randn_like(x)
-    ok = torch.allclose(gelu(x).cpu(), gelu(x.cpu()), atol=1e-6) and torch.allclose(g(y).cpu(), gelu(y.cpu()), atol=1e-6)
-    return bool(ok)
-
-
-def first_line(text, n=160):
-    text = str(text).strip().splitlines()[0] if str(text).strip() else ""
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
+pitfalls = PitfallTable()
+claims = []  # the comparisons this run measured (section 9 and 12)
 X = torch.randn(256, device=DEVICE) + 2.0
 
 # %% [markdown]
@@ -222,9 +185,9 @@ print(report_fixed)
 if CUDA:
     g = capture(scale_by_mean_fixed, X)
     print(verify(g, scale_by_mean_fixed, X))
-record(".item() / print of a GPU tensor in the graph", "raises (capture fails)", "check_capturable: host sync",
-       "keep values on the GPU; read them after the replay", seen,
-       "host sync" in report_item.kinds() and "host sync" in report_print.kinds() and report_fixed.ok, still_works())
+pitfalls.record(".item() / print of a GPU tensor in the graph", "raises (capture fails)", "check_capturable: host sync",
+                "keep values on the GPU; read them after the replay", seen,
+                "host sync" in report_item.kinds() and "host sync" in report_print.kinds() and report_fixed.ok, still_works(gelu))
 
 # %% [markdown]
 # ## 2. Rebinding a static input instead of copying into it
@@ -262,8 +225,8 @@ if CUDA:
     good = verify(replay_copying, gelu, graph_input, static_inputs=[graph_input])
     print(bad, good, sep="\n")
     seen, detected = first_line(str(bad)), (not bad.ok) and good.ok
-record("rebinding a static input instead of copy_", "silently wrong", "verify",
-       "static_input.copy_(new) (the kit's g(x) copies for you)", seen, detected, still_works())
+pitfalls.record("rebinding a static input instead of copy_", "silently wrong", "verify",
+                "static_input.copy_(new) (the kit's g(x) copies for you)", seen, detected, still_works(gelu))
 
 # %% [markdown]
 # ## 3. Keeping an output across replays
@@ -282,8 +245,8 @@ if CUDA:
     g_clone = capture(gelu, torch.randn(4, device="cuda"), clone_outputs=True)
     fixed = verify(g_clone, gelu, g_clone.static_inputs[0])
     seen, detected = "verify: outputs_reused", report.outputs_reused and not fixed.outputs_reused
-record("keeping an output across replays", "silently wrong", "verify (outputs reused)",
-       "clone what you keep, or capture(..., clone_outputs=True)", seen, detected)
+pitfalls.record("keeping an output across replays", "silently wrong", "verify (outputs reused)",
+                "clone what you keep, or capture(..., clone_outputs=True)", seen, detected)
 
 # %% [markdown]
 # ## 4. A changing shape
@@ -313,10 +276,10 @@ if CUDA:
     except ValueError as e:
         print("the kit refuses:", first_line(e, 200))
         seen += "; g(other shape): ValueError"
-record("a changing shape", "raises (kit) / silently wrong (plain copy_ broadcasts)",
-       "check_capturable: data-dependent shape; the kit's shape check",
-       "fixed shapes (pad, torch.where) or one graph per size", seen,
-       "data-dependent shape" in report_shape.kinds() and report_shape_fixed.ok, still_works())
+pitfalls.record("a changing shape", "raises (kit) / silently wrong (plain copy_ broadcasts)",
+                "check_capturable: data-dependent shape; the kit's shape check",
+                "fixed shapes (pad, torch.where) or one graph per size", seen,
+                "data-dependent shape" in report_shape.kinds() and report_shape_fixed.ok, still_works(gelu))
 
 # %% [markdown]
 # ## 5. A Python counter or a learning rate frozen into the graph
@@ -396,6 +359,7 @@ def eager_step(model, opt):
     return step
 
 
+# %%
 def lr_experiment(lr_as_tensor):
     lr = (lambda: torch.tensor(1e-2, device="cuda")) if lr_as_tensor else (lambda: 1e-2)
     model, ref = make_mlp(), make_mlp()
@@ -429,64 +393,10 @@ if CUDA:
     seen_lr = first_line(lr_float)
     detected_counter = detected_counter and not frozen.ok
     detected_lr = detected_lr and not lr_float.ok and lr_tensor.ok
-record("a Python counter frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
-       "keep it in a GPU tensor updated in place", seen_counter, detected_counter)
-record("a learning rate frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
-       "lr as a GPU tensor updated in place (Adam/AdamW with capturable=True)", seen_lr, detected_lr)
-
-# %% [markdown]
-# ### Python state reached another way
-# A counter need not be a global or an attribute of `self`: it can sit in an object the function holds in a
-# closure, in a dict, in a class attribute, or in a helper the function calls. A replay freezes each of them
-# the same way. `check_capturable` follows what the function can reach and names the line; `verify` first runs
-# eager twice on identical inputs (RNG fixed, tensor state put back): if even eager differs, it reports
-# "depends on state that the graph freezes" instead of a mismatch. Tensor state updated in place (BatchNorm's
-# running statistics, an optimizer's moments) is not Python state, and neither is a local accumulator.
-
-# %%
-class Box:
-    calls = 0                      # a class attribute
-
-    def __init__(self):
-        self.n = 0                 # an attribute of an object
-
-
-def make_scaled(kind):
-    box, counts = Box(), {"calls": 0}
-
-    def bump():                    # a helper that changes what the caller reads
-        counts["calls"] += 1
-        return counts["calls"]
-
-    def scaled(x):
-        if kind == "object in a closure":
-            box.n += 1
-            return x * box.n
-        if kind == "dict item":
-            counts["calls"] += 1
-            return x * counts["calls"]
-        if kind == "class attribute":
-            Box.calls += 1
-            return x * Box.calls
-        return x * bump()          # "through a helper"
-    return scaled
-
-
-bn = torch.nn.BatchNorm1d(16).to(DEVICE)
-reached = []
-for kind in ("object in a closure", "dict item", "class attribute", "through a helper"):
-    fn = make_scaled(kind)
-    found = [f for f in check_capturable(fn, X).findings if f.kind == "Python state"]
-    frozen = verify(capture(fn, X, eager_fallback=True), fn, X, steps=2)  # a real graph on a GPU
-    reached.append({"state": kind, "check_capturable": found[0].code if found else "not found",
-                    "verify": frozen.frozen_state["what"] if frozen.frozen_state else "not found"})
-ordinary = check_capturable(lambda x: bn(x.view(-1, 16)), X)  # running stats change in place: not Python state
-print(pd.DataFrame(reached).to_string(index=False))
-print("BatchNorm in training mode:", "looks capturable" if ordinary.ok else ordinary)
-record("Python state reached through an object, a container, a class or a helper", "silently wrong",
-       "check_capturable: Python state; verify (eager twice)", "keep it in a GPU tensor updated in place",
-       "; ".join(f"{r['state']}: {r['check_capturable']}" for r in reached),
-       all(r["check_capturable"] != "not found" and r["verify"] != "not found" for r in reached) and ordinary.ok)
+pitfalls.record("a Python counter frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
+                "keep it in a GPU tensor updated in place", seen_counter, detected_counter)
+pitfalls.record("a learning rate frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
+                "lr as a GPU tensor updated in place (Adam/AdamW with capturable=True)", seen_lr, detected_lr)
 
 # %% [markdown]
 # ## 6. Random numbers
@@ -528,9 +438,9 @@ if CUDA:
     same_as_eager = verify(dropout, lambda t: torch.nn.functional.dropout(t, 0.5), torch.ones(1000, device="cuda"))
     print("graphed dropout vs eager dropout from the same RNG state:", same_as_eager)
     detected = detected and bool((a != b).any()) and same_as_eager.ok
-record("random numbers: reseeding or another generator in the graph", "raises (capture fails)",
-       "check_capturable: RNG", "seed before capture; draw from the default CUDA generator", seen, detected,
-       still_works())
+pitfalls.record("random numbers: reseeding or another generator in the graph", "raises (capture fails)",
+                "check_capturable: RNG", "seed before capture; draw from the default CUDA generator", seen, detected,
+                still_works(gelu))
 
 # %% [markdown]
 # ## 7. Warm-up not on a side stream (the AccumulateGrad stream warning)
@@ -558,9 +468,9 @@ if CUDA:
     detected = bool((bad.get("AccumulateGrad warning") or bad.get("capture") != "ok")
                     and good.get("capture") == "ok" and not good.get("AccumulateGrad warning"))
     seen = f"default stream: capture {first_line(bad.get('capture'), 60)}, warning={bad.get('AccumulateGrad warning')}"
-record("warm-up not on a side stream", "warns; the capture can fail", "PyTorch's AccumulateGrad warning",
-       "warm up on a side stream and drop the warm-up's autograd graph (del loss); the kit does both",
-       seen, detected)
+pitfalls.record("warm-up not on a side stream", "warns; the capture can fail", "PyTorch's AccumulateGrad warning",
+                "warm up on a side stream and drop the warm-up's autograd graph (del loss); the kit does both",
+                seen, detected)
 
 # %% [markdown]
 # ## 8. A background thread during capture (`capture_error_mode`)
@@ -586,25 +496,29 @@ if CUDA:
     detected = bool((strict.get("thread") != "ok" or strict.get("capture") != "ok")
                     and local.get("thread") == "ok" and local.get("capture") == "ok" and local.get("correct"))
     seen = f"global: thread {first_line(strict.get('thread'), 50)}; capture {first_line(strict.get('capture'), 50)}"
-record("another thread allocating during capture", "raises (in that thread, or at capture end)",
-       "the error; capture_error_mode", "capture_error_mode='thread_local', or keep other threads off the GPU "
-       "while capturing", seen, detected)
+pitfalls.record("another thread allocating during capture", "raises (in that thread, or at capture end)",
+                "the error; capture_error_mode", "capture_error_mode='thread_local', or keep other threads off the GPU "
+                "while capturing", seen, detected)
 
 # %% [markdown]
 # ## 9. Memory: a private pool per graph vs one shared pool
 # Each capture gets its own private memory pool by default, and memory a graph used for intermediates stays
 # reserved for it. One graph per batch size quickly adds up. Graphs captured into **one shared pool**
 # (`capture(..., pool=shared_pool())`: a `torch.cuda.graph_pool_handle()`, or a `torch.cuda.MemPool` from PyTorch
-# 2.14) reuse each other's intermediate
-# memory. The rule that comes with it (PyTorch's CUDA graph notes): graphs in one pool must not run
-# concurrently, and if one reads another's output, replay them in the order they were captured. The kit
-# captures every graph of a GPU on one stream, which the pool needs to reuse memory. Measured with
-# `torch.cuda.memory_reserved()`, an MLP forward captured for several batch sizes (largest first); memory reserved
-# is counted, not timed, so one measurement of each is the claim's interval. The cell prints the verdict.
+# 2.14) reuse each other's intermediate memory.
+#
+# The rule that comes with it, from PyTorch's CUDA notes ("Sharing memory across captures"): graphs may share a
+# pool if they are always replayed in the order they were captured and never concurrently, or if they do not
+# depend on each other's outputs and never run concurrently, in any order. In a shared pool, replaying one graph
+# can overwrite another graph's outputs: clone an output you keep before replaying another graph.
+#
+# The kit captures every graph of a GPU on one stream, which the pool needs to reuse memory. Measured with
+# `torch.cuda.memory_reserved()`: an MLP forward captured for several batch sizes (largest first). Memory reserved
+# is counted, not timed, so one reading of each is the claim's interval.
 
 # %%
-memory_rows = []
-fig_mem = None
+memory_rows, fig_mem = [], None
+seen, detected = "needs a GPU", None
 if CUDA:
     mlp = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
 
@@ -624,32 +538,23 @@ if CUDA:
     private = reserved_for_graphs(lambda: None)
     pool = shared_pool()
     shared = reserved_for_graphs(lambda: pool)
-    for variant, used in (("private pool per graph", private), ("one shared pool", shared)):
-        memory_rows.append({"case": f"memory: {len(POOL_BATCHES)} graphs (batch {POOL_BATCHES[0]}..{POOL_BATCHES[-1]})",
-                            "variant": variant, "reserved_mib": used / 2**20})
-    memory = pd.DataFrame(memory_rows)
-    print(memory.round(1).to_string(index=False))
+    case = f"memory: {len(POOL_BATCHES)} graphs (batch {POOL_BATCHES[0]}..{POOL_BATCHES[-1]})"
+    memory_rows = [{"case": case, "variant": v, "reserved_mib": used / 2**20}
+                   for v, used in (("private pool per graph", private), ("one shared pool", shared))]
     ratio = private / shared if shared > 0 else (float("inf") if private > 0 else float("nan"))
-    print(f"private / shared = {ratio:.2f}x")
-    pool_claim = Claim("shared_pool_saves_memory", lo=ratio, hi=ratio, above=1.0,
-                       holds=f"{len(POOL_BATCHES)} graphs in one shared pool reserved less memory than with a private "
-                             f"pool each ({shared / 2**20:.0f} vs {private / 2**20:.0f} MiB, {{lo:.2f}}x less)",
-                       fails=f"{len(POOL_BATCHES)} graphs in one shared pool reserved no less memory than with a "
-                             f"private pool each ({shared / 2**20:.0f} vs {private / 2**20:.0f} MiB)")
-    claims.append(pool_claim)
-    print(f"[{pool_claim.verdict}] {pool_claim.statement}")
+    said = f"{len(POOL_BATCHES)} graphs reserved {shared / 2**20:.0f} MiB in one shared pool, {private / 2**20:.0f} MiB"
+    claims.append(Claim("shared_pool_saves_memory", lo=ratio, hi=ratio, above=1.0,
+                        holds=f"{said} with a private pool each ({{lo:.2f}}x less in the shared pool)",
+                        fails=f"{said} with a private pool each (the shared pool saved nothing)"))
+    print(pd.DataFrame(memory_rows).round(1).to_string(index=False), "\n" + claims[-1].statement)
     fig_mem, ax = plt.subplots(figsize=(5.5, 3.4))
-    ax.bar(memory.variant, memory.reserved_mib, color=["C3", "C2"])
-    ax.set(ylabel="memory reserved (MiB)",
-           title=f"{len(POOL_BATCHES)} captured MLP graphs on {torch.cuda.get_device_name(0)}")
-    fig_mem.tight_layout()
+    ax.bar([r["variant"] for r in memory_rows], [r["reserved_mib"] for r in memory_rows], color=["C3", "C2"])
+    ax.set(ylabel="memory reserved (MiB)", title=f"{len(POOL_BATCHES)} MLP graphs on {torch.cuda.get_device_name(0)}")
     show_figure(fig_mem)
     seen = f"private {private / 2**20:.0f} MiB vs shared {shared / 2**20:.0f} MiB"
-    detected = pool_claim.verdict == "holds"
-else:
-    seen, detected = "needs a GPU", None
-record("memory held by one private pool per graph", "wastes memory (can run out)",
-       "torch.cuda.memory_reserved()", "capture into one shared pool: pool=shared_pool()", seen, detected)
+    detected = claims[-1].verdict == "holds"
+pitfalls.record("memory held by one private pool per graph", "wastes memory (can run out)",
+                "torch.cuda.memory_reserved()", "capture into one shared pool: pool=shared_pool()", seen, detected)
 
 # %% [markdown]
 # ## 10. `torch.compile(mode="reduce-overhead")`: skipped graphs and overwritten outputs
@@ -701,11 +606,11 @@ if CUDA:
 else:
     seen, detected = "needs a GPU", None
     found_old = "a RuntimeError for a warm-up's or recording's output; for a replay's, comparing it with a clone"
-record("reduce-overhead: skipped graphs, overwritten outputs",
-       "silently slower; a kept output raises or silently holds the next call's values",
-       f"TORCH_LOGS=cudagraphs (perf_hints), the cudagraph_skips counter; for a kept output: {found_old}",
-       "keep compiled regions on the GPU without input mutation; clone outputs you keep", seen, detected,
-       still_works())
+pitfalls.record("reduce-overhead: skipped graphs, overwritten outputs",
+                "silently slower; a kept output raises or silently holds the next call's values",
+                f"TORCH_LOGS=cudagraphs (perf_hints), the cudagraph_skips counter; for a kept output: {found_old}",
+                "keep compiled regions on the GPU without input mutation; clone outputs you keep", seen, detected,
+                still_works(gelu))
 
 # %% [markdown]
 # ## 11. Two hand-written captures and "an illegal memory access"
@@ -737,93 +642,52 @@ from cudagraph_kit.course.pitfall_scripts import TWO_CAPTURE_VARIANTS, two_captu
 print(inspect.getsource(two_captures))
 
 # %%
-two_rows = []
+from cudagraph_kit.course.nb05_parts import two_captures_table, two_captures_verdict
+
+two_rows, seen, detected = [], "needs a GPU", None
 if CUDA:
     jobs = [(variant, attempt) for variant in TWO_CAPTURE_VARIANTS for attempt in range(TRIES)]
     with ThreadPoolExecutor(max_workers=5) as workers:  # separate processes: they can run side by side
         answers = list(workers.map(lambda job: run_isolated(two_captures, job[0]), jobs))
-    for (variant, attempt), r in zip(jobs, answers):
-        replay = r.get("replay of graph 1") or f"process died (exit code {r['exit code']}): {r.get('stderr', '')}"
-        memory_states = r.get("graph 1 memory", {})
-        two_rows.append({"variant": variant, "try": attempt + 1, "replay of graph 1": first_line(replay, 90),
-                         "crashed": replay != "ok",
-                         "graph 1 reads freed memory": sum(n for k, n in memory_states.items()
-                                                           if not k.endswith(": allocated")),
-                         "graph 1 memory": "; ".join(f"{k} {n}" for k, n in sorted(memory_states.items()))})
-    two = pd.DataFrame(two_rows)
-    summary_two = two.groupby("variant", sort=False).agg(tries=("try", "size"), crashed=("crashed", "sum"),
-                                                         reads_freed=("graph 1 reads freed memory", "max"))
-    print(summary_two.to_string())
-    print()
-    print(two[["variant", "try", "replay of graph 1", "graph 1 memory"]].to_string(index=False))
+    two_rows, summary_two = two_captures_table(jobs, answers)
+    print(summary_two.to_string(), "\n")
+    print(pd.DataFrame(two_rows)[["variant", "try", "replay of graph 1", "graph 1 memory"]].to_string(index=False))
+    detected, seen = two_captures_verdict(summary_two)
 else:
     print("skipped: needs an NVIDIA GPU (the recorded run is shown at the end)")
+pitfalls.record("a graph replayed after what it reads was freed", "silently wrong, or crashes the process",
+                "nothing before the crash: keep references", "keep model, optimizer and static tensors alive as long "
+                "as the graph (the kit's objects hold them)", seen, detected)
 
-# %%
-if CUDA:
-    s = summary_two
-    keep_ok = s.loc["keep everything", "crashed"] == 0 and s.loc["keep everything", "reads_freed"] == 0
-    drop_bad = s.loc["drop", "reads_freed"] > 0
-    same_ok = s.loc["same model and optimizer twice", "crashed"] == 0
-    print(f"keep everything: {s.loc['keep everything', 'crashed']} crash(es) in {s.loc['keep everything', 'tries']}; "
-          f"drop: {s.loc['drop', 'crashed']} crash(es) in {s.loc['drop', 'tries']}, graph 1 then reads "
-          f"{s.loc['drop', 'reads_freed']} tensor(s) it no longer owns; replaying right after capture: "
-          f"{s.loc['drop, replay right after capture', 'crashed']} crash(es); empty_cache alone: "
-          f"{s.loc['drop, empty_cache, no second capture', 'crashed']}; same model twice: "
-          f"{s.loc['same model and optimizer twice', 'crashed']}.")
-    if keep_ok and drop_bad:
-        print("=> The cause: the first graph reads tensors (optimizer state, inputs) that were freed; the next "
-              "capture's empty_cache() hands their memory back to the driver or to new tensors. A graph does not "
-              "own what it reads: keep the model, optimizer and static tensors alive as long as the graph (the "
-              "kit's GraphedCallable and GraphedTrainStep hold them).")
-    if same_ok:
-        print("=> Capturing the same model and optimizer twice did not crash: the gradients the first graph "
-              "writes live in its own private pool, which stays reserved while the graph exists.")
-    detected = bool(keep_ok and drop_bad)
-    seen = f"drop: {s.loc['drop', 'crashed']}/{s.loc['drop', 'tries']} crashed; keep: {s.loc['keep everything', 'crashed']}"
-else:
-    seen, detected = "needs a GPU", None
-record("a graph replayed after what it reads was freed", "silently wrong, or crashes the process",
-       "nothing before the crash: keep references", "keep model, optimizer and static tensors alive as long as "
-       "the graph (the kit's objects hold them)", seen, detected)
+# %% [markdown]
+# Reading the table: where every object stays alive, graph 1 replays cleanly and reads nothing freed. Where the
+# first model's objects were dropped, graph 1 reads tensors it does not own (optimizer state, inputs), and the next
+# capture's `empty_cache()` hands their memory back to the driver or to new tensors. A graph does not own what it
+# reads: keep the model, optimizer and static tensors alive as long as the graph (the kit's `GraphedCallable` and
+# `GraphedTrainStep` hold them). Capturing the same model and optimizer twice does not free anything the first
+# graph reads: the gradients it writes live in its own private pool, which stays reserved while the graph exists.
 
 # %% [markdown]
 # ## 12. Will a graph help? `advise` before capturing, checked against measured speedups
 # A graph removes launch cost, not GPU work. `advise(fn, *args)` measures, before anything is captured, the eager
 # time per call, the kernels (and copies) per call (profiler) and the **GPU time** of the calls queued back to
-# back (CUDA events, with a spin kernel holding the GPU while the host queues them: `timing.device_time`).
-# Kernels launched one by one leave a gap between them on the GPU even when they are queued; inside a graph the
-# next node starts sooner. `measure_replay_cost()` measures that gap, a graph node's GPU time and the host's cost
-# of one replay with chains of one-element kernels, as graphs and eagerly. Then:
+# back (CUDA events, with a spin kernel holding the GPU while the host queues them). Kernels launched one by one
+# leave a gap between them on the GPU even when queued; inside a graph the next node starts sooner.
+# `measure_replay_cost()` measures that gap, a graph node's GPU time and the host's cost of one replay. Then:
 #
 # - graph GPU time = eager GPU time − kernels × gap saved + the graph's own start;
 # - best graph time = max(graph GPU time, nodes × node time, host cost of one replay);
-# - speedup = eager time / best graph time: the best a graph can reach (`speedup_if_no_gap_saved` keeps the
-#   eager GPU time whole).
+# - speedup = eager time / best graph time: the best a graph can reach.
 #
-# **What counts as a prediction.** A check of `advise` means something only if the prediction uses nothing
-# measured on the graph it predicts. So for each case here (the GELU of notebook 01, the training steps of
-# notebook 02), `advise` runs first, on the eager function alone; only then is the graph captured, and eager and
-# graph are timed against each other in `WINDOWS` windows a pause apart (`combine_windows`: the median speedup
-# and its 90% prediction interval, where a rerun's window should land). The predicted speedup is `advise`'s own,
-# eager time included: the host's speed drifts between its measurement and the timing windows, and eager time
-# moves with it, so part of a miss can be the eager time moving; the `graph pred/meas` column compares the
-# predicted graph time alone with the measured one.
-#
-# Each case is a claim: is `advise`'s prediction within 1.5x of the measured speedup? It holds when every value
-# of the measured interval is within 1.5x of the prediction, fails when none is, and is "no clear difference"
-# otherwise. The cells below print each verdict and the count.
-#
-# The rows that notebooks 01-04 recorded are a different check, shown apart and labelled **fitted after the
-# fact**: their eager rows carry no GPU floor, so the formula there takes the floor of the *graph* row, the GPU
-# time of the very graph whose speedup it is compared with. That tests the rest of the formula (node and
-# replay costs) on more workloads, not whether `advise` can tell beforehand.
+# **What counts as a prediction.** The prediction may use nothing measured on the graph it predicts. So for each
+# case (the GELU of notebook 01, the training steps of notebook 02) `advise` runs first, on the eager function
+# alone; only then is the graph captured, and eager and graph are timed against each other in `WINDOWS` windows a
+# pause apart (`measure`: the median speedup and its 90% prediction interval, where one more window should land).
+# Each case is a claim: does the whole measured interval lie within 1.5x of `advise`'s prediction?
 
 # %%
-import time
-
 cost = None
-timed, predicted, claim_ids = {}, {}, {}  # per case: what compare() times, advise's prediction, the claim's id
+timed, predicted, claim_ids = {}, {}, {}  # per case: what measure() times, advise's prediction, the claim's id
 if CUDA:
     cost = measure_replay_cost()
     print(f"replay cost on this GPU: the host spends {cost.launch_us:.2f} µs per replay; a tiny node takes "
@@ -864,248 +728,73 @@ else:
     print("skipped: advise measures on an NVIDIA GPU (a summary of the recorded comparison is shown at the end)")
 
 # %%
-# the timing windows: every case in each window, the profiler only in the last one, after all timings
-windows12 = []
-for w in range(WINDOWS if timed else 0):
-    last = w == WINDOWS - 1
-    windows12.append(pd.concat([compare(variants, *args, case=case, samples=SAMPLES, floor=last)
-                                for case, (variants, args) in timed.items()], ignore_index=True))
-    print(f"window {w + 1}/{WINDOWS}: " + ", ".join(
-        f"{r.case} {r.speedup:.2f}x" for r in windows12[-1].itertuples() if r.variant != "eager"))
-    if not last:
-        time.sleep(WINDOW_PAUSE_S)
-measured12 = combine_windows(windows12) if windows12 else pd.DataFrame()
+from cudagraph_kit.course.nb05_parts import advise_claim, advise_overall_claim
 
-# %%
-WITHIN = 1.5  # the claim: the prediction is within this factor of the measured speedup
-
-
-def closeness(p, m):
-    """1 when the prediction p equals the measurement m, 1/x when one is x times the other."""
-    return min(p / m, m / p)
-
-
-def literal(text):
-    """A sentence for Claim, which formats its sentences: braces kept as they are."""
-    return text.replace("{", "{{").replace("}", "}}")
-
-
-def within_claim(claim_id, case, p, lo, hi):
-    """advise's prediction ``p`` within WITHIN of the measured speedup, whose prediction interval is ``lo``-``hi``.
-    The claim's interval is the range of closeness(p, m) for m in lo..hi; it holds above 1/WITHIN."""
-    if not (lo == lo and hi == hi and 0 < lo <= hi and p > 0):  # not measured in two windows: unclear, no NaN prose
-        return Claim(claim_id, lo=float("nan"), hi=float("nan"), above=1 / WITHIN, holds="", fails="")
-    ends = (closeness(p, lo), closeness(p, hi))
-    c_lo, c_hi = min(ends), (1.0 if lo <= p <= hi else max(ends))
-    said = f"advise predicted {p:.2f}x before capture, measured {lo:.2f}-{hi:.2f}x (90% prediction interval)"
-    return Claim(claim_id, lo=c_lo, hi=c_hi, above=1 / WITHIN,
-                 holds=literal(f"{case}: within {WITHIN:g}x: {said}"),
-                 fails=literal(f"{case}: off by more than {WITHIN:g}x: {said}"),
-                 unclear=literal(f"{case}: no clear difference from the {WITHIN:g}x bound: {said}, an interval with "
-                                 f"values both within and beyond {WITHIN:g}x of the prediction"))
-
-
+m12 = measure(timed, windows=WINDOWS, samples=SAMPLES, pause_s=WINDOW_PAUSE_S) if timed else None
 honest_rows, case_claims = [], []
 for case, a in predicted.items():
-    grp = measured12[measured12.case == case]
-    eager_row, graph_row = grp[grp.variant == "eager"].iloc[0], grp[grp.variant != "eager"].iloc[0]
-    c = within_claim(f"advise_within_1_5x_{claim_ids[case]}", case, a.speedup, graph_row.speedup_lo,
-                     graph_row.speedup_hi)
-    case_claims.append(c)
+    graph_variant = list(timed[case][0])[1]
+    eager_row, graph_row = m12.row(case, "eager"), m12.row(case, graph_variant)
+    lo, hi = m12.interval(case, graph_variant)
+    case_claims.append(advise_claim(f"advise_within_1_5x_{claim_ids[case]}", case, a.speedup, lo, hi))
     honest_rows.append({"source": "05 (this run)", "prediction": "before capture", "case": case,
                         "nodes": a.kernels_per_call, "eager_us": a.eager_us, "floor_us": a.floor_us,
                         "graph_gpu_us": a.graph_gpu_us, "predicted_graph_us": a.graph_us,
-                        "predicted_speedup": a.speedup, "measured_eager_us": eager_row.median_us,
-                        "measured_graph_us": graph_row.median_us, "measured_speedup": graph_row.speedup,
-                        "measured_lo": graph_row.speedup_lo, "measured_hi": graph_row.speedup_hi,
-                        "graph_executed_as": graph_row.executed_as, "verdict": c.verdict})
+                        "predicted_speedup": a.speedup, "measured_graph_us": graph_row.median_us,
+                        "measured_speedup": graph_row.speedup, "measured_lo": lo, "measured_hi": hi,
+                        "graph_executed_as": graph_row.executed_as, "verdict": case_claims[-1].verdict})
 honest = pd.DataFrame(honest_rows)
 if len(honest):
-    verdicts = honest.verdict
-    n, held, failed = len(honest), int((verdicts == "holds").sum()), int((verdicts == "fails").sum())
-    unclear = n - held - failed
-    names = lambda v: ", ".join(honest.case[verdicts == v])  # noqa: E731
-    all_known = all(c.lo == c.lo for c in case_claims)
-    claims.extend(case_claims)
-    claims.append(Claim(
-        "advise_within_1_5x_all", lo=min(c.lo for c in case_claims) if all_known else float("nan"),
-        hi=min(c.hi for c in case_claims) if all_known else float("nan"), above=1 / WITHIN,
-        holds=f"advise's predictions made before capture are within {WITHIN:g}x of the measured speedup in all {n} "
-              f"cases timed here",
-        fails=literal(f"advise's predictions made before capture are off by more than {WITHIN:g}x in {failed} of "
-                      f"{n} cases timed here ({names('fails')}); within {WITHIN:g}x in {held}"),
-        unclear=literal(f"no clear difference from the {WITHIN:g}x bound in {unclear} of {n} cases "
-                        f"({names('unclear')}); none is off by more than {WITHIN:g}x, {held} of {n} are within it")))
-    print(f"advise, predictions made before capture: {held} of {n} within {WITHIN:g}x of the measured speedup, "
-          f"{failed} off by more, {unclear} unclear (no clear difference)")
-    for c in claims[-n - 1:]:
-        print(f"[{c.verdict}] {c.statement}")
-    table12 = honest.assign(**{
-        "eager µs (advise)": honest.eager_us, "graph µs predicted": honest.predicted_graph_us,
-        "graph µs measured": honest.measured_graph_us,
-        "graph pred/meas": honest.predicted_graph_us / honest.measured_graph_us,
-        "predicted x": honest.predicted_speedup, "measured x": honest.measured_speedup,
-        "measured interval": [f"{lo:.2f}-{hi:.2f}" if lo == lo and hi == hi else "not in 2+ windows"
-                              for lo, hi in zip(honest.measured_lo, honest.measured_hi)]})
-    print()
-    print(table12[["case", "nodes", "eager µs (advise)", "graph µs predicted", "graph µs measured", "graph pred/meas",
-                   "predicted x", "measured x", "measured interval", "verdict"]].round(2).to_string(index=False))
+    claims += [*case_claims, advise_overall_claim(case_claims)]
+    display(m12.short())
+    print(honest[["case", "nodes", "predicted_graph_us", "measured_graph_us", "predicted_speedup",
+                  "measured_speedup", "measured_lo", "measured_hi"]].round(2).to_string(index=False))
+    for c in claims[-len(honest) - 1:]:
+        print(c.statement)
 
 # %% [markdown]
-# The check fitted after the fact, on what notebooks 01-04 recorded: their eager row gives the eager time and the
-# kernels (+ copies) per call, their graph row the floor (the GPU-busy time of those kernels replayed from the
-# graph, so no launch gap comes off); the replay cost is the one measured above, in this process. Because the
-# floor is the timed graph's own, these rows are shown apart from the predictions above, summarized per notebook
-# (how many cases, the median of predicted/measured, the farthest case), and plotted as hollow points.
-
-# %%
-HEADLINES = {
-    "01_gelu": [("small", "eager", "graph replay"), ("large", "eager", "graph replay")],
-    "02_train_step": [(f"MLP {s}, {o}", "eager", "whole-step graph") for s in ("32x128x256x16", "640x4096x2048x1024")
-                      for o in ("SGD", "Adam(capturable)")],
-    "03_jit_compile": [(c, "torch.compile", "torch.compile + graph, input in place") for c in ("small", "large")],
-}
-for folder in sorted((results.recorded_root() or Path("figures")).glob("04_*")):  # notebook 04's recorded results
-    rec04 = results.load(folder.name)
-    if rec04 is not None and {"case", "variant"} <= set(rec04.df.columns):
-        HEADLINES[folder.name] = [(c, "eager", v) for c, grp in rec04.df.groupby("case", sort=False)
-                                  if "eager" in set(grp.variant)
-                                  for v in [next((v for v in grp.variant if "graph" in str(v)), None)] if v]
-
-
-def from_recorded(stem, case, base_variant, graph_variant):
-    """A fitted row from a recorded notebook: the floor is the timed graph's own (None if something is missing)."""
-    rec = results.load(stem)
-    if rec is None:
-        return None
-    df = rec.df
-    base = df[(df.case == case) & (df.variant == base_variant)]
-    graph = df[(df.case == case) & (df.variant == graph_variant)]
-    if base.empty or graph.empty:
-        return None
-    b, gr = base.iloc[0], graph.iloc[0]
-    # the floor: GPU-busy time of the same kernels replayed from the graph (the kit gives no floor for eager
-    # rows, whose profiled kernel times include launch effects); an older record may have it on the eager row
-    floor = gr.get("floor_us") if pd.notna(gr.get("floor_us")) else b.get("floor_us")
-    copies = b.get("copies_per_call", 0.0)
-    nodes = b.get("kernels_per_call", float("nan")) + (copies if pd.notna(copies) else 0.0)
-    if floor is None or pd.isna(floor) or pd.isna(nodes) or not b.median_us > 0 or not gr.median_us > 0:
-        return None
-    pred_graph = predict_graph_time(floor, nodes, cost)
-    return {"source": stem, "gpu": rec.env.get("gpu"), "prediction": "fitted after the fact", "case": case,
-            "eager_us": b.median_us, "floor_us": floor, "graph_gpu_us": floor, "nodes": nodes,
-            "predicted_graph_us": pred_graph, "predicted_speedup": b.median_us / pred_graph,
-            "measured_graph_us": gr.median_us, "measured_speedup": b.median_us / gr.median_us,
-            "graph_executed_as": gr.get("executed_as", "?")}
-
-
-def advice_summary(adv):
-    """Per source notebook and kind of prediction: cases, median predicted / measured, the farthest case."""
-    rows = []
-    for (source, kind), grp in adv.groupby(["source", "prediction"], sort=False):
-        ratio = grp.predicted_speedup / grp.measured_speedup
-        far = ratio.map(lambda r: max(r, 1 / r)).idxmax()
-        rows.append({"source": source, "prediction": kind, "cases": len(grp),
-                     "median predicted/measured": f"{ratio.median():.2f}",
-                     "farthest case": f"{grp.case[far]}: {grp.predicted_speedup[far]:.2f}x predicted, "
-                                      f"{grp.measured_speedup[far]:.2f}x measured"})
-    return pd.DataFrame(rows)
-
-
-fitted = pd.DataFrame([row for stem, cases in HEADLINES.items() for case, base_variant, graph_variant in cases
-                       for row in [from_recorded(stem, case, base_variant, graph_variant) if CUDA else None] if row])
-advice = pd.concat([honest, fitted], ignore_index=True)
-if len(advice):
-    if len(fitted):
-        print("recorded on: " + "; ".join(f"{s}: {g}" for s, g in fitted.groupby("source", sort=False).gpu.first().items()))
-    print(advice_summary(advice).to_string(index=False))
-
-# %%
-fig_adv = None
-values = [v for col in ("predicted_speedup", "measured_speedup", "measured_lo", "measured_hi") if col in advice
-          for v in advice[col] if v == v and v > 0]
-if values:
-    fig_adv, ax = plt.subplots(figsize=(5.8, 5))
-    lo, hi = min(values) * 0.8, max(values) * 1.25
-    ax.fill_between([lo, hi], [lo / WITHIN, hi / WITHIN], [lo * WITHIN, hi * WITHIN], color="C2", alpha=0.15,
-                    label=f"within {WITHIN:g}x")
-    ax.plot([lo, hi], [lo, hi], "k--", lw=1)
-    for i, (source, grp) in enumerate(fitted.groupby("source", sort=False) if len(fitted) else []):
-        ax.scatter(grp.measured_speedup, grp.predicted_speedup, facecolors="none", edgecolors=f"C{i + 1}",
-                   label=f"{source} (recorded): fitted after the fact", zorder=3)
-    if len(honest):
-        ax.errorbar(honest.measured_speedup, honest.predicted_speedup,
-                    xerr=[(honest.measured_speedup - honest.measured_lo).clip(lower=0),
-                          (honest.measured_hi - honest.measured_speedup).clip(lower=0)],
-                    fmt="o", color="C0", ecolor="C0", capsize=3, zorder=4,
-                    label="this run: predicted before capture (measured: 90% interval)")
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured speedup (eager / graph)",
-           ylabel="advise: predicted best speedup", title=f"advise vs measured on {torch.cuda.get_device_name(0)}")
-    ax.legend(fontsize=7)
-    fig_adv.tight_layout()
-    show_figure(fig_adv)
+# The predicted speedup is `advise`'s own, eager time included: the host's speed drifts between its measurement
+# and the timing windows, and eager time moves with it, so part of a miss can be the eager time moving; compare
+# `predicted_graph_us` with `measured_graph_us` for the graph alone. The appendix checks the same formula on the
+# rows notebooks 01-04 recorded (fitted after the fact, since their floor is the timed graph's own).
 
 # %% [markdown]
 # ## 13. The pitfalls at a glance
-# What happens without the fix, and what finds it. "detected" is what this run measured (empty: the check
-# needs a GPU and did not run here); "process still works" is the check after a failure (eager work and a
-# fresh capture, compared with the CPU).
+# What happens without the fix, and what finds it. "detected" is what this run measured (empty: the check needs
+# a GPU and did not run here); "process still works" is the check after a failure.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-summary = pd.DataFrame(PITFALLS)
 with pd.option_context("display.max_colwidth", 90):
-    display_table = summary[["pitfall", "without a fix", "found by", "fix", "detected", "process still works"]]
-    print(display_table.to_string(index=False))
+    print(pitfalls.table().to_string(index=False))
 
 # %% [markdown]
 # ## 14. Save the results
-# One table for this notebook: a row per pitfall (what this run saw), the memory measurement, the timings of
-# section 12 (combined over windows, cases named `measured: ...`), `advise`'s predictions made before capture
-# (`advise: ...`) and the fitted rows from notebooks 01-04 (`advise fitted: ...`); the verdicts in `claims.csv`.
-# A run without CUDA writes to `build/figures/` instead, so it never overwrites the recorded GPU run.
+# One table: a row per pitfall, the memory measurement, the timings of section 12 (cases named `measured: ...`)
+# and `advise`'s predictions (`advise: ...`); the verdicts go to `claims.csv`. A run without CUDA writes to
+# `build/figures/`, never over the recorded GPU run. The appendix adds its rows and saves again.
 
 # %%
-rows = []
-for p in PITFALLS:
-    rows.append({"case": f"pitfall: {p['pitfall']}", "variant": p["without a fix"], "median_us": float("nan"),
-                 "speedup": float("nan"), "executed_as": "cuda graph" if CUDA else "eager (checks only)",
-                 "found_by": p["found by"], "fix": p["fix"], "seen": p["this run saw"], "detected": p["detected"],
-                 "process_still_works": p["process still works"]})
-for r in memory_rows:
-    rows.append({"case": r["case"], "variant": r["variant"], "median_us": float("nan"), "speedup": float("nan"),
-                 "executed_as": "cuda graph", "reserved_mib": r["reserved_mib"]})
-if len(measured12):
-    rows.extend(measured12.assign(case="measured: " + measured12.case).to_dict("records"))
-costs = {"node_us": cost.graph_node_us, "launch_us": cost.launch_us, "gap_saved_us": cost.gap_saved_us} if cost else {}
-for r in advice.to_dict("records"):
-    before = r["prediction"] == "before capture"
-    rows.append({"case": f"advise: {r['case']}" if before else f"advise fitted: {r['case']}",
-                 "variant": "predicted (this run)" if before else f"fitted ({r['source']} ({r['gpu']}))",
-                 "prediction": r["prediction"], "median_us": r["predicted_graph_us"], "speedup": r["predicted_speedup"],
-                 "executed_as": r["graph_executed_as"], "floor_us": r["floor_us"], "eager_us": r["eager_us"],
-                 "nodes_per_call": r["nodes"], "graph_gpu_us": r["graph_gpu_us"],
-                 "advise_speedup": r["predicted_speedup"] if before else float("nan"),
-                 "measured_speedup": r["measured_speedup"], "measured_graph_us": r["measured_graph_us"],
-                 "measured_speedup_lo": r.get("measured_lo", float("nan")),
-                 "measured_speedup_hi": r.get("measured_hi", float("nan")), **costs})
-for r in two_rows:
-    rows.append({"case": f"two captures: {r['variant']}", "variant": f"try {r['try']}", "median_us": float("nan"),
-                 "speedup": float("nan"), "executed_as": "cuda graph", "seen": r["replay of graph 1"],
-                 "crashed": r["crashed"], "reads_freed": r["graph 1 reads freed memory"],
-                 "memory": r["graph 1 memory"]})
-all_rows = pd.DataFrame(rows)
-figures = {name: fig for name, fig in (("pool_memory", fig_mem), ("advise", fig_adv)) if fig is not None}
-folder = results.save(STEM, all_rows, figures=figures,
-                      extra_env={"tries": TRIES, "pool_batches": POOL_BATCHES, "windows": WINDOWS,
-                                 "samples_per_window": SAMPLES, "advise_samples": ADVISE_SAMPLES})
-save_claims(folder, claims)
-print("saved to", folder, f"(results.csv, env.json, claims.csv with {len(claims)} claim(s), figures)")
+from cudagraph_kit.course.nb05_parts import result_table
+
+
+def save_all(advice, figures=None):
+    table = result_table(pitfalls, memory_rows, m12, advice, cost, two_rows, CUDA)
+    figs = {k: f for k, f in {"pool_memory": fig_mem, **(figures or {})}.items() if f is not None}
+    folder = results.save(STEM, table, figures=figs,
+                          extra_env={"tries": TRIES, "pool_batches": POOL_BATCHES, "windows": WINDOWS,
+                                     "samples_per_window": SAMPLES, "advise_samples": ADVISE_SAMPLES})
+    save_claims(folder, claims)
+    return folder
+
+
+print("saved to", save_all(honest))
 
 # %% [markdown]
 # ## 15. Side by side with the published figures
 # The one published figure for these pitfalls is about memory: a detector that captured one graph per input
-# resolution, with a private pool per graph and with one shared pool (roboflow/rf-detr #1490).
+# resolution, with a private pool per graph and with one shared pool
+# ([roboflow/rf-detr #1490](https://github.com/roboflow/rf-detr/issues/1490)). Beside it, section 9's reading.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -1115,68 +804,31 @@ PUBLISHED_MEMORY["private / shared"] = PUBLISHED_MEMORY.private_gib / PUBLISHED_
 print(PUBLISHED_MEMORY.round(2).to_string(index=False))
 
 # %%
-if memory_rows:
-    here = pd.DataFrame(memory_rows).set_index("variant").reserved_mib
-    print(f"this run ({torch.cuda.get_device_name(0)}, {len(POOL_BATCHES)} MLP graphs): private "
-          f"{here['private pool per graph']:.0f} MiB, shared {here['one shared pool']:.0f} MiB, "
-          f"private / shared = {here['private pool per graph'] / here['one shared pool']:.2f}x")
-else:
-    print("this run: no GPU, nothing captured (the recorded run is summarized below)")
+print(next((c.statement for c in claims if c.claim == "shared_pool_saves_memory"),
+           "this run: no GPU, nothing captured (the recorded run is shown below)"))
 
 # %% [markdown]
 # **Why the two ratios can differ.** The saving depends on how much of each graph's memory is intermediates
 # (shareable) rather than outputs (each graph keeps its own) and on how many graphs there are: a detector's
-# activations are far larger than our MLP's, and more graphs share more.
+# activations are far larger than this MLP's, and more graphs share more.
 
 # %% [markdown]
-# ## 16. Recorded GPU results, in short
-# What the last GPU run committed to this repository found (what a reader without a GPU sees): how many
-# pitfalls it detected, the memory of section 9, the `advise` check of section 12 per source notebook, that
-# run's verdicts, and its two figures. The full table is `figures/05_pitfalls/results.csv`.
+# ## 16. Recorded GPU results
+# The timings of section 12 beside the last GPU run committed to this repository (without a GPU: that run's
+# table), then that run's verdicts. The full table is `figures/05_pitfalls/results.csv`.
 
 # %%
-def advice_from_saved(df):
-    """The advise rows of a saved results table (this notebook's format, older or newer) as advice_summary
-    takes them."""
-    if "measured_speedup" not in df:
-        return pd.DataFrame()
-    rows = []
-    for r in df[df.case.astype(str).str.startswith(("advise: ", "advise fitted: "))].to_dict("records"):
-        if not (pd.notna(r["measured_speedup"]) and r["measured_speedup"] > 0):
-            continue
-        before = r["variant"] == "predicted (this run)"
-        # advise's own prediction; an older record's speedup column used the measuring window's eager time
-        own = r.get("advise_speedup", float("nan"))
-        rows.append({"source": "05 (that run)" if before else str(r["variant"]).partition("(")[2].split(" ")[0],
-                     "prediction": "before capture" if before else "fitted after the fact",
-                     "case": str(r["case"]).partition(": ")[2],
-                     "predicted_speedup": own if before and pd.notna(own) else r["speedup"],
-                     "measured_speedup": r["measured_speedup"]})
-    return pd.DataFrame(rows)
+from cudagraph_kit.course.claims import load_claims
 
-
-recorded = results.load(STEM)
-if recorded is None:
-    results.show_recorded(STEM)  # says where it looked, and where the recorded results are
+if m12 is not None:
+    results.beside_recorded(STEM, m12.table.assign(case="measured: " + m12.table.case))
 else:
-    saved = recorded.df
-    print(recorded.caption)
-    pit = saved[saved.case.astype(str).str.startswith("pitfall: ")]
-    found = pit.detected.astype(str) == "True"
-    print(f"pitfalls detected: {int(found.sum())} of {len(pit)}"
-          + ("" if found.all() else "; not: " + ", ".join(pit.case[~found].str.removeprefix("pitfall: "))))
-    mem = saved[saved.case.astype(str).str.startswith("memory:")]
-    if len(mem) and "reserved_mib" in mem:
-        print(f"{mem.case.iloc[0]}: " + ", ".join(f"{v} {m:.0f} MiB" for v, m in zip(mem.variant, mem.reserved_mib)))
-    recorded_advice = advice_from_saved(saved)
-    if len(recorded_advice):
-        print(advice_summary(recorded_advice).to_string(index=False))
-    recorded_claims = load_claims(recorded.dir)
-    for c in recorded_claims.itertuples() if recorded_claims is not None else []:
-        print(f"[{c.verdict}] {c.statement}")
-    from IPython.display import Image, display
-    for png in recorded.pngs:
-        display(Image(filename=str(png)))
+    results.show_recorded(STEM, columns=["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo",
+                                         "speedup_hi", "detected", "reserved_mib"])
+recorded = results.load(STEM)
+recorded_claims = load_claims(recorded.dir) if recorded is not None else None
+if recorded_claims is not None:
+    print("\n".join(recorded_claims.statement))
 
 # %% [markdown]
 # ## Summary
@@ -1190,7 +842,15 @@ else:
 #   says it raises; it can instead silently hold the next call's values (section 10 prints what this PyTorch
 #   did). Clone what you keep either way.
 # - **Before you capture**: `check_capturable(fn, *args)` lists each problem with its line; `advise(fn, *args)`
-#   predicts whether the graph is worth it (section 12 prints how close its predictions came in this run).
+#   predicts whether the graph is worth it.
+#
+# This run's verdicts:
+
+# %%
+if claims:
+    summary(claims)
+else:
+    print("No verdicts: without a GPU nothing was captured or timed (the recorded run is shown above).")
 
 # %% [markdown]
 # ## Exercises
@@ -1254,3 +914,79 @@ clip_verify = ...  # GPU: verify(capture(clip_to_norm_fixed, X), clip_to_norm_fi
 
 # %%
 check_clip_without_sync(clip_to_norm_fixed, clip_verify)
+
+# %% [markdown]
+# ## Appendix A: Python state reached another way
+# Section 5's counter lived in `self`; the same pitfall hides in other places.
+# A counter need not be a global or an attribute of `self`: it can sit in an object the function holds in a
+# closure, in a dict, in a class attribute, or in a helper the function calls. A replay freezes each of them
+# the same way. `check_capturable` follows what the function can reach and names the line; `verify` first runs
+# eager twice on identical inputs (RNG fixed, tensor state put back): if even eager differs, it reports
+# "depends on state that the graph freezes" instead of a mismatch. Tensor state updated in place (BatchNorm's
+# running statistics, an optimizer's moments) is not Python state, and neither is a local accumulator.
+
+# %%
+class Box:
+    calls = 0                      # a class attribute
+
+    def __init__(self):
+        self.n = 0                 # an attribute of an object
+
+
+def make_scaled(kind):
+    box, counts = Box(), {"calls": 0}
+
+    def bump():                    # a helper that changes what the caller reads
+        counts["calls"] += 1
+        return counts["calls"]
+
+    def scaled(x):
+        if kind == "object in a closure":
+            box.n += 1
+            return x * box.n
+        if kind == "dict item":
+            counts["calls"] += 1
+            return x * counts["calls"]
+        if kind == "class attribute":
+            Box.calls += 1
+            return x * Box.calls
+        return x * bump()          # "through a helper"
+    return scaled
+
+
+bn = torch.nn.BatchNorm1d(16).to(DEVICE)
+reached = []
+for kind in ("object in a closure", "dict item", "class attribute", "through a helper"):
+    fn = make_scaled(kind)
+    found = [f for f in check_capturable(fn, X).findings if f.kind == "Python state"]
+    frozen = verify(capture(fn, X, eager_fallback=True), fn, X, steps=2)  # a real graph on a GPU
+    reached.append({"state": kind, "check_capturable": found[0].code if found else "not found",
+                    "verify": frozen.frozen_state["what"] if frozen.frozen_state else "not found"})
+ordinary = check_capturable(lambda x: bn(x.view(-1, 16)), X)  # running stats change in place: not Python state
+print(pd.DataFrame(reached).to_string(index=False))
+print("BatchNorm in training mode:", "looks capturable" if ordinary.ok else ordinary)
+pitfalls.record("Python state reached through an object, a container, a class or a helper", "silently wrong",
+                "check_capturable: Python state; verify (eager twice)", "keep it in a GPU tensor updated in place",
+                "; ".join(f"{r['state']}: {r['check_capturable']}" for r in reached),
+                all(r["check_capturable"] != "not found" and r["verify"] != "not found" for r in reached) and ordinary.ok)
+
+# %% [markdown]
+# ## Appendix B: `advise`'s formula on what notebooks 01-04 recorded (fitted after the fact)
+# Their eager row gives the eager time and the kernels (+ copies) per call, their graph row the floor (the GPU-busy
+# time of those kernels replayed from the graph, so no launch gap comes off); the replay cost is the one measured
+# in section 12, in this process. Because the floor is the timed graph's own, these rows test the rest of the
+# formula (node and replay costs) on more workloads, not whether `advise` can tell beforehand: they are summarized
+# per notebook and drawn hollow, apart from section 12's predictions.
+
+# %%
+from cudagraph_kit.course.nb05_parts import advice_summary, fitted_row, plot_advise, recorded_headlines
+
+fitted = pd.DataFrame([row for stem, cases in recorded_headlines(results).items() for case, base, graph in cases
+                       for row in [fitted_row(results, stem, case, base, graph, cost) if CUDA else None] if row])
+advice = pd.concat([honest, fitted], ignore_index=True)
+if len(advice):
+    print(advice_summary(advice).to_string(index=False))
+fig_adv = plot_advise(honest, fitted, torch.cuda.get_device_name(0)) if CUDA else None
+if fig_adv is not None:
+    show_figure(fig_adv)
+print("saved again, with the appendix's rows:", save_all(advice, figures={"advise": fig_adv}))

@@ -77,18 +77,14 @@ REQUESTS = None       # requests in the timed stream (None: 200 on a GPU; 40 in 
 HISTORY = None        # request sizes seen "earlier", for the planner (None: 5000 on a GPU; 1000 in SMOKE / on a CPU)
 OVERFLOW_SHARE = 0.01 # share of requests larger than MAX_ROWS (they run eagerly, counted)
 SPACINGS = None       # fixed ladders besides exact sizes, pow2 and a single bucket (None: steps of 4, 8, 16)
-SAMPLES = None        # timing rounds per window, one pass of every variant per round (None: 3; 2 in SMOKE)
-WINDOWS = 3           # timing windows, a pause apart: every interval (and every verdict) comes from them
-WINDOW_PAUSE_S = 1.0  # seconds between windows
+SAMPLES = None        # timing rounds per window, one pass of every variant per round (None: 2)
+WINDOWS = 8           # timing windows, a pause apart: every interval (and every verdict) comes from them
+WINDOW_PAUSE_S = 0.5  # seconds between windows
 COMPILE = True        # also time torch.compile with mode reduce-overhead (GPU only; compiling takes a while)
 SEED = 0
 
 # %%
-import copy
-import math
-import os
-import time
-import types
+import copy, math, os, time, types
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -97,12 +93,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cudagraph_kit import (capture, capture_train_step, combine_windows, compare, env_table, gpu_time, has_cuda,
-                           ratio_across_windows, timeit)
-from cudagraph_kit.course import results
-from cudagraph_kit.course.claims import Claim, save_claims
+from cudagraph_kit import capture, capture_train_step, env_table, gpu_time, has_cuda
 from cudagraph_kit.buckets import (MemoryLedger, capture_buckets, evaluate_buckets, ladder, measure_bucket_costs,
                                    plan_buckets, pool_usage)
+from cudagraph_kit.course import results
+from cudagraph_kit.course.claims import Claim, save_claims, speedup, summary, versus
+from cudagraph_kit.course.measure import measure
+from cudagraph_kit.course.nb06_parts import graph_trees_pool_bytes, plot_tradeoff, strategy, window_medians
 
 STEM = "06_variable_shapes"
 CUDA = has_cuda()
@@ -113,7 +110,7 @@ if SMOKE is None:
 small = SMOKE or not CUDA
 MAX_ROWS = MAX_ROWS or (16 if small else 64)
 REQUESTS = REQUESTS or (200 if not small else (40 if CUDA else 24))
-SAMPLES = SAMPLES or (2 if SMOKE else 3)
+SAMPLES = SAMPLES or 2
 if SMOKE:
     WINDOWS, WINDOW_PAUSE_S = 2, 0.0
 HISTORY = HISTORY or (1000 if small else 5000)
@@ -122,9 +119,7 @@ COMPILE = COMPILE and CUDA
 SYNC = torch.cuda.synchronize if CUDA else (lambda: None)
 torch.manual_seed(SEED)
 torch.set_grad_enabled(False)  # inference throughout (the ledger's training-step example turns it back on)
-print(env_table())
-print(f"\nSMOKE={SMOKE}  MAX_ROWS={MAX_ROWS}  REQUESTS={REQUESTS}  HISTORY={HISTORY}  WINDOWS={WINDOWS} x "
-      f"SAMPLES={SAMPLES}  SPACINGS={SPACINGS}  COMPILE={COMPILE}")
+print(env_table(), f"\nMAX_ROWS={MAX_ROWS} REQUESTS={REQUESTS} HISTORY={HISTORY} WINDOWS={WINDOWS} x SAMPLES={SAMPLES}")
 claims = []  # every comparative sentence of this notebook, as a verdict on an interval (saved to claims.csv)
 SHORT = {"MLP": "mlp", "transformer block": "block"}  # model names in claim ids
 if not CUDA:
@@ -216,13 +211,13 @@ for name, (model, row_shape) in MODELS.items():
 # reuse the memory the larger one freed. A request of 5 rows is copied into the first 5 rows, rows 5..7 are
 # padded with zeros, the 8-row graph replays, and the result is the first 5 rows of the output buffer.
 #
-# The rule for a shared pool (PyTorch's CUDA graph notes, "Sharing memory across captures"; notebook 05,
-# section 9): graphs in one pool must not run concurrently, and if one reads another's output, replay them in
-# the order they were captured. Buckets read none of each other's outputs, so they may replay in any order:
-# everything a bucket's graph reads from the pool it has written earlier in the same replay, and its result
-# is copied into the output buffer, which lives outside the pool. (Older versions of the notes asked for the
-# capture order in every case; PyTorch clarified them in 2025, pull request #166975.) The next call overwrites
-# the output buffer, so clone a result you keep.
+# The rule for a shared pool, from PyTorch's CUDA notes ("Sharing memory across captures"): graphs may share a
+# pool if they are always replayed in the order they were captured and never concurrently, or if they do not
+# depend on each other's outputs and never run concurrently, in any order. In a shared pool, replaying one graph
+# can overwrite another graph's outputs: clone an output you keep before replaying another graph. Buckets depend
+# on none of each other's outputs and replay one at a time on one stream, so they may replay in any order. Here
+# each graph copies its result into `static_out`, which lives outside the pool; the next call overwrites that
+# buffer, so clone a result you keep.
 
 # %%
 mlp = MODELS["MLP"][0]
@@ -335,6 +330,7 @@ def build(model_name, label, sizes, pool="shared"):
     return bg
 
 
+# %%
 for name in MODELS:  # throwaway: the first captures of each model load its kernels and workspaces, once
     if CUDA:
         throwaway = capture_buckets(MODELS[name][0], data[name][:MAX_ROWS], sizes=range(1, MAX_ROWS + 1))
@@ -387,83 +383,6 @@ if evidence:
     print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 else:
     print("Memory held by graphs needs a GPU: on a CPU nothing is captured (see the recorded results at the end).")
-
-# %% [markdown]
-# **Why the transformer block's shared pool can hold more than its largest bucket.** The caching allocator
-# carves memory into *segments* (2 MiB for small blocks, 20 MiB or the rounded request for large ones) and
-# hands out blocks from them. The largest bucket's capture leaves segments shaped by its own requests; a
-# smaller bucket asks for other sizes, in another order, and when no free block of the pool fits, the pool
-# grows by a new segment although the free memory would suffice in total: fragmentation. The allocator's
-# `expandable_segments` option (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, see PyTorch's CUDA
-# semantics notes) maps memory into one growing segment per stream and pool instead, so freed space can be
-# reused whatever the request sizes. Set it in the environment before Python starts; here it is switched at run
-# time with `torch.cuda.memory._set_allocator_settings` (what PyTorch's own tests do; it applies to segments
-# created from then on) to compare both settings in one process: the transformer block's default ladder in a
-# shared pool against its largest bucket alone, each size checked against eager first (`verify`).
-
-# %%
-def pool_held(name, sizes):
-    """Bytes reserved by the shared pool of ``sizes`` buckets of model ``name``, after checking every size."""
-    model, _ = MODELS[name]
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    serve = capture_buckets(model, data[name][:MAX_ROWS], sizes=sizes)
-    worst = max(serve.verify(data[name][:n]) for n in range(1, MAX_ROWS + 1))  # correct before measuring
-    assert worst < 1e-3, f"a bucketed graph disagrees with eager (max |err| {worst:.2e})"
-    return pool_usage()[tuple(serve.graphs[MAX_ROWS].pool())]["reserved"]
-
-
-pool_rows = []
-set_allocator = getattr(torch.cuda.memory, "_set_allocator_settings", None)
-if CUDA and set_allocator is not None:
-    for setting in ("expandable_segments:False", "expandable_segments:True"):
-        set_allocator(setting)       # what PYTORCH_CUDA_ALLOC_CONF sets; from here on, for new segments
-        try:
-            alone, ladder_held = pool_held("transformer block", [MAX_ROWS]), pool_held("transformer block", ladder(MAX_ROWS))
-        finally:
-            set_allocator("expandable_segments:False")
-        pool_rows.append({"allocator": setting, "largest bucket alone (MiB)": alone / MiB,
-                          "default ladder, shared pool (MiB)": ladder_held / MiB, "ladder / alone": ladder_held / alone})
-    pool_table = pd.DataFrame(pool_rows)
-    print("transformer block, shared-pool memory only (the static buffers are the same in every row):")
-    print(pool_table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    off, on = pool_table["ladder / alone"]
-    evidence.append({"model": "transformer block", "check": "default ladder (shared pool, expandable_segments:True) / "
-                     "largest bucket alone, pools only", "value": on, "target": "<= 1.2"})
-    # a verdict on allocator bytes: one reading, no timing noise in it, so its interval is the point itself
-    saving = off / on if on > 0 else float("nan")
-    said = (f"the default ladder's shared pool holds {on:.2f}x its largest bucket alone with expandable segments, "
-            f"{off:.2f}x without")
-    claims.append(Claim(
-        "block_expandable_segments_saves_memory", lo=saving, hi=saving, above=1.05,
-        holds=f"transformer block: expandable segments save memory: {said} ({{lo:.2f}}x less; allocator bytes, "
-              "one reading)",
-        fails=f"transformer block: expandable segments save less than 5%: {said} (allocator bytes, one reading)",
-        unclear=f"transformer block: no clear difference from expandable segments: {said}"))
-    print(f"[{claims[-1].verdict}] {claims[-1].statement}")
-else:
-    print("Needs a GPU (and torch.cuda.memory._set_allocator_settings): the allocator's segments are CUDA memory.")
-
-# %% [markdown]
-# The ledger reads any graph the kit makes: a `capture()` result, a `BucketedGraphs`, and a
-# `capture_train_step` step (after its warm-up steps, on the call that captures it), each with its pool and
-# its static buffers.
-
-# %%
-demo = MemoryLedger()
-g_one = capture(mlp, data["MLP"][:8], eager_fallback=True)
-demo.record("capture(): MLP, 8 rows", g_one)
-demo.record("capture_buckets(): MLP, default ladder", built["MLP"][DEFAULT])
-with torch.enable_grad():
-    net = make_mlp(D_MLP, H_MLP).to(DEVICE)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    batch = (data["MLP"][:8], data["MLP"][8:16])
-    step = capture_train_step(net, opt, nn.MSELoss(), batch, eager_fallback=True)
-    for _ in range(5):                          # 3 eager warm-up steps, the capture, one replay
-        step(*batch)
-demo.record("capture_train_step(): MLP + SGD, 8 rows", step)
-print(demo.table().drop(columns=["kind"]).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-del g_one, step, net, opt
 
 # %% [markdown]
 # ## 6. A planner instead of a fixed ladder
@@ -522,7 +441,7 @@ for name in MODELS:
 
 # %% [markdown]
 # The planner's curve: the fewest padded rows it can reach with `K` graphs (plain row counts, no cost model,
-# no memory limit), on the history. The figure in section 12 puts the fixed ladders next to it: a ladder
+# no memory limit), on the history. The figure in section 11 puts the fixed ladders next to it: a ladder
 # above the curve spends its graphs where few requests fall.
 
 # %%
@@ -565,20 +484,6 @@ def fresh(fn):
 def run_stream(fn, requests):
     for x in requests:
         fn(x)
-
-
-def graph_trees_pool_bytes():
-    """Bytes reserved by the pool of reduce-overhead's CUDA graph trees on this GPU, or None where not readable.
-
-    One pool per GPU and thread, created by the graph trees' manager and shared by every function compiled with
-    mode="reduce-overhead" in the thread (torch/_inductor/cudagraph_trees.py: CUDAGraphTreeManager)."""
-    try:
-        from torch._inductor import cudagraph_trees  # private API: it may move between PyTorch versions
-        manager = cudagraph_trees.get_container(torch.cuda.current_device()).tree_manager
-        pool = tuple(manager.cuda_graphs_thread_pool)
-    except Exception:
-        return None
-    return pool_usage().get(pool, {}).get("reserved")
 
 
 compiled = {name: {} for name in MODELS}
@@ -632,10 +537,6 @@ def variants_of(name):
     return out
 
 
-def strategy(label):
-    return label.replace(" (eager fallback)", "")
-
-
 errors = {}
 for name in MODELS:
     model = MODELS[name][0]
@@ -666,13 +567,12 @@ assert (err_table < 1e-3).all().all(), "a variant disagrees with eager: do not t
 # So the tables show p50 and p99 as this pass's numbers, and no sentence of this notebook compares variants
 # by them.
 #
-# **Throughput**: `compare()` times whole passes over the stream (requests back to back, synchronised at the
-# end), all variants of a model interleaved round-robin. That is repeated in `WINDOWS` windows a pause apart,
-# each window timing both models (the profiler only in the last window, after its timings), and
-# `combine_windows` gives every variant the median of its windows with a 90% **prediction interval**, the
-# range one more window should land in: `speedup_lo`..`speedup_hi` for the speedup over eager,
-# `median_pi_lo`..`median_pi_hi` for the time of a pass. Requests per second follow from the median pass. The
-# profiler columns give the GPU-busy time per pass (`floor_us`): padding shows up there as extra GPU work.
+# **Throughput**: `measure` times whole passes over the stream (requests back to back, synchronised at the
+# end), all variants of a model interleaved round-robin, in `WINDOWS` windows a pause apart (the profiler only in
+# the last window, after its timings). Every variant gets the median of its windows with a 90% **prediction
+# interval**, the range one more window should land in: `speedup_lo`..`speedup_hi` for the speedup over eager,
+# `median_pi_lo`..`median_pi_hi` for the time of a pass. The profiler's GPU-busy time per pass (`floor_us`) shows
+# padding as extra GPU work.
 
 # %%
 def request_latencies(fns, requests):
@@ -704,21 +604,9 @@ def stream_runners(name):
     return {label: (lambda fn=fn, reqs=streams[name]: run_stream(fn, reqs)) for label, fn in variants_of(name).items()}
 
 
-windows = []  # one compare() table per window, both models in each (kept for ratio_across_windows)
-for w in range(WINDOWS):
-    last = w == WINDOWS - 1
-    t0 = time.perf_counter()
-    windows.append(pd.concat([compare(stream_runners(name), case=name, calls=1, samples=SAMPLES,
-                                      floor=CUDA and last) for name in MODELS], ignore_index=True))
-    shown = windows[-1][windows[-1].variant.map(strategy).isin([DEFAULT, "single bucket", "reduce-overhead"])]
-    print(f"window {w + 1}/{WINDOWS} ({time.perf_counter() - t0:.1f} s), speedup over eager: " + ", ".join(
-        f"{r.case} {strategy(r.variant)} {r.speedup:.2f}x" for r in shown.itertuples()))
-    if not last:
-        time.sleep(WINDOW_PAUSE_S)
-stream_table = combine_windows(windows)
-print(stream_table[["case", "variant", "executed_as", "windows", "median_us", "speedup", "speedup_lo", "speedup_hi",
-                    "floor_us"]].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-
+timing = measure({name: stream_runners(name) for name in MODELS}, windows=WINDOWS, samples=SAMPLES, calls=1,
+                 pause_s=WINDOW_PAUSE_S, floor=CUDA, progress=lambda line: print(line.split(":")[0], end="  "))
+timing.short()
 
 # %% [markdown]
 # ### Graph launches per request
@@ -744,22 +632,14 @@ for name in MODELS:
 # `held_mib` of a `reduce-overhead` row is empty: "not measurable here", see section 7.
 
 # %%
-def window_medians(frames, case, variant):
-    """One variant's median time in each window, ";"-joined (what ratio_across_windows compares)."""
-    return ";".join(f"{float(f[(f.case == case) & (f.variant == variant)].median_us.iloc[0]):.10g}" for f in frames)
-
-
 rows = []
 for name in MODELS:
-    part = stream_table[stream_table.case == name]
-    for r, label in zip(part.to_dict("records"), variants_of(name)):   # combine_windows keeps the variants' order
-        lat = np.array(latency[name][label])
-        st = pad_stats[name].get(label)
-        facts = info[name].get(strategy(label), {})
-        rows.append({**r, "window_medians_us": window_medians(windows, name, r["variant"]),
+    for label in variants_of(name):
+        r, lat = timing.row(name, label).to_dict(), np.array(latency[name][label])
+        st, facts = pad_stats[name].get(label), info[name].get(strategy(label), {})
+        rows.append({**r, "window_medians_us": window_medians(timing.windows, name, r["variant"]),
                      "requests": REQUESTS, "us_per_request": r["median_us"] / REQUESTS,
-                     "us_per_request_lo": r["median_pi_lo"] / REQUESTS,
-                     "us_per_request_hi": r["median_pi_hi"] / REQUESTS,
+                     "us_per_request_lo": r["median_pi_lo"] / REQUESTS, "us_per_request_hi": r["median_pi_hi"] / REQUESTS,
                      "requests_per_s": REQUESTS / (r["median_us"] * 1e-6),
                      "p50_us": np.percentile(lat, 50), "p99_us": np.percentile(lat, 99),
                      "graphs": facts.get("graphs", 0), "setup_s": facts.get("setup_s", 0.0),
@@ -770,155 +650,43 @@ for name in MODELS:
                      "eager_overflows": st.eager_overflows if st else 0,
                      "bucket_sizes": " ".join(map(str, built[name][strategy(label)].sizes))
                      if strategy(label) in built[name] else "",
-                     "graph_launches_per_request": launches[(name, label)],
-                     "max_rel_err": errors[name][label]})
+                     "graph_launches_per_request": launches[(name, label)], "max_rel_err": errors[name][label]})
 results_df = pd.DataFrame(rows)
 results_df["device"] = torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)"
-show = ["case", "variant", "executed_as", "us_per_request", "speedup", "speedup_lo", "speedup_hi", "graphs",
+show = ["case", "variant", "us_per_request", "speedup", "speedup_lo", "speedup_hi", "p50_us", "p99_us", "graphs",
         "setup_s", "held_mib", "pad_fraction", "eager_overflows", "graph_launches_per_request"]
-print(results_df[show].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-print("\nLatency of single requests, one pass (one window: no interval, so no variant is ranked by it):")
-print(results_df[["case", "variant", "p50_us", "p99_us"]].rename(
-    columns={"p50_us": "p50_us (one pass)", "p99_us": "p99_us (one pass)"}).to_string(
-    index=False, float_format=lambda v: f"{v:.0f}"))
+results_df[show].round(3)
 
 # %% [markdown]
 # ### Verdicts
 #
 # Each comparison is a claim computed from the windows: a variant against eager on its speedup's prediction
-# interval, and two variants against each other with `ratio_across_windows` (the ratio of their median passes
-# window by window, with its prediction interval; both were timed in the same `compare()` of each window). A
-# claim holds when its whole interval clears 1, fails when the whole interval is on the other side, and says
-# "no clear difference" otherwise. The pairs: the default ladder and padding everything to one bucket against
-# eager and against each other; the planned buckets (as many graphs as the default ladder) against the default
-# ladder; and, on a GPU, both `reduce-overhead` variants against eager and against the default ladder. The
-# cell below prints this run's verdicts.
+# interval, and two variants against each other from the ratio of their median passes window by window (both were
+# timed in the same windows). p50 and p99 come from one pass, with no interval, so no verdict rests on them. The
+# pairs: the default ladder and padding everything to one bucket against eager and against each other; the
+# planned buckets (as many graphs as the default ladder) against the default ladder; and, on a GPU, both
+# `reduce-overhead` variants against eager and against the default ladder.
 
 # %%
-def row_of(name, strat):
-    """The results row of one strategy of model ``name`` (its variant label carries "(eager fallback)" on a CPU)."""
-    return results_df[(results_df.case == name) & (results_df.variant.map(strategy) == strat)].iloc[0]
-
-
-def claim_vs_eager(claim_id, name, strat):
-    r = row_of(name, strat)
-    return Claim(claim_id, lo=float(r.speedup_lo), hi=float(r.speedup_hi), above=1.0, eager_fallback=not CUDA,
-                 holds=f"{name}: {r.variant} serves the stream faster than eager ({{lo:.2f}}-{{hi:.2f}}x, "
-                       f"90% prediction interval)",
-                 fails=f"{name}: {r.variant} serves the stream slower than eager ({{lo:.2f}}-{{hi:.2f}}x, "
-                       f"90% prediction interval)",
-                 unclear=f"{name}: no clear difference between {r.variant} and eager (the interval "
-                         f"{{lo:.2f}}-{{hi:.2f}}x straddles 1)")
-
-
-def claim_faster_than(claim_id, name, fast, slow):
-    """``fast`` serves the stream faster than ``slow``: slow's median pass / fast's, window by window."""
-    fast_label, slow_label = row_of(name, fast).variant, row_of(name, slow).variant
-    r = ratio_across_windows(windows, (name, slow_label), (name, fast_label))
-    return Claim(claim_id, lo=r["lo"], hi=r["hi"], above=1.0, eager_fallback=not CUDA,
-                 holds=f"{name}: {fast_label} serves the stream faster than {slow_label} ({slow_label} takes "
-                       f"{{lo:.2f}}-{{hi:.2f}}x its time, 90% prediction interval)",
-                 fails=f"{name}: {fast_label} is not faster than {slow_label} ({slow_label} takes "
-                       f"{{lo:.2f}}-{{hi:.2f}}x its time, 90% prediction interval)",
-                 unclear=f"{name}: no clear difference between {fast_label} and {slow_label} (time ratio "
-                         f"{{lo:.2f}}-{{hi:.2f}}x straddles 1)")
-
-
 stream_claims = []
 for name in MODELS:
     s_ = SHORT[name]
-    stream_claims += [claim_vs_eager(f"{s_}_default_ladder_beats_eager", name, DEFAULT),
-                      claim_vs_eager(f"{s_}_single_bucket_beats_eager", name, "single bucket"),
-                      claim_faster_than(f"{s_}_default_ladder_beats_single_bucket", name, DEFAULT, "single bucket"),
-                      claim_faster_than(f"{s_}_planned_beats_default_ladder", name, "planned", DEFAULT)]
+    pairs_ = [("default_ladder_beats_single_bucket", DEFAULT, "single bucket"),
+              ("planned_beats_default_ladder", "planned", DEFAULT)]
+    vs_eager = [("default_ladder_beats_eager", DEFAULT), ("single_bucket_beats_eager", "single bucket")]
     if compiled[name]:
-        stream_claims += [
-            claim_vs_eager(f"{s_}_reduce_overhead_beats_eager", name, "reduce-overhead"),
-            claim_vs_eager(f"{s_}_reduce_overhead_dynamic_beats_eager", name, "reduce-overhead, dynamic=True"),
-            claim_faster_than(f"{s_}_default_ladder_beats_reduce_overhead", name, DEFAULT, "reduce-overhead"),
-            claim_faster_than(f"{s_}_default_ladder_beats_reduce_overhead_dynamic", name, DEFAULT,
-                              "reduce-overhead, dynamic=True")]
+        vs_eager += [("reduce_overhead_beats_eager", "reduce-overhead"),
+                     ("reduce_overhead_dynamic_beats_eager", "reduce-overhead, dynamic=True")]
+        pairs_ += [("default_ladder_beats_reduce_overhead", DEFAULT, "reduce-overhead"),
+                   ("default_ladder_beats_reduce_overhead_dynamic", DEFAULT, "reduce-overhead, dynamic=True")]
+    stream_claims += [speedup(timing, f"{s_}_{cid}", name, v, subject=f"{name}: {v}") for cid, v in vs_eager]
+    stream_claims += [versus(timing, f"{s_}_{cid}", (name, fast), (name, slow), subject=f"{name}: {fast}", than=slow)
+                      for cid, fast, slow in pairs_]
 claims += stream_claims
-for c in stream_claims:
-    print(f"[{c.verdict}] {c.statement}")
+print("\n".join(c.statement for c in stream_claims))
 
 # %% [markdown]
-# ## 11. Planned buckets against the best fixed ladder
-#
-# This run's pick of a fixed ladder for each model is the one with the shortest median pass above (a pick, not
-# a verdict: ladders whose intervals overlap may swap places in another run). We plan again with its number of
-# graphs and its memory (by the same memory model) as the limits, capture the plan, and time the two in one
-# `compare()` per window (interleaved), the ladder first, in `WINDOWS` windows: the `speedup` of the planned row
-# is then ladder time / planned time, with its prediction interval, and the claim below is computed from that
-# interval. The cell prints the verdict, and the memory both hold (allocator bytes, one reading each).
-
-# %%
-PLANNED_AT_BEST = "planned at the best ladder's limits"
-pairs = {}
-for name in MODELS:
-    timed = results_df[(results_df.case == name) & results_df.variant.map(strategy).isin(FIXED)]
-    best = strategy(timed.sort_values("median_us").variant.iloc[0])   # this run's pick, not a verdict
-    ref = built[name][best].sizes
-    plan = plan_for(name, len(ref), ref)
-    built[name][PLANNED_AT_BEST] = build(name, PLANNED_AT_BEST, plan.sizes)
-    pairs[name] = (best, PLANNED_AT_BEST, plan)
-
-lab = (lambda s: s if CUDA else f"{s} (eager fallback)")
-h2h_windows = []
-for w in range(WINDOWS):
-    last = w == WINDOWS - 1
-    h2h_windows.append(pd.concat([
-        compare({lab(best): (lambda fn=built[name][best], reqs=streams[name]: run_stream(fn, reqs)),
-                 lab(label): (lambda fn=built[name][label], reqs=streams[name]: run_stream(fn, reqs))},
-                case=f"{name}: planned vs best fixed ladder", calls=1, samples=SAMPLES, floor=CUDA and last)
-        for name, (best, label, _) in pairs.items()], ignore_index=True))
-    planned_rows = h2h_windows[-1][h2h_windows[-1].variant == lab(PLANNED_AT_BEST)]
-    print(f"window {w + 1}/{WINDOWS}, ladder / planned time: " + ", ".join(
-        f"{r.case.split(':')[0]} {r.speedup:.3f}" for r in planned_rows.itertuples()))
-    if not last:
-        time.sleep(WINDOW_PAUSE_S)
-h2h_table = combine_windows(h2h_windows)
-
-head_to_head, checks = [], []
-for name, (best, label, plan) in pairs.items():
-    df = h2h_table[h2h_table.case == f"{name}: planned vs best fixed ladder"]
-    for r, lbl in zip(df.to_dict("records"), (best, label)):
-        r.update({"window_medians_us": window_medians(h2h_windows, r["case"], r["variant"]),
-                  "graphs": info[name][lbl]["graphs"], "setup_s": info[name][lbl]["setup_s"],
-                  "held_mib": info[name][lbl]["held_mib"], "pool_mib": info[name][lbl]["pool_mib"],
-                  "requests": REQUESTS, "us_per_request": r["median_us"] / REQUESTS,
-                  "bucket_sizes": " ".join(map(str, built[name][lbl].sizes)),
-                  "pad_fraction": evaluate_buckets(stream_sizes, built[name][lbl].sizes)["pad_fraction"],
-                  "device": results_df["device"].iloc[0]})
-        head_to_head.append(r)
-    planned_row = df.iloc[1]
-    lo, hi = float(planned_row["speedup_lo"]), float(planned_row["speedup_hi"])
-    picked = f"{best} (the fixed ladder picked by its median pass in section 9)"
-    c = Claim(f"{SHORT[name]}_planned_beats_best_ladder", lo=lo, hi=hi, above=1.0, eager_fallback=not CUDA,
-              holds=f"{name}: the planned buckets serve the stream faster than {picked}: ladder / planned time "
-                    f"{{lo:.3f}}-{{hi:.3f}}x, 90% prediction interval",
-              fails=f"{name}: the planned buckets are not faster than {picked}: ladder / planned time "
-                    f"{{lo:.3f}}-{{hi:.3f}}x, 90% prediction interval",
-              unclear=f"{name}: no clear difference between the planned buckets and {picked}: ladder / planned "
-                      f"time {{lo:.3f}}-{{hi:.3f}}x straddles 1")
-    claims.append(c)
-    checks.append({"model": name, "best fixed ladder": best, "ladder graphs": len(built[name][best].sizes),
-                   "planned graphs": plan.n_graphs, "ladder / planned time": float(planned_row["speedup"]),
-                   "interval": f"{lo:.3f} .. {hi:.3f}" if lo == lo and hi == hi else "-",
-                   "verdict": c.verdict, "statement": c.statement,
-                   "ladder held MiB": info[name][best]["held_mib"], "planned held MiB": info[name][label]["held_mib"]})
-h2h = pd.DataFrame(head_to_head)
-print(h2h[["case", "variant", "executed_as", "windows", "us_per_request", "speedup", "speedup_lo", "speedup_hi",
-           "graphs", "held_mib", "pad_fraction", "bucket_sizes"]].to_string(index=False,
-                                                                             float_format=lambda v: f"{v:.3g}"))
-for c in checks:
-    print(f"[{c['verdict']}] {c['statement']}")
-    if CUDA:
-        print(f"    memory held (allocator bytes, one reading each): planned {c['planned held MiB']:.1f} MiB, "
-              f"{c['best fixed ladder']} {c['ladder held MiB']:.1f} MiB")
-
-# %% [markdown]
-# ## 12. The trade-off over bucket spacing
+# ## 11. The trade-off over bucket spacing
 #
 # Left: time per request of each strategy against its number of graphs (log scale), with the prediction
 # interval of its median pass as error bars, and eager and `reduce-overhead` as lines with their intervals as
@@ -927,118 +695,53 @@ for c in checks:
 # share the graph trees' one pool, shown as one bar of its own (section 7).
 
 # %%
-def plot_tradeoff(df, info, curve, trees_pool_mib):
-    names = list(MODELS)
-    order = ["exact sizes", *FIXED, "planned"]
-    style = {s: (f"C{i}", "osD^v<>P*X"[i % 10]) for i, s in enumerate(order)}   # the same in every panel
-    line_style = [("k", "-"), ("C8", "--"), ("C9", ":")]
-    fig, axes = plt.subplots(len(names), 3, figsize=(21, 6.4 * len(names)), squeeze=False, layout="constrained",
-                             gridspec_kw={"width_ratios": [1.15, 0.95, 1.35]})
-    for row, name in enumerate(names):
-        d = df[df.case == name].copy()
-        d["strategy"] = d.variant.map(strategy)
-        buckets = d[d.strategy.isin(order)].copy()
-        # strategies with the same number of graphs are drawn a little apart (x 1.06 per neighbour), not on top
-        same = buckets.groupby("graphs")
-        buckets["x"] = buckets.graphs * 1.06 ** (same.cumcount() - (same.graphs.transform("size") - 1) / 2)
-        ax = axes[row][0]
-        for r in buckets.itertuples():
-            color, marker = style[r.strategy]
-            lo, hi = getattr(r, "us_per_request_lo", float("nan")), getattr(r, "us_per_request_hi", float("nan"))
-            yerr = ([[max(r.us_per_request - lo, 0)], [max(hi - r.us_per_request, 0)]] if lo == lo and hi == hi
-                    else None)
-            ax.errorbar([r.x], [r.us_per_request], yerr=yerr, fmt=marker, color=color, ms=7, capsize=3,
-                        label=f"{r.strategy} ({r.graphs:.0f} graphs)")
-        for (color, ls), r in zip(line_style, d[~d.strategy.isin(order)].itertuples()):
-            ax.axhline(r.us_per_request, color=color, ls=ls, lw=1.3, label=f"{r.strategy} ({r.executed_as})")
-            lo, hi = getattr(r, "us_per_request_lo", float("nan")), getattr(r, "us_per_request_hi", float("nan"))
-            if lo == lo and hi == hi:
-                ax.axhspan(lo, hi, color=color, alpha=0.10, lw=0)
-        ax.set_xscale("log")
-        ax.set(xlabel="graphs captured", ylabel="µs per request (median pass / requests)", title=f"{name}: time")
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
-
-        ax = axes[row][1]
-        for r in buckets.itertuples():
-            color, marker = style[r.strategy]
-            ax.plot([r.x], [100 * r.pad_fraction], marker, color=color, ms=7)
-        ax.plot([], [], "o", color="0.5", label="a strategy, on the stream (markers as in the time panel)")
-        ax.plot([k for k, _ in curve], [100 * p.pad_fraction for _, p in curve], "-", color="C3", lw=1,
-                label="planner's least padding, on the history")
-        ax.set_xscale("log")
-        ax.set(xlabel="graphs captured", ylabel="padded rows, % of computed rows", title=f"{name}: padding")
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1, frameon=False)
-
-        ax = axes[row][2]
-        mem = pd.DataFrame([{"strategy": k, **v} for k, v in info[name].items()])
-        bars = [(k, g, m, s_) for k, g, m, s_ in zip(mem.strategy, mem.graphs, mem.held_mib, mem.setup_s)]
-        if trees_pool_mib == trees_pool_mib:   # one pool for every compiled variant of both models
-            bars.append(("reduce-overhead: graph trees' pool", float("nan"), trees_pool_mib, float("nan")))
-        top = max([m for _, _, m, _ in bars if m == m] or [1.0])
-        for yi, (k, g, m, s_) in enumerate(bars):
-            shared_trees = k.startswith("reduce-overhead: graph trees")
-            color = "C3" if "one pool per graph" in k else "C8" if shared_trees else "C0"
-            ax.barh(yi, m if m == m else 0, color=color, hatch="//" if shared_trees else None)
-            if shared_trees:
-                text = f"{m:.0f} MiB, all compiled variants of both models together"
-            elif m == m:
-                text = f"{m:.0f} MiB, setup {s_:.2f} s"
-            elif CUDA:
-                text = f"not measurable here (one shared pool), setup {s_:.2f} s"
-            else:
-                text = f"no GPU memory (CPU run), setup {s_:.2f} s"
-            ax.text((m if m == m else 0) + 0.02 * top, yi, text, va="center", fontsize=8,
-                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
-        ax.set_yticks(range(len(bars)), [k if g != g else f"{k}, {g:.0f} graphs" for k, g, _, _ in bars], fontsize=8)
-        ax.set_xlim(0, 2.3 * top)
-        ax.invert_yaxis()
-        ax.set(xlabel="memory held, MiB (pools + static buffers)", title=f"{name}: memory and setup time")
-    where = df["device"].iloc[0]
-    note = "" if CUDA else " (CPU, eager only: not a GPU result)"
-    fig.suptitle(f"Variable batch sizes: buckets, planner, reduce-overhead. {where}, PyTorch {torch.__version__}{note}",
-                 fontsize=12)  # the constrained layout keeps the legends below the axes inside the figure
-    return fig
-
-
-fig = plot_tradeoff(results_df, info, curve, TREES_POOL_MIB)
+fig = plot_tradeoff(results_df, info, curve, TREES_POOL_MIB, MODELS, ["exact sizes", *FIXED, "planned"], CUDA)
 plt.show()
 
 # %% [markdown]
-# ## 13. Save the results
+# ## 12. Save the results
 #
-# One row per (model, variant) of the stream comparison, the head-to-head rows, the memory ledger rows
-# (`case` ending in "memory", and on a GPU one row for the graph trees' shared pool) and the planner's curve
-# (`case` "planner curve"), with the machine in `env.json`, the verdicts in `claims.csv` and the figure as PNG.
-# A run without CUDA writes to `build/figures/` instead.
+# One row per (model, variant) of the stream comparison, the memory ledger rows (`case` ending in "memory", and on
+# a GPU one row for the graph trees' shared pool) and the planner's curve (`case` "planner curve"), with the
+# machine in `env.json`, the verdicts in `claims.csv` and the figure as PNG. A run without CUDA writes to
+# `build/figures/` instead. The appendix adds its rows and saves again.
 
 # %%
-mem_rows = [{"case": f"{m}: memory", "variant": k, "median_us": float("nan"), "speedup": float("nan"), **v}
-            for m in info for k, v in info[m].items()]
-curve_rows = [{"case": "planner curve", "variant": f"planned, at most {k} graphs", "median_us": float("nan"),
-               "speedup": float("nan"), "graphs": p.n_graphs, "pad_fraction": p.pad_fraction,
-               "padded_rows_per_request": p.padded_rows_per_request, "bucket_sizes": " ".join(map(str, p.sizes))}
-              for k, p in curve]
-if COMPILE:
-    mem_rows.append({"case": "reduce-overhead: memory", "variant": "graph trees' pool, all compiled variants",
-                     "median_us": float("nan"), "speedup": float("nan"), "held_mib": TREES_POOL_MIB,
-                     "pool_mib": TREES_POOL_MIB, "memory_note": "one pool per GPU and thread, shared by every "
-                     "function compiled with mode='reduce-overhead' (both models, both variants)"})
-all_rows = pd.concat([results_df, h2h, pd.DataFrame(mem_rows), pd.DataFrame(curve_rows)], ignore_index=True)
-extra = {"max_rows": MAX_ROWS, "requests": REQUESTS, "history": HISTORY, "seed": SEED, "windows": WINDOWS,
-         "samples_per_window": SAMPLES, "evidence": evidence, "planned_vs_best": checks,
-         "allocator_fragmentation": pool_rows,
-         "graph_trees_pool_mib": TREES_POOL_MIB if TREES_POOL_MIB == TREES_POOL_MIB else None}
-folder = results.save(STEM, all_rows, figures={"tradeoff": fig}, extra_env=extra)
-save_claims(folder, claims)
-print("saved to", folder, "(results.csv, env.json, claims.csv, tradeoff.png)")
+pool_rows, checks = [], []  # filled by the appendix (allocator settings; planned vs the best fixed ladder)
+
+
+def save_all(h2h=None):
+    mem_rows = [{"case": f"{m_}: memory", "variant": k, "median_us": float("nan"), "speedup": float("nan"), **v}
+                for m_ in info for k, v in info[m_].items()]
+    if COMPILE:
+        mem_rows.append({"case": "reduce-overhead: memory", "variant": "graph trees' pool, all compiled variants",
+                         "median_us": float("nan"), "speedup": float("nan"), "held_mib": TREES_POOL_MIB,
+                         "pool_mib": TREES_POOL_MIB, "memory_note": "one pool per GPU and thread, shared by every "
+                         "function compiled with mode='reduce-overhead' (both models, both variants)"})
+    curve_rows = [{"case": "planner curve", "variant": f"planned, at most {k} graphs", "median_us": float("nan"),
+                   "speedup": float("nan"), "graphs": p.n_graphs, "pad_fraction": p.pad_fraction,
+                   "padded_rows_per_request": p.padded_rows_per_request, "bucket_sizes": " ".join(map(str, p.sizes))}
+                  for k, p in curve]
+    all_rows = pd.concat([results_df, h2h, pd.DataFrame(mem_rows), pd.DataFrame(curve_rows)], ignore_index=True)
+    extra = {"max_rows": MAX_ROWS, "requests": REQUESTS, "history": HISTORY, "seed": SEED, "windows": WINDOWS,
+             "samples_per_window": SAMPLES, "evidence": evidence, "planned_vs_best": checks,
+             "allocator_fragmentation": pool_rows,
+             "graph_trees_pool_mib": TREES_POOL_MIB if TREES_POOL_MIB == TREES_POOL_MIB else None}
+    folder = results.save(STEM, all_rows, figures={"tradeoff": fig}, extra_env=extra)
+    save_claims(folder, claims)
+    return folder
+
+
+print("saved to", save_all())
 
 # %% [markdown]
-# ## 14. Side by side with published figures
+# ## 13. Side by side with published figures
 #
 # Two published observations this notebook measures again. A detector that captured graphs for 11 input
-# resolutions reserved 38.2 GiB with a pool per graph and 11.4 GiB with one shared pool (roboflow/rf-detr
-# #1490). A user of `reduce-overhead` with dynamically padded inputs saw one graph recorded per distinct
-# length and a 1.5x speedup fall to about none (pytorch/pytorch #188150).
+# resolutions reserved 38.2 GiB with a pool per graph and 11.4 GiB with one shared pool
+# ([roboflow/rf-detr #1490](https://github.com/roboflow/rf-detr/issues/1490)). A user of `reduce-overhead` with
+# dynamically padded inputs saw one graph recorded per distinct length and a 1.5x speedup fall to about none
+# ([pytorch/pytorch #188150](https://github.com/pytorch/pytorch/issues/188150)).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -1049,36 +752,11 @@ PUBLISHED = pd.DataFrame({
 print(PUBLISHED.to_string(index=False))
 
 # %%
-if CUDA:
-    ours, where = results_df, results_df["device"].iloc[0]
-    ours_mem = info
-else:
-    rec = results.load(STEM)
-    ours = rec.df[~rec.df.case.str.contains(":")] if rec is not None else None
-    where = f"recorded: {rec.env.get('gpu')}" if rec is not None else "this run (needs a GPU)"
-    ours_mem = None
-    if rec is not None:
-        m = rec.df[rec.df.case.str.endswith(": memory")]
-        ours_mem = {c.split(":")[0]: {r.variant: {"held_mib": r.held_mib} for r in m[m.case == c].itertuples()}
-                    for c in m.case.unique()}
-side = []
-for name in MODELS:
-    row = {"model": name}
-    if ours_mem and name in ours_mem and "default ladder, one pool per graph" in ours_mem[name]:
-        default = next(k for k in ours_mem[name] if k.endswith("(default)") or k == "default ladder")  # that run's
-        p, s_ = ours_mem[name]["default ladder, one pool per graph"]["held_mib"], ours_mem[name][default]["held_mib"]
-        row[f"pool per graph / shared ({where})"] = f"{p:.0f} MiB / {s_:.0f} MiB = {p / s_:.2f}x"
-    if ours is not None and len(ours):
-        d = ours[ours.case == name].set_index("variant")
-        defaults = [v for v in d.index if v.endswith("(default)") or v == "default ladder"]  # that run's own
-        for v in ["reduce-overhead", "reduce-overhead, dynamic=True", *defaults[:1]]:
-            if v in d.index:
-                r = d.loc[v]
-                interval = ("windows" in d.columns and r.speedup_lo == r.speedup_lo and r.speedup_hi == r.speedup_hi)
-                row[f"{v} speedup over eager"] = (f"{r.speedup:.2f}x (90% interval {r.speedup_lo:.2f}-"
-                                                  f"{r.speedup_hi:.2f})" if interval else f"{r.speedup:.2f}x")
-    side.append(row)
-pd.DataFrame(side)
+for e in evidence:
+    if e["check"].startswith("default ladder: one pool per graph"):
+        print(f"{e['model']}, this run: one pool per graph holds {e['value']:.2f}x the shared pool's memory")
+print("\n".join(c.statement for c in claims if "reduce_overhead" in c.claim and c.claim.endswith("beats_eager"))
+      or "reduce-overhead needs a GPU: the recorded run is shown below.")
 
 # %% [markdown]
 # **What sets these numbers.** How much sharing a pool saves grows with the number of buckets and with the
@@ -1086,17 +764,15 @@ pd.DataFrame(side)
 # pass's activations, so eleven of them added up; the models here are small. `reduce-overhead` only replays a
 # graph for a size it has already recorded: on this stream the first passes paid for compiling and recording
 # (the setup column), and in service every size not seen before would cost a recording again, while a bucket
-# ladder is captured once, before the first request. Whether either of this run's `reduce-overhead` variants
-# is faster than eager, or than the default ladder, is the verdict printed in section 10.
+# ladder is captured once, before the first request.
 
 # %% [markdown]
-# ## 15. Recorded GPU results
-# The table and figure of the last GPU run committed to this repository (what a reader without a GPU sees).
+# ## 14. Recorded GPU results
+# This run's stream timings beside the last GPU run committed to this repository (what a reader without a GPU
+# sees); the full table and figure are in `figures/06_variable_shapes/`.
 
 # %%
-recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as", "windows", "us_per_request",
-                                                 "speedup", "speedup_lo", "speedup_hi", "p50_us", "p99_us", "graphs",
-                                                 "setup_s", "held_mib", "pad_fraction"])
+beside = results.beside_recorded(STEM, timing.table)  # shows the table (None when nothing is recorded)
 
 # %% [markdown]
 # ## Summary
@@ -1105,26 +781,19 @@ recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as"
 #   slice the real rows out. That is only correct for functions whose rows do not see each other; check it
 #   with poison padding (`verify`) before you time anything.
 # - Give all buckets **one shared pool** and capture the largest first, so each smaller bucket reuses the
-#   memory the larger ones freed; with one pool per graph the memory adds up. Section 5 measures both, and
-#   how close the shared pool stays to the largest bucket alone.
-# - Spacing is a trade-off: finer buckets pad less but take more graphs (capture time); the time a padded
-#   row costs depends on the model and the size, so measure it, as **GPU time** (`measure_bucket_costs`):
-#   requests queue up behind each other, and the wall time of one small request alone is mostly the host's.
-#   A **planner** fed with those costs and the sizes you actually see puts the buckets where the requests are
-#   and where the GPU time steps up; section 11 times it against the best fixed ladder.
-# - If a shared pool holds clearly more than its largest bucket alone, its segments fragment. The kit leaves
-#   allocator settings to you (they apply to the whole process and belong in the environment before Python
-#   starts), but for bucketed serving try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` and read the
-#   ledger again: section 5 measures both settings.
-# - `torch.compile(mode="reduce-overhead")` records one graph per distinct size: convenient, but every new
-#   size costs a recording and memory in its pool, and that pool is one per GPU and thread, shared by every
-#   compiled function, so what one of them holds cannot be read apart (section 7). Padding to a few sizes
-#   before calling it (or using the kit's buckets) keeps that bounded.
-# - Quote a time with an interval from several windows, and compare two variants only through a verdict on
-#   that interval: sections 5, 10 and 11 print which differences this run can tell apart ("no clear
-#   difference" where it cannot), and `claims.csv` keeps them.
+#   memory the larger ones freed; with one pool per graph the memory adds up (section 5).
+# - Spacing is a trade-off: finer buckets pad less but take more graphs (capture time and memory). A
+#   **planner** fed with the sizes you see and the GPU time each bucket costs puts the buckets where the requests
+#   are (section 6).
+# - `torch.compile(mode="reduce-overhead")` records one graph per distinct size, in one pool shared by every
+#   compiled function: every new size costs a recording. Padding to a few sizes first keeps that bounded.
 # - Requests above the largest bucket still work (eagerly), and the kit counts them: watch
 #   `stats.eager_overflows` in production.
+#
+# This run's verdicts:
+
+# %%
+findings = summary(claims)  # shows the table
 
 # %% [markdown]
 # ## Exercises
@@ -1181,3 +850,130 @@ print("\n".join(f"{key}) {text}" for key, text in MIXING_WHY.items()))
 # %%
 check_batch_mixing(BatchMixingBlock, mixing_leak, why, d_block=D_BLOCK, heads=HEADS,
                    sample=data["transformer block"][:MAX_ROWS])
+
+# %% [markdown]
+# ## Appendix A: why a shared pool can hold more than its largest bucket
+#
+# **Fragmentation.** The caching allocator
+# carves memory into *segments* (2 MiB for small blocks, 20 MiB or the rounded request for large ones) and
+# hands out blocks from them. The largest bucket's capture leaves segments shaped by its own requests; a
+# smaller bucket asks for other sizes, in another order, and when no free block of the pool fits, the pool
+# grows by a new segment although the free memory would suffice in total: fragmentation. The allocator's
+# `expandable_segments` option (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, see PyTorch's CUDA
+# semantics notes) maps memory into one growing segment per stream and pool instead, so freed space can be
+# reused whatever the request sizes. Set it in the environment before Python starts; here it is switched at run
+# time with `torch.cuda.memory._set_allocator_settings` (what PyTorch's own tests do; it applies to segments
+# created from then on) to compare both settings in one process: the transformer block's default ladder in a
+# shared pool against its largest bucket alone, each size checked against eager first (`verify`).
+
+# %%
+def pool_held(name, sizes):
+    """Bytes reserved by the shared pool of ``sizes`` buckets of model ``name``, after checking every size."""
+    model, _ = MODELS[name]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    serve = capture_buckets(model, data[name][:MAX_ROWS], sizes=sizes)
+    worst = max(serve.verify(data[name][:n]) for n in range(1, MAX_ROWS + 1))  # correct before measuring
+    assert worst < 1e-3, f"a bucketed graph disagrees with eager (max |err| {worst:.2e})"
+    return pool_usage()[tuple(serve.graphs[MAX_ROWS].pool())]["reserved"]
+
+
+set_allocator = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+if CUDA and set_allocator is not None:
+    for setting in ("expandable_segments:False", "expandable_segments:True"):
+        set_allocator(setting)       # what PYTORCH_CUDA_ALLOC_CONF sets; from here on, for new segments
+        try:
+            alone, ladder_held = pool_held("transformer block", [MAX_ROWS]), pool_held("transformer block", ladder(MAX_ROWS))
+        finally:
+            set_allocator("expandable_segments:False")
+        pool_rows.append({"allocator": setting, "largest bucket alone (MiB)": alone / MiB,
+                          "default ladder, shared pool (MiB)": ladder_held / MiB, "ladder / alone": ladder_held / alone})
+    pool_table = pd.DataFrame(pool_rows)
+    print("transformer block, shared-pool memory only (the static buffers are the same in every row):")
+    print(pool_table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    off, on = pool_table["ladder / alone"]
+    evidence.append({"model": "transformer block", "check": "default ladder (shared pool, expandable_segments:True) / "
+                     "largest bucket alone, pools only", "value": on, "target": "<= 1.2"})
+    # a verdict on allocator bytes: one reading, no timing noise in it, so its interval is the point itself
+    saving = off / on if on > 0 else float("nan")
+    said = (f"the default ladder's shared pool holds {on:.2f}x its largest bucket alone with expandable segments, "
+            f"{off:.2f}x without")
+    claims.append(Claim(
+        "block_expandable_segments_saves_memory", lo=saving, hi=saving, above=1.05,
+        holds=f"transformer block: expandable segments save memory: {said} ({{lo:.2f}}x less; allocator bytes, "
+              "one reading)",
+        fails=f"transformer block: expandable segments save less than 5%: {said} (allocator bytes, one reading)",
+        unclear=f"transformer block: the saving from expandable segments is too close to 5% to call: {said}"))
+    print(claims[-1].statement)
+else:
+    print("Needs a GPU (and torch.cuda.memory._set_allocator_settings): the allocator's segments are CUDA memory.")
+
+# %% [markdown]
+# ## Appendix B: the ledger on any graph the kit makes
+# The ledger reads any graph the kit makes: a `capture()` result, a `BucketedGraphs`, and a
+# `capture_train_step` step (after its warm-up steps, on the call that captures it), each with its pool and
+# its static buffers.
+
+# %%
+demo = MemoryLedger()
+g_one = capture(mlp, data["MLP"][:8], eager_fallback=True)
+demo.record("capture(): MLP, 8 rows", g_one)
+demo.record("capture_buckets(): MLP, default ladder", built["MLP"][DEFAULT])
+with torch.enable_grad():
+    net = make_mlp(D_MLP, H_MLP).to(DEVICE)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    batch = (data["MLP"][:8], data["MLP"][8:16])
+    step = capture_train_step(net, opt, nn.MSELoss(), batch, eager_fallback=True)
+    for _ in range(5):                          # 3 eager warm-up steps, the capture, one replay
+        step(*batch)
+demo.record("capture_train_step(): MLP + SGD, 8 rows", step)
+print(demo.table().drop(columns=["kind"]).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+del g_one, step, net, opt
+
+# %% [markdown]
+# ## Appendix C: planned buckets against the best fixed ladder
+#
+# This run's pick of a fixed ladder for each model is the one with the shortest median pass in section 9 (a pick,
+# not a verdict: ladders whose intervals overlap may swap places in another run). We plan again with its number
+# of graphs and its memory (by the same memory model) as the limits, capture the plan, and time the two against
+# each other in `WINDOWS` windows, the ladder first: the planned row's speedup is ladder time / planned time.
+
+# %%
+PLANNED_AT_BEST = "planned at the best ladder's limits"
+lab = (lambda s: s if CUDA else f"{s} (eager fallback)")  # noqa: E731
+pairs, h2h_cases = {}, {}
+for name in MODELS:
+    timed = results_df[(results_df.case == name) & results_df.variant.map(strategy).isin(FIXED)]
+    best = strategy(timed.sort_values("median_us").variant.iloc[0])   # this run's pick, not a verdict
+    plan = plan_for(name, len(built[name][best].sizes), built[name][best].sizes)
+    built[name][PLANNED_AT_BEST] = build(name, PLANNED_AT_BEST, plan.sizes)
+    pairs[name] = (best, plan)
+    h2h_cases[f"{name}: planned vs best fixed ladder"] = {
+        lab(s): (lambda fn=built[name][s], reqs=streams[name]: run_stream(fn, reqs)) for s in (best, PLANNED_AT_BEST)}
+h2h_timing = measure(h2h_cases, windows=WINDOWS, samples=SAMPLES, calls=1, pause_s=WINDOW_PAUSE_S, floor=CUDA,
+                     progress=lambda line: print(line.split(":")[0], end="  "))
+
+head_to_head = []
+for name, (best, plan) in pairs.items():
+    case = f"{name}: planned vs best fixed ladder"
+    for lbl in (best, PLANNED_AT_BEST):
+        r = h2h_timing.row(case, lbl).to_dict()
+        head_to_head.append({**r, "window_medians_us": window_medians(h2h_timing.windows, case, r["variant"]),
+                             "graphs": info[name][lbl]["graphs"], "setup_s": info[name][lbl]["setup_s"],
+                             "held_mib": info[name][lbl]["held_mib"], "pool_mib": info[name][lbl]["pool_mib"],
+                             "requests": REQUESTS, "us_per_request": r["median_us"] / REQUESTS,
+                             "bucket_sizes": " ".join(map(str, built[name][lbl].sizes)),
+                             "pad_fraction": evaluate_buckets(stream_sizes, built[name][lbl].sizes)["pad_fraction"],
+                             "device": results_df["device"].iloc[0]})
+    c = speedup(h2h_timing, f"{SHORT[name]}_planned_beats_best_ladder", case, PLANNED_AT_BEST,
+                subject=f"{name}: the planned buckets", than=f"{best} (the fastest fixed ladder in section 9)")
+    claims.append(c)
+    lo, hi = h2h_timing.interval(case, PLANNED_AT_BEST)
+    checks.append({"model": name, "best fixed ladder": best, "ladder graphs": len(built[name][best].sizes),
+                   "planned graphs": plan.n_graphs, "ladder / planned time": float(h2h_timing.row(case, PLANNED_AT_BEST).speedup),
+                   "interval": f"{lo:.3f} .. {hi:.3f}" if lo == lo and hi == hi else "-",
+                   "verdict": c.verdict, "statement": c.statement,
+                   "ladder held MiB": info[name][best]["held_mib"], "planned held MiB": info[name][PLANNED_AT_BEST]["held_mib"]})
+    print(c.statement)
+h2h = pd.DataFrame(head_to_head)
+print("saved again, with the appendix's rows:", save_all(h2h))

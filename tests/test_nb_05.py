@@ -49,7 +49,7 @@ def test_pitfalls_notebook_records_what_it_found(run_notebook):
         firsts = timed.groupby("case", sort=False).first()
         assert (firsts.variant == "eager").all() and (firsts.speedup == 1.0).all()
         graphs = timed[timed.variant != "eager"]
-        assert len(graphs) == 6 and (graphs.executed_as == "cuda graph").all()
+        assert len(graphs) == 6 and (graphs.executed_as == "cuda graph").all()  # measure(): one window each
         assert (graphs.windows == 2).all() and (graphs.window_speedups.str.count(";") == 1).all()
         assert ((graphs.speedup_lo <= graphs.speedup * (1 + 1e-9)) & (graphs.speedup <= graphs.speedup_hi * (1 + 1e-9))).all()
         for r in adv.itertuples():  # the row carries the interval of the timing it was checked against
@@ -93,8 +93,9 @@ def check_claims(folder, df, env, gpu):
         known = not (math.isnan(c.lo) or math.isnan(c.hi))
         expected = "unclear" if not known else "holds" if c.lo > c.above else "fails" if c.hi <= c.above else "unclear"
         assert c.verdict == expected, c
-        assert ("no clear difference" in c.statement) == (expected == "unclear"), c
-        assert not re.search(r"\bnan\b", c.statement.lower()), c  # a missing value is said in words
+        assert not re.search(r"\b(holds|fails|nan)\b", c.statement.lower()), c  # plain words, no verdict labels
+        if c.claim.startswith("advise_within_1_5x_") and c.claim != "advise_within_1_5x_all":
+            assert ("partly within" in c.statement) == (expected == "unclear"), c
     by_id = claims.set_index("claim")
     # memory: one measurement of each, so the interval is the ratio itself
     mem = df[df.case.str.startswith("memory:")].set_index("variant").reserved_mib.astype(float)

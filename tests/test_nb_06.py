@@ -114,10 +114,10 @@ def test_variable_shapes_notebook_records_correct_and_honest_results(run_noteboo
         verdict = ("unclear" if not measured else "holds" if c.lo > c.above else "fails" if c.hi <= c.above
                    else "unclear")
         if not HAS_CUDA:  # the buckets ran eagerly: no verdict about a graph
-            assert c.verdict == "eager fallback" and "no verdict about a graph" in c.statement, c
+            assert c.verdict == "eager fallback" and "ran eagerly" in c.statement, c
             continue
         assert c.verdict == verdict, c
-        assert ("no clear difference" in c.statement) == (verdict == "unclear"), c.statement
+        assert not any(w in c.statement.split() for w in ("holds", "fails", "nan")), c.statement  # plain words
     claim = claims.set_index("claim")
 
     def row(model, which):  # a variant of the stream comparison, "default" meaning that run's default ladder

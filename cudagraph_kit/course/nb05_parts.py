@@ -1,0 +1,299 @@
+"""Notebook 05's parts that are not the lesson: the pitfall table, the check that the process still works after a
+failure, the claim "advise's prediction lies within a factor of the measured speedup", the two-captures summary,
+the rows fitted after the fact from notebooks 01-04's records and the advise figure.
+
+Example::
+
+    from cudagraph_kit.course.nb05_parts import PitfallTable, advise_claim
+    pitfalls = PitfallTable()
+    pitfalls.record("a changing shape", "raises", "check_capturable", "fixed shapes", "seen", True)
+    advise_claim("advise_within_1_5x_gelu_small", "GELU small", 4.0, 3.2, 5.1).statement
+"""
+from __future__ import annotations
+
+from .claims import Claim
+
+__all__ = ["PitfallTable", "still_works", "first_line", "show_figure", "advise_claim", "advise_overall_claim",
+           "closeness", "two_captures_table", "two_captures_verdict", "recorded_headlines", "fitted_row",
+           "advice_summary", "advice_from_saved", "plot_advise", "advice_rows", "result_table", "WITHIN"]
+
+WITHIN = 1.5  # advise's prediction is "within" when it lies within this factor of the measured speedup
+
+
+def first_line(text, n=160):
+    """The first line of ``text``, cut to ``n`` characters."""
+    text = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def still_works(fn, device="cuda"):
+    """After a failure: eager work and a fresh capture of ``fn`` (an elementwise function), both compared with the
+    CPU. None without CUDA (nothing was captured, so nothing is claimed)."""
+    import torch
+
+    from ..capture import capture
+
+    if not torch.cuda.is_available():
+        return None
+    x = torch.randn(64, device=device)
+    g = capture(fn, x)
+    y = torch.randn_like(x)
+    return bool(torch.allclose(fn(x).cpu(), fn(x.cpu()), atol=1e-6)
+                and torch.allclose(g(y).cpu(), fn(y.cpu()), atol=1e-6))
+
+
+class PitfallTable:
+    """One row per pitfall: what happens without a fix, what finds it, the fix, what this run saw, whether this
+    run detected it (None: not run here) and whether the process still worked after the failure."""
+
+    def __init__(self):
+        self.rows = []
+
+    def record(self, pitfall, without_fix, found_by, fix, seen, detected, still_works=None):
+        self.rows.append({"pitfall": pitfall, "without a fix": without_fix, "found by": found_by, "fix": fix,
+                          "this run saw": seen, "detected": detected, "process still works": still_works})
+
+    def table(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)[["pitfall", "without a fix", "found by", "fix", "detected",
+                                        "process still works"]] if self.rows else pd.DataFrame()
+
+    def result_rows(self, cuda: bool) -> list[dict]:
+        """The rows for results.csv (case "pitfall: ...")."""
+        return [{"case": f"pitfall: {p['pitfall']}", "variant": p["without a fix"], "median_us": float("nan"),
+                 "speedup": float("nan"), "executed_as": "cuda graph" if cuda else "eager (checks only)",
+                 "found_by": p["found by"], "fix": p["fix"], "seen": p["this run saw"], "detected": p["detected"],
+                 "process_still_works": p["process still works"]} for p in self.rows]
+
+
+def show_figure(fig):
+    """Show a matplotlib figure inline as a PNG, whatever the backend, and close it (it can still be saved)."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from IPython.display import Image, display
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    display(Image(data=buffer.getvalue()))
+
+
+def closeness(p, m):
+    """1 when the prediction ``p`` equals the measurement ``m``, 1/x when one is x times the other."""
+    return min(p / m, m / p)
+
+
+def advise_claim(claim_id, case, predicted, lo, hi, within=WITHIN, eager_fallback=False) -> Claim:
+    """The claim "advise's prediction ``predicted`` lies within ``within`` x of the measured speedup", whose 90%
+    prediction interval is ``lo``-``hi``. The claim's interval is the range of ``closeness(predicted, m)`` for m in
+    lo..hi; it holds above 1/within (the whole measured interval within the factor), fails when none of it is."""
+    said = f"advise predicted {predicted:.2f}x before capture; the measured speedup is {lo:.2f}-{hi:.2f}x"
+    if not (lo == lo and hi == hi and 0 < lo <= hi and predicted > 0):
+        return Claim(claim_id, lo=float("nan"), hi=float("nan"), above=1 / within, holds="", fails="",
+                     eager_fallback=eager_fallback, subject=f"{case}: advise's prediction")
+    ends = (closeness(predicted, lo), closeness(predicted, hi))
+    c_lo, c_hi = min(ends), (1.0 if lo <= predicted <= hi else max(ends))
+    said = said.replace("{", "{{").replace("}", "}}")
+    return Claim(claim_id, lo=c_lo, hi=c_hi, above=1 / within, eager_fallback=eager_fallback,
+                 subject=f"{case}: advise's prediction",
+                 holds=f"{case}: {said}, all of it within {within:g}x of the prediction",
+                 fails=f"{case}: {said}, all of it more than {within:g}x away from the prediction",
+                 unclear=f"{case}: {said}, partly within {within:g}x of the prediction and partly beyond")
+
+
+def advise_overall_claim(case_claims, within=WITHIN) -> Claim:
+    """All cases together: holds when every case's claim holds, fails when any fails (the lowest interval)."""
+    n = len(case_claims)
+    known = all(c.measured for c in case_claims)
+    verdicts = [c.verdict for c in case_claims]
+    held, failed = verdicts.count("holds"), verdicts.count("fails")
+    return Claim("advise_within_1_5x_all", lo=min(c.lo for c in case_claims) if known else float("nan"),
+                 hi=min(c.hi for c in case_claims) if known else float("nan"), above=1 / within,
+                 subject="advise's predictions",
+                 holds=f"advise's predictions made before capture lie within {within:g}x of the measured speedup in "
+                       f"all {n} cases",
+                 fails=f"advise's predictions made before capture are more than {within:g}x off in {failed} of {n} "
+                       f"cases and within {within:g}x in {held}",
+                 unclear=f"advise's predictions made before capture: within {within:g}x in {held} of {n} cases, the "
+                         f"others partly within and partly beyond")
+
+
+def two_captures_table(jobs, answers):
+    """The two-captures experiment (``pitfall_scripts.two_captures``), one row per try, and a summary per variant
+    (tries, crashes, the most tensors graph 1 read from memory it no longer owned)."""
+    import pandas as pd
+
+    rows = []
+    for (variant, attempt), r in zip(jobs, answers):
+        replay = r.get("replay of graph 1") or f"process died (exit code {r['exit code']}): {r.get('stderr', '')}"
+        states = r.get("graph 1 memory", {})
+        rows.append({"variant": variant, "try": attempt + 1, "replay of graph 1": first_line(replay, 90),
+                     "crashed": replay != "ok",
+                     "graph 1 reads freed memory": sum(n for k, n in states.items() if not k.endswith(": allocated")),
+                     "graph 1 memory": "; ".join(f"{k} {n}" for k, n in sorted(states.items()))})
+    two = pd.DataFrame(rows)
+    summary = two.groupby("variant", sort=False).agg(tries=("try", "size"), crashed=("crashed", "sum"),
+                                                     reads_freed=("graph 1 reads freed memory", "max"))
+    return rows, summary
+
+
+def two_captures_verdict(s) -> tuple[bool, str]:
+    """(detected, one line) from ``two_captures_table``'s summary: keeping everything alive never crashed nor read
+    freed memory, and dropping the first model's objects left graph 1 reading memory it no longer owned."""
+    keep, drop = s.loc["keep everything"], s.loc["drop"]
+    detected = bool(keep.crashed == 0 and keep.reads_freed == 0 and drop.reads_freed > 0)
+    seen = f"drop: {drop.crashed}/{drop.tries} crashed; keep: {keep.crashed}"
+    return detected, seen
+
+
+def recorded_headlines(results) -> dict:
+    """{recorded notebook: [(case, eager variant, graph variant)]} for the fitted-after-the-fact check."""
+    heads = {
+        "01_gelu": [("small", "eager", "graph replay"), ("large", "eager", "graph replay")],
+        "02_train_step": [(f"MLP {s}, {o}", "eager", "whole-step graph") for s in ("32x128x256x16", "640x4096x2048x1024")
+                          for o in ("SGD", "Adam(capturable)")],
+        "03_jit_compile": [(c, "torch.compile", "torch.compile + graph, input in place") for c in ("small", "large")],
+    }
+    root = results.recorded_root()
+    for folder in sorted(root.glob("04_*")) if root is not None else []:
+        rec = results.load(folder.name)
+        if rec is not None and {"case", "variant"} <= set(rec.df.columns):
+            heads[folder.name] = [(c, "eager", v) for c, grp in rec.df.groupby("case", sort=False)
+                                  if "eager" in set(grp.variant)
+                                  for v in [next((v for v in grp.variant if "graph" in str(v)), None)] if v]
+    return heads
+
+
+def fitted_row(results, stem, case, base_variant, graph_variant, cost):
+    """A row fitted after the fact from a recorded notebook: the floor is the timed graph's own (None if something
+    is missing)."""
+    import pandas as pd
+
+    from ..diagnose import predict_graph_time
+
+    rec = results.load(stem)
+    if rec is None:
+        return None
+    df = rec.df
+    base, graph = df[(df.case == case) & (df.variant == base_variant)], df[(df.case == case) & (df.variant == graph_variant)]
+    if base.empty or graph.empty:
+        return None
+    b, gr = base.iloc[0], graph.iloc[0]
+    floor = gr.get("floor_us") if pd.notna(gr.get("floor_us")) else b.get("floor_us")
+    copies = b.get("copies_per_call", 0.0)
+    nodes = b.get("kernels_per_call", float("nan")) + (copies if pd.notna(copies) else 0.0)
+    if floor is None or pd.isna(floor) or pd.isna(nodes) or not b.median_us > 0 or not gr.median_us > 0:
+        return None
+    pred_graph = predict_graph_time(floor, nodes, cost)
+    return {"source": stem, "gpu": rec.env.get("gpu"), "prediction": "fitted after the fact", "case": case,
+            "eager_us": b.median_us, "floor_us": floor, "graph_gpu_us": floor, "nodes": nodes,
+            "predicted_graph_us": pred_graph, "predicted_speedup": b.median_us / pred_graph,
+            "measured_graph_us": gr.median_us, "measured_speedup": b.median_us / gr.median_us,
+            "graph_executed_as": gr.get("executed_as", "?")}
+
+
+def advice_summary(adv):
+    """Per source notebook and kind of prediction: cases, median predicted / measured, the farthest case."""
+    import pandas as pd
+
+    rows = []
+    for (source, kind), grp in adv.groupby(["source", "prediction"], sort=False):
+        ratio = grp.predicted_speedup / grp.measured_speedup
+        far = ratio.map(lambda r: max(r, 1 / r)).idxmax()
+        rows.append({"source": source, "prediction": kind, "cases": len(grp),
+                     "median predicted/measured": f"{ratio.median():.2f}",
+                     "farthest case": f"{grp.case[far]}: {grp.predicted_speedup[far]:.2f}x predicted, "
+                                      f"{grp.measured_speedup[far]:.2f}x measured"})
+    return pd.DataFrame(rows)
+
+
+def advice_from_saved(df):
+    """The advise rows of a saved results table as ``advice_summary`` takes them."""
+    import pandas as pd
+
+    if "measured_speedup" not in df:
+        return pd.DataFrame()
+    rows = []
+    for r in df[df.case.astype(str).str.startswith(("advise: ", "advise fitted: "))].to_dict("records"):
+        if not (pd.notna(r["measured_speedup"]) and r["measured_speedup"] > 0):
+            continue
+        before = r["variant"] == "predicted (this run)"
+        own = r.get("advise_speedup", float("nan"))
+        rows.append({"source": "05 (that run)" if before else str(r["variant"]).partition("(")[2].split(" ")[0],
+                     "prediction": "before capture" if before else "fitted after the fact",
+                     "case": str(r["case"]).partition(": ")[2],
+                     "predicted_speedup": own if before and pd.notna(own) else r["speedup"],
+                     "measured_speedup": r["measured_speedup"]})
+    return pd.DataFrame(rows)
+
+
+def plot_advise(honest, fitted, gpu_name, within=WITHIN):
+    """advise's predicted speedup against the measured one: this run's predictions made before capture (with the
+    measured 90% interval) and the rows fitted after the fact (hollow). None when there is nothing to plot."""
+    import matplotlib.pyplot as plt
+
+    values = [v for frame in (honest, fitted) for col in ("predicted_speedup", "measured_speedup", "measured_lo",
+                                                          "measured_hi") if col in frame for v in frame[col]
+              if v == v and v > 0]
+    if not values:
+        return None
+    fig, ax = plt.subplots(figsize=(5.8, 5))
+    lo, hi = min(values) * 0.8, max(values) * 1.25
+    ax.fill_between([lo, hi], [lo / within, hi / within], [lo * within, hi * within], color="C2", alpha=0.15,
+                    label=f"within {within:g}x")
+    ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+    for i, (source, grp) in enumerate(fitted.groupby("source", sort=False) if len(fitted) else []):
+        ax.scatter(grp.measured_speedup, grp.predicted_speedup, facecolors="none", edgecolors=f"C{i + 1}",
+                   label=f"{source} (recorded): fitted after the fact", zorder=3)
+    if len(honest):
+        ax.errorbar(honest.measured_speedup, honest.predicted_speedup,
+                    xerr=[(honest.measured_speedup - honest.measured_lo).clip(lower=0),
+                          (honest.measured_hi - honest.measured_speedup).clip(lower=0)],
+                    fmt="o", color="C0", ecolor="C0", capsize=3, zorder=4,
+                    label="this run: predicted before capture (measured: 90% interval)")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured speedup (eager / graph)",
+           ylabel="advise: predicted best speedup", title=f"advise vs measured on {gpu_name}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def advice_rows(advice, cost) -> list[dict]:
+    """advise's rows for results.csv: "advise: <case>" (predicted before capture in this run) and
+    "advise fitted: <case>" (fitted after the fact from a recorded notebook), with the replay cost measured."""
+    costs = ({"node_us": cost.graph_node_us, "launch_us": cost.launch_us, "gap_saved_us": cost.gap_saved_us}
+             if cost else {})
+    rows = []
+    for r in advice.to_dict("records"):
+        before = r["prediction"] == "before capture"
+        rows.append({"case": f"advise: {r['case']}" if before else f"advise fitted: {r['case']}",
+                     "variant": "predicted (this run)" if before else f"fitted ({r['source']} ({r['gpu']}))",
+                     "prediction": r["prediction"], "median_us": r["predicted_graph_us"],
+                     "speedup": r["predicted_speedup"], "executed_as": r["graph_executed_as"],
+                     "floor_us": r["floor_us"], "eager_us": r["eager_us"], "nodes_per_call": r["nodes"],
+                     "graph_gpu_us": r["graph_gpu_us"],
+                     "advise_speedup": r["predicted_speedup"] if before else float("nan"),
+                     "measured_speedup": r["measured_speedup"], "measured_graph_us": r["measured_graph_us"],
+                     "measured_speedup_lo": r.get("measured_lo", float("nan")),
+                     "measured_speedup_hi": r.get("measured_hi", float("nan")), **costs})
+    return rows
+
+
+def result_table(pitfalls, memory_rows, measured, advice, cost, two_rows, cuda):
+    """Notebook 05's results.csv: a row per pitfall, the memory reading, section 12's timings ("measured: ..."), the
+    advise rows and the two-captures tries."""
+    import pandas as pd
+
+    rows = pitfalls.result_rows(cuda)
+    rows += [{**r, "median_us": float("nan"), "speedup": float("nan"), "executed_as": "cuda graph"}
+             for r in memory_rows]
+    if measured is not None:
+        rows += measured.table.assign(case="measured: " + measured.table.case).to_dict("records")
+    rows += advice_rows(advice, cost)
+    rows += [{"case": f"two captures: {r['variant']}", "variant": f"try {r['try']}", "median_us": float("nan"),
+              "speedup": float("nan"), "executed_as": "cuda graph", "seen": r["replay of graph 1"],
+              "crashed": r["crashed"], "reads_freed": r["graph 1 reads freed memory"], "memory": r["graph 1 memory"]}
+             for r in two_rows]
+    return pd.DataFrame(rows)
