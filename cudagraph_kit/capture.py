@@ -257,8 +257,10 @@ def shared_pool():
 
     Where graphs take one (PyTorch 2.14+) it is a ``torch.cuda.MemPool``: its memory stays reserved while this
     object or any graph captured into it lives. Before, it is ``torch.cuda.graph_pool_handle()``, freed when the
-    last graph in it goes. Graphs sharing a pool must be replayed in the order they were captured if one reads
-    another's output.
+    last graph in it goes. PyTorch's CUDA notes ("Sharing memory across captures", pytorch#166975): graphs may
+    share a pool if they are always replayed in the order they were captured and never concurrently, or if they do
+    not depend on each other's outputs and never run concurrently; replaying one can overwrite another's outputs,
+    so clone an output you keep before replaying another graph.
 
     Example::
 
