@@ -45,7 +45,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map_only
 
-__all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "NoCudaError",
+__all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "gc_paused", "NoCudaError",
            "CaptureError", "recover_from_failed_capture", "explain", "Explanation", "explain_capture_failure",
            "no_cuda_message", "graph_features", "register_generators", "StaleGraphError", "CapturedTensors",
            "reseeding_calls", "ReseedWarning", "profiler_session"]
@@ -342,9 +342,29 @@ def capture_stream(device=None) -> "torch.cuda.Stream":
 
 
 @contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector paused inside the block, put back as it was after (also on error): the
+    reason is in ``graph_capture``. ``graph_modules`` wraps ``make_graphed_callables`` in it.
+
+    Example::
+
+        with gc_paused():
+            graphed = torch.cuda.make_graphed_callables(block, (x,))
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
 def graph_capture(graph, pool=None, stream=None, collect_garbage: bool = False, **options):
     """``torch.cuda.graph(graph, pool=pool, stream=stream, **options)`` with Python's cyclic garbage collector paused
-    while it captures; every helper of the kit captures through this.
+    while it captures; every helper of the kit captures through this (``graph_modules``, which captures through
+    ``make_graphed_callables``, pauses it with ``gc_paused``).
 
     Why the pause: a ``CUDAGraph`` left in a reference cycle (an old graph, a helper holding one) is freed whenever the
     collector happens to run. If that is during another capture, its teardown calls CUDA while a stream captures
@@ -370,14 +390,8 @@ def graph_capture(graph, pool=None, stream=None, collect_garbage: bool = False, 
     """
     if collect_garbage:
         gc.collect()
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with torch.cuda.graph(graph, pool=pool, stream=stream, **options):
-            yield graph
-    finally:
-        if enabled:
-            gc.enable()
+    with gc_paused(), torch.cuda.graph(graph, pool=pool, stream=stream, **options):
+        yield graph
 
 
 def _cupti_teardown_supported() -> bool:

@@ -181,7 +181,9 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
     # nothing): a reseed in the warm-up shows there; one in the capture PyTorch refuses itself (from_exception says so).
     reseeds = []
     try:
-        with reseeding_calls() as reseeds:
+        # the collector paused, as in every capture of the kit (capture.graph_capture says why: a graph freed by
+        # the collector in the middle of this capture invalidates it; seen in this module's GPU test on an H100)
+        with _capture.gc_paused(), reseeding_calls() as reseeds:
             graphed = torch.cuda.make_graphed_callables(mods, args, **kwargs)
     except Exception as exc:
         recover_from_failed_capture()

@@ -80,3 +80,26 @@ def test_the_collector_is_put_back_as_it_was_also_after_a_failed_capture():
         torch.testing.assert_close(y, x * 2)
     finally:
         (gc.enable if enabled else gc.disable)()
+
+
+def test_graph_modules_captures_with_the_collector_paused(monkeypatch):
+    """make_graphed_callables captures too: graph_modules pauses the collector around it (a flaky
+    'operation failed due to a previous error during capture' in test_partial on an H100 came from its absence)."""
+    from cudagraph_kit.partial import graph_modules
+
+    real, seen = torch.cuda.make_graphed_callables, []
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", spy)
+    enabled = gc.isenabled()
+    gc.enable()
+    try:
+        block = torch.nn.Linear(16, 16).cuda()
+        graph_modules(block, (torch.randn(4, 16, device="cuda", requires_grad=True),))
+        assert seen == [False] and gc.isenabled()
+    finally:
+        if not enabled:
+            gc.disable()
