@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import multiprocessing
-import statistics
 import time
 
 import torch
@@ -23,7 +22,7 @@ import torch
 __all__ = ["OPTIMIZERS", "AMP", "build_model", "image_batch", "ToFloat", "build_train_model", "train_batch",
            "make_optimizer", "eager_train_step", "check_losses", "host_time_model", "plot_inference",
            "plot_training", "plot_parity", "digits_split", "small_cnn", "warmup_cosine", "digits_loader", "accuracy",
-           "compare_params", "parity_rows", "feeding_windows"]
+           "compare_params", "parity_rows", "feeding_windows", "overlap", "copies", "SyntheticImages"]
 
 OPTIMIZERS = {  # name -> the label every table and verdict carries: the settings of both sides
     "SGD momentum": "SGD momentum (default implementation, eager and graph)",
@@ -364,7 +363,3 @@ def overlap(frames) -> list:
         t = f.set_index("variant").median_us
         out.append(float(t["loader + step"] / max(t["loader only"], t["step only"])))
     return out
-
-
-def median(values) -> float:
-    return float(statistics.median(values))
