@@ -896,7 +896,7 @@ if CUDA and set_allocator is not None:
                      "largest bucket alone, pools only", "value": on, "target": "<= 1.2"})
     # a verdict on allocator bytes: one reading, no timing noise in it, so its interval is the point itself
     saving = off / on if on > 0 else float("nan")
-    said = (f"the default ladder's shared pool holds {on:.2f}x its largest bucket alone with expandable segments, "
+    said = (f"the default ladder's shared pool takes {on:.2f}x the memory of its largest bucket alone with expandable segments, "
             f"{off:.2f}x without")
     claims.append(Claim(
         "block_expandable_segments_saves_memory", lo=saving, hi=saving, above=1.05,

@@ -31,7 +31,7 @@ def test_resnet50_notebook_records_sweep_training_feeding_and_parity(run_noteboo
     # inference: an eager and a graph row for every batch size of the SMOKE sweep (1, 2), each checked vs eager
     inf = df[df.section == "inference"].astype({"batch": int})
     dtypes = set(inf.dtype)
-    assert dtypes == ({"fp16", "bf16"} if BF16 else {"fp16"} if CUDA else {"fp32 (CPU)"})
+    assert dtypes == ({"fp16"} if CUDA else {"fp32 (CPU)"})
     for dtype in dtypes:
         rows = inf[inf.dtype == dtype]
         assert sorted(rows.batch.unique()) == [1, 2]
@@ -40,6 +40,7 @@ def test_resnet50_notebook_records_sweep_training_feeding_and_parity(run_noteboo
             assert list(pair.variant.str.split(" \\(").str[0]) == ["eager", "cuda graph"]
             assert pair.speedup.iloc[0] == 1.0 and (pair.median_us > 0).all()
             graph = pair.iloc[1]
+            assert pair.max_abs_diff.iloc[0] == 0  # the eager row is the reference
             if CUDA:  # the replayed kernels against eager on a fresh input, within the tolerance the notebook used
                 assert "tolerance" in df, ("notebook 04 records no tolerance column beside max_abs_diff: "
                                            "record the bound its graph-vs-eager check used")
@@ -106,25 +107,23 @@ def test_resnet50_notebook_records_sweep_training_feeding_and_parity(run_noteboo
     expected = set()
     train_bs = 8 if CUDA else 2  # the smoke run's training batch
     for d in dtypes:
-        expected |= {f"infer_{tag(d)}_bs{b}_graph_pays" for b in (1, 2)}
-        expected |= {f"infer_{tag(d)}_pays_at_large_batches", f"infer_{tag(d)}_best_batch"}
-    if BF16:
-        expected |= {f"infer_bs{b}_{kind}_bf16_faster" for b in (1, 2) for kind in ("graph", "eager")}
-        expected |= {f"train_bs{train_bs}_{tag(o)}_{kind}_bf16_faster" for o in ("SGD momentum", "AdamW")
-                     for kind in ("graph", "eager")}
+        expected |= {f"infer_{tag(d)}_bs{b}_graph_pays" for b in (1, 2)} | {f"infer_{tag(d)}_pays_at_large_batches"}
+    if BF16:  # the bf16 graph against the fp16 + GradScaler graph, window by window
+        expected |= {f"train_bs{train_bs}_{tag(o)}_graph_bf16_faster" for o in ("SGD momentum", "AdamW")}
     expected |= {f"train_{tag(a)}_bs{train_bs}_{tag(o)}_graph_pays" for a in set(tr.dtype)
                  for o in ("SGD momentum", "AdamW")}
     expected |= {"feed_step_faster_than_loader", "feed_loop_costs_15pct_over_slower_part"}
     assert set(claims.claim) == expected and claims.claim.is_unique
     assert (claims.lo <= claims.hi).all()
     fallback = claims.verdict == "eager fallback"  # a graph claim whose graph rows ran eagerly (no GPU)
-    assert fallback.any() != CUDA and (claims[fallback].claim.str.contains("graph_pays|pays_at|best_batch")).all()
+    assert fallback.any() != CUDA and (claims[fallback].claim.str.contains("graph_pays|pays_at|bf16_faster")).all()
     assert set(claims[~fallback].verdict) <= {"holds", "fails", "unclear"}
     for c in claims[fallback].itertuples():
-        assert "no verdict about a graph" in c.statement, c
-    for c in claims[~fallback].itertuples():  # the sentence printed is the one of its verdict, from the saved interval
+        assert "no GPU, so the graph side ran eagerly" in c.statement, c
+    stop_ids = claims.claim.str.endswith("_pays_at_large_batches")
+    for c in claims[~fallback & ~stop_ids].itertuples():  # the sentence of its verdict, from the saved interval
         assert c.verdict == expected_verdict(c), c
-        assert ("no clear difference" in c.statement) == (c.verdict == "unclear"), c
+        assert ("too close" in c.statement) == (c.verdict == "unclear"), c
         assert "nan" not in c.statement.lower(), c
     by_id = claims.set_index("claim")
 
@@ -138,7 +137,7 @@ def test_resnet50_notebook_records_sweep_training_feeding_and_parity(run_noteboo
         assert (c.lo, c.hi, c.above) == pytest.approx((r.speedup_lo, r.speedup_hi, PAYS))
     for d in dtypes:
         g = inf[(inf.dtype == d) & (inf.variant != "eager")].set_index("batch").sort_index()
-        # "stops paying": the smallest batch from which every interval is at or below the threshold
+        # "stops paying": the smallest batch from which every interval lies at or below the threshold
         stop = None
         for b in reversed(list(g.index)):
             if g.speedup_hi[b] <= PAYS:
@@ -148,17 +147,11 @@ def test_resnet50_notebook_records_sweep_training_feeding_and_parity(run_noteboo
         c = by_id.loc[f"infer_{tag(d)}_pays_at_large_batches"]
         if not CUDA:
             assert c.verdict == "eager fallback"
-        elif stop is None:
-            assert (c.lo, c.hi) == pytest.approx((g.speedup_lo[2], g.speedup_hi[2])) and c.verdict != "fails"
+        elif stop is None:  # the graph still clears the threshold, or no clear verdict, at the largest batch
+            assert (c.lo, c.hi) == pytest.approx((g.speedup_lo[2], g.speedup_hi[2])) and c.verdict != "holds"
         else:
-            assert c.verdict == "fails" and f"stops paying from batch {stop}" in c.statement
-        # "best batch": named only if its interval lies above every other batch's
-        best = g.speedup.idxmax()
-        c = by_id.loc[f"infer_{tag(d)}_best_batch"]
-        assert c.above == pytest.approx(g.drop(index=best).speedup_hi.max())
-        assert (c.lo, c.hi) == pytest.approx((g.speedup_lo[best], g.speedup_hi[best]))
-        assert (f"gains most at batch {best}" in c.statement) == (c.verdict == "holds")
-        assert (c.verdict == "eager fallback") == (not CUDA)
+            assert c.verdict == "holds" and f"from {stop} images per batch on" in c.statement, c
+            assert (c.lo, c.hi) == pytest.approx((g.speedup_lo[stop], g.speedup_hi[stop]))
     # which part limits the data feeding is the verdict of the claim, in words
     c = by_id.loc["feed_step_faster_than_loader"]
     assert (feed.bound_by.iloc[0] == "the input pipeline") == (c.verdict == "holds")
