@@ -34,8 +34,9 @@ What a real loop needs, and how the graph gets it:
   middle: adds to them; last: adds, clips and steps), captured on first use in one memory pool.
 - **AMP.** ``amp_dtype=torch.bfloat16``, or ``torch.float16`` with a ``GradScaler``: the graph captures forward
   and ``scaler.scale(loss).backward()``; ``scaler.unscale_`` (when clipping), the clipping, ``scaler.step`` and
-  ``scaler.update`` run eagerly after the replay, because the scaler skips steps with inf/NaN gradients by
-  reading a flag on the CPU, which a graph cannot do.
+  ``scaler.update`` run eagerly after the replay. With a plain optimizer ``scaler.step`` reads the inf/NaN flag on
+  the CPU (``.item()``), which a graph cannot do; a fused optimizer (``fused=True``) takes the flag as a GPU tensor
+  instead, and PyTorch's own tests capture that ``scaler.step``, but the kit keeps one path for both.
 
 A batch whose shape was never captured (the short last batch of an epoch) runs an eager step instead, on the
 same parameters, gradients and optimizer state, and the graph keeps working afterwards.

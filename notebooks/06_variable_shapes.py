@@ -896,8 +896,8 @@ if CUDA and set_allocator is not None:
                      "largest bucket alone, pools only", "value": on, "target": "<= 1.2"})
     # a verdict on allocator bytes: one reading, no timing noise in it, so its interval is the point itself
     saving = off / on if on > 0 else float("nan")
-    said = (f"the default ladder's shared pool takes {on:.2f}x the memory of its largest bucket alone with expandable segments, "
-            f"{off:.2f}x without")
+    said = (f"the default ladder's shared pool takes {on:.2f}x the memory of its largest bucket alone with "
+            f"expandable segments, {off:.2f}x without")
     claims.append(Claim(
         "block_expandable_segments_saves_memory", lo=saving, hi=saving, above=1.05,
         holds=f"transformer block: expandable segments save memory: {said} ({{lo:.2f}}x less; allocator bytes, "
