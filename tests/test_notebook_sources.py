@@ -98,7 +98,11 @@ def test_repository_address_and_ref_are_the_same_everywhere():
 
 # Repositories of the published experiments the notebooks quote, linked from their side-by-side sections: not
 # addresses of this kit.
-PUBLISHED_SOURCES = {("shu65", "blog-pytorch-notebooks")}  # the 2021 K80 blog's measurement notebook (01-03)
+PUBLISHED_SOURCES = {("shu65", "blog-pytorch-notebooks"),  # the 2021 K80 blog's measurement notebook (01-03)
+                     ("apache", "mxnet"), ("huggingface", "pytorch-image-models"),  # 04: MXNet PR, timm PR
+                     ("pytorch", "benchmark"),                                      # 04: pytorch/benchmark issue
+                     ("roboflow", "rf-detr"),      # 05/06: the rf-detr issue whose memory figures they quote
+                     ("pytorch", "pytorch")}       # 06: a PyTorch issue it quotes
 
 
 # Notebooks whose GPU execution is still owed, with the reason. The test below is an expected failure for them
