@@ -448,9 +448,10 @@ pitfalls.record("random numbers: reseeding or another generator in the graph", "
 # `AccumulateGrad` node was created on. If the warm-up ran on the default stream and its autograd graph is
 # still alive (the `loss` variable of the last warm-up step keeps it), the captured backward must sync with
 # the default stream: PyTorch warns *"The AccumulateGrad node's stream does not match ..."*, and the capture
-# can fail. Three variants, each in a fresh process: warm-up on the default stream with the last loss kept,
-# on a side stream with it kept, on a side stream with `del loss` before capture. The experiment, a function
-# that `run_isolated` runs in a fresh process:
+# can fail. `torch.cuda.graph` captures on a stream of its own, so a side-stream warm-up whose autograd graph is
+# still alive can draw the same warning; only `del loss` drops those nodes. Three variants, each in a fresh
+# process: warm-up on the default stream with the last loss kept, on a side stream with it kept, on a side
+# stream with `del loss` before capture. The experiment, a function that `run_isolated` runs in a fresh process:
 
 # %%
 from cudagraph_kit.course.pitfall_scripts import WARMUP_VARIANTS, warmup_stream
@@ -664,8 +665,11 @@ pitfalls.record("a graph replayed after what it reads was freed", "silently wron
 # first model's objects were dropped, graph 1 reads tensors it does not own (optimizer state, inputs), and the next
 # capture's `empty_cache()` hands their memory back to the driver or to new tensors. A graph does not own what it
 # reads: keep the model, optimizer and static tensors alive as long as the graph (the kit's `GraphedCallable` and
-# `GraphedTrainStep` hold them). Capturing the same model and optimizer twice does not free anything the first
-# graph reads: the gradients it writes live in its own private pool, which stays reserved while the graph exists.
+# `GraphedTrainStep` hold them). A replay right after capture keeps nothing alive, so it cannot protect the first
+# graph (compare its rows with "drop"); what protects the kit's graphs is that the kit's objects keep references.
+# Capturing the same model and optimizer twice frees the gradients the first graph wrote (the second capture's
+# `zero_grad(set_to_none=True)`), so the table may count them as "free in cache"; but they lie in the first
+# graph's private pool, which stays reserved for that graph while it exists, so nothing else is given that memory.
 
 # %% [markdown]
 # ## 12. Will a graph help? `advise` before capturing, checked against measured speedups
@@ -753,10 +757,11 @@ if len(honest):
         print(c.statement)
 
 # %% [markdown]
-# The predicted speedup is `advise`'s own, eager time included: the host's speed drifts between its measurement
-# and the timing windows, and eager time moves with it, so part of a miss can be the eager time moving; compare
-# `predicted_graph_us` with `measured_graph_us` for the graph alone. The appendix checks the same formula on the
-# rows notebooks 01-04 recorded (fitted after the fact, since their floor is the timed graph's own).
+# `advise`'s predicted speedup divides its own eager time by its predicted graph time. The host's speed drifts
+# between `advise`'s measurement and the timing windows, and the eager time moves with it, so part of a miss can
+# come from the eager side; to judge the graph alone, compare `predicted_graph_us` with `measured_graph_us`.
+# The appendix checks the same formula on the rows notebooks 01-04 recorded (fitted after the fact, since their
+# floor is the timed graph's own).
 
 # %% [markdown]
 # ## 13. The pitfalls at a glance
@@ -836,8 +841,9 @@ if recorded_claims is not None:
 #   or a foreign generator, other threads allocating during a `"global"` capture. The kit turns capture failures
 #   into `CaptureError` (cause, fix, original error), and the process keeps working.
 # - **Silently wrong**: a rebound static input, an output kept across replays, frozen Python state (counters,
-#   learning rates), a graph whose inputs or model were freed. `verify` catches the first three by comparing
-#   with eager on fresh and poisoned inputs; the last one needs references kept alive.
+#   learning rates), a graph whose inputs or model were freed (that one can also crash the process: section 11).
+#   `verify` catches the first three by comparing with eager on fresh and poisoned inputs; the last one needs
+#   references kept alive.
 # - **Raises, or silently wrong**: reading a `reduce-overhead` output kept across calls. PyTorch's documentation
 #   says it raises; it can instead silently hold the next call's values (section 10 prints what this PyTorch
 #   did). Clone what you keep either way.

@@ -359,9 +359,10 @@ if CUDA:
 # Reading the ledger: in a shared pool, each smaller bucket reuses the memory the larger ones freed, so the
 # pool should hold about what the largest bucket needs, however many buckets there are; with one pool per
 # graph every bucket keeps its own memory, so the total grows with the sum of the bucket sizes. The table
-# below gives the measured ratios. `device_used_mib` is the growth of the device memory in use across the
-# strategy's build, from a clean cache to a clean cache (`torch.cuda.mem_get_info`): it also sees memory outside
-# the allocator, such as the graphs' own executables.
+# below gives the measured ratios; where a shared pool holds clearly more than its largest bucket (above the
+# 1.2 target), the cause is fragmentation, which Appendix A measures. `device_used_mib` is the growth of the
+# device memory in use across the strategy's build, from a clean cache to a clean cache
+# (`torch.cuda.mem_get_info`): it also sees memory outside the allocator, such as the graphs' own executables.
 
 # %%
 def held(model_name, label):
@@ -523,7 +524,7 @@ else:
 #
 # Each request through each variant, compared with the eager model on the same rows. Different batch sizes
 # may pick different matrix-multiply kernels, which round differently, so we expect differences at the level
-# of float32 rounding (relative 1e-6 to 1e-5); a wrong result (a padding leak, a stale buffer) would be of
+# of float32 rounding (relative 1e-5 or less); a wrong result (a padding leak, a stale buffer) would be of
 # the order of the values themselves. Overflow requests go through the eager path of each bucketed variant.
 
 # %%
@@ -759,12 +760,14 @@ print("\n".join(c.statement for c in claims if "reduce_overhead" in c.claim and 
       or "reduce-overhead needs a GPU: the recorded run is shown below.")
 
 # %% [markdown]
-# **What sets these numbers.** How much sharing a pool saves grows with the number of buckets and with the
-# activations each one keeps: the detector's graphs were large, and each private pool kept a whole forward
-# pass's activations, so eleven of them added up; the models here are small. `reduce-overhead` only replays a
-# graph for a size it has already recorded: on this stream the first passes paid for compiling and recording
-# (the setup column), and in service every size not seen before would cost a recording again, while a bucket
-# ladder is captured once, before the first request.
+# **What sets these numbers.** How much sharing a pool saves grows with the number of graphs and with the memory
+# each private pool keeps: the detector's private pools each kept a whole forward pass's activations, so eleven
+# of them added up. The models here are small, but a private pool never reserves less than one allocator segment
+# (2 MiB for small blocks, Appendix A), so for the MLP, whose activations fit in one segment, the ratio mostly
+# counts pools: the default ladder's graphs against one shared pool. `reduce-overhead` only replays a graph for
+# a size it has already recorded: on this stream the first passes paid for compiling and recording (the setup
+# column), and in service every size not seen before would cost a recording again, while a bucket ladder is
+# captured once, before the first request.
 
 # %% [markdown]
 # ## 14. Recorded GPU results

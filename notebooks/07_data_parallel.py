@@ -317,8 +317,10 @@ else:
 # How to read it. The *host time per step* (`host_median_us`, the time between step returns) cannot tell
 # whether the CPU is the bottleneck. In a steady loop the CPU cannot run ahead of the GPU for long: once it has
 # filled the launch queue, or when it reaches a call that blocks, it waits. So a step returns once per step
-# time on average, whether the CPU spent that time launching or waiting, and the host time is about 100% of
-# the step in every run, graphed ones included, although a graphed step leaves the CPU almost nothing to do.
+# time on average, whether the CPU spent that time launching or waiting, and the host time is about the step
+# time in every run of the sweep, graphed ones included, although a graphed step leaves the CPU almost nothing to
+# do. A run too short to fill the queue is the exception: its CPU may never have to wait, and then its host time
+# stays below the step time (compare `host_median_us` with `median_us` in section 4's table).
 #
 # What separates the two cases is the CPU's time to *issue* a step, without the waiting, against the step
 # time. The recorded steps hold it: the timed window opens with a synchronize, so in its first steps the GPU's
@@ -416,14 +418,14 @@ else:
 #
 # ## Summary
 # - A whole DDP training step can be one CUDA graph with PyTorch's own DDP and `torchrun`, if three rules
-#   hold: async error handling off before the process group exists (mind torchrun's default of 1), DDP built
-#   on a side stream, at least 11 eager DDP steps before capture. The kit applies them
+#   are followed: async error handling off before the process group exists (mind torchrun's default of 1),
+#   DDP built on a side stream, at least 11 eager DDP steps before capture. The kit applies them
 #   (`setup_distributed_for_graphs`, `ddp_for_graphs`) and `capture_train_step` checks them.
 # - Measure per rank with CUDA events, not a synchronize per step: the synchronize itself removes the
 #   CPU's lead that graphs rely on.
 # - Is a step CPU-bound? Compare the CPU's time to *issue* a step (the first steps after a synchronize) with
-#   the step time, not the host time between step returns, which includes the waiting and is about the step
-#   time in every run.
+#   the step time, not the host time between step returns, which includes the waiting and, in a steady run, is
+#   about the step time whatever the CPU did.
 # - Correct before fast: graphed DDP trained like eager DDP here, its parameters equal to float rounding
 #   (section 2 prints the largest difference), and every graphed run of the script checks that first.
 
