@@ -263,7 +263,9 @@ m.short()
 # of the replay, and that it is one copy, not one more kernel. Second, the traffic arithmetic of section 1
 # against the floor of the replay (the five kernels alone): where the floor is far above the time the traffic
 # needs, the kernels' fixed cost on the GPU dominates; where the two are close, the call is bandwidth-bound.
-# Compare both with eager's wall time per kernel: that is what launching from Python costs.
+# Compare both with eager's wall time per kernel: that is what launching from Python costs. Where
+# `(floor - traffic) per kernel` comes out negative, the kernels ran faster than the copy-bandwidth estimate:
+# part of their traffic stayed in the L2 cache (section 1 marks the tensors whose input and output fit in it).
 
 # %%
 if CUDA:
@@ -645,15 +647,15 @@ else:
 
 # %% [markdown]
 # What it means for a speedup someone quotes: where the recorded spreads say so, the replay is steady while
-# eager, the baseline of every speedup, moves with the host from one process to the next, and the controls
-# tried do not hold it still; a profiler session earlier in the process slows what runs after it. So a speedup
+# eager, the baseline of every speedup, moves with the host from one process to the next, and none of the
+# controls tried keeps it steady; a profiler session earlier in the process slows what runs after it. So a speedup
 # is a range, not a number: the interval for a fresh process above, and the prediction intervals of this
 # notebook for its own windows.
 #
 # ### B. The sweep against the headline table
 # The sweep point nearest the small tensor's size was timed the same way as section 4 (same samples, same
 # calls rule) but in other windows: it is one more measurement, which the headline's prediction interval
-# should hold (nine times out of ten). The cell below puts the two side by side, says whether it does, and if
+# should contain (nine times out of ten). The cell below puts the two side by side, says whether it does, and if
 # not, which time moved. It adds `headline_vs_sweep.json` to this run's results folder.
 
 # %%

@@ -290,7 +290,7 @@ del model, opt, step
 # what an eager step would consume. Whether the masks then coincide with the eager run's, bit for bit,
 # depends on every random draw happening in the same order and amounts in both runs; where they do not,
 # the masks differ from eager but come from the same distribution, so the loss *statistics* match while the
-# individual losses do not. The run below measures which case holds here.
+# individual losses do not. The run below shows which of the two happens here.
 
 # %%
 def train_eager(model, opt, batches):
@@ -623,7 +623,9 @@ amp_parity = pd.DataFrame(amp_parity_rows)
 # The verdicts: graph against eager for each AMP case, and, for fp16 with the `GradScaler`, the graph with
 # `SGD(fused=True)` against the graph with plain `SGD` (the ratio of their times, window by window). The fp16
 # rows get no floor: the scaler's part runs eagerly after each replay, so those steps launch kernels outside
-# their graph (`eager_kernels_per_call`).
+# their graph (`eager_kernels_per_call`). Skipping the synchronization does not by itself make a step faster:
+# where the host takes longer than the GPU, the GPU has usually finished by the time the host waits for it. The
+# verdict says which of the two graphs is faster here.
 
 # %%
 amp = measure(amp_cases, **TIMING) if amp_cases else None
@@ -806,19 +808,19 @@ check_short_batches(short_batches, predicted_eager_steps, short_step, extra_us, 
 
 # %% [markdown]
 # ## Appendix A: where the time of an eager step goes
-# How much of an eager step of the small network is GPU work? The rest is CPU work: Python (the module calls,
-# the optimizer's loops), the dispatcher and the autograd engine, and the driver's launches. The GPU-busy time of
-# the same kernels is the floor of the whole-step graph in section 5 (the profiler records kernels launched one by
-# one from Python longer than they run, so an eager row gets no floor of its own). To see where the rest goes, the
-# parts of the step are timed separately (`cudagraph_kit.course.nb02_train.step_parts`), each on its own copy of
-# the network and optimizer: the whole eager step; `zero_grad` alone (`set_to_none=True`: no kernel, pure
+# How much of an eager step of the small network is GPU work? The rest is CPU work: Python (the module calls, the
+# optimizer's loops), the dispatcher and the autograd engine, and the driver's launches. The GPU-busy time of the
+# same kernels is the floor of the whole-step graph in section 5 (an eager row gets no floor of its own: the
+# profiler records kernels launched one by one from Python as running longer than they do). To see where the rest
+# goes, the parts of the step are timed separately (`cudagraph_kit.course.nb02_train.step_parts`), each on its own
+# copy of the network and optimizer: the whole eager step; `zero_grad` alone (`set_to_none=True`: no kernel, pure
 # Python); forward + loss; `zero_grad` + forward + loss + backward; `optimizer.step()` alone. Backward and the
-# optimizer follow by difference. Parts timed separately do not add up exactly (caches, allocator state): read
-# them as a breakdown, not as an exact sum. A part obtained by difference is the difference of two noisy
-# medians: when the part is small next to that noise it can come out smaller than the same part timed alone, or
-# even negative, which means "within the noise", not a negative cost. So the breakdown is the median of the
-# windows' differences, and the two verdicts per optimizer say, from the ratio of the two timings window by
-# window, whether each part stands out of the noise.
+# optimizer follow by difference. Parts timed separately do not add up exactly (caches, allocator state): read them
+# as a breakdown, not as an exact sum. A part obtained by difference is the difference of two noisy medians: when
+# the part is small next to that noise it can come out larger or smaller than the same part timed alone, or even
+# negative, which means "within the noise", not a negative cost. So the breakdown is the median of the windows'
+# differences, and the two verdicts per optimizer say, from the ratio of the two timings window by window, whether
+# each part stands out of the noise.
 
 # %%
 from IPython.display import display  # noqa: E402

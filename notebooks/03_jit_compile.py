@@ -375,7 +375,8 @@ m1.short().assign(**{"kernels/call": m1.table.kernels_per_call, "copies/call": m
 # Reading the table: default `torch.compile` launches one fused kernel but spends tens of µs in Python
 # (Dynamo's frame entry and guards, AOTAutograd's wrapper, Inductor's wrapper) before it. `reduce-overhead`
 # keeps all of that, adds the CUDA graph trees' bookkeeping, and launches two things instead of one: a copy
-# of the input into the graph's static buffer and the graph. On one fused elementwise kernel the graph has
+# of the input into the graph's static buffer and the graph. (That copy runs as a kernel, `torch._foreach_copy_`,
+# so the table counts it under kernels/call, not copies/call.) On one fused elementwise kernel the graph has
 # almost nothing left to save (one kernel launch becomes a graph launch plus a copy), while the Python on top
 # grows. A manual graph of the compiled function skips all the Python: one `copy_` and one `replay()`, or only
 # `replay()` when the input is already in place. (The appendix shows where the CPU time of one call goes.)
@@ -677,8 +678,9 @@ plt.close(fig)
 # [shu65/blog-pytorch-notebooks: pytorch_CUDA_Graphs.ipynb](https://github.com/shu65/blog-pytorch-notebooks/blob/main/pytorch_CUDA_Graphs.ipynb).
 # The blog measured on a Tesla K80 with PyTorch 1.10 (wall clock, 10,000 calls, mean). Our reference is a plain
 # PyTorch run on an H100 (PyTorch 2.11, median of 5 repeats, in a process whose timings no profiler session had
-# slowed down; no kit code). Their graph figures go on the "input in place" rows: the reference's floors show
-# it replayed without copying a new input; the blog does not say.
+# slowed down; no kit code). The blog does not say whether its graph runs copied a new input each call; its
+# graph figures go on the "input in place" rows, beside the reference's, whose floors show that it replayed
+# without copying one.
 
 # %%
 # NBVAL_CHECK_OUTPUT

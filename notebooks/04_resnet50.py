@@ -583,8 +583,8 @@ else:  # this run's tiny CPU cases have no recorded twin: the recorded GPU table
 # %% [markdown]
 # ## 5. Side by side with the published figures
 # - **[MXNet PR #19142](https://github.com/apache/mxnet/pull/19142)** (V100 16 GB, GluonCV ResNet50_v2, fp16
-#   inference, 1,000 calls after 10 warm-up): batch 1: 2.815 → 2.323 ms per call (about 17% faster); batch 128:
-#   47.32 → 47.15 ms (0.3%).
+#   inference, 1,000 calls after 10 warm-up): batch 1: 2.815 → 2.323 ms per call (about 17% less time); batch 128:
+#   47.32 → 47.15 ms (0.4% less).
 # - **[pytorch/benchmark issue #706](https://github.com/pytorch/benchmark/issues/706)** (V100, torchvision
 #   ResNet-50, fp32 training): batch 1: 89.0 → 50.2 ms per step (1.77×); batch 4: 1.31×; no gain from batch 8.
 # - **TorchAcc** (Alibaba's ResNet-50 guide; A100 80 GB, a 100-class head, synthetic 224×224 images, batch 64,
@@ -592,8 +592,8 @@ else:  # this run's tiny CPU cases have no recorded twin: the recorded GPU table
 # - **[timm PR #1271](https://github.com/huggingface/pytorch-image-models/pull/1271)** (8 GPUs, AMP +
 #   channels_last, 10 epochs): A100 batch 32: 5,665 → 6,630 images/s (1.17×), eval top-1 59.30 → 59.20; V100
 #   batch 128: 4,184 → 4,141 images/s (0.99×), top-1 43.13 → 42.66.
-# - **Plain PyTorch on an H100** (the project's reference run without the kit, 2026-11-22, section 7 of
-#   `published-figures`): inference fp16 batch 1 / 8 / 32 / 128: 5.19 / 4.97 / 4.10 / 9.73 ms eager, 0.86 / 1.13 /
+# - **Plain PyTorch on an H100** (the project's own reference run of plain PyTorch, without the kit,
+#   2026-11-22): inference fp16 batch 1 / 8 / 32 / 128: 5.19 / 4.97 / 4.10 / 9.73 ms eager, 0.86 / 1.13 /
 #   2.57 / 9.41 ms graph; bf16 training SGD batch 32: 24.1 → 10.0 ms (2.4×), batch 128: 34.1 → 33.0 ms (1.03×).
 #
 # Why they differ: the gain is the host time a graph removes, over the time the GPU needs anyway. On the V100 of
@@ -719,7 +719,8 @@ check_clip_norms(norms_eager, norms_graphed, clipped_fraction, max_norm=MAX_NORM
 # and **loader + step** (the real loop). A loader is a stream with a prefetch queue, not a call to repeat, so
 # `parts.feeding_windows` times `LOADER_STEPS` batches of a fresh epoch per window; the windows are combined as
 # `measure` combines them. If the real loop takes about as long as its slower part, the two overlap, and the slower
-# part is what limits throughput.
+# part is what limits throughput. In the timing table the cell prints last, `speedup` is relative to its first row,
+# the loader alone: a value below 1 means slower than the loader.
 
 # %%
 from cudagraph_kit.intervals import combine_windows, prediction_interval
