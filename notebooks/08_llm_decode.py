@@ -101,9 +101,10 @@ BATCHES = None        # decode batch sizes timed (None: 1, 4, 16, 64 on a GPU; 1
 PROMPT_LEN = 16       # prompt tokens per sequence
 NEW_TOKENS = None     # tokens generated per sequence in a timed generation (None: 32 on a GPU; 6 small)
 DTYPE = "float32"     # model dtype on a GPU ("bfloat16" is what serving uses: see exercise 2); float32 on a CPU
-SERVE_STEPS = None    # decode steps of the serving loop (None: 120 on a GPU; 30 small)
+SERVE_STEPS = None    # decode steps of the serving loop (None: 80 on a GPU; 30 small)
 SAMPLES = None        # timing rounds per variant in each window; medians reported (None: 2)
 WINDOWS = 8           # timing windows of every comparison (SMOKE: 2): the speedup intervals come from them
+GEN_WINDOWS = 4       # ... of those that time whole generations (sections 8, 11, 12): each call is 10-200 ms
 WINDOW_PAUSE_S = 0.5  # pause between two windows
 COMPILE = True        # torch.compile(mode="reduce-overhead") of the decode step (GPU only)
 HF = True             # transformers' generate on the same weights (skipped, with a message, if not installed)
@@ -131,7 +132,7 @@ from cudagraph_kit.course.decode import (decode_state, generate_blocks, k_step, 
 from cudagraph_kit.course.hf_decode import StaticDecoder, hf_status
 from cudagraph_kit.course.measure import measure
 from cudagraph_kit.course.nb08_parts import (Runs, batch_sizes, compiles_so_far, kernel_table, make_stream,
-                                            plot_decode, serve_stream, with_window_medians)
+                                            plot_decode, profiled_mode, serve_stream, step_mode, with_window_medians)
 from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, first_divergence, greedy_generate,
                                            greedy_generate_no_cache, hf_generate, to_hf_llama)
 from cudagraph_kit.intervals import prediction_interval
@@ -149,11 +150,12 @@ BATCHES = BATCHES or ([1, 4] if small else [1, 4, 16, 64])
 MAX_BATCH = max(BATCHES)
 GEN_BATCHES = sorted({BATCHES[0], MAX_BATCH})   # whole generations are timed at the smallest and largest batch
 NEW_TOKENS = NEW_TOKENS or (6 if small else 32)
-SERVE_STEPS = SERVE_STEPS or (30 if small else 120)
+SERVE_STEPS = SERVE_STEPS or (30 if small else 80)
 SAMPLES = SAMPLES or 2
 if small:
     WINDOWS, WINDOW_PAUSE_S = 2, 0.0
 TIMING = dict(windows=WINDOWS, samples=SAMPLES, pause_s=WINDOW_PAUSE_S)   # every measure() of this notebook
+GEN_TIMING = dict(TIMING, windows=min(WINDOWS, GEN_WINDOWS), floor=False)  # whole generations: no profiler
 COMPILE = COMPILE and CUDA
 DT = getattr(torch, DTYPE) if CUDA else torch.float32
 CFG = (TinyConfig(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, hidden=176) if small
@@ -562,9 +564,13 @@ step_df["tokens_per_s"] = step_df.batch / (step_df.median_us * 1e-6)
 
 # %%
 GEN_CASE = {b: f"generate, batch {b}" for b in GEN_BATCHES}
-gen_cases = {GEN_CASE[b]: ({v: (lambda v=v, b=b: generate(v, b)) for v in VARIANTS if (v, b) in setup}, (),
-                           {"calls": 1}) for b in GEN_BATCHES}
-m_gen = measure(gen_cases, **TIMING)   # the last window's profiler says what each variant ran as
+HF_STATIC_MODE = profiled_mode(lambda: generate(HF_STATIC, BATCHES[0])) if (HF_STATIC, BATCHES[0]) in setup else "eager"
+gen_modes = {b: {"eager": "eager", HF_DYNAMIC: "eager", HF_STATIC: HF_STATIC_MODE, KIT_GEN: graphs,
+                 FUSED_GEN: fused_graphs, "reduce-overhead": step_mode(m_step, STEP_CASE[b], "reduce-overhead")}
+             for b in GEN_BATCHES}
+gen_cases = {GEN_CASE[b]: ({v: Runs(lambda v=v, b=b: generate(v, b), gen_modes[b][v]) for v in VARIANTS
+                            if (v, b) in setup}, (), {"calls": 1}) for b in GEN_BATCHES}
+m_gen = measure(gen_cases, **GEN_TIMING)   # "ran as": the step's profiled rows (section 7), not a profiler here
 for b in GEN_BATCHES:
     case, timed = GEN_CASE[b], gen_cases[GEN_CASE[b]][0]
     claims.append(speedup(m_gen, f"generate_graphs_beat_eager_b{b}", case, KIT_GEN))
@@ -718,7 +724,7 @@ if CUDA and len(graphed):
     print(graphed[["batch", "variant", "median_us", "kernels_per_call", "floor_us", "vs_floor"]].to_string(
         index=False, float_format=lambda v: f"{v:.1f}"))
 else:
-    print("no graphed variant was timed here (they need a CUDA GPU): see the recorded results in section 15.")
+    print("no graphed variant was timed here (they need a CUDA GPU): see the recorded results in section 14.")
 
 # %% [markdown]
 # ## 11. Several tokens per replay
@@ -794,9 +800,10 @@ def k_runner(b, k):
 
 K_NAME = {k: f"K={k}: one graph per {k} tokens" if k > 1 else "K=1: one graph per token" for k in K_STEPS}
 K_CASE = {b: f"k-step decode, batch {b}" for b in K_BATCHES}
-k_cases = {K_CASE[b]: ({"eager": k_runner(b, 0), **{K_NAME[k]: k_runner(b, k) for k in K_STEPS if (b, k) in k_graphs}},
+k_cases = {K_CASE[b]: ({"eager": Runs(k_runner(b, 0)), **{K_NAME[k]: Runs(k_runner(b, k), k_graphs[b, k])
+                                                           for k in K_STEPS if (b, k) in k_graphs}},
                        (), {"calls": 1}) for b in K_BATCHES}
-m_k = measure(k_cases, **TIMING)   # the last window's profiler says what each ran as
+m_k = measure(k_cases, **GEN_TIMING)   # each runner carries its graph's mode: no profiler on whole generations
 for b in K_BATCHES:
     for k in K_STEPS[1:]:
         if {K_NAME[1], K_NAME[k]} <= set(k_cases[K_CASE[b]][0]):
@@ -867,15 +874,17 @@ else:
 
 # %%
 HF_CASE = f"transformers model, batch {BATCHES[0]}"
-hf_timed = {"eager": lambda: hf_dec.generate(hx, NEW_TOKENS)} if hf_dec is not None else {}
+hf_timed = {"eager": Runs(lambda: hf_dec.generate(hx, NEW_TOKENS))} if hf_dec is not None else {}
 for r in hf_checks:
     if r["variant"] in hf_graphs and (r["tokens_equal"] or r["near_tie"]):
-        hf_timed[r["variant"]] = lambda g=hf_graphs[r["variant"]]: hf_dec.generate(hx, NEW_TOKENS, step=g)
+        g = hf_graphs[r["variant"]]
+        hf_timed[r["variant"]] = Runs(lambda g=g: hf_dec.generate(hx, NEW_TOKENS, step=g), g)
 if hf_dec is not None and (HF_STATIC, BATCHES[0]) in setup:
-    hf_timed[HF_STATIC] = lambda: hf_generate(hf_model, hx, NEW_TOKENS, cache_implementation="static")
+    hf_timed[HF_STATIC] = Runs(lambda: hf_generate(hf_model, hx, NEW_TOKENS, cache_implementation="static"),
+                               HF_STATIC_MODE)
 hf_df = pd.DataFrame()
 if len(hf_timed) > 1:
-    m_hf = measure({HF_CASE: (hf_timed, (), {"calls": 1})}, **TIMING)   # the profiler in the last window: ran as
+    m_hf = measure({HF_CASE: (hf_timed, (), {"calls": 1})}, **GEN_TIMING)   # ran as: each runner's mode
     if HF_KIT in hf_timed:
         claims.append(speedup(m_hf, "hf_kit_graph_beats_eager", HF_CASE, HF_KIT))
     for cid, slow in (("hf_fused_graph_beats_kit_graph", HF_KIT), ("hf_fused_graph_beats_hf_static_generate", HF_STATIC)):
@@ -886,24 +895,7 @@ if len(hf_timed) > 1:
     print(m_hf.short().to_string(index=False))
 
 # %% [markdown]
-# ## 13. The batch-16 question: which kernels does a decode step run at each batch size?
-#
-# In the recorded runs a decode step at batch 16 kept the GPU busy longer than one at batch 64 (the floors of
-# section 7), on an H200 and on an H100. `scripts/probe_decode_kernels.py` profiled this notebook's decode step
-# (eager and the kit's graph, float32 as here) at batch 1, 8, 16, 32 and 64 and saved each batch's top kernels to
-# `figures/08_decode_kernels/`. The table below reads it: the matrix-multiply kernel that cuBLAS picks changes with
-# the batch size. Eager and the graph run the same kernel at every batch: the graph replays what eager launched, so
-# this is cuBLAS's heuristic for these shapes, not the kit. Padding a batch of 16 up to a bucket of 32 is one way
-# around it, which `plan_buckets` (notebook 06) can find from measured costs.
-
-# %%
-kernels, sentence = kernel_table((results.recorded_root() or Path("figures")) / "08_decode_kernels")
-if kernels is not None:
-    print(kernels.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
-print(sentence)
-
-# %% [markdown]
-# ## 14. The picture
+# ## 13. The picture
 #
 # Left: time per decode step against the batch size, with the floor. Middle: tokens per second of whole
 # generations, every variant. Right: the serving loop, time per step of each strategy, with its number of graphs.
@@ -915,7 +907,7 @@ fig = plot_decode(step_df, gen_df, serve_df, f"LLM decoding with a static KV cac
 plt.show()
 
 # %% [markdown]
-# ## 15. Save the results, and the recorded GPU run beside this one
+# ## 14. Save the results, and the recorded GPU run beside this one
 #
 # One row per (case, variant) of every timed comparison (with `window_medians_us`, each window's median), the
 # correctness checks (`case` "correctness", "k-step correctness", "hf correctness"), the capture times (`case`
@@ -1049,3 +1041,21 @@ k4_tokens = ...    # generate_blocks(k4_graph.replay, k4_graph.static_inputs, fi
 # %%
 check_k_step_decode(k4_block, k4_graph, k4_tokens, model=model, cache=cache, prompt=ex3_prompt, stop_token=EX3_STOP,
                     new_tokens=NEW_TOKENS, pad_token=PAD)
+
+
+# %% [markdown]
+# ## Appendix: the batch-16 question, which kernels does a decode step run at each batch size?
+#
+# In the recorded runs a decode step at batch 16 kept the GPU busy longer than one at batch 64 (the floors of
+# section 7), on an H200 and on an H100. `scripts/probe_decode_kernels.py` profiled this notebook's decode step
+# (eager and the kit's graph, float32 as here) at batch 1, 8, 16, 32 and 64 and saved each batch's top kernels to
+# `figures/08_decode_kernels/`. The table below reads it: the matrix-multiply kernel that cuBLAS picks changes with
+# the batch size. Eager and the graph run the same kernel at every batch: the graph replays what eager launched, so
+# this is cuBLAS's heuristic for these shapes, not the kit. Padding a batch of 16 up to a bucket of 32 is one way
+# around it, which `plan_buckets` (notebook 06) can find from measured costs.
+
+# %%
+kernels, sentence = kernel_table((results.recorded_root() or Path("figures")) / "08_decode_kernels")
+if kernels is not None:
+    print(kernels.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+print(sentence)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "with_window_medians", "compiles_so_far",
-           "kernel_table", "plot_decode"]
+__all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "step_mode", "profiled_mode", "with_window_medians",
+           "compiles_so_far", "kernel_table", "plot_decode"]
 
 
 def make_stream(seed: int, steps: int, max_batch: int, max_gen: int) -> list:
@@ -103,6 +103,26 @@ class Runs:
 
     def __call__(self):
         return self.fn()
+
+
+def step_mode(m, case: str, variant: str) -> str:
+    """What ``variant`` ran as in ``case`` of a profiled ``Measured`` ``m`` (the decode step's), as a ``Runs`` mode:
+    "graph" where the profiler saw graph launches, else "eager" (also where the row is missing). A whole generation
+    of that step then needs no profiler of its own to say what it ran as."""
+    try:
+        return "graph" if m.row(case, variant).executed_as == "cuda graph" else "eager"
+    except KeyError:
+        return "eager"
+
+
+def profiled_mode(fn) -> str:
+    """Call ``fn()`` once under the profiler (after one warm call) and return "graph" if it launched a CUDA graph,
+    else "eager"; "eager" without CUDA. For a variant whose graphs are made inside it (``generate`` compiled by
+    ``transformers``): one profiled call of graph replays is cheap, unlike profiling eager generations."""
+    from ..timing import gpu_time
+
+    g = gpu_time(fn, calls=1, warmup=1)
+    return "graph" if g is not None and g.graph_launches > 0 else "eager"
 
 
 def with_window_medians(m):
