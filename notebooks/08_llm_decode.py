@@ -132,7 +132,8 @@ from cudagraph_kit.course.decode import (decode_state, generate_blocks, k_step, 
 from cudagraph_kit.course.hf_decode import StaticDecoder, hf_status
 from cudagraph_kit.course.measure import measure
 from cudagraph_kit.course.nb08_parts import (Runs, batch_sizes, compiles_so_far, kernel_table, make_stream,
-                                            plot_decode, profiled_mode, serve_stream, step_mode, with_window_medians)
+                                            plot_decode, profiled_mode, serve_stream, serve_table, step_mode,
+                                            with_window_medians)
 from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, first_divergence, greedy_generate,
                                            greedy_generate_no_cache, hf_generate, to_hf_llama)
 from cudagraph_kit.intervals import prediction_interval
@@ -483,7 +484,8 @@ for v, e in variant_errors.items():
 # One window is not enough to quote a number: the host's speed drifts over minutes, and eager times move with it far
 # more than graph replays do. `measure` times every case in `WINDOWS` windows, the variants of a case taking turns
 # in each (`compare`, round-robin), and runs the profiler once, in the last window, after its timings (kernels per
-# call, what each variant ran as, the GPU-busy floor of pure graph replays). Each speedup is the median of the
+# call, what each variant ran as, the GPU-busy floor of pure graph replays); whole generations (sections 8, 11
+# and 12) take `GEN_WINDOWS` windows and no profiler, their "ran as" read from this section's rows. Each speedup is the median of the
 # windows' speedups with a 90% **prediction interval**: where one more window, timed the same way, should land.
 # The **floor** of a batch size below is the GPU-busy time of one replay of the kit's graph for it (`gpu_time`):
 # how fast a decode step could go if the host cost nothing.
@@ -641,19 +643,8 @@ for cid, name in (("serving_ladder_beats_eager", LADDER_NAME), ("serving_planned
 claims.append(versus(m_serve, "serving_planned_beats_ladder", ("serving loop", PLANNED_NAME), ("serving loop", LADDER_NAME)))
 claims.append(versus(m_serve, "serving_ladder_beats_one_per_size", ("serving loop", LADDER_NAME),
                      ("serving loop", EXACT_NAME)))
-serve_df = with_window_medians(m_serve)
-name_of = serve_df.variant.str.replace(" (eager fallback)", "", regex=False)
 sizes_of = {LADDER_NAME: LADDER, PLANNED_NAME: plan.sizes, EXACT_NAME: list(range(1, MAX_BATCH + 1)), "eager": []}
-serve_df["us_per_step"] = serve_df.median_us / len(observed)
-serve_df["tokens_per_s"] = sum(observed) / (serve_df.median_us * 1e-6)
-serve_df["same_tokens_as_eager"] = name_of.map(same)
-serve_df["graphs"] = name_of.map(lambda n: len(sizes_of[n]))
-serve_df["setup_s"] = name_of.map(lambda n: getattr(strategies[n], "capture_seconds", 0.0))
-serve_df["held_mib"] = name_of.map(lambda n: ledger.record(n, strategies[n]).get("held", float("nan")) / MiB
-                                   if n != "eager" else 0.0)
-serve_df["bucket_sizes"] = name_of.map(lambda n: " ".join(map(str, sizes_of[n])))
-serve_df["pad_fraction"] = name_of.map(lambda n: evaluate_buckets(observed, sizes_of[n])["pad_fraction"]
-                                       if sizes_of[n] else 0.0)
+serve_df = serve_table(m_serve, strategies, sizes_of, observed, same, ledger)   # per step, graphs, memory, padding
 serve_df[["variant", "executed_as", "us_per_step", "speedup", "speedup_lo", "speedup_hi", "graphs", "setup_s",
           "held_mib", "pad_fraction", "same_tokens_as_eager"]].round(3)
 

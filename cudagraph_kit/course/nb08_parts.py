@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "step_mode", "profiled_mode", "with_window_medians",
+__all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "serve_table", "step_mode", "profiled_mode", "with_window_medians",
            "compiles_so_far", "kernel_table", "plot_decode"]
 
 
@@ -103,6 +103,27 @@ class Runs:
 
     def __call__(self):
         return self.fn()
+
+
+def serve_table(m_serve, strategies: dict, sizes_of: dict, observed: list, same: dict, ledger):
+    """The serving loop's table: ``with_window_medians(m_serve)`` plus, per strategy, time per step, tokens per
+    second, the share of requests decoded as eager (``same``), its number of graphs, capture time, the memory they
+    hold (``ledger.record``), its bucket sizes and the padding share of the computed rows on ``observed``."""
+    from ..buckets import evaluate_buckets
+
+    df = with_window_medians(m_serve)
+    name = df.variant.str.replace(" (eager fallback)", "", regex=False)
+    df["us_per_step"] = df.median_us / len(observed)
+    df["tokens_per_s"] = sum(observed) / (df.median_us * 1e-6)
+    df["same_tokens_as_eager"] = name.map(same)
+    df["graphs"] = name.map(lambda n: len(sizes_of[n]))
+    df["setup_s"] = name.map(lambda n: getattr(strategies[n], "capture_seconds", 0.0))
+    df["held_mib"] = name.map(lambda n: ledger.record(n, strategies[n]).get("held", float("nan")) / 2 ** 20
+                              if sizes_of[n] else 0.0)
+    df["bucket_sizes"] = name.map(lambda n: " ".join(map(str, sizes_of[n])))
+    df["pad_fraction"] = name.map(lambda n: evaluate_buckets(observed, sizes_of[n])["pad_fraction"]
+                                  if sizes_of[n] else 0.0)
+    return df
 
 
 def step_mode(m, case: str, variant: str) -> str:
