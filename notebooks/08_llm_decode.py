@@ -44,21 +44,22 @@
 #   time per token, tokens per second, capture or compile time, memory.
 # - What a graph buys prefill (the prompt) next to a decode step, and why the two differ.
 # - That fusion and graphs are separate tools: a graph removes launches, fusion removes kernels, and
-#   `torch.compile` without its graphs, captured by the kit, combines both (section 11).
+#   `torch.compile` without its graphs, captured by the kit, combines both (section 10).
 # - How to put several tokens in one replay: K decode steps per graph, the stop token handled on the GPU
-#   (section 12).
+#   (section 11).
 # - How to graph your own `transformers` model's decode step with a `StaticCache`, and the cache's write-position
-#   trap (section 13).
-# - How to state a speedup so that a rerun agrees: timing windows, a prediction interval, and a verdict ("holds",
-#   "fails", or "no clear difference") for every comparison the notebook makes, saved in `claims.csv`.
+#   trap (section 12).
+# - How to state a speedup so that a rerun agrees: several timing windows, a prediction interval, and one plain
+#   sentence per comparison, computed from that interval (the summary table at the end; `claims.csv`).
 #
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU); `transformers` for its row
 # (the notebook says so and skips it when it is missing). Without a GPU the notebook runs its CPU part small (the
 # correctness checks, everything eager, labelled so) and shows the recorded GPU results.
 #
-# **How long**: 3.0 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25; the first calls of the compiled
-# variants took a good part of it: section 6's `first_call_s` column and section 11's setup table give the times); a
-# T4 has not been timed yet; under a minute on a CPU (small sizes).
+# **How long**: 3.0 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25, for the previous version
+# of this notebook, whose run the committed notebook shows; this version has not been timed on a GPU yet). The
+# compiles of the compiled variants take a good part of it (section 6's `first_call_s` column and section 10's setup
+# table give them). A T4 has not been timed yet; under a minute on a CPU (small sizes).
 
 # %%
 # Setup: use the kit of this checkout; in Colab first make a shallow clone of the branch REPO_REF (the kit and
@@ -93,45 +94,51 @@ if checkout is not None and str(checkout) not in sys.path:
 from cudagraph_kit.course.setup_notebook import setup_notebook  # noqa: E402
 setup_notebook(checkout, REPO_REF, in_colab=IN_COLAB)
 
+
 # %% tags=["parameters"]
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
 BATCHES = None        # decode batch sizes timed (None: 1, 4, 16, 64 on a GPU; 1, 4 in SMOKE or on a CPU)
 PROMPT_LEN = 16       # prompt tokens per sequence
 NEW_TOKENS = None     # tokens generated per sequence in a timed generation (None: 32 on a GPU; 6 small)
 DTYPE = "float32"     # model dtype on a GPU ("bfloat16" is what serving uses: see exercise 2); float32 on a CPU
-SERVE_STEPS = None    # decode steps of the serving loop (None: 200 on a GPU; 30 small)
-SAMPLES = None        # timing rounds per comparison in each window; medians reported (None: 2)
-WINDOWS = 3           # timing windows of every comparison, spread in time: speedup intervals come from them
-WINDOW_PAUSE_S = 1.0  # the windows of one comparison start at least this many seconds apart
+SERVE_STEPS = None    # decode steps of the serving loop (None: 80 on a GPU; 30 small)
+SAMPLES = None        # timing rounds per variant in each window; medians reported (None: 2)
+WINDOWS = 8           # timing windows of every comparison (SMOKE: 2): the speedup intervals come from them
+GEN_WINDOWS = 4       # ... of those that time whole generations (sections 8, 11, 12): each call is 10-200 ms
+WINDOW_PAUSE_S = 0.5  # pause between two windows
 COMPILE = True        # torch.compile(mode="reduce-overhead") of the decode step (GPU only)
 HF = True             # transformers' generate on the same weights (skipped, with a message, if not installed)
 TIME_BUDGET_S = 300   # once the notebook has run this long, variants that still need compiling are skipped (said so)
-K_STEPS = (1, 2, 4, 8)  # decode steps per graph replay (section 12)
+K_STEPS = (1, 2, 4, 8)  # decode steps per graph replay (section 11)
 SEED = 0
 
 # %%
-import math
 import time
 import traceback
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
+import matplotlib.pyplot as plt
 
-from cudagraph_kit import combine_windows, compare, env_table, gpu_time, has_cuda
+from cudagraph_kit import env_table, gpu_time, has_cuda
 from cudagraph_kit.buckets import MemoryLedger, capture_buckets, evaluate_buckets, ladder, plan_buckets
 from cudagraph_kit.capture import capture
 from cudagraph_kit.course import results
-from cudagraph_kit.course.claims import Claim, save_claims
+from cudagraph_kit.course.claims import Claim, save_claims, speedup, summary, versus
 from cudagraph_kit.course.decode import (decode_state, generate_blocks, k_step, load_state, mid_block_stop,
                                         positions_needed, stop_after)
 from cudagraph_kit.course.hf_decode import StaticDecoder, hf_status
+from cudagraph_kit.course.measure import measure
+from cudagraph_kit.course.nb08_parts import (Runs, batch_sizes, compiles_so_far, kernel_table, make_stream,
+                                            plot_decode, profiled_mode, serve_stream, serve_table, step_mode,
+                                            with_window_medians)
 from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, first_divergence, greedy_generate,
                                            greedy_generate_no_cache, hf_generate, to_hf_llama)
-from cudagraph_kit.intervals import prediction_interval, ratio_across_windows
+from cudagraph_kit.intervals import prediction_interval
 
+# %%
 STEM = "08_llm_decode"
 T_START = time.perf_counter()
 CUDA = has_cuda()
@@ -142,11 +149,14 @@ if SMOKE is None:
 small = SMOKE or not CUDA
 BATCHES = BATCHES or ([1, 4] if small else [1, 4, 16, 64])
 MAX_BATCH = max(BATCHES)
+GEN_BATCHES = sorted({BATCHES[0], MAX_BATCH})   # whole generations are timed at the smallest and largest batch
 NEW_TOKENS = NEW_TOKENS or (6 if small else 32)
-SERVE_STEPS = SERVE_STEPS or (30 if small else 200)
+SERVE_STEPS = SERVE_STEPS or (30 if small else 80)
 SAMPLES = SAMPLES or 2
 if small:
     WINDOWS, WINDOW_PAUSE_S = 2, 0.0
+TIMING = dict(windows=WINDOWS, samples=SAMPLES, pause_s=WINDOW_PAUSE_S)   # every measure() of this notebook
+GEN_TIMING = dict(TIMING, windows=min(WINDOWS, GEN_WINDOWS), floor=False)  # whole generations: no profiler
 COMPILE = COMPILE and CUDA
 DT = getattr(torch, DTYPE) if CUDA else torch.float32
 CFG = (TinyConfig(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, hidden=176) if small
@@ -158,18 +168,10 @@ torch.manual_seed(SEED)
 torch.set_grad_enabled(False)   # inference throughout
 if not CUDA:
     torch.set_num_threads(1)    # tiny CPU work: one thread is faster than several competing for a small machine
-
 HF_VERSION, HF_WHY = hf_status()   # the transformers version, or None and why (missing, too old)
 HF = HF and HF_VERSION is not None
 
-
-def elapsed():
-    return time.perf_counter() - T_START
-
-
-def over_budget():
-    return elapsed() > TIME_BUDGET_S
-
+elapsed = lambda: time.perf_counter() - T_START  # noqa: E731  (seconds since the start)
 
 print(env_table())
 print(f"\nSMOKE={SMOKE}  BATCHES={BATCHES}  PROMPT_LEN={PROMPT_LEN}  NEW_TOKENS={NEW_TOKENS}  dtype={DT}  "
@@ -177,10 +179,8 @@ print(f"\nSMOKE={SMOKE}  BATCHES={BATCHES}  PROMPT_LEN={PROMPT_LEN}  NEW_TOKENS=
 if HF_VERSION is None:
     print(f">>> the transformers rows are skipped: {HF_WHY}.")
 if not CUDA:
-    print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run checks the static-cache decoding and the\n"
-          ">>> transformers parity on the CPU at small sizes and runs every 'graph' eagerly (labelled 'eager\n"
-          ">>> fallback'); it skips torch.compile. CPU timings are not results; the recorded GPU results are shown\n"
-          ">>> at the end.")
+    print("\n>>> No CUDA GPU here: CUDA graphs need an NVIDIA GPU. This run checks the decoding on the CPU, small, runs\n"
+          ">>> every 'graph' eagerly ('eager fallback'), skips torch.compile; the recorded GPU results are at the end.")
 
 # %% [markdown]
 # ## 1. A small LLaMA-style model and a static KV cache
@@ -236,13 +236,14 @@ for b in BATCHES:
 nocache_parity = {"tokens_equal": all(p["tokens_equal"] for p in parity.values()), "per_batch": parity}
 print("static-cache greedy tokens identical to the no-cache reference for every batch:", nocache_parity["tokens_equal"])
 
+
 # %% [markdown]
 # ## 3. Why decoding can be host-bound
 #
 # One decode step launches many small kernels, about as many at every batch size (section 7's `kernels_per_call`
 # column). The profiler counts them (GPU only); the CPU's time to issue them (Python, dispatcher and the launch
 # itself, per kernel) is the time per token of eager decoding as long as the GPU finishes each kernel sooner.
-# Section 7 compares eager's time per step with the GPU's busy time and prints the verdict.
+# Section 7 compares eager's time per step with the GPU's busy time.
 
 # %%
 step_inputs = {b: (torch.randint(0, CFG.vocab_size, (b,), generator=gen).to(DEVICE),
@@ -265,8 +266,7 @@ else:
 # place, which is why it must never be reallocated.
 #
 # The bucket sizes here are `ladder(MAX_BATCH)`: 1, 2, 4, then steps of 8, the pattern vLLM captures by default.
-# The capture log gives each bucket's capture time and how much the shared pool grew for it; the ledger gives the
-# memory the graphs hold in all.
+# The ledger (`MemoryLedger.record`) gives the memory the graphs hold: the shared pool plus the static buffers.
 #
 # **One pitfall first.** A matrix multiply on the GPU uses cuBLAS, and cuBLAS a *workspace*: scratch memory that
 # PyTorch allocates once per stream and keeps. A graph captured after that workspace exists bakes its address in.
@@ -292,34 +292,21 @@ def fresh_cublas(fn):
 
 
 graph_step = fresh_cublas(decode_step)
-
-
 ledger = MemoryLedger()
 LADDER = ladder(MAX_BATCH)
 sample_tokens = torch.zeros(MAX_BATCH, dtype=torch.long, device=DEVICE)
 sample_pos = torch.zeros(MAX_BATCH, dtype=torch.long, device=DEVICE)
-with ledger.measure("kit buckets") as kit_mem:
-    graphs = capture_buckets(graph_step, sample_tokens, sample_pos, sizes=LADDER, eager_fallback=True,
-                             measure_memory=True)  # each bucket's pool growth in graphs.capture_log
-kit_held = ledger.record("kit buckets", graphs).get("held", float("nan")) / MiB
+graphs = capture_buckets(graph_step, sample_tokens, sample_pos, sizes=LADDER, eager_fallback=True)
+kit_held = ledger.record("kit buckets", graphs).get("held", float("nan")) / MiB   # pool + static buffers
 print(graphs)
-capture_rows = [{"case": "capture", "variant": f"kit bucket {e['size']}", "median_us": float("nan"),
-                 "speedup": float("nan"), "batch": e["size"], "setup_s": e["seconds"],
-                 "pool_growth_mib": e["pool_growth_bytes"] / MiB} for e in sorted(graphs.capture_log, key=lambda e: e["size"])]
 if CUDA:
-    print(pd.DataFrame(capture_rows)[["batch", "setup_s", "pool_growth_mib"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    growth = {e["size"]: e["pool_growth_bytes"] / MiB for e in graphs.capture_log}
-    largest = max(growth)
-    held = f"{kit_held:.1f} MiB" if kit_held == kit_held else "an amount the ledger could not read"
-    print(f"{len(LADDER)} graphs captured in {graphs.capture_seconds:.2f} s; they hold {held} (shared pool + static "
-          f"buffers). The largest bucket, captured first, grew the pool by {growth[largest]:.1f} MiB; the other "
-          f"{len(growth) - 1} together grew it by {sum(growth.values()) - growth[largest]:.1f} MiB (what they could "
-          f"not reuse of it).")
+    print(f"{len(LADDER)} graphs captured in {graphs.capture_seconds:.2f} s; they hold {kit_held:.1f} MiB (shared "
+          "pool + static buffers)")
 else:
     print("no CUDA: nothing captured; every bucket runs eagerly, padded and sliced exactly as the graphs would.")
 
 # a padded request: 3 rows served by the 4-row bucket give the same logits as eager
-t3, p3 = step_inputs[max(BATCHES)][0][:3], step_inputs[max(BATCHES)][1][:3]
+t3, p3 = step_inputs[MAX_BATCH][0][:3], step_inputs[MAX_BATCH][1][:3]
 padded_err = (graphs(t3, p3).float() - decode_step(t3, p3).float()).abs().max().item()
 print(f"3 rows padded to bucket {graphs.bucket_for(3)}: max |bucketed - eager| logits {padded_err:.1e}")
 assert padded_err < 1e-3
@@ -330,15 +317,23 @@ assert padded_err < 1e-3
 # - **`torch.compile(mode="reduce-overhead")`** of the same decode step: Inductor fuses the small kernels and
 #   records a CUDA graph per batch size it meets (CUDA graph trees). The cache buffers are marked as static
 #   addresses (`torch._dynamo.mark_static_address`), as `transformers` does, so the graphs may write them in
-#   place. A batch size it has not seen costs a compile (the first two) or a recording.
+#   place. A batch size it has not seen costs a compile or a recording.
 # - **`transformers`' `generate`** on a `LlamaForCausalLM` built from the same configuration, with a copy of
 #   the same weights: `cache_implementation="static"` makes it allocate a static cache, and on a GPU its
 #   `generate` then compiles the decoding forward with `torch.compile(mode="reduce-overhead")` by itself. Its
 #   default dynamic cache (eager) is timed as well. Its prefill and ours both run eagerly.
 # - **`torch.compile` without graphs, then the kit's graphs** ("compile + kit graphs"): the decode step compiled
 #   in the default mode (Inductor fuses kernels; no CUDA graphs), with dynamic batch sizes so that one compile
-#   serves every bucket, then captured per bucket by `capture_buckets` exactly as the eager step was. Section 11
-#   sets the three tools side by side.
+#   serves every bucket, then captured per bucket by `capture_buckets` exactly as the eager step was.
+#
+# **Compile first, then capture, and make the compile see what the capture will pass.** `capture_buckets` calls
+# the step on views of its static buffers (`buf.narrow(0, 0, bucket)`), and Dynamo guards on a view's base as well
+# as on the view. Warmed up on a view as long as its buffer (the largest batch), Dynamo shares one size symbol
+# between the two and guards that they are equal; the first smaller bucket then fails that guard and compiles
+# again, inside the capture (in the run recorded before this fix, that recompile was most of the capture's time).
+# Warmed up at half the largest batch and at 1 (PyTorch specializes size 1), the two compiles serve every bucket.
+# The cell counts Dynamo's compiles during the capture: the setup table of section 10 reports compile time,
+# capture time and that count apart.
 #
 # Each variant is tried on its own; one that fails becomes a row with its error, and the others go on.
 
@@ -351,626 +346,310 @@ def attempt(label, fn):
     try:
         return fn()
     except Exception as exc:  # noqa: BLE001 - any failure of one variant is reported, the notebook goes on
-        message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
-        variant_errors[label] = message
-        print(f"{label}: failed, {message}\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4)[-6:-1]))
+        variant_errors[label] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+        print(f"{label}: failed, {variant_errors[label]}\n"
+              + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4)[-6:-1]))
         return None
 
 
-compiled_step = None
-compile_setup = {}
-if COMPILE:
-    def build_compiled():
-        for buf in (cache.k, cache.v):
-            if hasattr(torch._dynamo, "mark_static_address"):
-                torch._dynamo.mark_static_address(buf)
-        fn = torch.compile(decode_step, mode="reduce-overhead")
-        mark = getattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+def build_compiled():
+    for buf in (cache.k, cache.v):
+        torch._dynamo.mark_static_address(buf)
+    fn = torch.compile(decode_step, mode="reduce-overhead")
 
-        def step(tokens, pos):
-            mark()                      # a new decode step: the previous step's outputs may be overwritten
-            return fn(tokens, pos)
-        return step
-    compiled_step = attempt("reduce-overhead", build_compiled)
-else:
-    print("reduce-overhead: skipped (" + ("needs a CUDA GPU)" if not CUDA else "COMPILE=False)"))
+    def step(tokens, pos):
+        torch.compiler.cudagraph_mark_step_begin()   # a new step: the previous step's outputs may be overwritten
+        return fn(tokens, pos)
+    return step
+
+
+def build_fused():
+    def fused_decode(tokens, pos):
+        return model.decode(tokens, pos, cache)
+    fused_step = fresh_cublas(torch.compile(fused_decode, dynamic=True))   # default mode: fused kernels, no graphs
+    t0, n0 = time.perf_counter(), compiles_so_far()
+    for n in (max(2, MAX_BATCH // 2), 1):          # views shorter than their buffer, as the buckets' are; then size 1
+        fused_step(sample_tokens[:n], sample_pos[:n])
+    SYNC()
+    fused_setup.update(compile_s=time.perf_counter() - t0, compiles=compiles_so_far() - n0)
+    n0 = compiles_so_far()
+    bg = capture_buckets(fused_step, sample_tokens, sample_pos, sizes=LADDER)
+    fused_setup.update(capture_s=bg.capture_seconds, compiles_in_capture=compiles_so_far() - n0,
+                       graph_mib=ledger.record("compile + kit buckets", bg).get("held", float("nan")) / MiB)
+    return bg
+
 
 # %%
-# compile + kit graphs: Inductor's fused kernels (no CUDA graphs of its own), captured per bucket by the kit
-fused_graphs, fused_setup = None, {}
+compiled_step, fused_graphs, fused_setup = None, None, {}
 if COMPILE:
-    def build_fused():
-        def fused_decode(tokens, pos):
-            return model.decode(tokens, pos, cache)
-        # default mode: Inductor's fused kernels, no CUDA graphs; dynamic batch: one compile for every bucket
-        fused_step = fresh_cublas(torch.compile(fused_decode, dynamic=True))
-        t0 = time.perf_counter()
-        for n in (MAX_BATCH, 1):                             # the compiles: dynamic sizes, and size 1 (specialized)
-            fused_step(sample_tokens[:n], sample_pos[:n])
-        SYNC()
-        fused_setup["compile_s"] = time.perf_counter() - t0
-        with ledger.measure("compile + kit buckets") as row:
-            bg = capture_buckets(fused_step, sample_tokens, sample_pos, sizes=LADDER)
-        fused_setup.update(capture_s=bg.capture_seconds, reserved_mib=row["reserved_delta"] / MiB)
-        return bg
+    compiled_step = attempt("reduce-overhead", build_compiled)
     fused_graphs = attempt("compile + kit graphs", build_fused)
-    if fused_graphs is not None:
-        print(f"compile + kit graphs: compiled in {fused_setup['compile_s']:.1f} s, {len(LADDER)} buckets captured "
-              f"in {fused_setup['capture_s']:.2f} s")
-else:
-    print("compile + kit graphs: skipped (" + ("needs a CUDA GPU)" if not CUDA else "COMPILE=False)"))
+if fused_graphs is not None:
+    print(f"compile + kit graphs: {fused_setup['compiles']} compiles in {fused_setup['compile_s']:.1f} s; "
+          f"{len(LADDER)} buckets captured in {fused_setup['capture_s']:.2f} s, with "
+          f"{fused_setup['compiles_in_capture']} compiles during the capture")
+elif not COMPILE:
+    print("reduce-overhead, compile + kit graphs: skipped (" + ("needs a CUDA GPU)" if not CUDA else "COMPILE=False)"))
 
-hf_model = None
-if HF:
-    hf_model = attempt("transformers", lambda: to_hf_llama(model, max_position_embeddings=max(4096, MAX_LEN)))
-    if hf_model is not None:
-        x = prompts[BATCHES[-1]]
-        hf_diff = (hf_model(x).logits.float() - model(x).float()).abs().max().item()
-        print(f"transformers {HF_VERSION}: LlamaForCausalLM with our weights; max |logit diff| on the prompts "
-              f"{hf_diff:.1e}")
-else:
+hf_model = attempt("transformers", lambda: to_hf_llama(model, max_position_embeddings=max(4096, MAX_LEN))) if HF else None
+if hf_model is not None:
+    x = prompts[MAX_BATCH]
+    hf_diff = (hf_model(x).logits.float() - model(x).float()).abs().max().item()
+    print(f"transformers {HF_VERSION}: LlamaForCausalLM with our weights; max |logit diff| on the prompts {hf_diff:.1e}")
+elif not HF:
     print("transformers: skipped (" + ("not installed)" if HF_VERSION is None else "HF=False)"))
 
-
-def gen_kit(b):
-    return greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=graphs)
-
-
+KIT_STEP, KIT_GEN = "kit graph (bucket)", "kit graphs per bucket"
 FUSED_GEN, FUSED_STEP = "compile + kit graphs per bucket", "compile + kit graph (bucket)"
-VARIANTS = {   # label -> generate(b) -> tokens (b, NEW_TOKENS); every one on the same model, weights, prompts
-    "eager": lambda b: greedy_generate(model, cache, prompts[b], NEW_TOKENS),
-    "kit graphs per bucket": gen_kit,
-}
-if compiled_step is not None:
-    VARIANTS["reduce-overhead"] = lambda b: greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=compiled_step)
-if fused_graphs is not None:
-    VARIANTS[FUSED_GEN] = lambda b: greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=fused_graphs)
 HF_STATIC = "transformers generate, static cache" + (" (compiled)" if CUDA else "")
 HF_DYNAMIC = "transformers generate, dynamic cache"
-if hf_model is not None:
-    VARIANTS[HF_STATIC] = lambda b: hf_generate(hf_model, prompts[b], NEW_TOKENS, cache_implementation="static")
-    VARIANTS[HF_DYNAMIC] = lambda b: hf_generate(hf_model, prompts[b], NEW_TOKENS, cache_implementation=None)
-NEEDS_COMPILE = {v for v in VARIANTS if v.startswith("reduce-overhead") or "(compiled)" in v}
-print("variants:", list(VARIANTS))
+STEPS = {"eager": None, KIT_GEN: graphs, "reduce-overhead": compiled_step, FUSED_GEN: fused_graphs}
+VARIANTS = [v for v, s in STEPS.items() if v in ("eager", KIT_GEN) or s is not None]
+VARIANTS += [HF_STATIC, HF_DYNAMIC] if hf_model is not None else []
+NEEDS_COMPILE = {"reduce-overhead", HF_STATIC} if CUDA else set()
+
+
+def generate(label, b, logits_out=None):
+    """NEW_TOKENS greedy tokens for prompts[b] with variant `label` (every one on the same model and weights)."""
+    if label.startswith("transformers"):
+        impl = "static" if "static" in label else None
+        return hf_generate(hf_model, prompts[b], NEW_TOKENS, cache_implementation=impl, logits_out=logits_out)
+    return greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=STEPS[label], logits_out=logits_out)
+
+
+print("variants:", VARIANTS)
 
 # %% [markdown]
 # ## 6. Correctness of every variant, against eager
 #
 # Each variant generates `NEW_TOKENS` greedy tokens for the same prompts at every batch size; its first call at a
-# new batch size also pays for its compile or recording (timed here as setup). Identical tokens are the test.
-# Where a variant's tokens differ, the table shows where they first differ, eager's gap between its two best
-# logits there (`margin`) and how far the variant's logits were from eager's (`logit_diff`): a difference at a
-# near tie (`logit_diff >= margin`) is rounding (other kernels sum in another order), after which the two
-# continuations are different texts; anything else is a bug.
+# new batch size also pays for its compile or recording (`first_call_s`). Identical tokens are the test. Where a
+# variant's tokens differ, the table shows where they first differ, eager's gap between its two best logits there
+# (`margin`) and how far the variant's logits were from eager's (`logit_diff`): a difference at a near tie
+# (`logit_diff >= margin`) is rounding (other kernels sum in another order), after which the two continuations are
+# different texts; anything else is a bug.
 
 # %%
-def logits_of(label, b):
-    out = []
-    if label.startswith("transformers"):
-        impl = "static" if "static" in label else None
-        tokens = hf_generate(hf_model, prompts[b], NEW_TOKENS, cache_implementation=impl, logits_out=out)
-    else:
-        step = {"eager": None, "reduce-overhead": compiled_step, FUSED_GEN: fused_graphs}.get(label, graphs)
-        tokens = greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=step, logits_out=out)
-    return tokens, out
-
-
 check_rows, setup = [], {}
-eager_ref = {b: logits_of("eager", b) for b in BATCHES}
-setup_mem = {}   # label -> the ledger's row: memory the allocator reserved during its first calls
+eager_ref, ro_graph_mib = {}, float("nan")
+for b in BATCHES:
+    lg = []
+    eager_ref[b] = generate("eager", b, lg), lg
+if CUDA:
+    torch.cuda.empty_cache()   # so that what reduce-overhead's first calls add to the graph pools is all theirs
 for label in VARIANTS:
-    with ledger.measure(f"first calls, {label}") as setup_mem[label]:
+    with ledger.measure(f"first calls, {label}") as mem:
         for b in BATCHES:
+            if label in NEEDS_COMPILE and elapsed() > TIME_BUDGET_S:
+                variant_errors.setdefault(label, f"skipped: the notebook had run {elapsed():.0f} s before its "
+                                                 f"compile at batch {b} (TIME_BUDGET_S={TIME_BUDGET_S})")
             if label in variant_errors:
                 break
-            if label in NEEDS_COMPILE and over_budget():
-                variant_errors[label] = (f"skipped: the notebook had run {elapsed():.0f} s (TIME_BUDGET_S="
-                                         f"{TIME_BUDGET_S}) before its compile at batch {b}")
-                print(f"{label}: {variant_errors[label]}")
-                break
-            t0 = time.perf_counter()
-            got = attempt(label, lambda: logits_of(label, b))
+            t0, lg = time.perf_counter(), []
+            tokens = attempt(label, lambda: generate(label, b, lg))
             SYNC()
-            if got is None:
+            if tokens is None:
                 break
             setup[(label, b)] = time.perf_counter() - t0
-            tokens, lg = got
             d = first_divergence(tokens, eager_ref[b][0], lg, eager_ref[b][1])
-            check_rows.append({"variant": label, "batch": b,
-                               "tokens_equal": d["equal"], "rows_differing": d["rows_differing"],
-                               "first_step": d["first_step"], "margin": d["margin"], "logit_diff": d["logit_diff"],
-                               "near_tie": (not d["equal"]) and d["logit_diff"] >= d["margin"],
+            check_rows.append({"variant": label, "batch": b, "tokens_equal": d["equal"], "first_step": d["first_step"],
+                               "rows_differing": d["rows_differing"], "margin": d["margin"],
+                               "logit_diff": d["logit_diff"], "near_tie": bool(d["near_tie"]),
                                "max_logit_diff": max((a - r).abs().max().item() for a, r in zip(lg, eager_ref[b][1])),
                                "first_call_s": setup[(label, b)]})
+    if label == "reduce-overhead":
+        ro_graph_mib = mem.get("graph_pool_growth", float("nan")) / MiB   # its graph trees' pool: what it added
 checks = pd.DataFrame(check_rows)
 print(checks.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 unexplained = checks[~checks.tokens_equal & ~checks.near_tie]
 if len(unexplained):
     print("\n>>> NOT a near tie: these variants decode differently from eager; their timings below are not comparable:")
     print(unexplained[["variant", "batch", "first_step", "margin", "logit_diff"]].to_string(index=False))
-else:
-    print("\nevery variant gives eager's greedy tokens" + (" (differences only at near ties, as shown)"
-                                                          if (~checks.tokens_equal).any() else ""))
-for v in variant_errors:
-    print(f"{v}: {variant_errors[v]}")
+for v, e in variant_errors.items():
+    print(f"{v}: {e}")
 
 # %% [markdown]
-# ## 7. Time per decode step, and the floor
+# ## 7. Time per decode step, and what a graph buys prefill
 #
 # The decode step alone at each batch size, on the same tokens and positions: eager; the kit's graph for that
 # bucket (copy the inputs in, replay, slice the logits); `reduce-overhead`; the compiled step captured per bucket by
-# the kit ("compile + kit graph"). In each window they take turns in one
-# `compare` call (round-robin), and the window's speedup is the median of its per-round ratios. The **floor** is
-# the GPU-busy time of one replay of the kit's graph (`gpu_time`): how fast a decode step could go if the host
-# cost nothing. Each step makes one token per sequence, so the time per step is the time per token each sequence
-# sees, and `batch / step time` is tokens per second.
+# the kit ("compile + kit graph"). Each step makes one token per sequence, so the time per step is the time per
+# token each sequence sees, and `batch / step time` is tokens per second.
+#
+# **Prefill** runs the whole prompt at once: about as many kernels as a decode step, each with `batch x prompt` rows
+# of work, so the GPU has more to do per launch and the host's launch cost weighs less. One point is timed with the
+# decode steps: the largest batch with a prompt of 8 times `PROMPT_LEN` (cut to the cache's length; the case name
+# gives the size), eager against a graph of the prefill (`capture`, same cache).
 #
 # One window is not enough to quote a number: the host's speed drifts over minutes, and eager times move with it far
-# more than graph replays do (compare their intervals in the table), so a window's own quartiles say little about
-# where a rerun lands. Every comparison of this notebook is therefore timed in `WINDOWS` windows; each window goes
-# over all the cases of its section (here: every batch size), so that the windows of one case are spread in time,
-# and the profiler (floors, kernel counts, how each variant ran) runs in the last window only, after that case's
-# timings. `combine_windows` gives each variant the median of its windows and a 90% **prediction interval**
-# (`speedup_lo`..`speedup_hi`): where one more window, timed the same way, should land.
-#
-# Every comparison the notebook states is a **claim** computed from such an interval: it holds when the whole
-# interval clears the threshold, fails when the whole interval lies on the other side, and says "no clear
-# difference" when it straddles it. Two variants neither of which is eager (`reduce-overhead` against the kit's
-# graph) are compared window by window (`ratio_across_windows`: the slower one's time over the faster one's in
-# each window, and the interval of those ratios). The cell after the table prints the verdicts; a comparison not
-# timed in two windows or more (a variant that failed, or was not run here) gets no verdict, and the cell says so.
-
-# %%
-def pause_after(started):
-    """Between two windows: sleep until WINDOW_PAUSE_S has passed since this window started, so that the windows of
-    each case start at least that far apart (a window that lasted longer needs no pause)."""
-    time.sleep(max(0.0, WINDOW_PAUSE_S - (time.perf_counter() - started)))
-
-
-def report_failure(what, exc):
-    print(f"{what} failed: {type(exc).__name__}: {exc}\n"
-          + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4)[-6:-1]))
-
-
-def safe_compare(runners, case, *args, floor=False, **kw):
-    """One window of compare() for one case ("eager" first, the baseline); the profiler (floor=True) on a GPU only.
-    If the profiler part fails, the same window again without it. If that fails too, each variant runs once alone:
-    one that fails is dropped from this and every later window (its error kept in variant_errors as
-    "case: variant"), and the others are timed. None if nothing could be timed: the case has one window fewer."""
-    runners = {name: fn for name, fn in runners.items() if f"{case}: {name}" not in variant_errors}
-    if "eager" not in runners:
-        return None
-    for with_floor in ((True, False) if CUDA and floor else (False,)):
-        try:
-            return compare(runners, *args, case=case, samples=SAMPLES, floor=with_floor, **kw)
-        except Exception as exc:  # noqa: BLE001 - a failed window is reported; the other windows still count
-            report_failure(f"{case}: compare(floor={with_floor})", exc)
-    for name, fn in list(runners.items()):
-        if attempt(f"{case}: {name}", lambda fn=fn: (fn(*args), SYNC())) is None:
-            del runners[name]
-    if "eager" not in runners or len(runners) < 2:
-        return None
-    try:
-        return compare(runners, *args, case=case, samples=SAMPLES, floor=False, **kw)
-    except Exception as exc:  # noqa: BLE001
-        report_failure(f"{case}: compare without the failed variants", exc)
-        return None
-
-
-def pick(table, case, variant):
-    """The row of `variant` in `case` (under its name or as "<variant> (eager fallback)"); None if not timed."""
-    if table is None or not len(table):
-        return None
-    hit = table[(table.case == case) & table.variant.isin([variant, f"{variant} (eager fallback)"])]
-    return hit.iloc[0] if len(hit) else None
-
-
-def combine(windows):
-    """The windows of one section (a compare() table per window, None where nothing was timed) → one row per
-    (case, variant): combine_windows case by case over the windows that timed it, plus each window's median
-    (window_medians_us, ";"-joined, nan for a window without the row)."""
-    frames = [f for f in windows if f is not None and len(f)]
-    parts = []
-    for case in dict.fromkeys(c for f in frames for c in f.case):
-        part = combine_windows([f[f.case == case] for f in frames if (f.case == case).any()])
-        part["window_medians_us"] = [";".join(f"{r.median_us if r is not None else float('nan'):.6g}"
-                                              for r in (pick(f, case, v) for f in windows)) for v in part.variant]
-        parts.append(part)
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
-def window_line(frame):
-    """One window's speedups, for the progress line."""
-    if frame is None or not len(frame):
-        return "nothing timed"
-    return ", ".join(f"{r.case.split(', ')[-1]}: {r.variant} {r.speedup:.2f}x" for r in frame.itertuples()
-                     if r.variant != "eager")
-
-
-claims = []   # every comparison this notebook states; saved to claims.csv in section 16
-
-
-def state(claim):
-    """Keep a claim and print its verdict and its sentence; one without an interval (timed in fewer than two
-    windows) is not kept: no verdict."""
-    if not (claim.lo == claim.lo and claim.hi == claim.hi):
-        return not_measured(claim.claim, "timed in fewer than two windows")
-    claims.append(claim)
-    print(f"[{claim.verdict}] {claim.statement}")
-
-
-def not_measured(claim_id, why):
-    print(f"[not measured] {claim_id}: {why}; no verdict")
-
-
-def speedup_claim(claim_id, table, case, variant, above=1.0, what="faster than eager"):
-    """A claim on the prediction interval of `variant`'s speedup over eager in `case`."""
-    r = pick(table, case, variant)
-    if r is None:
-        return not_measured(claim_id, f"{variant} was not timed in '{case}'")
-    interval = "{lo:.2f}-{hi:.2f}x, 90% prediction interval"
-    state(Claim(claim_id, lo=r.speedup_lo, hi=r.speedup_hi, above=above,
-                holds=f"{case}: {r.variant} is {what} ({interval})",
-                fails=f"{case}: {r.variant} is not {what} ({interval})",
-                unclear=f"{case}: no clear difference: the speedup of {r.variant} over eager, {interval}, "
-                        f"straddles {above:g}x"))
-
-
-def faster_claim(claim_id, windows, case, fast, slow, above=1.0):
-    """A claim that `fast` is faster than `slow` in `case` (by a factor above `above`), neither of them the baseline:
-    the prediction interval of slow's time over fast's, window by window (ratio_across_windows)."""
-    labels = {v: next((r.variant for r in (pick(f, case, v) for f in windows) if r is not None), None)
-              for v in (slow, fast)}
-    missing = [v for v, label in labels.items() if label is None]
-    if missing:
-        return not_measured(claim_id, f"{missing[0]} was not timed in '{case}'")
-    a, b = labels[slow], labels[fast]
-    try:
-        r = ratio_across_windows(windows, (case, a), (case, b))
-    except ValueError:
-        return not_measured(claim_id, f"{a} and {b} were never timed in the same window of '{case}'")
-    interval = f"{a} takes {{lo:.2f}}-{{hi:.2f}}x the time of {b}, 90% prediction interval"
-    faster = "faster than" if above == 1.0 else f"at least {above:g}x as fast as"
-    at = "" if above == 1.0 else f" at {above:g}x"
-    state(Claim(claim_id, lo=r["lo"], hi=r["hi"], above=above,
-                holds=f"{case}: {b} is {faster} {a} ({interval})",
-                fails=f"{case}: {b} is not {faster} {a} ({interval})",
-                unclear=f"{case}: no clear difference between {b} and {a}{at} ({interval})"))
-
-
-ok_variants = [v for v in VARIANTS if v not in variant_errors]
-step_runners = {}   # called as fn(tokens, pos): the kit's BucketedGraphs itself, so compare() reads its mode
-for b in BATCHES:
-    step_runners[b] = {"eager": decode_step, "kit graph (bucket)": graphs}
-    if "reduce-overhead" in ok_variants and ("reduce-overhead", b) in setup:
-        step_runners[b]["reduce-overhead"] = compiled_step
-    if FUSED_GEN in ok_variants and (FUSED_GEN, b) in setup:
-        step_runners[b][FUSED_STEP] = fused_graphs
-step_windows, floors = [], {}
-for w in range(WINDOWS):
-    last, started, tables = w == WINDOWS - 1, time.perf_counter(), []
-    for b in BATCHES:
-        df = safe_compare(step_runners[b], f"decode step, batch {b}", *step_inputs[b], floor=last)
-        if df is not None:
-            df["batch"] = b
-            tables.append(df)
-        if last and CUDA and b in graphs.graphs:   # the floor: replays of the bucket's graph, after the timings
-            g = attempt(f"floor, batch {b}", lambda b=b: gpu_time(graphs.graphs[b].replay, calls=20))
-            if g is not None:
-                floors[b] = g.busy_us
-    step_windows.append(pd.concat(tables, ignore_index=True) if tables else None)
-    print(f"window {w + 1}/{WINDOWS} ({elapsed():.0f} s since the start): {window_line(step_windows[-1])}")
-    if not last:
-        pause_after(started)
-step_df = combine(step_windows)
-if len(step_df):
-    step_df["batch"] = step_df.batch.astype(int)
-    step_df["floor_step_us"] = step_df.batch.map(floors).astype(float)   # NaN where no floor was measured
-    step_df["us_per_step"] = step_df.median_us
-    step_df["tokens_per_s"] = step_df.batch / (step_df.median_us * 1e-6)
-    print(step_df[["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo", "speedup_hi",
-                   "kernels_per_call", "floor_us", "floor_step_us", "tokens_per_s"]].to_string(index=False,
-                                                                                   float_format=lambda v: f"{v:.1f}"))
-
-# %%
-for b in BATCHES:
-    case = f"decode step, batch {b}"
-    speedup_claim(f"step_graph_beats_eager_b{b}", step_df, case, "kit graph (bucket)")
-    faster_claim(f"step_reduce_overhead_beats_graph_b{b}", step_windows, case, fast="reduce-overhead",
-                 slow="kit graph (bucket)")
-    faster_claim(f"step_fused_graph_beats_kit_graph_b{b}", step_windows, case, fast=FUSED_STEP,
-                 slow="kit graph (bucket)")
-    faster_claim(f"step_fused_graph_beats_reduce_overhead_b{b}", step_windows, case, fast=FUSED_STEP,
-                 slow="reduce-overhead", above=1.05)
-    eager_row, floor = pick(step_df, case, "eager"), floors.get(b, float("nan"))
-    if eager_row is None or not floor > 0:
-        not_measured(f"step_eager_host_bound_b{b}", "it needs eager's time and the GPU-busy floor (a CUDA GPU)")
-        continue
-    times = f"an eager step takes {{lo:.1f}}-{{hi:.1f}}x the GPU's busy time ({floor:.0f} µs, the floor)"
-    state(Claim(f"step_eager_host_bound_b{b}", lo=eager_row.median_pi_lo / floor, hi=eager_row.median_pi_hi / floor,
-                above=2.0,
-                holds=f"{case}: eager decoding is host-bound: {times}, so the GPU sits idle most of each step",
-                fails=f"{case}: eager decoding is not host-bound by this test: {times}, not more than 2x",
-                unclear=f"{case}: no clear difference from 2x the floor: {times}"))
-
-# %% [markdown]
-# ## 8. Whole generations, side by side
-#
-# Now whole greedy generations (prefill + `NEW_TOKENS` tokens) of every variant, `transformers`' included, all
-# taking turns in each window, the windows going over every batch size. Time per token is the generation's time
-# divided by `NEW_TOKENS`; tokens per second count every sequence of the batch. Five verdicts per batch size,
-# printed by the cell after the table: do the kit's graphs beat eager; is `reduce-overhead` faster than the kit's
-# graphs; is the compiled step captured by the kit faster than `reduce-overhead`; are the kit's graphs faster than
-# `transformers`' static-cache `generate`; and is that static cache faster than `transformers`' default dynamic
-# cache?
-
-# %%
-gen_runners = {b: {v: (lambda v=v, b=b: VARIANTS[v](b)) for v in VARIANTS
-                   if v not in variant_errors and (v, b) in setup} for b in BATCHES}
-gen_windows = []
-for w in range(WINDOWS):
-    started, tables = time.perf_counter(), []
-    for b in BATCHES:
-        df = safe_compare(gen_runners[b], f"generate, batch {b}", floor=False, calls=1)
-        if df is not None:
-            df["batch"] = b
-            tables.append(df)
-    gen_windows.append(pd.concat(tables, ignore_index=True) if tables else None)
-    print(f"window {w + 1}/{WINDOWS} ({elapsed():.0f} s since the start): {window_line(gen_windows[-1])}")
-    if w < WINDOWS - 1:
-        pause_after(started)
-gen_executed_as = {}
-if CUDA:
-    # after all timings: the profiler says whether each variant replays graphs, from one generation at the smallest
-    # batch (traces of whole generations take a while to read; a variant runs alike at every size)
-    b0 = BATCHES[0]
-    for v in gen_runners[b0]:
-        g = attempt(f"profile {v}", lambda v=v: gpu_time(lambda: VARIANTS[v](b0), calls=1, warmup=0))
-        gen_executed_as[v] = "unknown" if g is None else ("cuda graph" if g.graph_launches > 0 else "eager")
-gen_df = combine(gen_windows)
-if len(gen_df):
-    gen_df["batch"] = gen_df.batch.astype(int)
-    if CUDA:
-        gen_df["executed_as"] = gen_df.variant.map(gen_executed_as).fillna("unknown")
-    gen_df["us_per_token"] = gen_df.median_us / NEW_TOKENS
-    gen_df["tokens_per_s"] = gen_df.batch * NEW_TOKENS / (gen_df.median_us * 1e-6)
-    gen_df["first_call_s"] = [setup.get((v.replace(" (eager fallback)", ""), b), float("nan"))
-                              for v, b in zip(gen_df.variant, gen_df.batch)]
-    print(gen_df[["case", "variant", "executed_as", "us_per_token", "speedup", "speedup_lo", "speedup_hi",
-                  "tokens_per_s", "first_call_s"]].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
-
-# %%
-for b in BATCHES:
-    case = f"generate, batch {b}"
-    speedup_claim(f"generate_graphs_beat_eager_b{b}", gen_df, case, "kit graphs per bucket")
-    faster_claim(f"generate_reduce_overhead_beats_graphs_b{b}", gen_windows, case, fast="reduce-overhead",
-                 slow="kit graphs per bucket")
-    faster_claim(f"generate_fused_graphs_beat_reduce_overhead_b{b}", gen_windows, case, fast=FUSED_GEN,
-                 slow="reduce-overhead")
-    faster_claim(f"generate_graphs_beat_hf_static_b{b}", gen_windows, case, fast="kit graphs per bucket",
-                 slow=HF_STATIC)
-    faster_claim(f"generate_hf_static_beats_hf_dynamic_b{b}", gen_windows, case, fast=HF_STATIC, slow=HF_DYNAMIC)
-
-# %% [markdown]
-# ## 9. Prefill: what does a graph buy it?
-#
-# Prefill runs the whole prompt at once: about as many kernels as a decode step (the `kernels_per_call` column of
-# `results.csv` counts both), each with `batch x prompt` rows of work, so the GPU has more to do per launch and the
-# host's launch cost weighs less in the total. One measured point: the largest batch with a prompt of 8 times
-# `PROMPT_LEN`, cut to the cache's length (the case name gives the size that ran), eager against a graph of the
-# prefill (`capture`, same cache), in `WINDOWS` windows. Two verdicts, printed by the cell after the table: does the
-# graph still save more than 10% on prefill, and does it buy a decode step at the same batch more than it buys
-# prefill (the decode step's speedup over prefill's, window by window)?
+# more than graph replays do. `measure` times every case in `WINDOWS` windows, the variants of a case taking turns
+# in each (`compare`, round-robin), and runs the profiler once, in the last window, after its timings (kernels per
+# call, what each variant ran as, the GPU-busy floor of pure graph replays); whole generations (sections 8, 11
+# and 12) take `GEN_WINDOWS` windows and no profiler, their "ran as" read from this section's rows. Each speedup is the median of the
+# windows' speedups with a 90% **prediction interval**: where one more window, timed the same way, should land.
+# The **floor** of a batch size below is the GPU-busy time of one replay of the kit's graph for it (`gpu_time`):
+# how fast a decode step could go if the host cost nothing.
 
 # %%
 PREFILL_LEN = min(8 * PROMPT_LEN, MAX_LEN)
 PREFILL_CASE = f"prefill, {MAX_BATCH} x {PREFILL_LEN} tokens"
 long_prompt = torch.randint(0, CFG.vocab_size, (MAX_BATCH, PREFILL_LEN), generator=gen).to(DEVICE)
+prefill_graph = capture(fresh_cublas(lambda x: model.prefill(x, cache)), long_prompt, eager_fallback=True)
+err = (prefill_graph(long_prompt).float() - model.prefill(long_prompt, cache).float()).abs().max().item()
+print(f"prefill graph == eager: max |logit diff| {err:.1e}")
 
-
-prefill_for_capture = fresh_cublas(lambda x: model.prefill(x, cache))   # the workspace in the graph's pool (section 4)
-prefill_windows = []
-prefill_graph = attempt("prefill graph", lambda: capture(prefill_for_capture, long_prompt, eager_fallback=True))
-if prefill_graph is not None:
-    err = (prefill_graph(long_prompt).float() - model.prefill(long_prompt, cache).float()).abs().max().item()
-    print(f"prefill graph == eager: max |logit diff| {err:.1e}")
-    # the graph itself is timed (called as prefill_graph(long_prompt)), so compare() reads its mode
-    prefill_runners = {"eager": lambda x: model.prefill(x, cache), "graph": prefill_graph}
-    for w in range(WINDOWS):
-        last, started = w == WINDOWS - 1, time.perf_counter()
-        df = safe_compare(prefill_runners, PREFILL_CASE, long_prompt, floor=last)
-        if df is not None:
-            df["batch"] = MAX_BATCH
-        prefill_windows.append(df)
-        print(f"window {w + 1}/{WINDOWS} ({elapsed():.0f} s since the start): {window_line(df)}")
-        if not last:
-            pause_after(started)
-    del prefill_graph, prefill_runners
-prefill_df = combine(prefill_windows)
-if len(prefill_df):
-    print(prefill_df[["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo", "speedup_hi",
-                      "floor_us"]].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
-
-# %%
-speedup_claim("prefill_graph_saves_10pct", prefill_df, PREFILL_CASE, "graph", above=1.10,
-              what="more than 10% faster than eager")
-decode_case = f"decode step, batch {MAX_BATCH}"
-pairs = [(pick(sw, decode_case, "kit graph (bucket)"), pick(pw, PREFILL_CASE, "graph"))
-         for sw, pw in zip(step_windows, prefill_windows)]       # window by window
-ratios = [s.speedup / p.speedup for s, p in pairs if s is not None and p is not None]
-if ratios:
-    lo, hi = prediction_interval(ratios)
-    interval = ("the decode step's speedup over eager is {lo:.2f}-{hi:.2f}x prefill's, window by window, 90% "
-                "prediction interval")
-    state(Claim("decode_gains_more_than_prefill", lo=lo, hi=hi, above=1.0,
-                holds=f"a graph buys a decode step at batch {MAX_BATCH} more than it buys prefill ({interval})",
-                fails=f"a graph buys prefill at least as much as a decode step at batch {MAX_BATCH} ({interval})",
-                unclear=f"no clear difference between what a graph buys a decode step at batch {MAX_BATCH} and "
-                        f"what it buys prefill ({interval})"))
-else:
-    not_measured("decode_gains_more_than_prefill", f"the prefill or the decode step at batch {MAX_BATCH} was not timed")
+STEP_CASE = {b: f"decode step, batch {b}" for b in BATCHES}
+step_cases = {}
+for b in BATCHES:
+    timed = {"eager": decode_step, KIT_STEP: graphs}   # the BucketedGraphs itself: compare reads its mode
+    if ("reduce-overhead", b) in setup:
+        timed["reduce-overhead"] = compiled_step
+    if (FUSED_GEN, b) in setup:
+        timed[FUSED_STEP] = fused_graphs
+    step_cases[STEP_CASE[b]] = (timed, step_inputs[b])
+step_cases[PREFILL_CASE] = ({"eager": lambda x: model.prefill(x, cache), "graph": prefill_graph}, (long_prompt,))
+m_step = measure(step_cases, **TIMING)
+floors = {b: gpu_time(graphs.graphs[b].replay, calls=20).busy_us for b in BATCHES if CUDA and b in graphs.graphs}
+print("floors (µs, GPU busy per replay of the kit's graph):", {b: round(f, 1) for b, f in floors.items()} or "need a GPU")
+m_step.short()
 
 # %% [markdown]
-# ## 10. A serving loop: the batch size changes every step
+# The verdicts of this section, in the summary table at the end: the kit's graph against eager at each batch size
+# ({claim:step_graph_beats_eager_b1} at batch 1); `reduce-overhead` against the kit's graph; the compiled step
+# captured by the kit against `reduce-overhead`, with the aim of more than 5% faster (section 10 says where the
+# time goes); whether eager is host-bound, i.e. takes more than twice the floor ({claim:step_eager_host_bound_b1});
+# whether the graph saves more than 10% on prefill; and whether it buys a decode step more than it buys prefill
+# (the decode step's speedup over prefill's, window by window: {claim:decode_gains_more_than_prefill}).
+
+# %%
+claims = []   # every comparison this notebook states; the summary table and claims.csv at the end
+for b in BATCHES:
+    case, timed = STEP_CASE[b], step_cases[STEP_CASE[b]][0]
+    claims.append(speedup(m_step, f"step_graph_beats_eager_b{b}", case, KIT_STEP))
+    for cid, fast, slow, above in ((f"step_reduce_overhead_beats_graph_b{b}", "reduce-overhead", KIT_STEP, 1.0),
+                                   (f"step_fused_graph_beats_reduce_overhead_b{b}", FUSED_STEP, "reduce-overhead", 1.05)):
+        if {fast, slow} <= set(timed):
+            claims.append(versus(m_step, cid, (case, fast), (case, slow), above=above))
+    if b in floors:
+        eager, times = m_step.row(case, "eager"), "an eager step takes {lo:.1f}-{hi:.1f}x the GPU's busy time"
+        claims.append(Claim(f"step_eager_host_bound_b{b}", lo=eager.median_pi_lo / floors[b],
+                            hi=eager.median_pi_hi / floors[b], above=2.0, subject=f"{case}: eager against the floor",
+                            holds=f"{case}: {times}: host-bound, the GPU sits idle most of each step",
+                            fails=f"{case}: {times}: at most 2x, so not host-bound by this test",
+                            unclear=f"{case}: {times}: too close to 2x to call"))
+claims.append(speedup(m_step, "prefill_graph_saves_10pct", PREFILL_CASE, "graph", above=1.10))
+per_window = [float(d) / float(p) for d, p in zip(m_step.row(STEP_CASE[MAX_BATCH], KIT_STEP).window_speedups.split(";"),
+                                                  m_step.row(PREFILL_CASE, "graph").window_speedups.split(";"))]
+lo, hi = prediction_interval(per_window)
+gains = f"a graph's speedup on a decode step at batch {MAX_BATCH} is {{lo:.2f}}-{{hi:.2f}}x its speedup on prefill"
+claims.append(Claim("decode_gains_more_than_prefill", lo=lo, hi=hi, eager_fallback=not CUDA,
+                    subject="a graph's speedup on a decode step against prefill's", holds=gains,
+                    fails=f"a graph's speedup on prefill is {{inv_lo:.2f}}-{{inv_hi:.2f}}x its speedup on a decode step "
+                          f"at batch {MAX_BATCH}", unclear=gains + ": too close to call"))
+step_df = with_window_medians(m_step)
+prefill_df = step_df[step_df.case == PREFILL_CASE].assign(batch=MAX_BATCH)
+step_df = step_df[step_df.case != PREFILL_CASE].copy()
+step_df["batch"] = step_df.case.map({c: b for b, c in STEP_CASE.items()})
+step_df["floor_step_us"] = step_df.batch.map(floors).astype(float)   # NaN where no floor was measured
+step_df["us_per_step"] = step_df.median_us
+step_df["tokens_per_s"] = step_df.batch / (step_df.median_us * 1e-6)
+
+# %% [markdown]
+# ## 8. Whole generations, side by side
+#
+# Now whole greedy generations (prefill + `NEW_TOKENS` tokens) of every variant, `transformers`' included, at the
+# smallest and the largest batch size. Time per token is the generation's time divided by `NEW_TOKENS`; tokens per
+# second count every sequence of the batch. The verdicts (summary table): do the kit's graphs beat eager
+# ({claim:generate_graphs_beat_eager_b1}); is `reduce-overhead` faster than the kit's graphs; are the kit's graphs
+# faster than `transformers`' static-cache `generate`; and is that static cache faster than `transformers`'
+# default dynamic cache?
+
+# %%
+GEN_CASE = {b: f"generate, batch {b}" for b in GEN_BATCHES}
+HF_STATIC_MODE = profiled_mode(lambda: generate(HF_STATIC, BATCHES[0])) if (HF_STATIC, BATCHES[0]) in setup else "eager"
+gen_modes = {b: {"eager": "eager", HF_DYNAMIC: "eager", HF_STATIC: HF_STATIC_MODE, KIT_GEN: graphs,
+                 FUSED_GEN: fused_graphs, "reduce-overhead": step_mode(m_step, STEP_CASE[b], "reduce-overhead")}
+             for b in GEN_BATCHES}
+gen_cases = {GEN_CASE[b]: ({v: Runs(lambda v=v, b=b: generate(v, b), gen_modes[b][v]) for v in VARIANTS
+                            if (v, b) in setup}, (), {"calls": 1}) for b in GEN_BATCHES}
+m_gen = measure(gen_cases, **GEN_TIMING)   # "ran as": the step's profiled rows (section 7), not a profiler here
+for b in GEN_BATCHES:
+    case, timed = GEN_CASE[b], gen_cases[GEN_CASE[b]][0]
+    claims.append(speedup(m_gen, f"generate_graphs_beat_eager_b{b}", case, KIT_GEN))
+    for cid, fast, slow in ((f"generate_reduce_overhead_beats_graphs_b{b}", "reduce-overhead", KIT_GEN),
+                            (f"generate_graphs_beat_hf_static_b{b}", KIT_GEN, HF_STATIC),
+                            (f"generate_hf_static_beats_hf_dynamic_b{b}", HF_STATIC, HF_DYNAMIC)):
+        if {fast, slow} <= set(timed):
+            claims.append(versus(m_gen, cid, (case, fast), (case, slow)))
+gen_df = with_window_medians(m_gen)
+gen_df["batch"] = gen_df.case.map({c: b for b, c in GEN_CASE.items()})
+gen_df["us_per_token"] = gen_df.median_us / NEW_TOKENS
+gen_df["tokens_per_s"] = gen_df.batch * NEW_TOKENS / (gen_df.median_us * 1e-6)
+gen_df["first_call_s"] = [setup.get((v.replace(" (eager fallback)", ""), b), float("nan"))
+                          for v, b in zip(gen_df.variant, gen_df.batch)]
+m_gen.short()
+
+# %% [markdown]
+# ## 9. A serving loop: the batch size changes every step
 #
 # Requests arrive at random (a seeded stream), each with a one-token prompt and a length drawn between 1 and
 # `MAX_GEN` tokens; at most `MAX_BATCH` are decoded together, the rest wait. Every step decodes one token for
 # every active request, so the batch size moves at every arrival and every finish. A finished request leaves a
 # hole: the last row moves into it (its cache row too), so active requests always fill rows `0..n-1` and a
-# bucket's padding rows are free rows. Tokens and positions stay on the GPU; the host only counts.
+# bucket's padding rows are free rows. Tokens and positions stay on the GPU; the host only counts (the loop is
+# `serve_stream` in `cudagraph_kit/course/nb08_parts.py`).
 #
 # Strategies: eager; the kit's graphs on the vLLM-style ladder (`ladder(MAX_BATCH)`, the same graphs as above);
 # buckets **planned** by `plan_buckets` from the batch sizes of an earlier stream (another seed), with at most
 # as many graphs as the ladder; and one graph per batch size. The planner minimises padded rows here. Whether
 # padding rows cost much depends on how fast a decode step's time grows with the batch (section 7's table); what
-# the number of graphs costs, on how the driver and the GPU handle many graphs. The last cell of this section
-# prints the verdicts: does each strategy beat eager, do the planned buckets beat the ladder, and does the
-# ladder beat one graph per batch size?
+# the number of graphs costs, on how the driver and the GPU handle many graphs. The verdicts: does each strategy
+# beat eager, do the planned buckets beat the ladder ({claim:serving_planned_beats_ladder}), and does the ladder
+# beat one graph per batch size?
 
 # %%
-def make_stream(seed, steps):
-    """Per step: the requests arriving (their lengths); a deterministic host-side schedule."""
-    g = torch.Generator().manual_seed(seed)
-    rate = MAX_BATCH / (MAX_GEN / 2) * 0.8               # arrivals per step that keep the batch near 80% full
-    arrivals = torch.poisson(torch.full((steps,), rate), generator=g).long().tolist()
-    lengths = iter((1 + (torch.rand(sum(arrivals) + 1, generator=g) * MAX_GEN).long()).tolist())
-    return [[next(lengths) for _ in range(k)] for k in arrivals]
-
-
-def batch_sizes(stream):
-    """The batch size of every step of a stream (the same for every strategy: it depends on the schedule alone)."""
-    sizes, active, queue = [], [], []
-    for arriving in stream:
-        queue += arriving
-        while queue and len(active) < MAX_BATCH:
-            active.append(queue.pop(0))
-        if active:
-            sizes.append(len(active))
-        active = [r - 1 for r in active if r > 1]
-    return sizes
-
-
 def serve(step, stream, record=None):
-    """Run a stream through ``step(tokens, pos)``; with ``record`` (a dict) keep each request's tokens."""
-    tokens = torch.zeros(MAX_BATCH, dtype=torch.long, device=DEVICE)
-    pos = torch.zeros(MAX_BATCH, dtype=torch.long, device=DEVICE)
-    active, queue, next_id, log = [], [], 0, []      # active: [request id, tokens left], row i = active[i]
-    for arriving in stream:
-        for length in arriving:
-            queue.append((next_id, length))
-            next_id += 1
-        while queue and len(active) < MAX_BATCH:
-            rid, length = queue.pop(0)
-            r = len(active)
-            tokens[r] = 1 + rid % (CFG.vocab_size - 1)   # its one-token prompt
-            pos[r] = 0
-            active.append([rid, length])
-        n = len(active)
-        if n == 0:
-            continue
-        nxt = step(tokens[:n], pos[:n]).argmax(-1)
-        tokens[:n] = nxt
-        pos[:n] += 1
-        if record is not None:
-            log.append((nxt, [a[0] for a in active]))
-        done = []
-        for i, a in enumerate(active):
-            a[1] -= 1
-            if a[1] == 0:
-                done.append(i)
-        for i in reversed(done):                         # fill each hole with the last row
-            last = len(active) - 1
-            if i != last:
-                cache.move_row(last, i)
-                tokens[i] = tokens[last]
-                pos[i] = pos[last]
-                active[i] = active[last]
-            active.pop()
-    if record is not None:
-        for nxt, ids in log:
-            for rid, t in zip(ids, nxt.tolist()):
-                record.setdefault(rid, []).append(t)
-    return log
+    """Run a stream of requests through step(tokens, pos) on the shared cache; record: {request id: tokens}."""
+    return serve_stream(step, stream, cache, MAX_BATCH, CFG.vocab_size, record=record)
 
 
-stream = make_stream(SEED + 10, SERVE_STEPS)
-history = batch_sizes(make_stream(SEED + 11, 4 * SERVE_STEPS))    # an earlier day's traffic, for the planner
-observed = batch_sizes(stream)
+stream = make_stream(SEED + 10, SERVE_STEPS, MAX_BATCH, MAX_GEN)
+history = batch_sizes(make_stream(SEED + 11, 4 * SERVE_STEPS, MAX_BATCH, MAX_GEN), MAX_BATCH)   # an earlier day
+observed = batch_sizes(stream, MAX_BATCH)
 plan = plan_buckets(history, max_graphs=len(LADDER), max_size=MAX_BATCH)
 print(f"stream: {len(observed)} decode steps, batch size median {np.median(observed):.0f}, range "
       f"{min(observed)}..{max(observed)}, {len(set(observed))} distinct sizes")
-print(f"vLLM-style ladder ({len(LADDER)} graphs): {LADDER}")
-print(f"planned from the history ({plan.n_graphs} graphs): {plan.sizes}")
-for name, sizes in (("ladder", LADDER), ("planned", plan.sizes)):
-    ev = evaluate_buckets(observed, sizes)
-    print(f"    {name:8s} on this stream: {ev['pad_fraction']:.1%} of the computed rows are padding")
+for name, sizes in (("vLLM-style ladder", LADDER), ("planned", plan.sizes)):
+    print(f"{name} ({len(sizes)} graphs): {sizes}; on this stream "
+          f"{evaluate_buckets(observed, sizes)['pad_fraction']:.1%} of the computed rows are padding")
 
 # %%
 LADDER_NAME, PLANNED_NAME, EXACT_NAME = ("graphs, vLLM-style ladder", "graphs, planned buckets",
                                         "graphs, one per batch size")
 strategies = {"eager": decode_step, LADDER_NAME: graphs}
-serve_info = {"eager": {"graphs": 0, "setup_s": 0.0, "held_mib": 0.0, "bucket_sizes": ""},
-              LADDER_NAME: {"graphs": len(LADDER), "setup_s": graphs.capture_seconds, "held_mib": kit_held,
-                            "bucket_sizes": " ".join(map(str, LADDER))}}
 for name, sizes in ((PLANNED_NAME, plan.sizes), (EXACT_NAME, list(range(1, MAX_BATCH + 1)))):
-    with ledger.measure(name):
-        bg = attempt(name, lambda sizes=sizes: capture_buckets(graph_step, sample_tokens, sample_pos, sizes=sizes,
-                                                               eager_fallback=True, measure_memory=True))
-    if bg is None:
-        continue
-    strategies[name] = bg
-    serve_info[name] = {"graphs": len(sizes), "setup_s": bg.capture_seconds, "bucket_sizes": " ".join(map(str, sizes)),
-                        "held_mib": ledger.record(name, bg).get("held", float("nan")) / MiB}
-
-served = {}
+    strategies[name] = capture_buckets(graph_step, sample_tokens, sample_pos, sizes=sizes, eager_fallback=True)
+served = {name: {} for name in strategies}
 for name, step in strategies.items():
-    served[name] = {}
-    attempt(f"serving loop, {name}", lambda step=step, name=name: serve(step, stream, record=served[name]))
-ref_tokens = served["eager"]
-serve_checks = {}
-for name in strategies:
-    same = sum(served[name].get(rid) == toks for rid, toks in ref_tokens.items())
-    serve_checks[name] = same / max(1, len(ref_tokens))
-    print(f"{name}: {same} of {len(ref_tokens)} requests decoded exactly as eager")
-for s in strategies.values():
-    if hasattr(s, "reset_stats"):
-        s.reset_stats()
-serve_runners = {name: (lambda step=step: serve(step, stream)) for name, step in strategies.items()
-                 if f"serving loop, {name}" not in variant_errors}
-serve_windows = []
-for w in range(WINDOWS):
-    started = time.perf_counter()
-    serve_windows.append(safe_compare(serve_runners, "serving loop", floor=False, calls=1))
-    print(f"window {w + 1}/{WINDOWS} ({elapsed():.0f} s since the start): {window_line(serve_windows[-1])}")
-    if w < WINDOWS - 1:
-        pause_after(started)
-serve_df = combine(serve_windows)
-if len(serve_df):
-    steps = len(observed)
-    # what ran: the eager step, or BucketedGraphs whose mode says whether they hold captured graphs
-    ran_as = {name: "cuda graph" if getattr(s, "mode", None) == "graph" else "eager" for name, s in strategies.items()}
-    serve_df["executed_as"] = [ran_as.get(v.replace(" (eager fallback)", ""), "unknown") for v in serve_df.variant]
-    serve_df["us_per_step"] = serve_df.median_us / steps
-    serve_df["tokens_per_s"] = sum(observed) / (serve_df.median_us * 1e-6)
-    serve_df["same_tokens_as_eager"] = [serve_checks.get(v.replace(" (eager fallback)", ""), float("nan"))
-                                        for v in serve_df.variant]
-    for col in ("graphs", "setup_s", "held_mib", "bucket_sizes"):
-        serve_df[col] = [serve_info.get(v.replace(" (eager fallback)", ""), {}).get(col) for v in serve_df.variant]
-    serve_df["pad_fraction"] = [evaluate_buckets(observed, [int(x) for x in s.split()])["pad_fraction"] if s else 0.0
-                                for s in serve_df.bucket_sizes.fillna("")]
-    print(serve_df[["variant", "executed_as", "us_per_step", "speedup", "speedup_lo", "speedup_hi", "tokens_per_s",
-                    "graphs", "setup_s", "held_mib", "pad_fraction", "same_tokens_as_eager"]]
-          .to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-
-# %%
-for claim_id, name in (("serving_ladder_beats_eager", LADDER_NAME), ("serving_planned_beats_eager", PLANNED_NAME),
-                       ("serving_one_per_size_beats_eager", EXACT_NAME)):
-    speedup_claim(claim_id, serve_df, "serving loop", name)
-faster_claim("serving_planned_beats_ladder", serve_windows, "serving loop", fast=PLANNED_NAME, slow=LADDER_NAME)
-faster_claim("serving_ladder_beats_one_per_size", serve_windows, "serving loop", fast=LADDER_NAME, slow=EXACT_NAME)
+    serve(step, stream, record=served[name])
+same = {name: sum(served[name].get(r) == t for r, t in served["eager"].items()) / len(served["eager"])
+        for name in strategies}
+print("share of requests decoded exactly as eager:", same)
+m_serve = measure({"serving loop": ({name: Runs(lambda s=s: serve(s, stream), "eager" if s is decode_step else s)
+                                     for name, s in strategies.items()}, (), {"calls": 1})}, floor=False, **TIMING)
+for cid, name in (("serving_ladder_beats_eager", LADDER_NAME), ("serving_planned_beats_eager", PLANNED_NAME),
+                  ("serving_one_per_size_beats_eager", EXACT_NAME)):
+    claims.append(speedup(m_serve, cid, "serving loop", name))
+claims.append(versus(m_serve, "serving_planned_beats_ladder", ("serving loop", PLANNED_NAME), ("serving loop", LADDER_NAME)))
+claims.append(versus(m_serve, "serving_ladder_beats_one_per_size", ("serving loop", LADDER_NAME),
+                     ("serving loop", EXACT_NAME)))
+sizes_of = {LADDER_NAME: LADDER, PLANNED_NAME: plan.sizes, EXACT_NAME: list(range(1, MAX_BATCH + 1)), "eager": []}
+serve_df = serve_table(m_serve, strategies, sizes_of, observed, same, ledger)   # per step, graphs, memory, padding
+serve_df[["variant", "executed_as", "us_per_step", "speedup", "speedup_lo", "speedup_hi", "graphs", "setup_s",
+          "held_mib", "pad_fraction", "same_tokens_as_eager"]].round(3)
 
 # %% [markdown]
-# ## 11. Fusion and graphs are separate tools
+# ## 10. Fusion and graphs are separate tools
 #
 # Sections 7 and 8 put four ways of running the same decode step side by side. Section 7's columns say what each one
 # removed: `kernels_per_call` counts the kernels a step runs, `floor_us` is the GPU's busy time for one call (the
@@ -1001,53 +680,45 @@ TOOLS = pd.DataFrame([
 ], columns=["tool", "removes launches", "removes kernels", "work per call besides the GPU's", "memory"])
 print(TOOLS.to_string(index=False))
 
+
 # %% [markdown]
-# What each cost to set up: compile time, capture time (the kit) or compile plus recording (`reduce-overhead`'s
-# first calls, one recording per batch size). `reserved_mib` is the change in the memory PyTorch's caching
-# allocator had reserved across that setup (the kit's captures of all buckets; `reduce-overhead`'s first calls of
-# section 6). It is a difference, not the memory the graphs hold, and it can be negative: every capture through
-# `torch.cuda.graph` first empties the allocator's cache (`torch.cuda.empty_cache()` in its `__enter__`), which
-# hands back to the driver blocks that earlier cells left cached. What the kit's graphs hold is the ledger's line
-# in section 4. Then, at each batch size, the time per step, kernels per step and floor of the three graphed
-# variants, and the verdicts of sections 7 and 8 on them.
+# What each cost to set up: compile time (the compiled step's two compiles; `reduce-overhead`'s first calls of
+# section 6, compile and one recording per batch size), capture time (the kit), the compiles Dynamo ran during the
+# kit's capture (section 5: none, once the compile has seen the buckets' kind of input), and `graph_mib`, the memory
+# the graphs hold: for the kit's buckets the ledger's reading of their pool plus their static buffers
+# (`MemoryLedger.record`), for `reduce-overhead` how much the graph pools grew during its first calls (the growth of
+# every pool but the allocator's default one, `MemoryLedger.measure`). Both read pools, not the allocator's total,
+# so a cache emptied on the way (every capture through `torch.cuda.graph` calls `torch.cuda.empty_cache()` on
+# entering) cannot make them negative.
 #
-# Read the two fused variants together. In the recorded H100 run the compiled step captured by the kit ran as
-# many kernels per step as `reduce-overhead` and took the same time: each verdict between them is "fails" at
-# the 1.05x threshold or "no clear difference", so neither is faster. Both medians sit close to their floors,
-# so both are GPU-bound at these sizes: `reduce-overhead`'s per-call checks run on the host while the GPU is
-# still busy with kernels already queued, and they add no visible time. Both are faster than the kit's graph of
-# the eager step, whose extra kernels raise its floor.
+# Then the three graphed variants at each batch size: time per step, kernels per step, floor and the median over
+# the floor (`vs_floor`). Read the two fused variants together: they run the same fused kernels, so the aim "the
+# compiled step captured by the kit is more than 5% faster than `reduce-overhead`" can only be met where
+# `reduce-overhead`'s per-call host work shows. Where both medians sit close to their floors (`vs_floor` near 1),
+# both are GPU-bound: the time goes to the fused kernels themselves, `reduce-overhead`'s guards and checks run on the
+# host while the GPU is still busy with kernels already queued, and the aim fails or is too close to call
+# ({claim:step_fused_graph_beats_reduce_overhead_b1} at batch 1). Both are faster than the kit's graph of the eager
+# step, whose extra kernels raise its floor.
 
 # %%
-def setup_row(variant, compile_s, capture_s, reserved):
-    return {"case": "setup", "variant": variant, "median_us": float("nan"), "speedup": float("nan"),
-            "compile_s": compile_s, "capture_s": capture_s, "reserved_mib": reserved}
-
-
-setup_rows = [setup_row("kit graphs per bucket", 0.0, graphs.capture_seconds,
-                        kit_mem.get("reserved_delta", float("nan")) / MiB)]
+setup_rows = [{"variant": KIT_GEN, "compile_s": 0.0, "capture_s": graphs.capture_seconds, "graph_mib": kit_held}]
 if fused_graphs is not None:
-    setup_rows.append(setup_row(FUSED_GEN, fused_setup["compile_s"], fused_setup["capture_s"],
-                                fused_setup["reserved_mib"]))
-if "reduce-overhead" in setup_mem and ("reduce-overhead", BATCHES[0]) in setup:
-    first_calls = sum(t for (v, _), t in setup.items() if v == "reduce-overhead")
-    setup_rows.append(setup_row("reduce-overhead", first_calls, float("nan"),
-                                setup_mem["reduce-overhead"].get("reserved_delta", float("nan")) / MiB))
-setup_df = pd.DataFrame(setup_rows)
-print(setup_df[["variant", "compile_s", "capture_s", "reserved_mib"]].to_string(
-    index=False, float_format=lambda v: f"{v:.2f}"))
-graphed = step_df[step_df.variant.isin(["kit graph (bucket)", FUSED_STEP, "reduce-overhead"])] if len(step_df) else []
-if len(graphed) and CUDA:
-    print(graphed[["batch", "variant", "median_us", "kernels_per_call", "floor_us"]].to_string(
+    setup_rows.append({"variant": FUSED_GEN, **{k: fused_setup[k] for k in ("compile_s", "capture_s",
+                                                                          "compiles_in_capture", "graph_mib")}})
+if ("reduce-overhead", BATCHES[0]) in setup:
+    setup_rows.append({"variant": "reduce-overhead", "capture_s": float("nan"), "graph_mib": ro_graph_mib,
+                       "compile_s": sum(t for (v, _), t in setup.items() if v == "reduce-overhead")})
+setup_df = pd.DataFrame(setup_rows).assign(case="setup", median_us=float("nan"), speedup=float("nan"))
+print(setup_df.drop(columns=["case", "median_us", "speedup"]).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+graphed = step_df[step_df.variant.isin([KIT_STEP, FUSED_STEP, "reduce-overhead"])]
+if CUDA and len(graphed):
+    print(graphed[["batch", "variant", "median_us", "kernels_per_call", "floor_us", "vs_floor"]].to_string(
         index=False, float_format=lambda v: f"{v:.1f}"))
 else:
-    print("no graphed variant was timed here (they need a CUDA GPU): see the recorded results in section 17.")
-for c in claims:
-    if c.claim.startswith(("step_fused_graph", "generate_fused_graphs")):
-        print(f"[{c.verdict}] {c.statement}")
+    print("no graphed variant was timed here (they need a CUDA GPU): see the recorded results in section 14.")
 
 # %% [markdown]
-# ## 12. Several tokens per replay
+# ## 11. Several tokens per replay
 #
 # One graph per token still costs the host one replay, one read of the done flags and one loop turn per token. A
 # graph can hold several decode steps: `k_step(step, K)` (in `cudagraph_kit/course/decode.py`) runs K steps in one
@@ -1088,15 +759,15 @@ print(k_checks[["batch", "variant", "executed_as", "stop_step", "blocks", "host_
       .to_string(index=False))
 assert k_checks.tokens_equal.all(), "K steps per replay decoded differently from one step per token"
 
+
 # %% [markdown]
 # Then the speed: whole generations of `NEW_TOKENS` tokens with no stop token (every K makes the same tokens),
-# prefill excluded (it ran once above), in `WINDOWS` windows: eager (the same K=1 block, run eagerly), then one
-# graph per token (K=1) and one graph per K tokens for the other K. Tokens per second count the decoded tokens of
-# every row. The verdicts compare each K with one graph per token, window by window.
+# prefill excluded (it ran once above): eager (the same K=1 block, run eagerly), then one graph per token (K=1) and
+# one graph per K tokens for the other K. Tokens per second count the decoded tokens of every row. The verdicts
+# compare each K with one graph per token, window by window.
 #
-# What a block of K steps saves is that host work between replays. A replay of one decode step already keeps the
-# GPU busy for most of its time (section 7: the kit's graph runs close to its floor), so expect a small gain. In
-# the recorded H100 run the gain was small at batch 8 and unclear at batch 1 for K=4 and K=8.
+# What a block of K steps saves is the host work between replays. A replay of one decode step already keeps the
+# GPU busy for most of its time (section 7: the kit's graph runs close to its floor), so expect a small gain.
 
 # %%
 def k_runner(b, k):
@@ -1119,29 +790,23 @@ def k_runner(b, k):
 
 
 K_NAME = {k: f"K={k}: one graph per {k} tokens" if k > 1 else "K=1: one graph per token" for k in K_STEPS}
-k_runners = {b: {"eager": k_runner(b, 0), **{K_NAME[k]: k_runner(b, k) for k in K_STEPS if (b, k) in k_graphs}}
-             for b in K_BATCHES}
-k_windows = []
-for w in range(WINDOWS):
-    started = time.perf_counter()
-    tables = [safe_compare(k_runners[b], f"k-step decode, batch {b}", floor=False, calls=1) for b in K_BATCHES]
-    tables = [df.assign(batch=b) for b, df in zip(K_BATCHES, tables) if df is not None]
-    k_windows.append(pd.concat(tables, ignore_index=True) if tables else None)
-    print(f"window {w + 1}/{WINDOWS} ({elapsed():.0f} s since the start): {window_line(k_windows[-1])}")
-    if w < WINDOWS - 1:
-        pause_after(started)
-k_df = combine(k_windows)
-if len(k_df):
-    k_df["tokens_per_s"] = k_df.batch * (NEW_TOKENS - 1) / (k_df.median_us * 1e-6)
-    print(k_df[["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo", "speedup_hi",
-                "tokens_per_s"]].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+K_CASE = {b: f"k-step decode, batch {b}" for b in K_BATCHES}
+k_cases = {K_CASE[b]: ({"eager": Runs(k_runner(b, 0)), **{K_NAME[k]: Runs(k_runner(b, k), k_graphs[b, k])
+                                                           for k in K_STEPS if (b, k) in k_graphs}},
+                       (), {"calls": 1}) for b in K_BATCHES}
+m_k = measure(k_cases, **GEN_TIMING)   # each runner carries its graph's mode: no profiler on whole generations
 for b in K_BATCHES:
     for k in K_STEPS[1:]:
-        faster_claim(f"kstep_k{k}_beats_one_graph_per_token_b{b}", k_windows, f"k-step decode, batch {b}",
-                     fast=K_NAME[k], slow=K_NAME[1])
+        if {K_NAME[1], K_NAME[k]} <= set(k_cases[K_CASE[b]][0]):
+            claims.append(versus(m_k, f"kstep_k{k}_beats_one_graph_per_token_b{b}", (K_CASE[b], K_NAME[k]),
+                                 (K_CASE[b], K_NAME[1])))
+k_df = with_window_medians(m_k)
+k_df["batch"] = k_df.case.map({c: b for b, c in K_CASE.items()})
+k_df["tokens_per_s"] = k_df.batch * (NEW_TOKENS - 1) / (k_df.median_us * 1e-6)
+m_k.short()
 
 # %% [markdown]
-# ## 13. Your own Hugging Face model
+# ## 12. Your own Hugging Face model
 #
 # The model people want to speed up is usually one they load from `transformers`. The recipe is the same as for
 # our own model: allocate a `StaticCache` once, make the decode step a function of tensors only (`input_ids` and
@@ -1162,9 +827,10 @@ for b in K_BATCHES:
 # graphs then captured by the kit. Its last row checks our `TinyLLM` (same weights) against the same tokens.
 # `transformers`' own `generate(cache_implementation="static")` was checked in section 6 and is timed below.
 
+
 # %%
 HF_KIT, HF_FUSED = "HF step, kit graph", "HF step compiled + kit graph"
-hf_dec, hf_graphs, hf_checks, hf_setup = None, {}, [], {}
+hf_dec, hf_graphs, hf_checks = None, {}, []
 if hf_model is None:
     print("skipped: " + (HF_WHY if HF_VERSION is None else "HF=False, or the transformers model failed (section 5)"))
 else:
@@ -1177,222 +843,126 @@ else:
     if COMPILE:
         builds[HF_FUSED] = lambda: torch.compile(hf_dec.step)         # default mode: fused kernels, no graphs
     for name, build in builds.items():
-        if name == HF_FUSED and over_budget():
-            variant_errors[name] = f"skipped: the notebook had run {elapsed():.0f} s (TIME_BUDGET_S={TIME_BUDGET_S})"
-            continue
         t0 = time.perf_counter()
         hf_graphs[name] = attempt(name, lambda: hf_dec.capture(capture, fn=fresh_cublas(build()), eager_fallback=True))
-        hf_setup[name] = time.perf_counter() - t0
-    for name, g in [(n, g) for n, g in hf_graphs.items() if g is not None]:
-        lg = []
-        d = first_divergence(hf_dec.generate(hx, NEW_TOKENS, step=g, logits_out=lg), hf_ref, lg, ref_l)
-        hf_checks.append({"variant": name, "tokens_equal": d["equal"], "first_step": d["first_step"],
-                          "margin": d["margin"], "logit_diff": d["logit_diff"], "setup_s": hf_setup[name]})
+        if hf_graphs[name] is not None:
+            lg, setup_s = [], time.perf_counter() - t0                 # compile (if any) and capture
+            d = first_divergence(hf_dec.generate(hx, NEW_TOKENS, step=hf_graphs[name], logits_out=lg), hf_ref, lg, ref_l)
+            hf_checks.append({"variant": name, "tokens_equal": d["equal"], "first_step": d["first_step"],
+                              "margin": d["margin"], "logit_diff": d["logit_diff"], "near_tie": bool(d["near_tie"]),
+                              "setup_s": setup_s})
     d = first_divergence(greedy_generate(model, cache, hx, NEW_TOKENS), hf_ref)
-    hf_checks.append({"variant": "our TinyLLM, same weights", "tokens_equal": d["equal"],
-                      "first_step": d["first_step"]})
+    hf_checks.append({"variant": "our TinyLLM, same weights", "tokens_equal": d["equal"], "first_step": d["first_step"]})
     print(pd.DataFrame(hf_checks).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 # %% [markdown]
-# Time per token of whole generations (prefill included, as in section 8), in `WINDOWS` windows: the eager step,
-# the two graphed steps, and `transformers`' static-cache `generate` (compiled with `reduce-overhead` on a GPU, by
-# `transformers` itself; its first calls were in section 6). Three verdicts follow: does the kit's graph beat the
-# eager step; does the compiled step captured by the kit beat the kit's graph; and does it beat `generate`'s
-# static cache?
+# A graphed step whose tokens differ from the eager step's at a near tie (`near_tie`: the logits moved by at least
+# eager's gap between its two best tokens there) is rounding, not a bug; it is still timed. Time per token of whole
+# generations (prefill included, as in section 8): the eager step, the graphed steps, and `transformers`'
+# static-cache `generate` (compiled with `reduce-overhead` on a GPU, by `transformers` itself). Three verdicts: does
+# the kit's graph beat the eager step; does the compiled step captured by the kit beat the kit's graph; and does it
+# beat `generate`'s static cache?
 
 # %%
 HF_CASE = f"transformers model, batch {BATCHES[0]}"
-hf_runners = {}
-if hf_dec is not None:
-    hf_runners["eager"] = lambda: hf_dec.generate(hx, NEW_TOKENS)
-    hf_runners.update({n: (lambda g=g: hf_dec.generate(hx, NEW_TOKENS, step=g)) for n, g in hf_graphs.items()
-                       if g is not None and any(r["variant"] == n and r["tokens_equal"] for r in hf_checks)})
-    if HF_STATIC not in variant_errors and (HF_STATIC, BATCHES[0]) in setup:
-        hf_runners[HF_STATIC] = lambda: hf_generate(hf_model, hx, NEW_TOKENS, cache_implementation="static")
-hf_windows = []
-for w in range(WINDOWS if len(hf_runners) > 1 else 0):
-    started = time.perf_counter()
-    hf_windows.append(safe_compare(hf_runners, HF_CASE, floor=False, calls=1))
-    print(f"window {w + 1}/{WINDOWS} ({elapsed():.0f} s since the start): {window_line(hf_windows[-1])}")
-    if w < WINDOWS - 1:
-        pause_after(started)
-hf_df = combine(hf_windows)
-if len(hf_df):
-    hf_df["batch"] = BATCHES[0]
+hf_timed = {"eager": Runs(lambda: hf_dec.generate(hx, NEW_TOKENS))} if hf_dec is not None else {}
+for r in hf_checks:
+    if r["variant"] in hf_graphs and (r["tokens_equal"] or r["near_tie"]):
+        g = hf_graphs[r["variant"]]
+        hf_timed[r["variant"]] = Runs(lambda g=g: hf_dec.generate(hx, NEW_TOKENS, step=g), g)
+if hf_dec is not None and (HF_STATIC, BATCHES[0]) in setup:
+    hf_timed[HF_STATIC] = Runs(lambda: hf_generate(hf_model, hx, NEW_TOKENS, cache_implementation="static"),
+                               HF_STATIC_MODE)
+hf_df = pd.DataFrame()
+if len(hf_timed) > 1:
+    m_hf = measure({HF_CASE: (hf_timed, (), {"calls": 1})}, **GEN_TIMING)   # ran as: each runner's mode
+    if HF_KIT in hf_timed:
+        claims.append(speedup(m_hf, "hf_kit_graph_beats_eager", HF_CASE, HF_KIT))
+    for cid, slow in (("hf_fused_graph_beats_kit_graph", HF_KIT), ("hf_fused_graph_beats_hf_static_generate", HF_STATIC)):
+        if {HF_FUSED, slow} <= set(hf_timed):
+            claims.append(versus(m_hf, cid, (HF_CASE, HF_FUSED), (HF_CASE, slow)))
+    hf_df = with_window_medians(m_hf).assign(batch=BATCHES[0])
     hf_df["us_per_token"] = hf_df.median_us / NEW_TOKENS
-    print(hf_df[["variant", "executed_as", "us_per_token", "speedup", "speedup_lo", "speedup_hi"]].to_string(
-        index=False, float_format=lambda v: f"{v:.1f}"))
-speedup_claim("hf_kit_graph_beats_eager", hf_df, HF_CASE, HF_KIT)
-faster_claim("hf_fused_graph_beats_kit_graph", hf_windows, HF_CASE, fast=HF_FUSED, slow=HF_KIT)
-faster_claim("hf_fused_graph_beats_hf_static_generate", hf_windows, HF_CASE, fast=HF_FUSED, slow=HF_STATIC)
+    print(m_hf.short().to_string(index=False))
 
 # %% [markdown]
-# ## 14. The batch-16 question: which kernels does a decode step run at each batch size?
-#
-# In the recorded runs a decode step at batch 16 kept the GPU busy longer than one at batch 64 (the floors of
-# section 7), on an H200 and on an H100. `scripts/probe_decode_kernels.py` profiled this notebook's decode step
-# (eager and the kit's graph, float32 as here) at batch 1, 8, 16, 32 and 64 and saved each batch's top kernels to
-# `figures/08_decode_kernels/`. The cell below reads that table: the matrix-multiply kernel that cuBLAS picks
-# changes with the batch size, and at batch 8 and 16 its choice (a different tile shape) takes longer than the one it
-# picks for 32 and 64. Eager and the graph run the same kernel at every batch: the graph replays what eager
-# launched, so this is cuBLAS's heuristic for these shapes, not the kit. Padding a batch of 16 up to a bucket of
-# 32 is one way around it, which `plan_buckets` (notebook 06) can find from measured costs.
-
-# %%
-import re  # noqa: E402
-
-
-def matmul_kernel(name: str) -> str:
-    """A cuBLAS kernel's family and tile shape, e.g. 'gemm 32x128x8' (the full names run to 200 characters)."""
-    tile = re.search(r"tilesize(\d+x\d+x\d+)", name)
-    return ("gemv" if "gemv" in name else "gemm") + (f" {tile.group(1)}" if tile else "")
-
-
-KERNELS_DIR = (results.recorded_root() or Path("figures")) / "08_decode_kernels"
-if (KERNELS_DIR / "decode_kernels.csv").is_file():
-    kernels = pd.read_csv(KERNELS_DIR / "decode_kernels.csv")
-    steps = pd.read_csv(KERNELS_DIR / "decode_steps.csv")
-    gemm = kernels[kernels.name.str.contains("gemm|gemv", case=False)].copy()
-    gemm["kernel"] = gemm.name.map(matmul_kernel)
-    top = gemm.sort_values("total_us", ascending=False).groupby(["variant", "batch"]).head(1)
-    table = top.merge(steps, on=["variant", "batch"]).sort_values(["batch", "variant"])
-    print(table[["batch", "variant", "kernel", "total_us", "busy_us"]].rename(columns={
-        "total_us": "top matmul µs/step", "busy_us": "GPU busy µs/step"}).to_string(
-        index=False, float_format=lambda v: f"{v:.1f}"))
-    graph_rows = table[table.variant == "graph"].set_index("batch")
-    slow, fast = graph_rows.busy_us.idxmax(), graph_rows.busy_us[graph_rows.index > graph_rows.busy_us.idxmax()]
-    if len(fast):
-        fast = fast.idxmin()
-        same = (table.groupby("batch").kernel.nunique() == 1).all()
-        print(f"\nBatch {slow} keeps the GPU busy {graph_rows.busy_us[slow]:.0f} µs per step and batch {fast} "
-              f"{graph_rows.busy_us[fast]:.0f} µs; their top matmul kernels are {graph_rows.kernel[slow]} "
-              f"({graph_rows.total_us[slow]:.0f} µs) and {graph_rows.kernel[fast]} ({graph_rows.total_us[fast]:.0f} µs). "
-              f"Eager and the graph run {'the same' if same else 'different'} top kernels at each batch.")
-else:
-    print(f"not recorded ({KERNELS_DIR / 'decode_kernels.csv'} is missing): on a GPU, run\n"
-          "    python scripts/probe_decode_kernels.py --out figures/08_decode_kernels")
-
-# %% [markdown]
-# ## 15. The picture
+# ## 13. The picture
 #
 # Left: time per decode step against the batch size, with the floor. Middle: tokens per second of whole
 # generations, every variant. Right: the serving loop, time per step of each strategy, with its number of graphs.
 
 # %%
-def plot(step_df, gen_df, serve_df):
-    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8))
-    ax = axes[0]
-    if len(step_df):
-        for v, d in step_df.groupby("variant", sort=False):
-            ax.plot(d.batch, d.us_per_step, "o-", label=f"{v} ({d.executed_as.iloc[0]})")
-        f = step_df.drop_duplicates("batch")
-        if f.floor_step_us.notna().any():
-            ax.plot(f.batch, f.floor_step_us, "k--", label="floor (GPU busy, kit graph)")
-    ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="µs per decode step (= per token of a sequence)",
-           title="decode step")
-    ax.legend(fontsize=7)
-    ax = axes[1]
-    if len(gen_df):
-        for v, d in gen_df.groupby("variant", sort=False):
-            ax.plot(d.batch, d.tokens_per_s, "o-", label=v)
-    ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="tokens / s (whole generation)",
-           title=f"generate {NEW_TOKENS} tokens after a {PROMPT_LEN}-token prompt")
-    ax.legend(fontsize=7)
-    ax = axes[2]
-    if len(serve_df):
-        y = np.arange(len(serve_df))
-        ax.barh(y, serve_df.us_per_step, color="C0")
-        ax.set_yticks(y, [f"{v} ({0 if g != g or g is None else int(g)} graphs)" for v, g in
-                          zip(serve_df.variant, serve_df.graphs)], fontsize=7)
-        for yi, (t, s) in enumerate(zip(serve_df.us_per_step, serve_df.speedup)):
-            ax.text(t, yi, f" {t:.0f} µs, {s:.2f}x", va="center", fontsize=7)
-    ax.set(xlabel="µs per decode step (median pass / steps)", title="serving loop, batch size changing every step")
-    where = torch.cuda.get_device_name(0) if CUDA else "CPU (eager only: not a GPU result)"
-    fig.suptitle(f"LLM decoding with a static KV cache: {where}, PyTorch {torch.__version__}, {DT}", fontsize=11)
-    fig.tight_layout()
-    return fig
-
-
-fig = plot(step_df, gen_df, serve_df)
+where = torch.cuda.get_device_name(0) if CUDA else "CPU (eager only: not a GPU result)"
+fig = plot_decode(step_df, gen_df, serve_df, f"LLM decoding with a static KV cache: {where}, PyTorch "
+                                             f"{torch.__version__}, {DT}")
 plt.show()
 
 # %% [markdown]
-# ## 16. Save the results
+# ## 14. Save the results, and the recorded GPU run beside this one
 #
-# One row per (case, variant) of the step, generation, prefill and serving comparisons, the correctness checks
-# (`case` "correctness"), the capture log (`case` "capture") and the variants that failed (`case` "errors"), with
-# the machine in `env.json` and every verdict of this run in `claims.csv` (columns claim, statement, verdict, lo,
-# hi, above). A run without CUDA writes to `build/figures/` instead.
+# One row per (case, variant) of every timed comparison (with `window_medians_us`, each window's median), the
+# correctness checks (`case` "correctness", "k-step correctness", "hf correctness"), the capture times (`case`
+# "capture"), the setup costs (`case` "setup") and the variants that failed (`case` "errors"), with the machine in
+# `env.json` and every verdict of this run in `claims.csv`. A run without CUDA writes to `build/figures/` instead.
+# Then this run's times and speedups beside those of the last GPU run committed to this repository (what a reader
+# without a GPU sees).
 
 # %%
-device_name = torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)"
-error_rows = [{"case": "errors", "variant": v, "median_us": float("nan"), "speedup": float("nan"), "error": e}
-              for v, e in variant_errors.items()]
-if error_rows:
-    print(pd.DataFrame(error_rows)[["variant", "error"]].to_string(index=False))
-check_out = checks.assign(case="correctness", median_us=float("nan"), speedup=float("nan")) if len(checks) else None
-hf_out = pd.DataFrame(hf_checks).assign(case="hf correctness", median_us=float("nan"), speedup=float("nan"))
-frames = [f for f in (step_df, gen_df, prefill_df, serve_df, pd.DataFrame(capture_rows), check_out, setup_df, k_checks,
-                      k_df, hf_out if len(hf_checks) else None, hf_df, pd.DataFrame(error_rows))
-          if f is not None and len(f)]
-all_rows = pd.concat(frames, ignore_index=True)
-all_rows["device"] = device_name
-extra = {"config": vars(CFG), "dtype": str(DT), "batches": BATCHES, "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS,
-         "serve_steps": SERVE_STEPS, "max_batch": MAX_BATCH, "seed": SEED, "transformers": HF_VERSION,
-         "nocache_parity": nocache_parity, "hf_logit_diff": hf_diff if hf_model is not None else None,
-         "planned_buckets": plan.sizes, "ladder": LADDER, "variant_errors": variant_errors,
+error_rows = pd.DataFrame([{"case": "errors", "variant": v, "error": e} for v, e in variant_errors.items()])
+capture_rows = pd.DataFrame([{"case": "capture", "variant": f"kit bucket {e['size']}", "batch": e["size"],
+                              "setup_s": e["seconds"]} for e in graphs.capture_log])
+tables = [step_df, gen_df, prefill_df, serve_df, capture_rows, checks.assign(case="correctness"), setup_df, k_checks,
+          k_df, pd.DataFrame(hf_checks).assign(case="hf correctness"), hf_df, error_rows]
+all_rows = pd.concat([t for t in tables if len(t)], ignore_index=True)
+all_rows["device"] = torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)"
+extra = {"config": vars(CFG), "dtype": str(DT), "batches": BATCHES, "gen_batches": GEN_BATCHES, "prompt_len": PROMPT_LEN,
+         "new_tokens": NEW_TOKENS, "serve_steps": SERVE_STEPS, "max_batch": MAX_BATCH, "seed": SEED,
+         "transformers": HF_VERSION, "nocache_parity": nocache_parity, "variant_errors": variant_errors,
+         "hf_logit_diff": hf_diff if hf_model is not None else None, "planned_buckets": plan.sizes, "ladder": LADDER,
          "eager_kernels_per_step": eager_profile.kernels if eager_profile is not None else None,
-         "k_steps": list(K_STEPS), "k_batches": K_BATCHES, "hf_write_position": (hf_dec.behaviour.describe()
-                                                                               if hf_dec is not None else None),
+         "k_steps": list(K_STEPS), "k_batches": K_BATCHES, "windows": WINDOWS, "samples": SAMPLES,
+         "hf_write_position": hf_dec.behaviour.describe() if hf_dec is not None else None,
          "seconds": round(elapsed(), 1)}
 folder = results.save(STEM, all_rows, figures={"decode": fig}, extra_env=extra)
 save_claims(folder, claims)
-print("saved to", folder, f"(results.csv, env.json, claims.csv, decode.png; {elapsed():.0f} s since the start)")
-print(f"\nThe {len(claims)} verdicts of this run" + ("" if CUDA else " (CPU, eager only: not GPU results)") + ":")
-for c in claims:
-    print(f"  [{c.verdict}] {c.statement}")
-
-# %% [markdown]
-# ## 17. Recorded GPU results
-# The table and figure of the last GPU run committed to this repository (what a reader without a GPU sees).
-
-# %%
-recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as", "batch", "median_us", "speedup",
-                                                 "us_per_token", "us_per_step", "tokens_per_s", "floor_step_us",
-                                                 "first_call_s", "graphs", "held_mib", "error"])
+print("saved to", folder, f"({elapsed():.0f} s since the start)")
+timed_rows = pd.concat([t for t in (step_df, prefill_df, gen_df, serve_df, k_df, hf_df) if len(t)], ignore_index=True)
+recorded = results.beside_recorded(STEM, timed_rows)
 
 # %% [markdown]
 # ## Summary
 #
+# The findings of this run, one sentence each, computed from the intervals (the sentences of a run without a GPU
+# say that its graphs ran eagerly):
+
+# %%
+summary(claims);
+
+# %% [markdown]
 # - Decoding runs the whole model for one token per sequence: many tiny kernels, about as many at every batch
-#   size (section 3 counts them). Eager, the host's launches can set the time per token; section 7 compares eager's time per step
-#   with the floor, what the GPU itself needs, and prints whether eager decoding was host-bound here.
+#   size. Eager, the host's launches can set the time per token; section 7 compares eager's time per step with
+#   the floor, what the GPU itself needs.
 # - A **static KV cache** (allocated once, per-row positions, a mask over all positions) fixes every shape, so a
 #   decode step can be captured. Check it before anything else: the same greedy tokens as decoding with no cache.
 # - The kit's `capture_buckets` captures the step once per batch bucket in one shared pool; padding rows land in
 #   unused cache rows, so a bucket serves every smaller batch. Capturing runs the step and records it, no
-#   compiler involved: section 4 prints the capture time, section 8 every variant's first call, compile included.
+#   compiler involved.
 # - `torch.compile(mode="reduce-overhead")` and `transformers`' static-cache `generate` do the same for you;
-#   Inductor also fuses kernels (section 7's `kernels_per_call`), at the price of compiling and one recording per
-#   new batch size. Sections 7 and 8 print, batch by batch, which of them is faster, or "no clear difference".
+#   Inductor also fuses kernels, at the price of compiling and one recording per new batch size. To capture a
+#   compiled step yourself, compile it on the kind of input the capture passes (views shorter than their buffer),
+#   or the capture compiles again.
 # - Prefill gives every kernel `batch x prompt` rows of work, so launches weigh less in its time than in a decode
-#   step's; section 9 prints what a graph bought it here, next to what it bought a decode step.
+#   step's.
 # - In a serving loop the batch size changes at every step; a handful of buckets serves them all. Plan them from
-#   the sizes you observe, and measure: section 10 prints whether the planned buckets beat the ladder and whether
-#   the ladder beat one graph per batch size on this GPU.
+#   the sizes you observe, and measure.
 # - Fusion and graphs are separate tools: a graph removes launches, not kernels; fusion removes kernels, not
-#   launches. The step compiled without graphs and captured by the kit has both, like `reduce-overhead`, and skips
-#   its per-call checks. In the recorded H100 run the two took the same time: both ran the same fused kernels
-#   close to the GPU-busy floor, where the host's work per call is hidden behind the GPU's (section 11).
+#   launches. Where the fused kernels keep the GPU busy, `reduce-overhead`'s host work per call hides behind them.
 # - Several tokens per replay: K decode steps in one graph, the argmax and the stop token handled on the GPU and
-#   the host reading the done flags once per block; section 12 prints, for each K and batch, whether it beat one
-#   graph per token. In the recorded H100 run the gain was small or unclear, since a one-step replay already
-#   keeps the GPU busy.
+#   the host reading the done flags once per block.
 # - Your own `transformers` model: a `StaticCache`, a step of tensors only, and a reset of the cache's write
-#   position before each sequence (5.x keeps it on the GPU and advances it at every replay); section 13 checks the
-#   tokens and times it against `generate`'s own static-cache path.
-# - Quote a speedup with the interval a rerun lands in (several timing windows), and let the verdict, not the
-#   median, decide a comparison: `claims.csv` holds every verdict of this run.
+#   position before each sequence (5.x keeps it on the GPU and advances it at every replay).
+# - Quote a speedup with the interval a rerun lands in (several timing windows), and let the interval, not the
+#   median, decide a comparison.
 
 # %% [markdown]
 # ## Exercises
@@ -1462,3 +1032,21 @@ k4_tokens = ...    # generate_blocks(k4_graph.replay, k4_graph.static_inputs, fi
 # %%
 check_k_step_decode(k4_block, k4_graph, k4_tokens, model=model, cache=cache, prompt=ex3_prompt, stop_token=EX3_STOP,
                     new_tokens=NEW_TOKENS, pad_token=PAD)
+
+
+# %% [markdown]
+# ## Appendix: the batch-16 question, which kernels does a decode step run at each batch size?
+#
+# In the recorded runs a decode step at batch 16 kept the GPU busy longer than one at batch 64 (the floors of
+# section 7), on an H200 and on an H100. `scripts/probe_decode_kernels.py` profiled this notebook's decode step
+# (eager and the kit's graph, float32 as here) at batch 1, 8, 16, 32 and 64 and saved each batch's top kernels to
+# `figures/08_decode_kernels/`. The table below reads it: the matrix-multiply kernel that cuBLAS picks changes with
+# the batch size. Eager and the graph run the same kernel at every batch: the graph replays what eager launched, so
+# this is cuBLAS's heuristic for these shapes, not the kit. Padding a batch of 16 up to a bucket of 32 is one way
+# around it, which `plan_buckets` (notebook 06) can find from measured costs.
+
+# %%
+kernels, sentence = kernel_table((results.recorded_root() or Path("figures")) / "08_decode_kernels")
+if kernels is not None:
+    print(kernels.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+print(sentence)

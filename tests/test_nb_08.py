@@ -51,10 +51,13 @@ def test_llm_decode_notebook_checks_correctness_and_records_honest_results(run_n
         assert env["transformers"] is None
     assert not env["variant_errors"], env["variant_errors"]
 
+    assert env["gen_batches"] == sorted({batches[0], max(batches)})
+    assert env["windows"] == 2 and env["samples"] == 2     # smoke: two windows (intervals need two)
     for b in batches:
         step = df[df.case == f"decode step, batch {b}"]
         assert step.variant.iloc[0] == "eager" and step.speedup.iloc[0] == 1.0
         assert (step.median_us > 0).all() and (step.tokens_per_s > 0).all()
+    for b in env["gen_batches"]:
         gen = df[df.case == f"generate, batch {b}"]
         assert gen.variant.iloc[0] == "eager" and len(gen) == len(checks[checks.batch == b])
         assert (gen.us_per_token > 0).all()
@@ -74,6 +77,10 @@ def test_llm_decode_notebook_checks_correctness_and_records_honest_results(run_n
         assert (timed[timed.variant == "eager"].executed_as == "eager").all()
         assert (timed[timed.variant.str.startswith(("kit", "graphs"))].executed_as == "cuda graph").all()
         assert sorted(capture.batch.astype(int)) == sorted(env["ladder"]) and (capture.setup_s > 0).all()
+        # every timed row says what it ran as: the profiler ran in the last window of every comparison but the
+        # serving loop, whose runners carry their graphs' mode (K-step and transformers rows included)
+        assert not (timed.executed_as == "unknown").any(), timed[timed.executed_as == "unknown"][["case", "variant"]]
+        assert not timed.executed_as.isna().any()
     else:
         # honest labels: nothing that ran on the CPU is called a graph
         assert env["executed_as"] == "cpu (eager only)" and env["gpu"] is None
@@ -99,19 +106,32 @@ def check_new_sections(df, env, batches):
     for b in env["k_batches"]:
         timed = df[df.case == f"k-step decode, batch {b}"]
         assert timed.variant.iloc[0] == "eager" and len(timed) == 5 and (timed.tokens_per_s > 0).all()
-    # 11: what each variant cost to set up
+    # 10: what each variant cost to set up
     setup = df[df.case == "setup"].set_index("variant")
     assert "kit graphs per bucket" in setup.index
+    if HAS_CUDA:   # the memory each variant's graphs hold is read from pools: never negative, always read
+        assert setup.graph_mib.notna().all() and (setup.graph_mib >= 0).all(), setup.graph_mib
+        assert setup.loc["kit graphs per bucket", "graph_mib"] > 0
+    else:
+        assert setup.graph_mib.isna().all()      # nothing captured, no GPU memory held
     # 13: the transformers model's step, graphed, decodes its eager tokens (and our model's, same weights)
     hf = df[df.case == "hf correctness"]
     if HAS_HF:
         assert "cumulative_length" in env["hf_write_position"] or "cache_position" in env["hf_write_position"]
         assert set(hf.variant) == {HF_KIT, "our TinyLLM, same weights"} | ({HF_FUSED} if HAS_CUDA else set())
-        assert (hf.tokens_equal.astype(str) == "True").all(), hf
+        graphed = hf[hf.variant != "our TinyLLM, same weights"]
+        # equal tokens, or a divergence at a near tie whose margin was recorded
+        tied = graphed.near_tie.astype(str) == "True"
+        assert ((graphed.tokens_equal.astype(str) == "True") | tied).all(), graphed
+        assert (graphed[tied].margin >= 0).all() and (graphed[tied].logit_diff >= graphed[tied].margin).all()
+        assert hf[hf.variant == "our TinyLLM, same weights"].tokens_equal.astype(str).eq("True").all()
     else:
         assert hf.empty and env["hf_write_position"] is None
     if HAS_CUDA:
         assert {FUSED_GEN, "reduce-overhead"} <= set(setup.index) and setup.loc[FUSED_GEN, "compile_s"] > 0
+        # compiled on the buckets' kind of input (views shorter than their buffer), the capture compiles nothing
+        assert setup.loc[FUSED_GEN, "compiles_in_capture"] == 0, setup.loc[FUSED_GEN]
+        assert setup.loc[FUSED_GEN, "capture_s"] > 0 and setup.loc["reduce-overhead", "compile_s"] > 0
         for b in batches:   # fusion removes kernels; the kit's graph of the fused step replays them all
             step = df[df.case == f"decode step, batch {b}"].set_index("variant")
             assert step.loc[FUSED_STEP, "executed_as"] == "cuda graph"
@@ -132,10 +152,12 @@ def window_values(r, column):
 def check_windows_and_claims(df, folder, batches, env):
     # every timing comparison is combined from windows (smoke: 2), its speedup published with a prediction interval
     timed = df[df.case.str.startswith(("decode step", "generate", "prefill", "serving loop")) & df.median_us.notna()]
-    assert set(timed.case) == ({f"decode step, batch {b}" for b in batches} | {f"generate, batch {b}" for b in batches}
+    assert set(timed.case) == ({f"decode step, batch {b}" for b in batches}
+                               | {f"generate, batch {b}" for b in env["gen_batches"]}
                                | {"serving loop"} | set(df[df.case.str.startswith("prefill")].case))
     others = timed[timed.variant != "eager"]
-    assert len(others) >= 4 * len(batches) and (others.windows == 2).all(), others[["case", "variant", "windows"]]
+    assert len(others) >= len(batches) + len(env["gen_batches"]) + 4
+    assert (others.windows == 2).all(), others[["case", "variant", "windows"]]
     assert (others.speedup_lo <= others.speedup * (1 + 1e-9)).all()
     assert (others.speedup * (1 - 1e-9) <= others.speedup_hi).all()
     assert (timed.window_speedups.str.count(";") == 1).all() and (timed.window_medians_us.str.count(";") == 1).all()
@@ -165,20 +187,21 @@ def check_windows_and_claims(df, folder, batches, env):
             ratios["hf_fused_graph_beats_hf_static_generate"] = (hf_case, HF_STATIC, HF_FUSED)
     host_bound = {}
     for b in batches:
-        step, gen = f"decode step, batch {b}", f"generate, batch {b}"
+        step = f"decode step, batch {b}"
         speedups[f"step_graph_beats_eager_b{b}"] = (step, KIT_STEP, 1.0)
+        if HAS_CUDA:  # reduce-overhead and the floor need a GPU
+            ratios[f"step_reduce_overhead_beats_graph_b{b}"] = (step, KIT_STEP, "reduce-overhead")
+            ratios[f"step_fused_graph_beats_reduce_overhead_b{b}"] = (step, "reduce-overhead", FUSED_STEP)
+            thresholds[f"step_fused_graph_beats_reduce_overhead_b{b}"] = 1.05   # the aim: more than 5% faster
+            host_bound[f"step_eager_host_bound_b{b}"] = step
+    for b in env["gen_batches"]:
+        gen = f"generate, batch {b}"
         speedups[f"generate_graphs_beat_eager_b{b}"] = (gen, KIT_GEN, 1.0)
         if HAS_HF:
             ratios[f"generate_graphs_beat_hf_static_b{b}"] = (gen, HF_STATIC, KIT_GEN)
             ratios[f"generate_hf_static_beats_hf_dynamic_b{b}"] = (gen, HF_DYNAMIC, HF_STATIC)
-        if HAS_CUDA:  # reduce-overhead and the floor need a GPU
-            ratios[f"step_reduce_overhead_beats_graph_b{b}"] = (step, KIT_STEP, "reduce-overhead")
+        if HAS_CUDA:
             ratios[f"generate_reduce_overhead_beats_graphs_b{b}"] = (gen, KIT_GEN, "reduce-overhead")
-            ratios[f"step_fused_graph_beats_kit_graph_b{b}"] = (step, KIT_STEP, FUSED_STEP)
-            ratios[f"step_fused_graph_beats_reduce_overhead_b{b}"] = (step, "reduce-overhead", FUSED_STEP)
-            thresholds[f"step_fused_graph_beats_reduce_overhead_b{b}"] = 1.05
-            ratios[f"generate_fused_graphs_beat_reduce_overhead_b{b}"] = (gen, "reduce-overhead", FUSED_GEN)
-            host_bound[f"step_eager_host_bound_b{b}"] = step
     expected = set(speedups) | set(ratios) | set(host_bound) | {"decode_gains_more_than_prefill"}
     assert set(claims.claim) == expected and claims.claim.is_unique
     for c in claims.itertuples():
@@ -202,7 +225,14 @@ def check_windows_and_claims(df, folder, batches, env):
             values = [d / p for d, p in zip(decode, prefill)]
             assert (c.lo, c.hi) == pytest.approx(prediction_interval(values), rel=1e-2) and c.above == 1.0
         assert c.lo <= c.hi
+        assert not re.search(r"\bnan\b", c.statement, re.IGNORECASE), c.statement
+        assert "not at least" not in c.statement and " holds" not in c.statement, c.statement   # plain sentences
+        # no verdict about a graph not built: without CUDA every claim about a graph compares eager with eager
+        graphless = c.claim.startswith("generate_hf_static_beats_hf_dynamic")
+        if not HAS_CUDA and not graphless:
+            assert c.verdict == "eager fallback" and "ran eagerly" in c.statement, c
+            continue
+        assert c.verdict != "eager fallback", c
         expected_verdict = "holds" if c.lo > c.above else "fails" if c.hi <= c.above else "unclear"
         assert c.verdict == expected_verdict, c
-        assert ("no clear difference" in c.statement) == (expected_verdict == "unclear"), c.statement
-        assert not re.search(r"\bnan\b", c.statement, re.IGNORECASE), c.statement
+        assert ("too close" in c.statement) == (expected_verdict == "unclear"), c.statement

@@ -1,0 +1,235 @@
+"""Notebook 08's parts that are not the lesson: the serving loop's scheduler, the figure, the batch-16 kernel table
+and two small readers (window medians, Dynamo's compile count).
+
+The serving loop: requests arrive at random (``make_stream``, seeded), each with a one-token prompt and a length;
+at most ``max_batch`` are decoded together; a finished request's hole is filled by the last row (its cache row
+too), so the active requests always fill rows ``0..n-1`` and a bucket's padding rows are free rows.
+
+Example (eager, CPU)::
+
+    from cudagraph_kit.course.nb08_parts import batch_sizes, make_stream, serve_stream
+    stream = make_stream(seed=10, steps=30, max_batch=4, max_gen=8)
+    tokens = {}
+    serve_stream(lambda t, p: model.decode(t, p, cache), stream, cache, 4, cfg.vocab_size, record=tokens)
+    batch_sizes(stream, 4)        # the batch size of every step
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+__all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "serve_table", "step_mode", "profiled_mode", "with_window_medians",
+           "compiles_so_far", "kernel_table", "plot_decode"]
+
+
+def make_stream(seed: int, steps: int, max_batch: int, max_gen: int) -> list:
+    """Per step: the lengths of the requests arriving then; a deterministic host-side schedule that keeps the batch
+    near 80% of ``max_batch`` (lengths uniform in 1..max_gen)."""
+    g = torch.Generator().manual_seed(seed)
+    rate = max_batch / (max_gen / 2) * 0.8
+    arrivals = torch.poisson(torch.full((steps,), rate), generator=g).long().tolist()
+    lengths = iter((1 + (torch.rand(sum(arrivals) + 1, generator=g) * max_gen).long()).tolist())
+    return [[next(lengths) for _ in range(k)] for k in arrivals]
+
+
+def batch_sizes(stream, max_batch: int) -> list:
+    """The batch size of every step of a stream (the same for every strategy: it depends on the schedule alone)."""
+    sizes, active, queue = [], [], []
+    for arriving in stream:
+        queue += arriving
+        while queue and len(active) < max_batch:
+            active.append(queue.pop(0))
+        if active:
+            sizes.append(len(active))
+        active = [r - 1 for r in active if r > 1]
+    return sizes
+
+
+def serve_stream(step, stream, cache, max_batch: int, vocab_size: int, record=None) -> list:
+    """Run ``stream`` through ``step(tokens, pos) -> logits``; tokens and positions stay on the cache's device and
+    the host only counts. With ``record`` (a dict) keep each request's tokens: ``{request id: [tokens]}``."""
+    device = cache.k.device
+    tokens = torch.zeros(max_batch, dtype=torch.long, device=device)
+    pos = torch.zeros(max_batch, dtype=torch.long, device=device)
+    active, queue, next_id, log = [], [], 0, []      # active: [request id, tokens left], row i = active[i]
+    for arriving in stream:
+        for length in arriving:
+            queue.append((next_id, length))
+            next_id += 1
+        while queue and len(active) < max_batch:
+            rid, length = queue.pop(0)
+            r = len(active)
+            tokens[r] = 1 + rid % (vocab_size - 1)       # its one-token prompt
+            pos[r] = 0
+            active.append([rid, length])
+        n = len(active)
+        if n == 0:
+            continue
+        nxt = step(tokens[:n], pos[:n]).argmax(-1)
+        tokens[:n] = nxt
+        pos[:n] += 1
+        if record is not None:
+            log.append((nxt, [a[0] for a in active]))
+        done = []
+        for i, a in enumerate(active):
+            a[1] -= 1
+            if a[1] == 0:
+                done.append(i)
+        for i in reversed(done):                         # fill each hole with the last row
+            last = len(active) - 1
+            if i != last:
+                cache.move_row(last, i)
+                tokens[i] = tokens[last]
+                pos[i] = pos[last]
+                active[i] = active[last]
+            active.pop()
+    if record is not None:
+        for nxt, ids in log:
+            for rid, t in zip(ids, nxt.tolist()):
+                record.setdefault(rid, []).append(t)
+    return log
+
+
+class Runs:
+    """``fn()`` as a timed variant that says what it replays: ``mode`` is "eager", or that of ``graphs`` (a kit
+    capture or ``BucketedGraphs``: "graph", or "eager" where it fell back), so ``compare`` labels the row
+    truthfully in windows without the profiler. Example: ``Runs(lambda: serve(graphs, stream), graphs)``."""
+
+    def __init__(self, fn, graphs="eager"):
+        self.fn = fn
+        self.mode = graphs if isinstance(graphs, str) else getattr(graphs, "mode", None)
+
+    def __call__(self):
+        return self.fn()
+
+
+def serve_table(m_serve, strategies: dict, sizes_of: dict, observed: list, same: dict, ledger):
+    """The serving loop's table: ``with_window_medians(m_serve)`` plus, per strategy, time per step, tokens per
+    second, the share of requests decoded as eager (``same``), its number of graphs, capture time, the memory they
+    hold (``ledger.record``), its bucket sizes and the padding share of the computed rows on ``observed``."""
+    from ..buckets import evaluate_buckets
+
+    df = with_window_medians(m_serve)
+    name = df.variant.str.replace(" (eager fallback)", "", regex=False)
+    df["us_per_step"] = df.median_us / len(observed)
+    df["tokens_per_s"] = sum(observed) / (df.median_us * 1e-6)
+    df["same_tokens_as_eager"] = name.map(same)
+    df["graphs"] = name.map(lambda n: len(sizes_of[n]))
+    df["setup_s"] = name.map(lambda n: getattr(strategies[n], "capture_seconds", 0.0))
+    df["held_mib"] = name.map(lambda n: ledger.record(n, strategies[n]).get("held", float("nan")) / 2 ** 20
+                              if sizes_of[n] else 0.0)
+    df["bucket_sizes"] = name.map(lambda n: " ".join(map(str, sizes_of[n])))
+    df["pad_fraction"] = name.map(lambda n: evaluate_buckets(observed, sizes_of[n])["pad_fraction"]
+                                  if sizes_of[n] else 0.0)
+    return df
+
+
+def step_mode(m, case: str, variant: str) -> str:
+    """What ``variant`` ran as in ``case`` of a profiled ``Measured`` ``m`` (the decode step's), as a ``Runs`` mode:
+    "graph" where the profiler saw graph launches, else "eager" (also where the row is missing). A whole generation
+    of that step then needs no profiler of its own to say what it ran as."""
+    try:
+        return "graph" if m.row(case, variant).executed_as == "cuda graph" else "eager"
+    except KeyError:
+        return "eager"
+
+
+def profiled_mode(fn) -> str:
+    """Call ``fn()`` once under the profiler (after one warm call) and return "graph" if it launched a CUDA graph,
+    else "eager"; "eager" without CUDA. For a variant whose graphs are made inside it (``generate`` compiled by
+    ``transformers``): one profiled call of graph replays is cheap, unlike profiling eager generations."""
+    from ..timing import gpu_time
+
+    g = gpu_time(fn, calls=1, warmup=1)
+    return "graph" if g is not None and g.graph_launches > 0 else "eager"
+
+
+def with_window_medians(m):
+    """``m.table`` (a ``Measured``) with each row's per-window medians, ";"-joined (``window_medians_us``), so a
+    saved table lets anyone recompute a ratio between two of its rows window by window."""
+    t = m.table.copy()
+    t["window_medians_us"] = [";".join(f"{float(w[(w.case == c) & (w.variant == v)].median_us.iloc[0]):.6g}"
+                                       if ((w.case == c) & (w.variant == v)).any() else "nan" for w in m.windows)
+                              for c, v in zip(t.case, t.variant)]
+    return t
+
+
+def compiles_so_far() -> int:
+    """How many graphs Dynamo has compiled in this process (``torch._dynamo``'s own counter); 0 if unreadable."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - a counter PyTorch may rename: then no count
+        return 0
+
+
+def _matmul_kernel(name: str) -> str:
+    """A cuBLAS kernel's family and tile shape, e.g. 'gemm 32x128x8' (the full names run to 200 characters)."""
+    tile = re.search(r"tilesize(\d+x\d+x\d+)", name)
+    return ("gemv" if "gemv" in name else "gemm") + (f" {tile.group(1)}" if tile else "")
+
+
+def kernel_table(folder):
+    """The recorded batch-16 study (``scripts/probe_decode_kernels.py``) in ``folder``: each batch's and variant's top
+    matmul kernel with its time per step and the step's GPU-busy time, and one sentence; ``(None, why)`` if absent."""
+    import pandas as pd
+
+    folder = Path(folder)
+    if not (folder / "decode_kernels.csv").is_file():
+        return None, (f"not recorded ({folder / 'decode_kernels.csv'} is missing): on a GPU, run\n"
+                      "    python scripts/probe_decode_kernels.py --out figures/08_decode_kernels")
+    kernels, steps = pd.read_csv(folder / "decode_kernels.csv"), pd.read_csv(folder / "decode_steps.csv")
+    gemm = kernels[kernels.name.str.contains("gemm|gemv", case=False)].copy()
+    gemm["kernel"] = gemm.name.map(_matmul_kernel)
+    top = gemm.sort_values("total_us", ascending=False).groupby(["variant", "batch"]).head(1)
+    table = top.merge(steps, on=["variant", "batch"]).sort_values(["batch", "variant"])
+    table = table[["batch", "variant", "kernel", "total_us", "busy_us"]].rename(
+        columns={"total_us": "top matmul µs/step", "busy_us": "GPU busy µs/step"}).reset_index(drop=True)
+    graph = table[table.variant == "graph"].set_index("batch")
+    slow = graph["GPU busy µs/step"].idxmax()
+    later = graph[graph.index > slow]
+    if not len(later):
+        return table, ""
+    fast = later["GPU busy µs/step"].idxmin()
+    same = (table.groupby("batch").kernel.nunique() == 1).all()
+    return table, (f"Batch {slow} keeps the GPU busy {graph.loc[slow, 'GPU busy µs/step']:.0f} µs per step and batch "
+                   f"{fast} {graph.loc[fast, 'GPU busy µs/step']:.0f} µs; their top matmul kernels are "
+                   f"{graph.loc[slow, 'kernel']} and {graph.loc[fast, 'kernel']}. Eager and the graph run "
+                   f"{'the same' if same else 'different'} top kernels at each batch.")
+
+
+def plot_decode(step_df, gen_df, serve_df, title: str):
+    """Three panels: time per decode step against the batch (with the floor), tokens per second of whole
+    generations, and the serving loop's time per step per strategy."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8))
+    ax = axes[0]
+    for v, d in step_df.groupby("variant", sort=False):
+        ax.plot(d.batch, d.us_per_step, "o-", label=f"{v} ({d.executed_as.iloc[0]})")
+    f = step_df.drop_duplicates("batch")
+    if f.floor_step_us.notna().any():
+        ax.plot(f.batch, f.floor_step_us, "k--", label="floor (GPU busy, kit graph)")
+    ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="µs per decode step (= per token of a sequence)",
+           title="decode step")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    for v, d in gen_df.groupby("variant", sort=False):
+        ax.plot(d.batch, d.tokens_per_s, "o-", label=v)
+    ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="tokens / s (whole generation)",
+           title="whole generations")
+    ax.legend(fontsize=7)
+    ax = axes[2]
+    y = np.arange(len(serve_df))
+    ax.barh(y, serve_df.us_per_step, color="C0")
+    ax.set_yticks(y, [f"{v} ({int(g)} graphs)" for v, g in zip(serve_df.variant, serve_df.graphs.fillna(0))],
+                  fontsize=7)
+    for yi, (t, s) in enumerate(zip(serve_df.us_per_step, serve_df.speedup)):
+        ax.text(t, yi, f" {t:.0f} µs, {s:.2f}x", va="center", fontsize=7)
+    ax.set(xlabel="µs per decode step (median pass / steps)", title="serving loop, batch size changing every step")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return fig
