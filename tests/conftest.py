@@ -206,3 +206,29 @@ def run_notebook(tmp_path):
         assert (folder / "results.csv").is_file(), f"{stem} saved no results.csv under {folder}"
         return folder
     return run
+
+
+class FakeClock:
+    """Stands in for time.perf_counter: each call of a variant advances it by that call's cost, deterministically."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def perf_counter(self):
+        return self.t
+
+    def cost(self, seconds_per_call):
+        costs = iter(seconds_per_call) if isinstance(seconds_per_call, list) else None
+
+        def call():
+            self.t += next(costs) if costs is not None else seconds_per_call
+        return call
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A FakeClock in place of time.perf_counter for the kit's timing (tests of timing and course.measure)."""
+    import cudagraph_kit.timing as timing_mod
+    fake = FakeClock()
+    monkeypatch.setattr(timing_mod.time, "perf_counter", fake.perf_counter)
+    return fake

@@ -1,6 +1,4 @@
 """course/measure.py on a fake clock: the window loop, its single profiler policy, the short table and claims."""
-import types
-
 import pytest
 
 import cudagraph_kit.timing as timing
@@ -8,32 +6,23 @@ from cudagraph_kit.course.claims import speedup
 from cudagraph_kit.course.measure import measure
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self):
-        return self.now
-
-    def spend(self, us):
-        self.now += us * 1e-6
-
-
 @pytest.fixture
-def clock(monkeypatch):
-    c = FakeClock()
-    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=c.perf_counter))
+def cpu_clock(clock, monkeypatch):
+    """conftest's fake clock, with CUDA hidden so that the kit times on it alone (also on a GPU machine)."""
     monkeypatch.setattr(timing.torch.cuda, "is_available", lambda: False)
-    return c
+    return clock
 
 
-def test_measure_times_every_case_in_every_window_and_combines_them(clock):
+def test_measure_times_every_case_in_every_window_and_combines_them(cpu_clock, monkeypatch):
+    clock = cpu_clock
+
+    def spend(us):
+        clock.t += us * 1e-6
+
     drift = [1.0, 1.2, 0.9, 1.1, 1.0, 1.3, 0.95, 1.05]  # the host's state per window: eager moves, the graph does not
     state = {"w": 0}
-    slept, lines, profiled = [], [], []
+    slept, lines, profiled, warmups = [], [], [], []
     real_compare = timing.compare
-
-    warmups = []
 
     def spy(variants, *args, floor=True, **kw):
         profiled.append(floor)
@@ -41,14 +30,11 @@ def test_measure_times_every_case_in_every_window_and_combines_them(clock):
         return real_compare(variants, *args, floor=floor, **kw)
 
     import cudagraph_kit.course.measure as measure_module
-    measure_module.compare = spy
-    try:
-        m = measure({"small": {"eager": lambda: clock.spend(100 * drift[state["w"]]), "graph": lambda: clock.spend(20)},
-                     "large": ({"eager": lambda n: clock.spend(n), "graph": lambda n: clock.spend(n * 0.9)}, (1000,))},
-                    windows=8, samples=3, calls=4, pause_s=0.5, sleep=slept.append,
-                    before_window=lambda w: state.update(w=w), progress=lines.append)
-    finally:
-        measure_module.compare = real_compare
+    monkeypatch.setattr(measure_module, "compare", spy)
+    m = measure({"small": {"eager": lambda: spend(100 * drift[state["w"]]), "graph": lambda: spend(20)},
+                 "large": ({"eager": lambda n: spend(n), "graph": lambda n: spend(n * 0.9)}, (1000,))},
+                windows=8, samples=3, calls=4, pause_s=0.5, sleep=slept.append,
+                before_window=lambda w: state.update(w=w), progress=lines.append)
     assert slept == [0.5] * 7 and len(lines) == 8 and lines[0].startswith("window 1/8: small graph ")
     assert profiled == [False] * 14 + [True] * 2   # the profiler in the last window only, once per case
     assert warmups == [None] * 2 + [2] * 14          # warm-up by time in the first window, two calls later
@@ -67,7 +53,7 @@ def test_measure_times_every_case_in_every_window_and_combines_them(clock):
     assert speedup(m, "graph_beats_eager", "small", "graph").verdict == "eager fallback"
 
 
-def test_measure_refuses_bad_input(clock):
+def test_measure_refuses_bad_input(cpu_clock):
     with pytest.raises(ValueError, match="at least one window"):
         measure({"a": {"eager": lambda: None}}, windows=0)
     with pytest.raises(ValueError, match="at least one case"):

@@ -53,31 +53,6 @@ def test_compare_interleaves_variants_round_robin_with_rotation():
     assert order == list("abc") + list("bca") + list("cab")
 
 
-class FakeClock:
-    """Stands in for time.perf_counter: each call of a variant advances it by that call's cost, deterministically."""
-
-    def __init__(self):
-        self.t = 0.0
-
-    def perf_counter(self):
-        return self.t
-
-    def cost(self, seconds_per_call):
-        costs = iter(seconds_per_call) if isinstance(seconds_per_call, list) else None
-
-        def call():
-            self.t += next(costs) if costs is not None else seconds_per_call
-        return call
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    import cudagraph_kit.timing as timing_mod
-    fake = FakeClock()
-    monkeypatch.setattr(timing_mod.time, "perf_counter", fake.perf_counter)
-    return fake
-
-
 @pytest.mark.skipif(HAS_CUDA, reason="a fake host clock cannot stand in for CUDA synchronization")
 def test_speedup_is_the_median_of_per_round_ratios(clock):
     # a variant that costs 1, 3, 1, 3, 1 ms in successive rounds against a steady 2 ms baseline: ratios 2, 2/3, ...

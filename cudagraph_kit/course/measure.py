@@ -87,15 +87,12 @@ class Measured:
         import pandas as pd
 
         t = self.table if cases is None else self.table[self.table.case.isin(list(cases))]
-        out = pd.DataFrame({
-            "case": t.case, "variant": t.variant,
-            "ran as": t.get("executed_as", pd.Series(["-"] * len(t), index=t.index)),
-            "time (µs)": t.median_us.round(1),
-            "speedup": t.speedup.map(lambda s: f"{s:.2f}x"),
-            "90% interval": [f"{lo:.2f}-{hi:.2f}x" if lo == lo and hi == hi else "-"
-                             for lo, hi in zip(t.speedup_pi_lo, t.speedup_pi_hi)],
-            "floor (µs)": t.floor_us.round(1) if "floor_us" in t else float("nan"),
-        })
+        values = [t.case, t.variant, t.get("executed_as", pd.Series(["-"] * len(t), index=t.index)),
+                  t.median_us.round(1), t.speedup.map(lambda s: f"{s:.2f}x"),
+                  [f"{lo:.2f}-{hi:.2f}x" if lo == lo and hi == hi else "-"
+                   for lo, hi in zip(t.speedup_pi_lo, t.speedup_pi_hi)],
+                  t.floor_us.round(1) if "floor_us" in t else float("nan")]
+        out = pd.DataFrame(dict(zip(SHORT_COLUMNS, values)))
         return out.reset_index(drop=True)
 
 
