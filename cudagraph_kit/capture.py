@@ -45,7 +45,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map_only
 
-__all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "gc_paused", "NoCudaError",
+__all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "gc_paused",
+           "fresh_cublas_workspace", "NoCudaError",
            "CaptureError", "recover_from_failed_capture", "explain", "Explanation", "explain_capture_failure",
            "no_cuda_message", "graph_features", "register_generators", "StaleGraphError", "CapturedTensors",
            "reseeding_calls", "ReseedWarning", "profiler_session"]
@@ -358,6 +359,30 @@ def gc_paused():
     finally:
         if enabled:
             gc.enable()
+
+
+def fresh_cublas_workspace(fn):
+    """``fn`` wrapped for capturing beside ``torch.compile(mode="reduce-overhead")``: while a capture is under way,
+    each call first frees PyTorch's cached cuBLAS workspaces, so that the capture allocates a fresh one inside the
+    graph's own pool, where nothing else can take it. Outside a capture the wrapper only calls ``fn``.
+
+    Why: reduce-overhead frees those workspaces whenever it warms up or records (``clear_cublass_cache`` in
+    ``torch/_inductor/cudagraph_trees.py``); a graph captured earlier with the old workspace would then write into
+    memory the allocator may hand to other tensors. Wrap every function you capture in a process that also uses
+    reduce-overhead (or ``transformers``' compiled ``generate``).
+
+    Example::
+
+        g = capture(fresh_cublas_workspace(model), x)
+    """
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)   # what Inductor's graph trees call
+
+    @functools.wraps(fn, updated=())   # the name and docstring, not a module's attributes
+    def wrapped(*args, **kwargs):
+        if clear is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            clear()
+        return fn(*args, **kwargs)
+    return wrapped
 
 
 @contextlib.contextmanager
