@@ -46,11 +46,23 @@ def test_measure_times_every_case_in_every_window_and_combines_them(cpu_clock, m
     assert m.interval("large", "graph") == pytest.approx((1 / 0.9, 1 / 0.9))
     short = m.short()
     assert list(short.columns) == ["case", "variant", "ran as", "time (µs)", "speedup", "90% interval", "floor (µs)"]
-    assert short.loc[1, "speedup"].endswith("x") and "-" in short.loc[1, "90% interval"]
+    assert (short.loc[1, "speedup"], short.loc[1, "90% interval"]) == ("-", "ran eagerly")   # no GPU: eager vs eager
+    assert (short.loc[0, "speedup"], short.loc[0, "90% interval"]) == ("1.00x", "1.00-1.00x")  # the baseline
     r = m.ratio(("large", "eager"), ("small", "graph"))     # any two rows, window by window
     assert r["windows"] == 8 and r["ratio"] == pytest.approx(50.0)
     # on a machine without CUDA the graph rows are eager: the claim about the graph says so
     assert speedup(m, "graph_beats_eager", "small", "graph").verdict == "eager fallback"
+
+
+def test_measure_shows_its_progress_on_one_short_line(cpu_clock, capsys):
+    def spend(us=50):
+        cpu_clock.t += us * 1e-6
+
+    measure({"a": {"eager": spend, "graph": spend}}, windows=3, samples=1, calls=1, sleep=lambda s: None)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("timing 3 windows: 1 2 3, ") and out.endswith(" s\n")
+    measure({"a": {"eager": spend}}, windows=1, samples=1, calls=1, progress=None)
+    assert capsys.readouterr().out == ""
 
 
 def test_measure_refuses_bad_input(cpu_clock):

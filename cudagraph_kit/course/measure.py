@@ -83,14 +83,17 @@ class Measured:
 
     def short(self, cases=None):
         """The table a reader needs: case, variant, what it ran as, median time, speedup, its interval and the
-        GPU-busy floor (graph rows on a GPU), rounded for display."""
+        GPU-busy floor (graph rows on a GPU), rounded for display. A graph that ran eagerly (no GPU, or its capture
+        fell back) shows no speedup: it would compare eager with eager."""
         import pandas as pd
 
         t = self.table if cases is None else self.table[self.table.case.isin(list(cases))]
-        values = [t.case, t.variant, t.get("executed_as", pd.Series(["-"] * len(t), index=t.index)),
-                  t.median_us.round(1), t.speedup.map(lambda s: f"{s:.2f}x"),
-                  [f"{lo:.2f}-{hi:.2f}x" if lo == lo and hi == hi else "-"
-                   for lo, hi in zip(t.speedup_pi_lo, t.speedup_pi_hi)],
+        ran_as = t.get("executed_as", pd.Series(["-"] * len(t), index=t.index))
+        eager = [is_eager_fallback(v) or is_eager_fallback(r) for v, r in zip(t.variant, ran_as)]
+        values = [t.case, t.variant, ran_as, t.median_us.round(1),
+                  ["-" if e else f"{s:.2f}x" for s, e in zip(t.speedup, eager)],
+                  ["ran eagerly" if e else f"{lo:.2f}-{hi:.2f}x" if lo == lo and hi == hi else "-"
+                   for lo, hi, e in zip(t.speedup_pi_lo, t.speedup_pi_hi, eager)],
                   t.floor_us.round(1) if "floor_us" in t else float("nan")]
         out = pd.DataFrame(dict(zip(SHORT_COLUMNS, values)))
         return out.reset_index(drop=True)
@@ -107,7 +110,7 @@ def _case_parts(spec):
 
 
 def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | None = None, pause_s: float = 1.0,
-            sample_ms: float = 20.0, warmup: int | None = None, floor: bool = True, before_window=None, progress=print,
+            sample_ms: float = 20.0, warmup: int | None = None, floor: bool = True, before_window=None, progress="line",
             sleep=time.sleep) -> Measured:
     """Time ``cases`` (``{case: {variant: fn}}``; the first variant of a case is its baseline) in ``windows``
     windows, ``pause_s`` apart, and return a ``Measured``.
@@ -115,8 +118,9 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
     ``samples``, ``calls``, ``sample_ms``, ``warmup``: passed to ``compare`` (a case given as ``(variants, args,
     options)`` overrides them; ``warmup=None`` warms each variant up for about 50 ms in the first window and for two
     calls in the later ones, which follow it with everything already compiled and captured). ``floor``: read GPU floors and kernel counts with the profiler, in the last window only.
-    ``before_window(w)``: called before window ``w`` (0-based), e.g. to reset a cache. ``progress``: called with
-    one line per window (``None``: silent).
+    ``before_window(w)``: called before window ``w`` (0-based), e.g. to reset a cache. ``progress``: ``"line"`` prints
+    one short line that grows as the windows finish ("timing 8 windows: 1 2 3 4 5 6 7 8, 41 s"); a callable is
+    called once per window with that window's speedups ("window 3/8: bs1 graph 5.10x, ..."); ``None``: silent.
 
     Example::
 
@@ -131,7 +135,9 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
 
     parts = {case: _case_parts(spec) for case, spec in cases.items()}
     baselines = {case: next(iter(variants)) for case, (variants, _, _) in parts.items()}
-    frames = []
+    frames, start = [], time.perf_counter()
+    if progress == "line":
+        print(f"timing {windows} window{'s' * (windows > 1)}:", end="", flush=True)
     for w in range(windows):
         if w:
             sleep(pause_s)
@@ -144,7 +150,10 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
             opts = {"calls": calls, "samples": samples, "sample_ms": sample_ms, "warmup": warm, **options}
             tables.append(compare(variants, *args, case=case, floor=floor and last, **opts))
         frames.append(pd.concat(tables, ignore_index=True))
-        if progress is not None:
+        if progress == "line":
+            print(f" {w + 1}" + (f", {time.perf_counter() - start:.0f} s" if last else ""), end="\n" if last else "",
+                  flush=True)
+        elif progress is not None:
             parts_shown = [f"{r.case} {r.variant} {r.speedup:.2f}x" for r in frames[-1].itertuples()
                            if r.variant != baselines[r.case]]
             shown = ", ".join(parts_shown[:4]) + (f" (+{len(parts_shown) - 4} more)" if len(parts_shown) > 4 else "")
