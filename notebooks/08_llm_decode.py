@@ -114,7 +114,7 @@ SEED = 0
 
 # %%
 import time
-import traceback
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -124,19 +124,19 @@ import matplotlib.pyplot as plt
 
 from cudagraph_kit import env_table, gpu_time, has_cuda
 from cudagraph_kit.buckets import MemoryLedger, capture_buckets, evaluate_buckets, ladder, plan_buckets
-from cudagraph_kit.capture import capture
+from cudagraph_kit.capture import capture, fresh_cublas_workspace
 from cudagraph_kit.course import results
-from cudagraph_kit.course.claims import Claim, save_claims, speedup, summary, versus
+from cudagraph_kit.course.claims import save_claims, speedup, summary, versus
 from cudagraph_kit.course.decode import (decode_state, generate_blocks, k_step, load_state, mid_block_stop,
                                         positions_needed, stop_after)
 from cudagraph_kit.course.hf_decode import StaticDecoder, hf_status
 from cudagraph_kit.course.measure import measure
-from cudagraph_kit.course.nb08_parts import (Runs, batch_sizes, compiles_so_far, kernel_table, make_stream,
-                                            plot_decode, profiled_mode, serve_stream, serve_table, step_mode,
-                                            with_window_medians)
+from cudagraph_kit.course.nb08_parts import (Runs, attempt, batch_sizes, check_row, compiles_so_far,
+                                            decode_vs_prefill, host_bound, kernel_table, make_stream, per_batch,
+                                            plot_decode, profiled_mode, serve_stream, serve_table, setup_table,
+                                            step_mode, with_window_medians)
 from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, first_divergence, greedy_generate,
                                            greedy_generate_no_cache, hf_generate, to_hf_llama)
-from cudagraph_kit.intervals import prediction_interval
 
 # %%
 STEM = "08_llm_decode"
@@ -275,23 +275,11 @@ else:
 # `clear_cublass_cache`, says why). A graph captured earlier, by hand or by the kit, then writes into memory that now
 # belongs to other tensors: silent corruption, or an illegal memory access later. Any process that mixes its own
 # graphs with `reduce-overhead` (or with `transformers`' compiled `generate`, which uses it) needs the same
-# precaution: `graph_step` below frees the workspaces at the start of a capture, so the capture allocates a new
-# one inside the graph's own pool, where nothing else can take it.
+# precaution: the kit's `fresh_cublas_workspace(fn)` frees the workspaces at the start of a capture of `fn`, so
+# the capture allocates a new one inside the graph's own pool, where nothing else can take it.
 
 # %%
-CLEAR_CUBLAS = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)   # what Inductor's graph trees call
-
-
-def fresh_cublas(fn):
-    """fn, for capturing: a capture starts with a fresh cuBLAS workspace, which lands in the graph's pool."""
-    def wrapped(*args):
-        if CUDA and CLEAR_CUBLAS is not None and torch.cuda.is_current_stream_capturing():
-            CLEAR_CUBLAS()
-        return fn(*args)
-    return wrapped
-
-
-graph_step = fresh_cublas(decode_step)
+graph_step = fresh_cublas_workspace(decode_step)
 ledger = MemoryLedger()
 LADDER = ladder(MAX_BATCH)
 sample_tokens = torch.zeros(MAX_BATCH, dtype=torch.long, device=DEVICE)
@@ -339,17 +327,7 @@ assert padded_err < 1e-3
 
 # %%
 variant_errors = {}
-
-
-def attempt(label, fn):
-    """Run fn(); on an exception keep the error for the tables and return None."""
-    try:
-        return fn()
-    except Exception as exc:  # noqa: BLE001 - any failure of one variant is reported, the notebook goes on
-        variant_errors[label] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-        print(f"{label}: failed, {variant_errors[label]}\n"
-              + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4)[-6:-1]))
-        return None
+attempt = partial(attempt, errors=variant_errors)   # a variant that fails is reported in the tables; the rest go on
 
 
 def build_compiled():
@@ -366,7 +344,7 @@ def build_compiled():
 def build_fused():
     def fused_decode(tokens, pos):
         return model.decode(tokens, pos, cache)
-    fused_step = fresh_cublas(torch.compile(fused_decode, dynamic=True))   # default mode: fused kernels, no graphs
+    fused_step = fresh_cublas_workspace(torch.compile(fused_decode, dynamic=True))   # default mode: fused kernels, no graphs
     t0, n0 = time.perf_counter(), compiles_so_far()
     for n in (max(2, MAX_BATCH // 2), 1):          # views shorter than their buffer, as the buckets' are; then size 1
         fused_step(sample_tokens[:n], sample_pos[:n])
@@ -399,8 +377,8 @@ if hf_model is not None:
 elif not HF:
     print("transformers: skipped (" + ("not installed)" if HF_VERSION is None else "HF=False)"))
 
-KIT_STEP, KIT_GEN = "kit graph (bucket)", "kit graphs per bucket"
-FUSED_GEN, FUSED_STEP = "compile + kit graphs per bucket", "compile + kit graph (bucket)"
+KIT_STEP, KIT_GEN = "kit graph (bucket)", "kit graph per bucket"
+FUSED_GEN, FUSED_STEP = "compile + kit graph per bucket", "compile + kit graph (bucket)"
 HF_STATIC = "transformers generate, static cache" + (" (compiled)" if CUDA else "")
 HF_DYNAMIC = "transformers generate, dynamic cache"
 STEPS = {"eager": None, KIT_GEN: graphs, "reduce-overhead": compiled_step, FUSED_GEN: fused_graphs}
@@ -451,12 +429,7 @@ for label in VARIANTS:
             if tokens is None:
                 break
             setup[(label, b)] = time.perf_counter() - t0
-            d = first_divergence(tokens, eager_ref[b][0], lg, eager_ref[b][1])
-            check_rows.append({"variant": label, "batch": b, "tokens_equal": d["equal"], "first_step": d["first_step"],
-                               "rows_differing": d["rows_differing"], "margin": d["margin"],
-                               "logit_diff": d["logit_diff"], "near_tie": bool(d["near_tie"]),
-                               "max_logit_diff": max((a - r).abs().max().item() for a, r in zip(lg, eager_ref[b][1])),
-                               "first_call_s": setup[(label, b)]})
+            check_rows.append(check_row(label, tokens, lg, *eager_ref[b], batch=b, first_call_s=setup[(label, b)]))
     if label == "reduce-overhead":
         ro_graph_mib = mem.get("graph_pool_growth", float("nan")) / MiB   # its graph trees' pool: what it added
 checks = pd.DataFrame(check_rows)
@@ -494,7 +467,7 @@ for v, e in variant_errors.items():
 PREFILL_LEN = min(8 * PROMPT_LEN, MAX_LEN)
 PREFILL_CASE = f"prefill, {MAX_BATCH} x {PREFILL_LEN} tokens"
 long_prompt = torch.randint(0, CFG.vocab_size, (MAX_BATCH, PREFILL_LEN), generator=gen).to(DEVICE)
-prefill_graph = capture(fresh_cublas(lambda x: model.prefill(x, cache)), long_prompt, eager_fallback=True)
+prefill_graph = capture(fresh_cublas_workspace(lambda x: model.prefill(x, cache)), long_prompt, eager_fallback=True)
 err = (prefill_graph(long_prompt).float() - model.prefill(long_prompt, cache).float()).abs().max().item()
 print(f"prefill graph == eager: max |logit diff| {err:.1e}")
 
@@ -531,28 +504,14 @@ for b in BATCHES:
         if {fast, slow} <= set(timed):
             claims.append(versus(m_step, cid, (case, fast), (case, slow), above=above))
     if b in floors:
-        eager, times = m_step.row(case, "eager"), "an eager step takes {lo:.1f}-{hi:.1f}x the GPU's busy time"
-        claims.append(Claim(f"step_eager_host_bound_b{b}", lo=eager.median_pi_lo / floors[b],
-                            hi=eager.median_pi_hi / floors[b], above=2.0, subject=f"{case}: eager against the floor",
-                            holds=f"{case}: {times}: host-bound, the GPU sits idle most of each step",
-                            fails=f"{case}: {times}: at most 2x, so not host-bound by this test",
-                            unclear=f"{case}: {times}: too close to 2x to call"))
+        claims.append(host_bound(m_step, f"step_eager_host_bound_b{b}", case, floors[b]))
 claims.append(speedup(m_step, "prefill_graph_saves_10pct", PREFILL_CASE, "graph", above=1.10))
-per_window = [float(d) / float(p) for d, p in zip(m_step.row(STEP_CASE[MAX_BATCH], KIT_STEP).window_speedups.split(";"),
-                                                  m_step.row(PREFILL_CASE, "graph").window_speedups.split(";"))]
-lo, hi = prediction_interval(per_window)
-gains = f"a graph's speedup on a decode step at batch {MAX_BATCH} is {{lo:.2f}}-{{hi:.2f}}x its speedup on prefill"
-claims.append(Claim("decode_gains_more_than_prefill", lo=lo, hi=hi, eager_fallback=not CUDA,
-                    subject="a graph's speedup on a decode step against prefill's", holds=gains,
-                    fails=f"a graph's speedup on prefill is {{inv_lo:.2f}}-{{inv_hi:.2f}}x its speedup on a decode step "
-                          f"at batch {MAX_BATCH}", unclear=gains + ": too close to call"))
-step_df = with_window_medians(m_step)
+claims.append(decode_vs_prefill(m_step, "decode_gains_more_than_prefill", (STEP_CASE[MAX_BATCH], KIT_STEP),
+                                (PREFILL_CASE, "graph"), f"a decode step at batch {MAX_BATCH}", eager_fallback=not CUDA))
+step_df = per_batch(m_step, STEP_CASE)             # the rows of the decode steps: tokens_per_s = batch / step time
 prefill_df = step_df[step_df.case == PREFILL_CASE].assign(batch=MAX_BATCH)
-step_df = step_df[step_df.case != PREFILL_CASE].copy()
-step_df["batch"] = step_df.case.map({c: b for b, c in STEP_CASE.items()})
+step_df = step_df[step_df.case != PREFILL_CASE].assign(us_per_step=lambda d: d.median_us)
 step_df["floor_step_us"] = step_df.batch.map(floors).astype(float)   # NaN where no floor was measured
-step_df["us_per_step"] = step_df.median_us
-step_df["tokens_per_s"] = step_df.batch / (step_df.median_us * 1e-6)
 
 # %% [markdown]
 # ## 8. Whole generations, side by side
@@ -581,10 +540,7 @@ for b in GEN_BATCHES:
                             (f"generate_hf_static_beats_hf_dynamic_b{b}", HF_STATIC, HF_DYNAMIC)):
         if {fast, slow} <= set(timed):
             claims.append(versus(m_gen, cid, (case, fast), (case, slow)))
-gen_df = with_window_medians(m_gen)
-gen_df["batch"] = gen_df.case.map({c: b for b, c in GEN_CASE.items()})
-gen_df["us_per_token"] = gen_df.median_us / NEW_TOKENS
-gen_df["tokens_per_s"] = gen_df.batch * NEW_TOKENS / (gen_df.median_us * 1e-6)
+gen_df = per_batch(m_gen, GEN_CASE, NEW_TOKENS).assign(us_per_token=lambda d: d.median_us / NEW_TOKENS)
 gen_df["first_call_s"] = [setup.get((v.replace(" (eager fallback)", ""), b), float("nan"))
                           for v, b in zip(gen_df.variant, gen_df.batch)]
 m_gen.short()
@@ -624,8 +580,7 @@ for name, sizes in (("vLLM-style ladder", LADDER), ("planned", plan.sizes)):
           f"{evaluate_buckets(observed, sizes)['pad_fraction']:.1%} of the computed rows are padding")
 
 # %%
-LADDER_NAME, PLANNED_NAME, EXACT_NAME = ("graphs, vLLM-style ladder", "graphs, planned buckets",
-                                        "graphs, one per batch size")
+LADDER_NAME, PLANNED_NAME, EXACT_NAME = "vLLM-style ladder of graphs", "planned set of graphs", "one graph per batch size"
 strategies = {"eager": decode_step, LADDER_NAME: graphs}
 for name, sizes in ((PLANNED_NAME, plan.sizes), (EXACT_NAME, list(range(1, MAX_BATCH + 1)))):
     strategies[name] = capture_buckets(graph_step, sample_tokens, sample_pos, sizes=sizes, eager_fallback=True)
@@ -703,13 +658,11 @@ print(TOOLS.to_string(index=False))
 # %%
 setup_rows = [{"variant": KIT_GEN, "compile_s": 0.0, "capture_s": graphs.capture_seconds, "graph_mib": kit_held}]
 if fused_graphs is not None:
-    setup_rows.append({"variant": FUSED_GEN, **{k: fused_setup[k] for k in ("compile_s", "capture_s",
-                                                                          "compiles_in_capture", "graph_mib")}})
+    setup_rows.append({"variant": FUSED_GEN, **fused_setup})
 if ("reduce-overhead", BATCHES[0]) in setup:
-    setup_rows.append({"variant": "reduce-overhead", "capture_s": float("nan"), "graph_mib": ro_graph_mib,
+    setup_rows.append({"variant": "reduce-overhead", "graph_mib": ro_graph_mib,
                        "compile_s": sum(t for (v, _), t in setup.items() if v == "reduce-overhead")})
-setup_df = pd.DataFrame(setup_rows).assign(case="setup", median_us=float("nan"), speedup=float("nan"))
-print(setup_df.drop(columns=["case", "median_us", "speedup"]).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+setup_df = setup_table(setup_rows)
 graphed = step_df[step_df.variant.isin([KIT_STEP, FUSED_STEP, "reduce-overhead"])]
 if CUDA and len(graphed):
     print(graphed[["batch", "variant", "median_us", "kernels_per_call", "floor_us", "vs_floor"]].to_string(
@@ -741,7 +694,7 @@ for b in K_BATCHES:
     stop, stop_step = mid_block_stop(ref, max(K_STEPS))
     want = stop_after(ref, stop, PAD)
     for k in K_STEPS:
-        block = fresh_cublas(k_step(decode_step, k, pad_token=PAD))  # the cuBLAS workspace in its pool (section 4)
+        block = fresh_cublas_workspace(k_step(decode_step, k, pad_token=PAD))  # the cuBLAS workspace in its pool (section 4)
         sample = decode_state(torch.zeros(b, dtype=torch.long, device=DEVICE), 0)
         g = attempt(f"{k} tokens per replay, batch {b}", lambda: capture(block, *sample, warmup=2, eager_fallback=True))
         if g is None:
@@ -800,9 +753,7 @@ for b in K_BATCHES:
         if {K_NAME[1], K_NAME[k]} <= set(k_cases[K_CASE[b]][0]):
             claims.append(versus(m_k, f"kstep_k{k}_beats_one_graph_per_token_b{b}", (K_CASE[b], K_NAME[k]),
                                  (K_CASE[b], K_NAME[1])))
-k_df = with_window_medians(m_k)
-k_df["batch"] = k_df.case.map({c: b for b, c in K_CASE.items()})
-k_df["tokens_per_s"] = k_df.batch * (NEW_TOKENS - 1) / (k_df.median_us * 1e-6)
+k_df = per_batch(m_k, K_CASE, NEW_TOKENS - 1)     # the decoded tokens of every row (prefill made the first)
 m_k.short()
 
 # %% [markdown]
@@ -844,13 +795,11 @@ else:
         builds[HF_FUSED] = lambda: torch.compile(hf_dec.step)         # default mode: fused kernels, no graphs
     for name, build in builds.items():
         t0 = time.perf_counter()
-        hf_graphs[name] = attempt(name, lambda: hf_dec.capture(capture, fn=fresh_cublas(build()), eager_fallback=True))
+        hf_graphs[name] = attempt(name, lambda: hf_dec.capture(capture, fn=fresh_cublas_workspace(build()), eager_fallback=True))
         if hf_graphs[name] is not None:
             lg, setup_s = [], time.perf_counter() - t0                 # compile (if any) and capture
-            d = first_divergence(hf_dec.generate(hx, NEW_TOKENS, step=hf_graphs[name], logits_out=lg), hf_ref, lg, ref_l)
-            hf_checks.append({"variant": name, "tokens_equal": d["equal"], "first_step": d["first_step"],
-                              "margin": d["margin"], "logit_diff": d["logit_diff"], "near_tie": bool(d["near_tie"]),
-                              "setup_s": setup_s})
+            tokens = hf_dec.generate(hx, NEW_TOKENS, step=hf_graphs[name], logits_out=lg)
+            hf_checks.append(check_row(name, tokens, lg, hf_ref, ref_l, setup_s=setup_s))
     d = first_divergence(greedy_generate(model, cache, hx, NEW_TOKENS), hf_ref)
     hf_checks.append({"variant": "our TinyLLM, same weights", "tokens_equal": d["equal"], "first_step": d["first_step"]})
     print(pd.DataFrame(hf_checks).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
@@ -932,11 +881,20 @@ recorded = results.beside_recorded(STEM, timed_rows)
 # %% [markdown]
 # ## Summary
 #
-# The findings of this run, one sentence each, computed from the intervals (the sentences of a run without a GPU
-# say that its graphs ran eagerly):
+# The headline findings of this run, one sentence each, computed from the intervals (the sentences of a run without
+# a GPU say that its graphs ran eagerly); every verdict of every section is in `claims.csv`.
 
 # %%
-summary(claims);
+B1, KB = BATCHES[0], K_BATCHES[-1]
+HEADLINES = [f"step_graph_beats_eager_b{B1}", f"step_eager_host_bound_b{B1}", f"step_reduce_overhead_beats_graph_b{B1}",
+             f"step_fused_graph_beats_reduce_overhead_b{B1}", "decode_gains_more_than_prefill",
+             f"generate_graphs_beat_eager_b{MAX_BATCH}", f"generate_graphs_beat_hf_static_b{B1}",
+             "serving_ladder_beats_eager", "serving_planned_beats_ladder", f"kstep_k{max(K_STEPS)}_beats_one_graph_per_token_b{B1}",
+             f"kstep_k{max(K_STEPS)}_beats_one_graph_per_token_b{KB}", "hf_kit_graph_beats_eager",
+             "hf_fused_graph_beats_hf_static_generate"]
+summary([c for c in claims if c.claim in HEADLINES])
+unmeasured = [h for h in HEADLINES if h not in {c.claim for c in claims}]
+print(f"{len(claims)} verdicts in claims.csv" + (f"; not measured in this run: {', '.join(unmeasured)}" if unmeasured else ""))
 
 # %% [markdown]
 # - Decoding runs the whole model for one token per sequence: many tiny kernels, about as many at every batch
@@ -1016,7 +974,7 @@ check_low_precision_ties(bf16_tokens, bf16_reference, bf16_divergence, tie_why, 
 # ### Exercise 3: four tokens per replay, stopping on the GPU
 # Write `k4_block(tokens, pos, done, stop)` yourself: four greedy steps of `decode_step`, each step's argmax the
 # next step's token, rows already done emitting `PAD`, `done` set where the stop token came out; update the four
-# state tensors **in place** and return the four tokens, (b, 4). Capture it with the kit (`capture(fresh_cublas(
+# state tensors **in place** and return the four tokens, (b, 4). Capture it with the kit (`capture(fresh_cublas_workspace(
 # k4_block), *decode_state(torch.zeros(b, dtype=torch.long, device=DEVICE), 0), warmup=2, eager_fallback=True)`),
 # then decode the prompts below: prefill, `load_state(k4_graph.static_inputs, decode_state(first, PROMPT_LEN,
 # EX3_STOP))`, `generate_blocks(k4_graph.replay, k4_graph.static_inputs, first, NEW_TOKENS, 4, PAD)`. Why must the
@@ -1026,7 +984,7 @@ check_low_precision_ties(bf16_tokens, bf16_reference, bf16_divergence, tie_why, 
 ex3_prompt = kx[:K_BATCHES[-1]]
 EX3_STOP = mid_block_stop(greedy_generate(model, cache, ex3_prompt, NEW_TOKENS), 4)[0]   # stops inside a block
 k4_block = ...     # def k4_block(tokens, pos, done, stop): ... four steps of decode_step, in place
-k4_graph = ...     # capture(fresh_cublas(k4_block), *decode_state(...zeros..., 0), warmup=2, eager_fallback=True)
+k4_graph = ...     # capture(fresh_cublas_workspace(k4_block), *decode_state(...zeros..., 0), warmup=2, eager_fallback=True)
 k4_tokens = ...    # generate_blocks(k4_graph.replay, k4_graph.static_inputs, first, NEW_TOKENS, 4, PAD)
 
 # %%

@@ -103,7 +103,7 @@ def facts(figures: Path = FIGURES) -> dict:
     f["gpu08"] = env.get("gpu")
     f["llm_kit"] = _value(df, "speedup", case="decode step, batch 1", variant="kit graph (bucket)")
     f["llm_ro"] = _value(df, "speedup", case="decode step, batch 1", variant="reduce-overhead")
-    f["llm_serving"] = _value(df, "speedup", case="serving loop", variant="graphs, planned buckets")
+    f["llm_serving"] = _value(df, "speedup", case="serving loop", variant="planned set of graphs")
     return f
 
 

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from cudagraph_kit import capture, combine_windows, compare  # noqa: E402
+from cudagraph_kit.capture import fresh_cublas_workspace  # noqa: E402
 from cudagraph_kit.course.hf_decode import StaticDecoder, hf_status  # noqa: E402
 from cudagraph_kit.course.tiny_llm import first_divergence, hf_generate  # noqa: E402
 from cudagraph_kit.env import describe  # noqa: E402
@@ -111,25 +112,16 @@ def main():
     prompt = torch.randint(1, args.vocab, (1, args.prompt), generator=torch.Generator().manual_seed(1)).cuda()
     dec = StaticDecoder(model, batch=1, max_len=args.prompt + args.new)
     print(f"transformers {version}: {dec.behaviour.describe()}")
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-
-    def fresh_cublas(fn):   # reduce-overhead (HF generate) frees cuBLAS workspaces: capture a fresh one in the pool
-        def wrapped(*a):
-            if clear is not None and torch.cuda.is_current_stream_capturing():
-                clear()
-            return fn(*a)
-        return wrapped
-
     steps, setup_s = {}, {}
     t0 = time.perf_counter()
-    steps["kit graph"] = dec.capture(capture, fn=fresh_cublas(dec.step))
+    steps["kit graph"] = dec.capture(capture, fn=fresh_cublas_workspace(dec.step))
     setup_s["kit graph"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    steps["hand graph"] = dec.capture(hand_capture, fn=fresh_cublas(dec.step))
+    steps["hand graph"] = dec.capture(hand_capture, fn=fresh_cublas_workspace(dec.step))
     setup_s["hand graph"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     compiled = torch.compile(dec.step, mode=None if args.compile_mode == "default" else args.compile_mode)
-    steps["compiled + kit graph"] = dec.capture(capture, fn=fresh_cublas(compiled))
+    steps["compiled + kit graph"] = dec.capture(capture, fn=fresh_cublas_workspace(compiled))
     setup_s["compiled + kit graph"] = time.perf_counter() - t0
 
     runners = {"eager": lambda: dec.generate(prompt, args.new)}

@@ -646,7 +646,7 @@ def headline_block():
             lines.append(f"- **A whole training step as one graph** (forward, backward, Adam; notebook 02): a small "
                          f"MLP {_interval(small)}; a large one {_interval(big)}.")
     if llm is not None:
-        graph = _row(llm.df, "generate, batch 1", "kit graphs per bucket")
+        graph = _row(llm.df, "generate, batch 1", "kit graph per bucket")
         if graph is not None:
             lines.append(f"- **LLM decoding at batch 1** (a static KV cache, one graph per batch bucket; notebook "
                          f"08): {_interval(graph)}.")

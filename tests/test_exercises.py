@@ -19,6 +19,7 @@ import torch
 from cudagraph_kit import capture, capture_train_step, compare
 from cudagraph_kit.course import exercises as _machinery
 from cudagraph_kit.buckets import capture_buckets
+from cudagraph_kit.capture import fresh_cublas_workspace
 from cudagraph_kit.diagnose import verify
 from cudagraph_kit.course.exercises import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT, load_all
 from cudagraph_kit.course.reproduce import NOTEBOOKS_DIR
@@ -278,12 +279,7 @@ def nb08():
     # into every test that runs while the fixture is alive)
     model = TinyLLM(cfg, seed=0, device=DEVICE).eval().requires_grad_(False)
     cache = StaticKVCache(cfg, max_batch=max_batch, max_len=max_gen + 1, device=DEVICE)
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-
-    def graph_step(tokens, pos):
-        if CUDA and clear is not None and torch.cuda.is_current_stream_capturing():
-            clear()
-        return model.decode(tokens, pos, cache)
+    graph_step = fresh_cublas_workspace(lambda tokens, pos: model.decode(tokens, pos, cache))   # as notebook 08's
 
     def make_stream(seed, steps):
         g = torch.Generator().manual_seed(seed)
@@ -328,17 +324,9 @@ def nb08():
     history = serve(lambda t, p: model.decode(t, p, cache), make_stream(11, 120))
     z = torch.zeros(max_batch, dtype=torch.long, device=DEVICE)
     prompt = torch.randint(0, cfg.vocab_size, (4, 16), generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    def fresh_cublas(fn):
-        def wrapped(*args):
-            if CUDA and clear is not None and torch.cuda.is_current_stream_capturing():
-                clear()
-            return fn(*args)
-        return wrapped
-
     return types.SimpleNamespace(cfg=cfg, max_batch=max_batch, graph_step=graph_step, serve=serve, stream=stream,
                                 observed=observed, history=history, eager_tokens=eager_tokens, sample=z,
-                                prompt=prompt, new_tokens=6, sol=solutions("08_llm_decode"), model=model,
-                                fresh_cublas=fresh_cublas)
+                                prompt=prompt, new_tokens=6, sol=solutions("08_llm_decode"), model=model)
 
 
 @pytest.fixture(scope="module")
@@ -458,7 +446,7 @@ def nb08_k4(s):
 
 def run_08_3(s):
     step, kw = nb08_k4(s)
-    out = s.sol.exercise_3(step, s.fresh_cublas, kw["model"], kw["cache"], kw["prompt"], kw["prompt"].shape[1],
+    out = s.sol.exercise_3(step, kw["model"], kw["cache"], kw["prompt"], kw["prompt"].shape[1],
                            kw["new_tokens"], kw["stop_token"], 0, DEVICE)
     return out, kw
 

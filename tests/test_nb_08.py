@@ -16,11 +16,11 @@ try:
     HAS_HF = True
 except ImportError:
     HAS_HF = False
-KIT_STEP, KIT_GEN = "kit graph (bucket)", "kit graphs per bucket"
+KIT_STEP, KIT_GEN = "kit graph (bucket)", "kit graph per bucket"
 HF_STATIC = "transformers generate, static cache" + (" (compiled)" if HAS_CUDA else "")
 HF_DYNAMIC = "transformers generate, dynamic cache"
-LADDER, PLANNED, EXACT = "graphs, vLLM-style ladder", "graphs, planned buckets", "graphs, one per batch size"
-FUSED_STEP, FUSED_GEN = "compile + kit graph (bucket)", "compile + kit graphs per bucket"
+LADDER, PLANNED, EXACT = "vLLM-style ladder of graphs", "planned set of graphs", "one graph per batch size"
+FUSED_STEP, FUSED_GEN = "compile + kit graph (bucket)", "compile + kit graph per bucket"
 HF_KIT, HF_FUSED = "HF step, kit graph", "HF step compiled + kit graph"
 K1 = "K=1: one graph per token"
 
@@ -41,7 +41,7 @@ def test_llm_decode_notebook_checks_correctness_and_records_honest_results(run_n
     checks = df[df.case == "correctness"]
     assert set(checks.batch.astype(int)) == set(batches)
     assert (checks.tokens_equal.astype(str) == "True").all(), checks
-    assert {"eager", "kit graphs per bucket"} <= set(checks.variant)
+    assert {"eager", "kit graph per bucket"} <= set(checks.variant)
     if HAS_HF:
         # the transformers model with the same weights computes the same function and decodes the same tokens
         assert env["transformers"] and env["hf_logit_diff"] is not None and env["hf_logit_diff"] < 1e-4
@@ -64,10 +64,10 @@ def test_llm_decode_notebook_checks_correctness_and_records_honest_results(run_n
     serve = df[df.case == "serving loop"]
     assert len(serve) == 4 and serve.variant.iloc[0] == "eager"
     assert (serve.same_tokens_as_eager == 1.0).all(), serve[["variant", "same_tokens_as_eager"]]
-    planned = serve[serve.variant.str.contains("planned")].iloc[0]
-    ladder = serve[serve.variant.str.contains("ladder")].iloc[0]
+    planned = serve[serve.variant.str.startswith(PLANNED)].iloc[0]
+    ladder = serve[serve.variant.str.startswith(LADDER)].iloc[0]
     assert planned.graphs <= ladder.graphs and planned.pad_fraction <= ladder.pad_fraction + 1e-9
-    assert serve[serve.variant.str.contains("one per batch size")].pad_fraction.iloc[0] == 0
+    assert serve[serve.variant.str.startswith(EXACT)].pad_fraction.iloc[0] == 0
     assert len(df[df.case.str.startswith("prefill")]) == 2
     capture = df[df.case == "capture"]
 
@@ -108,10 +108,10 @@ def check_new_sections(df, env, batches):
         assert timed.variant.iloc[0] == "eager" and len(timed) == 5 and (timed.tokens_per_s > 0).all()
     # 10: what each variant cost to set up
     setup = df[df.case == "setup"].set_index("variant")
-    assert "kit graphs per bucket" in setup.index
+    assert "kit graph per bucket" in setup.index
     if HAS_CUDA:   # the memory each variant's graphs hold is read from pools: never negative, always read
         assert setup.graph_mib.notna().all() and (setup.graph_mib >= 0).all(), setup.graph_mib
-        assert setup.loc["kit graphs per bucket", "graph_mib"] > 0
+        assert setup.loc["kit graph per bucket", "graph_mib"] > 0
     else:
         assert setup.graph_mib.isna().all()      # nothing captured, no GPU memory held
     # 13: the transformers model's step, graphed, decodes its eager tokens (and our model's, same weights)

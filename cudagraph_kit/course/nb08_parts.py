@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "serve_table", "step_mode", "profiled_mode", "with_window_medians",
-           "compiles_so_far", "kernel_table", "plot_decode"]
+           "per_batch", "check_row", "setup_table", "attempt", "host_bound", "decode_vs_prefill", "compiles_so_far", "kernel_table", "plot_decode"]
 
 
 def make_stream(seed: int, steps: int, max_batch: int, max_gen: int) -> list:
@@ -154,6 +154,89 @@ def with_window_medians(m):
                                        if ((w.case == c) & (w.variant == v)).any() else "nan" for w in m.windows)
                               for c, v in zip(t.case, t.variant)]
     return t
+
+
+def per_batch(m, case_of: dict, tokens_per_row: int = 1):
+    """``with_window_medians(m)`` with a ``batch`` column (``case_of``: {batch: case}) and ``tokens_per_s``: every
+    row of the batch makes ``tokens_per_row`` tokens per timed call. Example: ``per_batch(m_gen, GEN_CASE, 32)``."""
+    df = with_window_medians(m)
+    df["batch"] = df.case.map({c: b for b, c in case_of.items()})
+    df["tokens_per_s"] = df.batch * tokens_per_row / (df.median_us * 1e-6)
+    return df
+
+
+def check_row(variant: str, tokens, logits: list, reference, reference_logits: list, **extra) -> dict:
+    """One row of a correctness table: ``variant``'s greedy tokens against the reference's (``first_divergence``:
+    equal, or where they first differ and whether that is a near tie), the largest |logit difference| over all
+    steps, and ``extra`` columns (batch, first-call time)."""
+    from .tiny_llm import first_divergence
+
+    d = first_divergence(tokens, reference, logits, reference_logits)
+    return {"variant": variant, **{k: extra.pop(k) for k in ("batch",) if k in extra},
+            "tokens_equal": d["equal"], "first_step": d["first_step"], "rows_differing": d["rows_differing"],
+            "margin": d["margin"], "logit_diff": d["logit_diff"], "near_tie": bool(d["near_tie"]),
+            "max_logit_diff": max((a.float() - r.float()).abs().max().item() for a, r in zip(logits, reference_logits)),
+            **extra}
+
+
+def setup_table(rows: list):
+    """What each graphed variant cost to set up, one row per variant: ``rows`` of {variant, compile_s, capture_s,
+    graph_mib[, compiles_in_capture]} (missing values NaN); printed, and returned with ``case`` "setup" for the saved
+    results."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    return df.assign(case="setup", median_us=float("nan"), speedup=float("nan"))
+
+
+def attempt(label: str, fn, errors: dict):
+    """``fn()``, or None if it raised: the error goes into ``errors[label]`` (for the tables) and is printed with
+    the last frames of its traceback, so that one failing variant does not stop the others.
+
+    Example::
+
+        compiled = attempt("reduce-overhead", build_compiled, variant_errors)
+    """
+    import traceback
+
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - any failure of one variant is reported, the notebook goes on
+        errors[label] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+        print(f"{label}: failed, {errors[label]}\n"
+              + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4)[-6:-1]))
+        return None
+
+
+def host_bound(m, claim_id: str, case: str, floor_us: float):
+    """The claim "eager is host-bound in ``case``": eager's time interval over the GPU-busy ``floor_us`` of the
+    step is above 2x, so the GPU sits idle most of each eager step."""
+    from .claims import Claim
+
+    eager, times = m.row(case, "eager"), "an eager step takes {lo:.1f}-{hi:.1f}x the GPU's busy time"
+    return Claim(claim_id, lo=eager.median_pi_lo / floor_us, hi=eager.median_pi_hi / floor_us, above=2.0,
+                 subject=f"{case}: eager against the floor",
+                 holds=f"{case}: {times}: host-bound, the GPU sits idle most of each step",
+                 fails=f"{case}: {times}: at most 2x, so not host-bound by this test",
+                 unclear=f"{case}: {times}: too close to 2x to call")
+
+
+def decode_vs_prefill(m, claim_id: str, decode: tuple, prefill: tuple, what: str, eager_fallback: bool):
+    """The claim "a graph buys a decode step more than it buys prefill": the decode row's speedup over the prefill
+    row's, window by window (``decode`` and ``prefill`` are (case, variant) of ``m``; ``what`` names the decode
+    step in the sentence, e.g. "a decode step at batch 64")."""
+    from ..intervals import prediction_interval
+    from .claims import Claim
+
+    ratios = [float(d) / float(p) for d, p in zip(m.row(*decode).window_speedups.split(";"),
+                                                  m.row(*prefill).window_speedups.split(";"))]
+    lo, hi = prediction_interval(ratios)
+    gains = f"a graph's speedup on {what} is {{lo:.2f}}-{{hi:.2f}}x its speedup on prefill"
+    return Claim(claim_id, lo=lo, hi=hi, eager_fallback=eager_fallback,
+                 subject="a graph's speedup on a decode step against prefill's", holds=gains,
+                 fails=f"a graph's speedup on prefill is {{inv_lo:.2f}}-{{inv_hi:.2f}}x its speedup on {what}",
+                 unclear=gains + ": too close to call")
 
 
 def compiles_so_far() -> int:

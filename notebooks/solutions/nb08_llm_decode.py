@@ -36,10 +36,9 @@ def exercise_2(cfg, seed, device, prompt, new_tokens):
             "tie_why": "b"}
 
 
-def exercise_3(decode_step, fresh_cublas, model, cache, prompt, prompt_len, new_tokens, stop_token, pad,
-               device):
+def exercise_3(decode_step, model, cache, prompt, prompt_len, new_tokens, stop_token, pad, device):
     """Four decode steps in one function and one graph; the stop token handled on the device."""
-    from cudagraph_kit.capture import capture
+    from cudagraph_kit.capture import capture, fresh_cublas_workspace
     from cudagraph_kit.course.decode import decode_state, generate_blocks, load_state
 
     def k4_block(tokens, pos, done, stop):
@@ -55,7 +54,7 @@ def exercise_3(decode_step, fresh_cublas, model, cache, prompt, prompt_len, new_
     b = prompt.shape[0]
     with torch.no_grad():
         sample = decode_state(torch.zeros(b, dtype=torch.long, device=device), 0)
-        k4_graph = capture(fresh_cublas(k4_block), *sample, warmup=2, eager_fallback=True)
+        k4_graph = capture(fresh_cublas_workspace(k4_block), *sample, warmup=2, eager_fallback=True)
         first = model.prefill(prompt, cache).argmax(-1)
         load_state(k4_graph.static_inputs, decode_state(first, prompt_len, stop_token))
         k4_tokens = generate_blocks(k4_graph.replay, k4_graph.static_inputs, first, new_tokens, 4, pad)
