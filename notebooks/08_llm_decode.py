@@ -853,8 +853,8 @@ plt.show()
 # correctness checks (`case` "correctness", "k-step correctness", "hf correctness"), the capture times (`case`
 # "capture"), the setup costs (`case` "setup") and the variants that failed (`case` "errors"), with the machine in
 # `env.json` and every verdict of this run in `claims.csv`. A run without CUDA writes to `build/figures/` instead.
-# Then this run's times and speedups beside those of the last GPU run committed to this repository (what a reader
-# without a GPU sees).
+# Then this run's decode-step times and speedups beside those of the last GPU run committed to this repository
+# (what a reader without a GPU sees).
 
 # %%
 error_rows = pd.DataFrame([{"case": "errors", "variant": v, "error": e} for v, e in variant_errors.items()])
@@ -875,8 +875,7 @@ extra = {"config": vars(CFG), "dtype": str(DT), "batches": BATCHES, "gen_batches
 folder = results.save(STEM, all_rows, figures={"decode": fig}, extra_env=extra)
 save_claims(folder, claims)
 print("saved to", folder, f"({elapsed():.0f} s since the start)")
-timed_rows = pd.concat([t for t in (step_df, prefill_df, gen_df, serve_df, k_df, hf_df) if len(t)], ignore_index=True)
-recorded = results.beside_recorded(STEM, timed_rows)
+recorded = results.beside_recorded(STEM, step_df)   # the decode steps; every table is in the saved results
 
 # %% [markdown]
 # ## Summary
