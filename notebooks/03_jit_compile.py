@@ -94,6 +94,7 @@ import torch
 from IPython.display import Image, display
 
 from cudagraph_kit import capture, env_table, has_cuda
+from cudagraph_kit.capture import fresh_cublas_workspace
 from cudagraph_kit.course import results
 from cudagraph_kit.course.claims import save_claims, speedup, summary, versus
 from cudagraph_kit.course.measure import measure
@@ -478,28 +479,12 @@ print("phase 2 GELU cases:", list(late) or "none (needs an NVIDIA GPU)")
 # `"high"`: TF32 tensor cores, which PyTorch's own warning suggests), and a claim checks that a graph of the
 # compiled kernels is not far slower than a graph of eager's (`compiled_graph_slower_mlp` in the summary).
 #
-# **One pitfall first: the cuBLAS workspace.** A matrix multiply uses cuBLAS, and cuBLAS a *workspace*: scratch
-# memory that PyTorch allocates once per (handle, stream) and keeps. A graph captured after that workspace
-# exists bakes its address in. `reduce-overhead` frees those workspaces every time it warms up or records a
-# graph (`clear_cublass_cache` in `torch/_inductor/cudagraph_trees.py`, which calls
-# `torch._C._cuda_clearCublasWorkspaces()`), so that its own graphs get one in their own pool. A graph captured
-# earlier, by hand or by the kit, then writes into memory that may now belong to other tensors: silent
-# corruption, or an illegal memory access later. This notebook captures the MLP with the kit *and* records it
-# with `reduce-overhead` in one process, in either order, so it takes the precaution notebook 08 (section 4)
-# takes: `fresh_cublas` frees the workspaces at the start of each of the kit's captures, so the capture
-# allocates a new one inside the graph's own pool, where nothing else can take it.
-
-# %%
-CLEAR_CUBLAS = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)   # what Inductor's graph trees call
-
-
-def fresh_cublas(fn):
-    """fn, for capturing: a capture starts with a fresh cuBLAS workspace, which lands in the graph's pool."""
-    def wrapped(*args):
-        if CUDA and CLEAR_CUBLAS is not None and torch.cuda.is_current_stream_capturing():
-            CLEAR_CUBLAS()
-        return fn(*args)
-    return wrapped
+# **One pitfall first: the cuBLAS workspace.** cuBLAS keeps a scratch *workspace* per (handle, stream), and a
+# graph captured after it exists bakes its address in. `reduce-overhead` frees those workspaces whenever it warms
+# up or records a graph, so a graph captured earlier by the kit may then write into memory that now belongs to
+# other tensors. This notebook captures the MLP with the kit *and* records it with `reduce-overhead` in one
+# process, so it wraps each function it captures in the kit's `fresh_cublas_workspace`
+# (`cudagraph_kit.capture`): the capture then allocates its own workspace inside the graph's pool.
 
 # %%
 def build_mlp(seed):
@@ -519,7 +504,7 @@ def mlp_forward(x):
     return mlp(x)
 
 
-mlp_variants, mlp_graphs = {"eager": mlp}, [capture(fresh_cublas(mlp), x_mlp, eager_fallback=True)]
+mlp_variants, mlp_graphs = {"eager": mlp}, [capture(fresh_cublas_workspace(mlp), x_mlp, eager_fallback=True)]
 mlp_variants["cuda graph"] = mlp_graphs[0]
 mlp_variants["cuda graph" + IP] = lambda _x, g=mlp_graphs[0]: g.replay()
 if CUDA and COMPILE:
@@ -527,7 +512,7 @@ if CUDA and COMPILE:
     mlp_variants["reduce-overhead + mark_step_begin"] = with_mark_step(
         torch.compile(fresh(mlp_forward), mode="reduce-overhead", dynamic=False))
     mlp_compiled(x_mlp)                          # compile, then capture the compiled kernels alone
-    mlp_graphs.append(capture(fresh_cublas(mlp_compiled), x_mlp))
+    mlp_graphs.append(capture(fresh_cublas_workspace(mlp_compiled), x_mlp))
     mlp_variants["torch.compile + graph" + IP] = lambda _x, g=mlp_graphs[1]: g.replay()
 
 ref_mlp = mlp(x_mlp_test)
@@ -554,8 +539,8 @@ MLP_CASE = f"MLP {MLP_LAYERS}x(Linear {MLP_WIDTH}+ReLU), batch {MLP_BATCH}"
 # variant from `build_mlp(seed=1)` (so all start from the same weights), each with its own SGD optimizer,
 # timed in **phase 2**: the eager step, that step with the model compiled with `reduce-overhead`
 # (`cudagraph_mark_step_begin` at each step), and the kit's whole-step graph (`capture_train_step`, notebook
-# 02), which captures the optimizer step too, its forward wrapped in `fresh_cublas` (forward, backward and
-# optimizer then all get their workspaces inside the graph's pool). Parity with eager first.
+# 02), which captures the optimizer step too, its forward wrapped in `fresh_cublas_workspace` (forward,
+# backward and optimizer then all get their workspaces inside the graph's pool). Parity with eager first.
 
 # %%
 TRAIN_CASE = f"MLP {MLP_LAYERS}x(Linear {MLP_WIDTH}+ReLU), batch {MLP_BATCH}, SGD training step"
@@ -580,7 +565,7 @@ if CUDA and COMPILE:
 
     models = {name: build_mlp(seed=1) for name in ("eager", TRAIN_RO, TRAIN_KIT)}  # the same initial weights
     opts = {name: torch.optim.SGD(model.parameters(), lr=1e-3) for name, model in models.items()}
-    models[TRAIN_KIT].forward = fresh_cublas(models[TRAIN_KIT].forward)  # the capture gets fresh workspaces
+    models[TRAIN_KIT].forward = fresh_cublas_workspace(models[TRAIN_KIT].forward)  # the capture gets fresh workspaces
     train_steps = {
         "eager": eager_train_step(models["eager"], opts["eager"], models["eager"]),
         TRAIN_RO: eager_train_step(models[TRAIN_RO], opts[TRAIN_RO],
@@ -723,10 +708,12 @@ print(f"K80, large GELU: {large_bytes / 1e6:.0f} MB per call / {K80_BANDWIDTH / 
 # GPU time that saves; the graph variants show the CPU launch cost going away. Which matters more on each tensor
 # on this GPU, and whether they stack, is what the summary's claims say.
 #
-# ## 9. This run beside the recorded GPU run
+# ## 9. The recorded GPU run
+# This run's numbers are in the tables of sections 4 and 6; here are the recorded GPU run's, to read beside them.
 
 # %%
-results.beside_recorded(STEM, df);
+results.show_recorded(STEM, columns=["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo",
+                                     "speedup_hi", "floor_us", "kernels_per_call"]);
 
 # %% [markdown]
 # ## 10. Summary
@@ -755,7 +742,7 @@ summary(claims);
 #   calls: an old output of a replay is overwritten silently. A manual graph with its input in place skips all
 #   of that Python per call.
 # - Mixing your own graphs with `reduce-overhead` in one process: give each capture a fresh cuBLAS workspace
-#   (`fresh_cublas`), or `reduce-overhead` frees the one your graph baked in.
+#   (`fresh_cublas_workspace`), or `reduce-overhead` frees the one your graph baked in.
 # %% [markdown]
 # ## Exercises
 # Each exercise extends the experiments above. Fill in its cell (every `...` is a placeholder that runs as it

@@ -99,7 +99,7 @@ from cudagraph_kit.buckets import (MemoryLedger, capture_buckets, evaluate_bucke
 from cudagraph_kit.course import results
 from cudagraph_kit.course.claims import Claim, save_claims, speedup, summary, versus
 from cudagraph_kit.course.measure import measure
-from cudagraph_kit.course.nb06_parts import graph_trees_pool_bytes, plot_tradeoff, strategy, window_medians
+from cudagraph_kit.course.nb06_parts import graph_trees_pool_bytes, phrase, plot_tradeoff, strategy, window_medians
 
 STEM = "06_variable_shapes"
 CUDA = has_cuda()
@@ -680,9 +680,9 @@ for name in MODELS:
                      ("reduce_overhead_dynamic_beats_eager", "reduce-overhead, dynamic=True")]
         pairs_ += [("default_ladder_beats_reduce_overhead", DEFAULT, "reduce-overhead"),
                    ("default_ladder_beats_reduce_overhead_dynamic", DEFAULT, "reduce-overhead, dynamic=True")]
-    stream_claims += [speedup(timing, f"{s_}_{cid}", name, v, subject=f"{name}: {v}") for cid, v in vs_eager]
-    stream_claims += [versus(timing, f"{s_}_{cid}", (name, fast), (name, slow), subject=f"{name}: {fast}", than=slow)
-                      for cid, fast, slow in pairs_]
+    stream_claims += [speedup(timing, f"{s_}_{cid}", name, v, subject=f"{name}: {phrase(v)}") for cid, v in vs_eager]
+    stream_claims += [versus(timing, f"{s_}_{cid}", (name, fast), (name, slow), subject=f"{name}: {phrase(fast)}",
+                             than=phrase(slow)) for cid, fast, slow in pairs_]
 claims += stream_claims
 print("\n".join(c.statement for c in stream_claims))
 
@@ -955,6 +955,7 @@ for name in MODELS:
         lab(s): (lambda fn=built[name][s], reqs=streams[name]: run_stream(fn, reqs)) for s in (best, PLANNED_AT_BEST)}
 h2h_timing = measure(h2h_cases, windows=WINDOWS, samples=SAMPLES, calls=1, pause_s=WINDOW_PAUSE_S, floor=CUDA,
                      progress=lambda line: print(line.split(":")[0], end="  "))
+print()  # end the line of window progress before the verdicts
 
 head_to_head = []
 for name, (best, plan) in pairs.items():
@@ -969,7 +970,8 @@ for name, (best, plan) in pairs.items():
                              "pad_fraction": evaluate_buckets(stream_sizes, built[name][lbl].sizes)["pad_fraction"],
                              "device": results_df["device"].iloc[0]})
     c = speedup(h2h_timing, f"{SHORT[name]}_planned_beats_best_ladder", case, PLANNED_AT_BEST,
-                subject=f"{name}: the planned buckets", than=f"{best} (the fastest fixed ladder in section 9)")
+                subject=f"{name}: {phrase(PLANNED_AT_BEST)}",
+                than=f"{phrase(best)} (the fastest fixed ladder in section 9)")
     claims.append(c)
     lo, hi = h2h_timing.interval(case, PLANNED_AT_BEST)
     checks.append({"model": name, "best fixed ladder": best, "ladder graphs": len(built[name][best].sizes),

@@ -112,7 +112,7 @@ def test_resnet50_notebook_records_sweep_training_feeding_and_parity(run_noteboo
         expected |= {f"train_bs{train_bs}_{tag(o)}_graph_bf16_faster" for o in ("SGD momentum", "AdamW")}
     expected |= {f"train_{tag(a)}_bs{train_bs}_{tag(o)}_graph_pays" for a in set(tr.dtype)
                  for o in ("SGD momentum", "AdamW")}
-    expected |= {"feed_step_faster_than_loader", "feed_loop_costs_15pct_over_slower_part"}
+    expected |= {"feed_loader_faster_than_step", "feed_loop_costs_15pct_over_slower_part"}
     assert set(claims.claim) == expected and claims.claim.is_unique
     assert (claims.lo <= claims.hi).all()
     fallback = claims.verdict == "eager fallback"  # a graph claim whose graph rows ran eagerly (no GPU)
@@ -153,8 +153,10 @@ def test_resnet50_notebook_records_sweep_training_feeding_and_parity(run_noteboo
             assert c.verdict == "holds" and f"from {stop} images per batch on" in c.statement, c
             assert (c.lo, c.hi) == pytest.approx((g.speedup_lo[stop], g.speedup_hi[stop]))
     # which part limits the data feeding is the verdict of the claim, in words
-    c = by_id.loc["feed_step_faster_than_loader"]
-    assert (feed.bound_by.iloc[0] == "the input pipeline") == (c.verdict == "holds")
+    c = by_id.loc["feed_loader_faster_than_step"]
+    assert c.statement.startswith("data feeding: the loader alone"), c.statement
+    assert (feed.bound_by.iloc[0] == "the training step") == (c.verdict == "holds")
+    assert (feed.bound_by.iloc[0] == "the input pipeline") == (c.verdict == "fails")
     assert (feed.bound_by.iloc[0] == "no clear difference") == (c.verdict == "unclear")
 
     if CUDA:

@@ -119,6 +119,12 @@ def test_variable_shapes_notebook_records_correct_and_honest_results(run_noteboo
         assert c.verdict == verdict, c
         assert not any(w in c.statement.split() for w in ("holds", "fails", "nan")), c.statement  # plain words
     claim = claims.set_index("claim")
+    # each strategy is named in the sentences as a singular noun phrase (nb06_parts.phrase), never a bare label
+    # such as "steps of 8 (default)" before "is"
+    for m, model in (("mlp", "MLP"), ("block", "transformer block")):
+        assert claim.loc[f"{m}_default_ladder_beats_eager", "statement"].startswith(f"{model}: the default ladder")
+        assert claim.loc[f"{m}_single_bucket_beats_eager", "statement"].startswith(f"{model}: a single bucket")
+        assert claim.loc[f"{m}_planned_beats_best_ladder", "statement"].startswith(f"{model}: the planned bucket set")
 
     def row(model, which):  # a variant of the stream comparison, "default" meaning that run's default ladder
         main = df[df.case == model]
@@ -149,3 +155,15 @@ def test_variable_shapes_notebook_records_correct_and_honest_results(run_noteboo
         assert ro.held_mib.isna().all() and ro.memory_note.str.contains("not measurable here").all()
         trees = df[df.case == "reduce-overhead: memory"]
         assert len(trees) == 1 and trees.pool_mib.iloc[0] > 0 and env["graph_trees_pool_mib"] > 0
+
+
+@pytest.mark.parametrize("label, expected", [
+    ("steps of 8 (default)", "the default ladder (steps of 8)"), ("steps of 4", "the ladder in steps of 4"),
+    ("steps of 16 (eager fallback)", "the ladder in steps of 16"), ("default ladder", "the default ladder"),
+    ("pow2", "the ladder in powers of two"), ("pow2 (default)", "the default ladder (powers of two)"), ("single bucket", "a single bucket"), ("exact sizes", "one graph per size"),
+    ("planned", "the planned bucket set"), ("planned at the best ladder's limits", "the planned bucket set"),
+    ("reduce-overhead, dynamic=True", "reduce-overhead with dynamic=True"), ("reduce-overhead", "reduce-overhead")])
+def test_phrase_names_a_strategy_as_a_singular_noun_phrase(label, expected):
+    from cudagraph_kit.course.nb06_parts import phrase
+
+    assert phrase(label) == expected

@@ -5,15 +5,32 @@ Example::
 
     from cudagraph_kit.course.nb06_parts import plot_tradeoff, strategy
     strategy("steps of 8 (default) (eager fallback)")   # 'steps of 8 (default)'
+    phrase("steps of 8 (default)")                      # 'the default ladder (steps of 8)'
 """
 from __future__ import annotations
 
-__all__ = ["plot_tradeoff", "graph_trees_pool_bytes", "strategy", "window_medians"]
+__all__ = ["plot_tradeoff", "graph_trees_pool_bytes", "strategy", "phrase", "window_medians"]
 
 
 def strategy(label: str) -> str:
     """A variant's strategy: its label without the "(eager fallback)" a CPU run adds."""
     return str(label).replace(" (eager fallback)", "")
+
+
+_PHRASES = {"exact sizes": "one graph per size", "single bucket": "a single bucket", "default ladder": "the default ladder",
+            "planned": "the planned bucket set", "planned at the best ladder's limits": "the planned bucket set",
+            "reduce-overhead, dynamic=True": "reduce-overhead with dynamic=True"}
+
+
+def phrase(label: str) -> str:
+    """A strategy's label as a singular noun phrase for a claim's sentence ("X is 2x faster than Y"): the table's
+    short labels ("steps of 8 (default)", "reduce-overhead, dynamic=True") read as plurals or lists there."""
+    s = strategy(label)
+    base = s.removesuffix(" (default)")
+    if base == "pow2" or base.startswith("steps of "):   # a fixed ladder; the kit's default says so
+        spacing = "powers of two" if base == "pow2" else base
+        return f"the default ladder ({spacing})" if s != base else f"the ladder in {spacing}"
+    return _PHRASES.get(s, s)
 
 
 def window_medians(frames, case, variant) -> str:
