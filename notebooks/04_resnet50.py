@@ -724,7 +724,7 @@ check_clip_norms(norms_eager, norms_graphed, clipped_fraction, max_norm=MAX_NORM
 
 # %%
 from cudagraph_kit.intervals import combine_windows, prediction_interval
-from cudagraph_kit.course.claims import faster
+from cudagraph_kit.course.claims import Claim
 
 feed_model = parts.build_train_model(ARCH, DEVICE, SEED)
 feed_step = capture_train_step(feed_model, parts.make_optimizer("AdamW", feed_model.parameters(), True, CUDA),
@@ -739,12 +739,14 @@ feed_case = (f"data feeding bs{LOADER_BATCH}, {GRAPH_TRAIN} ({feed_step.mode}), 
 frames = parts.feeding_windows(feed_step, LOADER_BATCH, LOADER_STEPS, IMAGE, LOADER_WORKERS, DEVICE, WINDOWS,
                                WINDOW_PAUSE_S, feed_case)
 m_feed = Measured(combine_windows(frames), frames)
-loop_over_slower = prediction_interval(parts.overlap(frames))
+loop_over_slower = prediction_interval(parts.overlap(frames))      # the real loop's time over its slower part's
+took = "data feeding: the real loop takes {lo:.2f}-{hi:.2f}x the time of its slower part alone"
 feed_claims = [
     versus(m_feed, "feed_loader_faster_than_step", (feed_case, "loader only"), (feed_case, "step only"),
            subject="data feeding: the loader alone", than="the training step alone"),
-    faster("feed_loop_costs_15pct_over_slower_part", *loop_over_slower, subject="data feeding: the slower part alone",
-           than="the real loop", above=1.15)]
+    Claim("feed_loop_costs_15pct_over_slower_part", *loop_over_slower, above=1.15, subject="data feeding: the real loop",
+          holds=f"{took}: more than 15% over it, so the loader and the step overlap poorly",
+          fails=f"{took}: within 15% of it, so the loader and the step overlap", unclear=f"{took}: too close to 1.15x")]
 bound = {"holds": "the training step", "fails": "the input pipeline", "unclear": "no clear difference"}[
     feed_claims[0].verdict]
 m_feed.table["executed_as"] = ["cuda graph" if feed_mode == "graph" and v != "loader only" else "eager"
