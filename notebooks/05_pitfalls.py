@@ -88,13 +88,12 @@ POOL_BATCHES = [1024, 768, 512, 384, 256, 192, 128, 64]   # batch sizes captured
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
 from cudagraph_kit import CaptureError, capture, capture_train_step, env_table, has_cuda, shared_pool
 from cudagraph_kit.course import results
-from cudagraph_kit.course.claims import Claim, save_claims, summary
+from cudagraph_kit.course.claims import save_claims, summary
 from cudagraph_kit.course.measure import measure
 from cudagraph_kit.diagnose import advise, check_capturable, explain, measure_replay_cost, verify
 from IPython.display import display
@@ -123,8 +122,9 @@ if not CUDA:
 # both compared with the CPU). Experiments that could kill the CUDA context, or need a fresh process, are functions
 # in `cudagraph_kit/course/pitfall_scripts.py`; `run_isolated(fn, *args, timeout=...)` runs one in a fresh
 # interpreter and returns the dict it reports, with the exit code, so a crash is a row in a table, not a stalled
-# notebook. The two measured comparisons (memory in section 9, `advise` in section 12) are claims: one plain
-# sentence each, computed from the data and collected in the summary at the end.
+# notebook. The tables of sections 7 and 8 show each error as its type and first clause, then print the first
+# error once, as the experiment reported it. The two measured comparisons (memory in section 9, `advise` in
+# section 12) are claims: one plain sentence each, computed from the data and collected in the summary at the end.
 
 # %%
 import inspect
@@ -331,10 +331,9 @@ from cudagraph_kit.course.pitfall_scripts import docs_recipe_capture
 print(inspect.getsource(docs_recipe_capture))
 
 # %%
-def make_mlp(seed=0, dropout=False):
+def make_mlp(seed=0):
     torch.manual_seed(seed)
-    layers = [torch.nn.Linear(64, 128), torch.nn.Dropout(0.2), torch.nn.Linear(128, 8)]
-    return torch.nn.Sequential(*[m for m in layers if dropout or not isinstance(m, torch.nn.Dropout)]).to(DEVICE)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8)).to(DEVICE)
 
 
 def capture_step_by_hand(model, opt, x, y):
@@ -454,6 +453,7 @@ pitfalls.record("random numbers: reseeding or another generator in the graph", "
 # stream with `del loss` before capture. The experiment, a function that `run_isolated` runs in a fresh process:
 
 # %%
+from cudagraph_kit.course.nb05_parts import short_cause, show_isolated
 from cudagraph_kit.course.pitfall_scripts import WARMUP_VARIANTS, warmup_stream
 
 print(inspect.getsource(warmup_stream))
@@ -461,14 +461,12 @@ print(inspect.getsource(warmup_stream))
 # %%
 seen, detected = "needs a GPU", None
 if CUDA:
-    warmup = pd.DataFrame([run_isolated(warmup_stream, v) for v in WARMUP_VARIANTS])
-    display_cols = [c for c in ("variant", "capture", "AccumulateGrad warning", "eager works after", "exit code")
-                    if c in warmup]
-    print(warmup[display_cols].to_string(index=False))
+    warmup = show_isolated([run_isolated(warmup_stream, v) for v in WARMUP_VARIANTS],
+                           ["variant", "capture", "AccumulateGrad warning", "eager works after", "exit code"])
     bad, good = warmup.iloc[0], warmup.iloc[2]
     detected = bool((bad.get("AccumulateGrad warning") or bad.get("capture") != "ok")
                     and good.get("capture") == "ok" and not good.get("AccumulateGrad warning"))
-    seen = f"default stream: capture {first_line(bad.get('capture'), 60)}, warning={bad.get('AccumulateGrad warning')}"
+    seen = f"default stream: capture {short_cause(bad.get('capture'))}, warning={bad.get('AccumulateGrad warning')}"
 pitfalls.record("warm-up not on a side stream", "warns; the capture can fail", "PyTorch's AccumulateGrad warning",
                 "warm up on a side stream and drop the warm-up's autograd graph (del loss); the kit does both",
                 seen, detected)
@@ -490,13 +488,12 @@ print(inspect.getsource(background_thread_allocates))
 # %%
 seen, detected = "needs a GPU", None
 if CUDA:
-    threads = pd.DataFrame([run_isolated(background_thread_allocates, mode) for mode in CAPTURE_ERROR_MODES])
-    print(threads[[c for c in ("mode", "thread", "capture", "correct", "eager works after", "exit code")
-                   if c in threads]].to_string(index=False))
+    threads = show_isolated([run_isolated(background_thread_allocates, mode) for mode in CAPTURE_ERROR_MODES],
+                            ["mode", "thread", "capture", "correct", "eager works after", "exit code"])
     strict, local = threads.iloc[0], threads.iloc[1]
     detected = bool((strict.get("thread") != "ok" or strict.get("capture") != "ok")
                     and local.get("thread") == "ok" and local.get("capture") == "ok" and local.get("correct"))
-    seen = f"global: thread {first_line(strict.get('thread'), 50)}; capture {first_line(strict.get('capture'), 50)}"
+    seen = f"global: thread {short_cause(strict.get('thread'))}; capture {short_cause(strict.get('capture'))}"
 pitfalls.record("another thread allocating during capture", "raises (in that thread, or at capture end)",
                 "the error; capture_error_mode", "capture_error_mode='thread_local', or keep other threads off the GPU "
                 "while capturing", seen, detected)
@@ -518,6 +515,8 @@ pitfalls.record("another thread allocating during capture", "raises (in that thr
 # is counted, not timed, so one reading of each is the claim's interval.
 
 # %%
+from cudagraph_kit.course.nb05_parts import memory_reading, plot_memory
+
 memory_rows, fig_mem = [], None
 seen, detected = "needs a GPU", None
 if CUDA:
@@ -532,28 +531,18 @@ if CUDA:
             x = torch.randn_like(gr.static_inputs[0])
             with torch.no_grad():
                 torch.testing.assert_close(gr(x), mlp(x))
-        used = torch.cuda.memory_reserved() - before
-        del graphs
-        return used
+        return torch.cuda.memory_reserved() - before   # the graphs are still alive here
 
     private = reserved_for_graphs(lambda: None)
     pool = shared_pool()
     shared = reserved_for_graphs(lambda: pool)
-    case = f"memory: {len(POOL_BATCHES)} graphs (batch {POOL_BATCHES[0]}..{POOL_BATCHES[-1]})"
-    memory_rows = [{"case": case, "variant": v, "reserved_mib": used / 2**20}
-                   for v, used in (("private pool per graph", private), ("one shared pool", shared))]
-    ratio = private / shared if shared > 0 else (float("inf") if private > 0 else float("nan"))
-    said = f"{len(POOL_BATCHES)} graphs reserved {shared / 2**20:.0f} MiB in one shared pool, {private / 2**20:.0f} MiB"
-    claims.append(Claim("shared_pool_saves_memory", lo=ratio, hi=ratio, above=1.0,
-                        holds=f"{said} with a private pool each ({{lo:.2f}}x less in the shared pool)",
-                        fails=f"{said} with a private pool each (the shared pool saved nothing)"))
-    print(pd.DataFrame(memory_rows).round(1).to_string(index=False), "\n" + claims[-1].statement)
-    fig_mem, ax = plt.subplots(figsize=(5.5, 3.4))
-    ax.bar([r["variant"] for r in memory_rows], [r["reserved_mib"] for r in memory_rows], color=["C3", "C2"])
-    ax.set(ylabel="memory reserved (MiB)", title=f"{len(POOL_BATCHES)} MLP graphs on {torch.cuda.get_device_name(0)}")
+    memory_rows, memory_claim = memory_reading(private, shared, POOL_BATCHES)
+    claims.append(memory_claim)
+    print(pd.DataFrame(memory_rows).round(1).to_string(index=False), "\n" + memory_claim.statement)
+    fig_mem = plot_memory(memory_rows, f"{len(POOL_BATCHES)} MLP graphs on {torch.cuda.get_device_name(0)}")
     show_figure(fig_mem)
     seen = f"private {private / 2**20:.0f} MiB vs shared {shared / 2**20:.0f} MiB"
-    detected = claims[-1].verdict == "holds"
+    detected = memory_claim.verdict == "holds"
 pitfalls.record("memory held by one private pool per graph", "wastes memory (can run out)",
                 "torch.cuda.memory_reserved()", "capture into one shared pool: pool=shared_pool()", seen, detected)
 
@@ -584,29 +573,10 @@ from cudagraph_kit.course.pitfall_scripts import reduce_overhead_pitfalls
 print(inspect.getsource(reduce_overhead_pitfalls))
 
 # %%
-if CUDA:
-    ro = run_isolated(reduce_overhead_pitfalls, timeout=300)
-    if ro.get("exit code"):
-        print("the reduce-overhead experiment did not finish:", ro.get("exit code"), ro.get("stderr", ""))
-    skips = ro.get("skips", 0)
-    print(f"cudagraph_skips: {skips}")
-    for msg in ro.get("messages", []):
-        print("  ", first_line(msg, 200))
-    print("reading an output kept across calls:", ro.get("old output"), "| with .clone():",
-          "kept" if ro.get("clone keeps it") else ro.get("clone keeps it"))
-    old_output = str(ro.get("old output") or "")
-    print(f"on PyTorch {torch.__version__}, a kept output read after the next call "
-          + ("raised a RuntimeError" if old_output.startswith("RuntimeError") else
-             "did not raise: it silently held the next call's values" if old_output.startswith("silently") else
-             f"gave: {old_output or 'nothing (the experiment did not finish)'}"))
-    seen = f"{skips} skip(s) logged; old output: {old_output}"
-    found_old = ("the RuntimeError on reading it" if old_output.startswith("RuntimeError") else
-                 "comparing it with a clone (a replay's output raises no error)")
-    detected = (bool(skips) and ro.get("clone keeps it") is True
-                and old_output.startswith(("RuntimeError", "silently")))
-else:
-    seen, detected = "needs a GPU", None
-    found_old = "a RuntimeError for a warm-up's or recording's output; for a replay's, comparing it with a clone"
+from cudagraph_kit.course.nb05_parts import show_reduce_overhead
+
+ro = run_isolated(reduce_overhead_pitfalls, timeout=300) if CUDA else None
+seen, detected, found_old = show_reduce_overhead(ro, torch.__version__)
 pitfalls.record("reduce-overhead: skipped graphs, overwritten outputs",
                 "silently slower; a kept output raises or silently holds the next call's values",
                 f"TORCH_LOGS=cudagraphs (perf_hints), the cudagraph_skips counter; for a kept output: {found_old}",
@@ -732,29 +702,16 @@ else:
     print("skipped: advise measures on an NVIDIA GPU (a summary of the recorded comparison is shown at the end)")
 
 # %%
-from cudagraph_kit.course.nb05_parts import advise_claim, advise_overall_claim
+from cudagraph_kit.course.nb05_parts import advise_overall_claim, advise_vs_measured
 
 m12 = measure(timed, windows=WINDOWS, samples=SAMPLES, pause_s=WINDOW_PAUSE_S) if timed else None
-honest_rows, case_claims = [], []
-for case, a in predicted.items():
-    graph_variant = list(timed[case][0])[1]
-    eager_row, graph_row = m12.row(case, "eager"), m12.row(case, graph_variant)
-    lo, hi = m12.interval(case, graph_variant)
-    case_claims.append(advise_claim(f"advise_within_1_5x_{claim_ids[case]}", case, a.speedup, lo, hi))
-    honest_rows.append({"source": "05 (this run)", "prediction": "before capture", "case": case,
-                        "nodes": a.kernels_per_call, "eager_us": a.eager_us, "floor_us": a.floor_us,
-                        "graph_gpu_us": a.graph_gpu_us, "predicted_graph_us": a.graph_us,
-                        "predicted_speedup": a.speedup, "measured_graph_us": graph_row.median_us,
-                        "measured_speedup": graph_row.speedup, "measured_lo": lo, "measured_hi": hi,
-                        "graph_executed_as": graph_row.executed_as, "verdict": case_claims[-1].verdict})
-honest = pd.DataFrame(honest_rows)
-if len(honest):
+honest, case_claims = advise_vs_measured(predicted, m12, claim_ids)
+if case_claims:
     claims += [*case_claims, advise_overall_claim(case_claims)]
     display(m12.short())
     print(honest[["case", "nodes", "predicted_graph_us", "measured_graph_us", "predicted_speedup",
                   "measured_speedup", "measured_lo", "measured_hi"]].round(2).to_string(index=False))
-    for c in claims[-len(honest) - 1:]:
-        print(c.statement)
+    print("\n".join(c.statement for c in claims[-len(case_claims) - 1:]))
 
 # %% [markdown]
 # `advise`'s predicted speedup divides its own eager time by its predicted graph time. The host's speed drifts

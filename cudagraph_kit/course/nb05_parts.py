@@ -1,5 +1,6 @@
 """Notebook 05's parts that are not the lesson: the pitfall table, the check that the process still works after a
-failure, the claim "advise's prediction lies within a factor of the measured speedup", the two-captures summary,
+failure, short causes for tables of errors, the memory claim and figure, the reading of the reduce-overhead
+experiment, the claim "advise's prediction lies within a factor of the measured speedup", the two-captures summary,
 the rows fitted after the fact from notebooks 01-04's records and the advise figure.
 
 Example::
@@ -11,11 +12,14 @@ Example::
 """
 from __future__ import annotations
 
+import re
+
 from .claims import Claim
 
-__all__ = ["PitfallTable", "still_works", "first_line", "show_figure", "advise_claim", "advise_overall_claim",
-           "closeness", "two_captures_table", "two_captures_verdict", "recorded_headlines", "fitted_row",
-           "advice_summary", "advice_from_saved", "plot_advise", "advice_rows", "result_table", "WITHIN"]
+__all__ = ["PitfallTable", "still_works", "first_line", "short_cause", "show_isolated", "memory_reading",
+           "plot_memory", "show_reduce_overhead", "advise_vs_measured", "show_figure", "advise_claim",
+           "advise_overall_claim", "closeness", "two_captures_table", "two_captures_verdict", "recorded_headlines",
+           "fitted_row", "advice_summary", "advice_from_saved", "plot_advise", "advice_rows", "result_table", "WITHIN"]
 
 WITHIN = 1.5  # advise's prediction is "within" when it lies within this factor of the measured speedup
 
@@ -24,6 +28,48 @@ def first_line(text, n=160):
     """The first line of ``text``, cut to ``n`` characters."""
     text = str(text).strip().splitlines()[0] if str(text).strip() else ""
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def short_cause(text, n=80):
+    """A short cause for a table cell: an error ``"Type: message"`` becomes its type and the first clause of the
+    message's first line (a leading "CUDA error: " dropped, the type says it), cut to ``n`` characters; any other
+    text its first line, cut the same way. Values that are not text (True, NaN, an exit code) come back as they are.
+
+    Example::
+
+        short_cause("AcceleratorError: CUDA error: operation not permitted when stream is capturing\\n"
+                    "Search for `cudaErrorStreamCaptureUnsupported' in ...")
+        # 'AcceleratorError: operation not permitted when stream is capturing'
+    """
+    if not isinstance(text, str):
+        return text
+    line = first_line(text, n=10**6)
+    error = re.match(r"(\w+(?:Error|Exception|Warning)): (?:CUDA error: )?(.*)", line)
+    if error:
+        clause = re.split(r"(?<=[.;])\s", error[2], maxsplit=1)[0]
+        line = f"{error[1]}: {clause.rstrip('.;')}"
+    return line if len(line) <= n else line[: n - 1] + "…"
+
+
+def show_isolated(rows, columns):
+    """Print the runs of an experiment run in fresh processes (``run_isolated``'s dicts) as a table of ``columns``
+    (those present), each text cut to a short cause (``short_cause``), then the first error once, as the experiment
+    reported it. Returns all the rows, with their full texts, as a DataFrame.
+
+    Example::
+
+        runs = show_isolated([run_isolated(warmup_stream, v) for v in WARMUP_VARIANTS], ["variant", "capture"])
+    """
+    import pandas as pd
+
+    runs = pd.DataFrame(rows)
+    shown = runs[[c for c in columns if c in runs]]
+    print(shown.apply(lambda col: col.map(short_cause)).to_string(index=False))
+    texts = [v for _, row in shown.iterrows() for v in row if isinstance(v, str)]
+    first_error = next((v for v in texts if short_cause(v) != v), None)
+    if first_error is not None:
+        print("\nThe first error, as the experiment reported it:\n" + first_error)
+    return runs
 
 
 def still_works(fn, device="cuda"):
@@ -78,6 +124,90 @@ def show_figure(fig):
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     display(Image(data=buffer.getvalue()))
+
+
+def memory_reading(private, shared, batches):
+    """Section 9's reading: ``(rows, claim)`` from the bytes reserved by one graph per batch size in ``batches`` with
+    a private pool each (``private``) and in one shared pool (``shared``). The rows are for results.csv (case
+    "memory: ..."); the claim "shared_pool_saves_memory" holds when the shared pool reserved less (one reading of
+    each, so its interval is the ratio private / shared itself).
+
+    Example::
+
+        rows, claim = memory_reading(600 * 2**20, 200 * 2**20, [512, 256, 128])
+        claim.statement  # '3 graphs reserved 200 MiB in one shared pool, 600 MiB with a private pool each (...)'
+    """
+    case = f"memory: {len(batches)} graphs (batch {batches[0]}..{batches[-1]})"
+    rows = [{"case": case, "variant": v, "reserved_mib": used / 2**20}
+            for v, used in (("private pool per graph", private), ("one shared pool", shared))]
+    ratio = private / shared if shared > 0 else (float("inf") if private > 0 else float("nan"))
+    said = f"{len(batches)} graphs reserved {shared / 2**20:.0f} MiB in one shared pool, {private / 2**20:.0f} MiB"
+    claim = Claim("shared_pool_saves_memory", lo=ratio, hi=ratio, above=1.0,
+                  holds=f"{said} with a private pool each ({{lo:.2f}}x less in the shared pool)",
+                  fails=f"{said} with a private pool each (the shared pool saved nothing)")
+    return rows, claim
+
+
+def plot_memory(rows, title):
+    """A bar per row of ``memory_reading``: the memory each way of pooling reserved. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    ax.bar([r["variant"] for r in rows], [r["reserved_mib"] for r in rows], color=["C3", "C2"])
+    ax.set(ylabel="memory reserved (MiB)", title=title)
+    return fig
+
+
+def show_reduce_overhead(ro, torch_version):
+    """Print what the reduce-overhead experiment (``pitfall_scripts.reduce_overhead_pitfalls``, its dict ``ro`` from
+    ``run_isolated``; None when it did not run) found, and return ``(seen, detected, found_by)`` for the pitfall
+    table. ``detected``: a skip was logged, a cloned output kept its values, and reading a kept output either raised
+    a RuntimeError or silently held the next call's values. ``found_by``: what finds a kept output on this PyTorch.
+    """
+    if ro is None:
+        return ("needs a GPU", None,
+                "a RuntimeError for a warm-up's or recording's output; for a replay's, comparing it with a clone")
+    if ro.get("exit code"):
+        print("the reduce-overhead experiment did not finish:", ro.get("exit code"), ro.get("stderr", ""))
+    skips = ro.get("skips", 0)
+    print(f"cudagraph_skips: {skips}")
+    for msg in ro.get("messages", []):
+        print("  ", first_line(msg, 200))
+    old_output, clone_keeps = str(ro.get("old output") or ""), ro.get("clone keeps it")
+    print("reading an output kept across calls:", ro.get("old output"), "| with .clone():",
+          "kept" if clone_keeps else clone_keeps)
+    raised, silent = old_output.startswith("RuntimeError"), old_output.startswith("silently")
+    print(f"on PyTorch {torch_version}, a kept output read after the next call "
+          + ("raised a RuntimeError" if raised else
+             "did not raise: it silently held the next call's values" if silent else
+             f"gave: {old_output or 'nothing (the experiment did not finish)'}"))
+    found_by = ("the RuntimeError on reading it" if raised else
+                "comparing it with a clone (a replay's output raises no error)")
+    detected = bool(skips) and clone_keeps is True and (raised or silent)
+    return f"{skips} skip(s) logged; old output: {old_output}", detected, found_by
+
+
+def advise_vs_measured(predicted, measured, claim_ids):
+    """Section 12's table and claims: for each case of ``predicted`` ({case: advise's ``Advice``}), the prediction
+    beside the graph's timing in ``measured`` (``measure``'s result: an "eager" variant and one graph variant per
+    case), and the claim ``advise_claim("advise_within_1_5x_" + claim_ids[case], ...)``. Returns ``(table, claims)``:
+    a DataFrame with a row per case (empty when nothing was predicted) and the claims in the same order.
+    """
+    import pandas as pd
+
+    rows, case_claims = [], []
+    for case, a in predicted.items():
+        graph_variant = next(v for v in measured.table[measured.table.case == case].variant if v != "eager")
+        graph_row = measured.row(case, graph_variant)
+        lo, hi = measured.interval(case, graph_variant)
+        case_claims.append(advise_claim(f"advise_within_1_5x_{claim_ids[case]}", case, a.speedup, lo, hi))
+        rows.append({"source": "05 (this run)", "prediction": "before capture", "case": case,
+                     "nodes": a.kernels_per_call, "eager_us": a.eager_us, "floor_us": a.floor_us,
+                     "graph_gpu_us": a.graph_gpu_us, "predicted_graph_us": a.graph_us,
+                     "predicted_speedup": a.speedup, "measured_graph_us": graph_row.median_us,
+                     "measured_speedup": graph_row.speedup, "measured_lo": lo, "measured_hi": hi,
+                     "graph_executed_as": graph_row.executed_as, "verdict": case_claims[-1].verdict})
+    return pd.DataFrame(rows), case_claims
 
 
 def closeness(p, m):
