@@ -107,14 +107,7 @@ PUBLISHED_SOURCES = {("shu65", "blog-pytorch-notebooks"),  # the 2021 K80 blog's
 
 # Notebooks whose GPU execution is still owed, with the reason. The test below is an expected failure for them
 # (strict: once the executed notebook is committed it passes, the xfail turns into a failure, and the entry must go).
-AWAITING_GPU_RUN: dict = {
-    "08_llm_decode": "the new 08 (measure, plain claims, issue 34's fixes) outran the device time of the session "
-                     "that wrote it (a full reproduce reached cell 20 of 33 in 329 s on an H100); the committed "
-                     "08_llm_decode.ipynb is still the recorded run 20261125T124652Z of the previous source",
-    "05_pitfalls": "the new 05 (short error causes in sections 7 and 8, side checks moved into nb05_parts to keep the "
-                   "lesson within its budget) awaits the GPU re-execution of the whole set; the committed "
-                   "05_pitfalls.ipynb is still the recorded run of the previous source",
-}
+AWAITING_GPU_RUN: dict = {}
 
 
 @pytest.mark.parametrize("source", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=AWAITING_GPU_RUN[s.stem]))
