@@ -631,14 +631,15 @@ pitfalls.record("a graph replayed after what it reads was freed", "silently wron
                 "as the graph (the kit's objects hold them)", seen, detected)
 
 # %% [markdown]
-# Reading the table: where every object stays alive, graph 1 replays cleanly and reads nothing freed. Where the
-# first model's objects were dropped, graph 1 reads tensors it does not own (optimizer state, inputs), and the next
-# capture's `empty_cache()` hands their memory back to the driver or to new tensors. A graph does not own what it
-# reads: keep the model, optimizer and static tensors alive as long as the graph (the kit's `GraphedCallable` and
-# `GraphedTrainStep` hold them). A replay right after capture keeps nothing alive, so it cannot protect the first
-# graph (compare its rows with "drop"); what protects the kit's graphs is that the kit's objects keep references.
-# Capturing the same model and optimizer twice frees the gradients the first graph wrote (the second capture's
-# `zero_grad(set_to_none=True)`), so the table may count them as "free in cache"; but they lie in the first
+# Reading the table: where every object stays alive, graph 1 replays cleanly and reads nothing freed. Where the first
+# model's objects were dropped, graph 1 reads tensors it does not own (optimizer state, inputs), whose memory the
+# allocator has taken back: the last column says where each now lies (free in its cache, handed to new tensors, or,
+# after an `empty_cache()`, returned to the driver), and graph 1's replay can fault on it (the `crashed` column). A
+# graph does not own what it reads: keep the model, optimizer and static tensors alive as long as the graph (the kit's
+# `GraphedCallable` and `GraphedTrainStep` hold them). A replay right after capture keeps nothing alive, so it cannot
+# protect the first graph (compare its rows with "drop"); what protects the kit's graphs is that the kit's objects
+# keep references. Capturing the same model and optimizer twice frees the gradients the first graph wrote (the second
+# capture's `zero_grad(set_to_none=True)`), so the table may count them as "free in cache"; but they lie in the first
 # graph's private pool, which stays reserved for that graph while it exists, so nothing else is given that memory.
 
 # %% [markdown]
@@ -723,7 +724,8 @@ if case_claims:
 # %% [markdown]
 # ## 13. The pitfalls at a glance
 # What happens without the fix, and what finds it. "detected" is what this run measured (empty: the check needs
-# a GPU and did not run here); "process still works" is the check after a failure.
+# a GPU and did not run here); "process still works" is the `still_works` check after a failure (empty: not run
+# for that row; the experiments run in a fresh process report "eager works after" in their own tables).
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -239,10 +239,10 @@ print("static-cache greedy tokens identical to the no-cache reference for every 
 # %% [markdown]
 # ## 3. Why decoding can be host-bound
 #
-# One decode step launches many small kernels, about as many at every batch size (section 7's `kernels_per_call`
-# column). The profiler counts them (GPU only); the CPU's time to issue them (Python, dispatcher and the launch
-# itself, per kernel) is the time per token of eager decoding as long as the GPU finishes each kernel sooner.
-# Section 7 compares eager's time per step with the GPU's busy time.
+# One decode step launches many small kernels, about as many at every batch size (the `kernels_per_call` column
+# of section 10's table). The profiler counts them (GPU only); the CPU's time to issue them (Python, dispatcher and
+# the launch itself, per kernel) is the time per token of eager decoding as long as the GPU finishes each kernel
+# sooner. Section 7 compares eager's time per step with the GPU's busy time.
 
 # %%
 step_inputs = {b: (torch.randint(0, CFG.vocab_size, (b,), generator=gen).to(DEVICE),
@@ -317,7 +317,8 @@ assert padded_err < 1e-3
 # the step on views of its static buffers (`buf.narrow(0, 0, bucket)`), and Dynamo guards on a view's base as well
 # as on the view. Warmed up on a view as long as its buffer (the largest batch), Dynamo shares one size symbol
 # between the two and guards that they are equal; the first smaller bucket then fails that guard and compiles
-# again, inside the capture (in the run recorded before this fix, that recompile was most of the capture's time).
+# again, inside the capture, where a compile costs far more than the capture itself (section 10's setup table
+# gives both).
 # Warmed up at half the largest batch and at 1 (PyTorch specializes size 1), the two compiles serve every bucket.
 # The cell counts Dynamo's compiles during the capture: the setup table of section 10 reports compile time,
 # capture time and that count apart.
@@ -516,8 +517,9 @@ step_df["floor_step_us"] = step_df.batch.map(floors).astype(float)   # NaN where
 # ## 8. Whole generations, side by side
 #
 # Now whole greedy generations (prefill + `NEW_TOKENS` tokens) of every variant, `transformers`' included, at the
-# smallest and the largest batch size. Time per token is the generation's time divided by `NEW_TOKENS`; tokens per
-# second count every sequence of the batch. The verdicts (summary table): do the kit's graphs beat eager
+# smallest and the largest batch size. The table below gives the time of a whole generation; time per token (that
+# time divided by `NEW_TOKENS`) and tokens per second (every sequence of the batch counted) are in the saved
+# results and section 13's figure. The verdicts (summary table): do the kit's graphs beat eager
 # ({claim:generate_graphs_beat_eager_b1}); is `reduce-overhead` faster than the kit's graphs; are the kit's graphs
 # faster than `transformers`' static-cache `generate`; and is that static cache faster than `transformers`'
 # default dynamic cache?
@@ -605,23 +607,24 @@ serve_df[["variant", "executed_as", "us_per_step", "speedup", "speedup_lo", "spe
 # %% [markdown]
 # ## 10. Fusion and graphs are separate tools
 #
-# Sections 7 and 8 put four ways of running the same decode step side by side. Section 7's columns say what each one
-# removed: `kernels_per_call` counts the kernels a step runs, `floor_us` is the GPU's busy time for one call (the
-# time left when launching costs nothing), and the median is what a step took. A CUDA graph removes the *launches*
-# (the host's cost per kernel) but replays every kernel it captured: the kit's graph of the eager step runs all of
-# eager's kernels (plus its input copies), so its floor is that of eager's kernels. Fusion (Inductor,
-# `torch.compile`) removes *kernels*: fewer, larger kernels, so a lower floor, but each one is still launched from
-# the host. `reduce-overhead` does both, and so does the fused step captured by the kit. What `reduce-overhead` adds
-# on every call is bookkeeping, read in PyTorch's `torch/_inductor/cudagraph_trees.py`: Dynamo's guards for the
-# compiled frame, then `CUDAGraphTreeManager._run`, whose `CUDAGraphNode.check_invariants` compares the data
-# pointers of the static inputs (parameters, `mark_static_address` buffers) and of the tensors its pool manages with
-# those recorded (`torch._C._tensors_data_ptrs_at_indices_equal`) and checks that the outputs expected dead are
-# dead; then `CUDAGraphNode.run` copies the other inputs in (`torch._foreach_copy_`), replays, and rebuilds the
-# output tensors from their metadata (`reconstruct_outputs`). Its memory is one pool per device for the whole tree
-# of graphs; its outputs live in that pool until the next step (hence `cudagraph_mark_step_begin`). The kit's call
-# checks its arguments in Python, copies the inputs and replays: it has no guards to run, no tree of graphs to walk
-# and no outputs to rebuild. All of that is host work: it adds to the time per step only where the host, not the
-# GPU, sets the pace. The verdicts after the next table say whether it did here.
+# Sections 7 and 8 put four ways of running the same decode step side by side. The columns of this section's last
+# table (section 7's timings with the profiler's counts) say what each one removed: `kernels_per_call` counts the
+# kernels a step runs, `floor_us` is the GPU's busy time for one call (the time left when launching costs nothing),
+# and `median_us` is what a step took. A CUDA graph removes the *launches* (the host's cost per kernel) but replays
+# every kernel it captured: the kit's graph of the eager step runs all of eager's kernels (plus its input copies), so
+# its floor is that of eager's kernels. Fusion (Inductor, `torch.compile`) removes *kernels*: fewer, larger kernels,
+# so a lower floor, but each one is still launched from the host. `reduce-overhead` does both, and so does the fused
+# step captured by the kit. What `reduce-overhead` adds on every call is bookkeeping, read in PyTorch's
+# `torch/_inductor/cudagraph_trees.py`: Dynamo's guards for the compiled frame, then `CUDAGraphTreeManager._run`,
+# whose `CUDAGraphNode.check_invariants` compares the data pointers of the static inputs (parameters,
+# `mark_static_address` buffers) and of the tensors its pool manages with those recorded
+# (`torch._C._tensors_data_ptrs_at_indices_equal`) and checks that the outputs expected dead are dead; then
+# `CUDAGraphNode.run` copies the other inputs in (`torch._foreach_copy_`), replays, and rebuilds the output tensors
+# from their metadata (`reconstruct_outputs`). Its memory is one pool per device for the whole tree of graphs; its
+# outputs live in that pool until the next step (hence `cudagraph_mark_step_begin`). The kit's call checks its
+# arguments in Python, copies the inputs and replays: it has no guards to run, no tree of graphs to walk and no
+# outputs to rebuild. All of that is host work: it adds to the time per step only where the host, not the GPU, sets
+# the pace. The verdicts after the next table say whether it did here.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -651,8 +654,10 @@ print(TOOLS.to_string(index=False))
 # `reduce-overhead`'s per-call host work shows. Where both medians sit close to their floors (`vs_floor` near 1),
 # both are GPU-bound: the time goes to the fused kernels themselves, `reduce-overhead`'s guards and checks run on the
 # host while the GPU is still busy with kernels already queued, and the aim fails or is too close to call
-# ({claim:step_fused_graph_beats_reduce_overhead_b1} at batch 1). Both are faster than the kit's graph of the eager
-# step, whose extra kernels raise its floor.
+# ({claim:step_fused_graph_beats_reduce_overhead_b1} at batch 1). Both run fewer kernels than the kit's graph of the
+# eager step and so have a lower floor; whether that makes `reduce-overhead` faster than the kit's graph at a given
+# batch size is a verdict of section 7 ({claim:step_reduce_overhead_beats_graph_b1} at batch 1; the other batch
+# sizes are in `claims.csv`, and where the intervals overlap it is too close to call).
 
 # %%
 setup_rows = [{"variant": KIT_GEN, "compile_s": 0.0, "capture_s": graphs.capture_seconds, "graph_mib": kit_held}]
@@ -715,11 +720,15 @@ assert k_checks.tokens_equal.all(), "K steps per replay decoded differently from
 # %% [markdown]
 # Then the speed: whole generations of `NEW_TOKENS` tokens with no stop token (every K makes the same tokens),
 # prefill excluded (it ran once above): eager (the same K=1 block, run eagerly), then one graph per token (K=1) and
-# one graph per K tokens for the other K. Tokens per second count the decoded tokens of every row. The verdicts
-# compare each K with one graph per token, window by window.
+# one graph per K tokens for the other K. The table gives the time of a whole generation (tokens per second, which
+# count the decoded tokens of every row, are in the saved results). The verdicts compare each K with one graph per
+# token, window by window.
 #
-# What a block of K steps saves is the host work between replays. A replay of one decode step already keeps the
-# GPU busy for most of its time (section 7: the kit's graph runs close to its floor), so expect a small gain.
+# What a block of K steps saves is the host work between replays: the loop turn, and the read of the done flags,
+# which waits for the GPU, so that the GPU then waits for the next replay. A replay of one decode step already keeps
+# the GPU busy for most of its time (section 7: the kit's graph runs close to its floor), so expect a gain far
+# smaller than the graph's gain over eager, though it can exceed the step's own distance to its floor, since each
+# done-flag read adds a wait of its own ({claim:kstep_k8_beats_one_graph_per_token_b1} at batch 1).
 
 # %%
 def k_runner(b, k):
@@ -903,14 +912,16 @@ print(f"{len(claims)} verdicts in claims.csv" + (f"; not measured in this run: {
 # - The kit's `capture_buckets` captures the step once per batch bucket in one shared pool; padding rows land in
 #   unused cache rows, so a bucket serves every smaller batch. Capturing runs the step and records it, no
 #   compiler involved.
-# - `torch.compile(mode="reduce-overhead")` and `transformers`' static-cache `generate` do the same for you;
+# - `torch.compile(mode="reduce-overhead")` and `transformers`' static-cache `generate` do the same for you
+#   (how fast each one is here: sections 7 and 8);
 #   Inductor also fuses kernels, at the price of compiling and one recording per new batch size. To capture a
 #   compiled step yourself, compile it on the kind of input the capture passes (views shorter than their buffer),
 #   or the capture compiles again.
 # - Prefill gives every kernel `batch x prompt` rows of work, so launches weigh less in its time than in a decode
 #   step's.
-# - In a serving loop the batch size changes at every step; a handful of buckets serves them all. Plan them from
-#   the sizes you observe, and measure.
+# - In a serving loop the batch size changes at every step; a fixed set of buckets, far fewer than the batch sizes,
+#   serves them all. Planning them from the sizes you observe can cut padding, but whether that makes the loop faster
+#   than a ladder is for the measurement to say (section 9's verdicts).
 # - Fusion and graphs are separate tools: a graph removes launches, not kernels; fusion removes kernels, not
 #   launches. Where the fused kernels keep the GPU busy, `reduce-overhead`'s host work per call hides behind them.
 # - Several tokens per replay: K decode steps in one graph, the argmax and the stop token handled on the GPU and
