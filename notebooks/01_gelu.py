@@ -344,14 +344,15 @@ fig_sweep.tight_layout()
 
 # %% [markdown]
 # The red dotted line marks the crossover where this run found one; the summary at the end of the lesson
-# states it with its interval (claim `graph_stops_paying`). The appendix checks that the sweep point nearest
+# states it with its interval (its finding on the size sweep). The appendix checks that the sweep point nearest
 # the small tensor agrees with the table of section 4.
 #
 # ## 6. Several calls per graph
 # Even a graph has a launch cost (the `cudaGraphLaunch` call and its scheduling: in the table of section 4,
-# the gap between a replay and its floor). For tiny work that cost dominates, so capture several calls in one
-# graph: `capture(..., calls_per_graph=k)` records `k` calls, and the kit divides the time per replay by `k`.
-# All variants, with eager as the baseline, are timed together. How close to the floor does the small case get?
+# the gap between a replay and its floor). For tiny work that cost is a visible share of the time per call, so
+# capture several calls in one graph: `capture(..., calls_per_graph=k)` records `k` calls, and the kit divides
+# the time per replay by `k`. All variants, with eager as the baseline, are timed together. How close to the
+# floor does the small case get?
 
 # %%
 x = inputs["small"]
@@ -518,8 +519,8 @@ else:
 
 # %% [markdown]
 # ## 10. Recorded GPU results
-# This run's table beside the last GPU run committed to this repository (the caption names its GPU and date).
-# Without a GPU, the recorded figures follow.
+# This run's table beside the GPU run recorded in `figures/` before it (the caption names that run's GPU, date
+# and id). Without a GPU, the recorded figures follow.
 
 # %%
 recorded = results.beside_recorded(STEM, main_table)

@@ -480,11 +480,11 @@ m.short()
 # over the windows against a floor profiled once (in the last window), so it leaves out the floor's own
 # run-to-run spread.
 #
-# **The verdicts**, computed from the intervals of the table (on a CPU the "graph" rows are eager fallbacks,
-# and their claims say so): whole-step graph and `make_graphed_callables` each against eager; the whole-step
-# graph against `make_graphed_callables` (the ratio of their times, window by window); the whole-step graph
-# against 1.1× its floor; the default eager Adam against eager `Adam(capturable=True)`. The headline, the small
-# MLP with SGD, is {claim:graph_beats_eager_small_sgd}.
+# **The verdicts**, computed from the intervals of the table and listed in the summary at the end (on a CPU the
+# "graph" rows are eager fallbacks, and their claims say so): whole-step graph and `make_graphed_callables` each
+# against eager; the whole-step graph against `make_graphed_callables` (the ratio of their times, window by
+# window); the whole-step graph against 1.1× its floor; the default eager Adam against eager
+# `Adam(capturable=True)`. The headline, the small MLP with SGD, is {claim:graph_beats_eager_small_sgd}.
 
 # %%
 SIZE_KEY = {"32x128x256x16": "small", "640x4096x2048x1024": "docs"}
@@ -529,8 +529,8 @@ fig_time.tight_layout()
 # forward and backward kernels, but a training step is more than that: the loss and its backward, the autograd
 # engine's bookkeeping around the graphed function, `zero_grad`, and the optimizer step still run eagerly, one
 # CPU launch at a time. The partial graph can save only the part it covers, while the whole-step graph replaces
-# every launch with one; the verdicts above say how the two compare here, and the appendix times the parts of an
-# eager step one by one.
+# every launch with one; the verdicts in the summary at the end say how the two compare here, and the appendix
+# times the parts of an eager step one by one.
 
 # %% [markdown]
 # ## 6. Mixed precision (AMP) through `capture_train_step`
@@ -623,9 +623,9 @@ amp_parity = pd.DataFrame(amp_parity_rows)
 # The verdicts: graph against eager for each AMP case, and, for fp16 with the `GradScaler`, the graph with
 # `SGD(fused=True)` against the graph with plain `SGD` (the ratio of their times, window by window). The fp16
 # rows get no floor: the scaler's part runs eagerly after each replay, so those steps launch kernels outside
-# their graph (`eager_kernels_per_call`). Skipping the synchronization does not by itself make a step faster:
-# where the host takes longer than the GPU, the GPU has usually finished by the time the host waits for it. The
-# verdict says which of the two graphs is faster here.
+# their graph (column `eager_kernels_per_call` of `amp_timing` and `results.csv`). Skipping the synchronization
+# does not by itself make a step faster: where the host takes longer than the GPU, the GPU has usually finished
+# by the time the host waits for it. The verdict says whether either of the two graphs is faster here.
 
 # %%
 amp = measure(amp_cases, **TIMING) if amp_cases else None
@@ -705,8 +705,8 @@ REFERENCE[["case", "variant", "K80 speedup", "H100 ref graph µs", "H100 ref spe
 
 # %% [markdown]
 # ## 9. Recorded GPU results
-# This run's times and speedups beside those of the last GPU run committed to this repository (what a reader
-# without a GPU sees), with that run's GPU in the caption.
+# This run's times and speedups beside those of the GPU run recorded in `figures/` before it (what a reader
+# without a GPU sees), with that run's GPU, date and id in the caption.
 
 # %%
 recorded = results.beside_recorded(STEM, pd.concat([timing, amp_timing], ignore_index=True))

@@ -473,11 +473,12 @@ print("phase 2 GELU cases:", list(late) or "none (needs an NVIDIA GPU)")
 # **A fair comparison needs comparable GPU work on both sides.** A graph removes launches, not slow kernels: it
 # cannot run faster than the kernels it replays (the floor). Eager `nn.Linear` and the compiled forward call
 # cuBLAS through different operators (eager: one `addmm` with the bias; Inductor: a plain `mm` plus a fused
-# bias + ReLU kernel), so cuBLAS may pick different matrix-multiply kernels for them; in full float32 an earlier
-# recorded run measured that kernel choice rather than launch overhead. So this notebook sets one precision for
-# float32 matmuls, for eager and compiled code alike, before anything is compiled (`MATMUL_PRECISION`, default
+# bias + ReLU kernel), so cuBLAS may pick different matrix-multiply kernels for them; in full float32 the
+# comparison can then measure that kernel choice rather than launch overhead. So this notebook sets one precision
+# for float32 matmuls, for eager and compiled code alike, before anything is compiled (`MATMUL_PRECISION`, default
 # `"high"`: TF32 tensor cores, which PyTorch's own warning suggests), and a claim checks that a graph of the
-# compiled kernels is not far slower than a graph of eager's (`compiled_graph_slower_mlp` in the summary).
+# compiled kernels is not far slower than a graph of eager's (the summary's 12-layer MLP finding that sets the
+# two graphs side by side).
 #
 # **One pitfall first: the cuBLAS workspace.** cuBLAS keeps a scratch *workspace* per (handle, stream), and a
 # graph captured after it exists bakes its address in. `reduce-overhead` frees those workspaces whenever it warms
@@ -709,7 +710,8 @@ print(f"K80, large GELU: {large_bytes / 1e6:.0f} MB per call / {K80_BANDWIDTH / 
 # on this GPU, and whether they stack, is what the summary's claims say.
 #
 # ## 9. The recorded GPU run
-# This run's numbers are in the tables of sections 4 and 6; here are the recorded GPU run's, to read beside them.
+# This run's numbers are in the tables of sections 4 and 6; here are those of the GPU run recorded in `figures/`
+# before it (the caption names that run), to read beside them.
 
 # %%
 results.show_recorded(STEM, columns=["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo",
@@ -737,10 +739,11 @@ summary(claims);
 #   elementwise kernel there is little left for its graph to save, so that cost decides. On a region with many
 #   kernels its graph saves a launch per kernel and the fixed cost is paid once, but it can only be as fast as
 #   the kernels torch.compile generated, and in training the optimizer step and autograd's bookkeeping stay in
-#   Python. Use it on whole model forwards or training steps, call `torch.compiler.cudagraph_mark_step_begin()`
-#   at each iteration boundary, keep inputs in a static buffer when you can, and clone outputs you keep across
-#   calls: an old output of a replay is overwritten silently. A manual graph with its input in place skips all
-#   of that Python per call.
+#   Python. Use it on regions with many kernels, such as whole model forwards or training steps (the findings
+#   above say what it saved on each here), call `torch.compiler.cudagraph_mark_step_begin()` at each iteration
+#   boundary, keep inputs in a static buffer when you can, and clone outputs you keep across calls: an old
+#   output of a replay is overwritten silently. A manual graph with its input in place skips all of that Python
+#   per call.
 # - Mixing your own graphs with `reduce-overhead` in one process: give each capture a fresh cuBLAS workspace
 #   (`fresh_cublas_workspace`), or `reduce-overhead` frees the one your graph baked in.
 # %% [markdown]

@@ -233,7 +233,9 @@ m_infer.short()
 # ### Where does the graph pay, and where does it stop?
 # - **pays at batch b**: the graph's speedup interval at b lies above `PAYS` (more than 10% faster than eager).
 # - **stops paying**: the smallest batch from which every interval lies at or below `PAYS`; if the largest
-#   batch's interval still lies above it, the graph pays across the whole sweep.
+#   batch's interval still lies above it, the graph pays across the whole sweep; if it straddles `PAYS`, the
+#   sweep gives no verdict on where the graph stops paying, and the claim reports the largest batch as too close
+#   to call.
 #
 # The verdicts are in the summary at the end of the lesson, e.g. {claim:infer_fp16_pays_at_large_batches}.
 
@@ -523,8 +525,9 @@ fig_parity = parts.plot_parity({labels[k]: runs[k]["losses"].numpy() for k in ("
 parity_acc
 
 # %% [markdown]
-# Where two eager runs are bit-for-bit equal and the graphed run is not, one difference between them is expected:
-# the eager fused step receives the LR as a Python float, the graph reads it from a float32 tensor.
+# If two eager runs are bit-for-bit equal and the graphed run is not (the output above says whether that happened
+# here), one difference between them is expected: the eager fused step receives the LR as a Python float, the
+# graph reads it from a float32 tensor.
 #
 # **Gradient accumulation.** The same loop with `accumulate=4` (one optimizer step per 4 batches; the short batch
 # of each epoch lands somewhere inside a window and runs eagerly), for `ACCUMULATE_EPOCHS` epochs, against the
