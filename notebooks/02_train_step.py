@@ -484,7 +484,7 @@ m.short()
 # "graph" rows are eager fallbacks, and their claims say so): whole-step graph and `make_graphed_callables` each
 # against eager; the whole-step graph against `make_graphed_callables` (the ratio of their times, window by
 # window); the whole-step graph against 1.1× its floor; the default eager Adam against eager
-# `Adam(capturable=True)`. The headline, the small MLP with SGD, is {claim:graph_beats_eager_small_sgd}.
+# `Adam(capturable=True)`. The headline, the small MLP with SGD, is the first finding of the summary.
 
 # %%
 SIZE_KEY = {"32x128x256x16": "small", "640x4096x2048x1024": "docs"}

@@ -237,7 +237,7 @@ m_infer.short()
 #   sweep gives no verdict on where the graph stops paying, and the claim reports the largest batch as too close
 #   to call.
 #
-# The verdicts are in the summary at the end of the lesson, e.g. {claim:infer_fp16_pays_at_large_batches}.
+# The verdicts are in the summary at the end of the lesson.
 
 # %%
 curve, infer_claims = {}, []

@@ -488,11 +488,11 @@ m_step.short()
 
 # %% [markdown]
 # The verdicts of this section, in the summary table at the end: the kit's graph against eager at each batch size
-# ({claim:step_graph_beats_eager_b1} at batch 1); `reduce-overhead` against the kit's graph; the compiled step
+# (batch 1 in the summary); `reduce-overhead` against the kit's graph; the compiled step
 # captured by the kit against `reduce-overhead`, with the aim of more than 5% faster (section 10 says where the
-# time goes); whether eager is host-bound, i.e. takes more than twice the floor ({claim:step_eager_host_bound_b1});
+# time goes); whether eager is host-bound, i.e. takes more than twice the floor;
 # whether the graph saves more than 10% on prefill; and whether it buys a decode step more than it buys prefill
-# (the decode step's speedup over prefill's, window by window: {claim:decode_gains_more_than_prefill}).
+# (the decode step's speedup over prefill's, window by window).
 
 # %%
 claims = []   # every comparison this notebook states; the summary table and claims.csv at the end
@@ -520,7 +520,7 @@ step_df["floor_step_us"] = step_df.batch.map(floors).astype(float)   # NaN where
 # smallest and the largest batch size. The table below gives the time of a whole generation; time per token (that
 # time divided by `NEW_TOKENS`) and tokens per second (every sequence of the batch counted) are in the saved
 # results and section 13's figure. The verdicts (summary table): do the kit's graphs beat eager
-# ({claim:generate_graphs_beat_eager_b1}); is `reduce-overhead` faster than the kit's graphs; are the kit's graphs
+# (the summary has the largest batch); is `reduce-overhead` faster than the kit's graphs; are the kit's graphs
 # faster than `transformers`' static-cache `generate`; and is that static cache faster than `transformers`'
 # default dynamic cache?
 
@@ -561,7 +561,7 @@ m_gen.short()
 # as many graphs as the ladder; and one graph per batch size. The planner minimises padded rows here. Whether
 # padding rows cost much depends on how fast a decode step's time grows with the batch (section 7's table); what
 # the number of graphs costs, on how the driver and the GPU handle many graphs. The verdicts: does each strategy
-# beat eager, do the planned buckets beat the ladder ({claim:serving_planned_beats_ladder}), and does the ladder
+# beat eager, do the planned buckets beat the ladder, and does the ladder
 # beat one graph per batch size?
 
 # %%
@@ -654,10 +654,10 @@ print(TOOLS.to_string(index=False))
 # `reduce-overhead`'s per-call host work shows. Where both medians sit close to their floors (`vs_floor` near 1),
 # both are GPU-bound: the time goes to the fused kernels themselves, `reduce-overhead`'s guards and checks run on the
 # host while the GPU is still busy with kernels already queued, and the aim fails or is too close to call
-# ({claim:step_fused_graph_beats_reduce_overhead_b1} at batch 1). Both run fewer kernels than the kit's graph of the
+# (the summary has batch 1). Both run fewer kernels than the kit's graph of the
 # eager step and so have a lower floor; whether that makes `reduce-overhead` faster than the kit's graph at a given
-# batch size is a verdict of section 7 ({claim:step_reduce_overhead_beats_graph_b1} at batch 1; the other batch
-# sizes are in `claims.csv`, and where the intervals overlap it is too close to call).
+# batch size is a verdict of section 7 (batch 1 in the summary; the other batch sizes are in
+# `claims.csv`, and where the intervals overlap it is too close to call).
 
 # %%
 setup_rows = [{"variant": KIT_GEN, "compile_s": 0.0, "capture_s": graphs.capture_seconds, "graph_mib": kit_held}]
@@ -728,7 +728,7 @@ assert k_checks.tokens_equal.all(), "K steps per replay decoded differently from
 # which waits for the GPU, so that the GPU then waits for the next replay. A replay of one decode step already keeps
 # the GPU busy for most of its time (section 7: the kit's graph runs close to its floor), so expect a gain far
 # smaller than the graph's gain over eager, though it can exceed the step's own distance to its floor, since each
-# done-flag read adds a wait of its own ({claim:kstep_k8_beats_one_graph_per_token_b1} at batch 1).
+# done-flag read adds a wait of its own (the summary has K=8 at batch 1 and 8).
 
 # %%
 def k_runner(b, k):
