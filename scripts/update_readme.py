@@ -57,7 +57,9 @@ def claims_block(rec, stem):
     claims = load_claims(rec.dir)
     if claims is None or not len(claims):
         return []
-    windows = f", {int(rec.df.windows.max())} windows" if "windows" in rec.df and rec.df.windows.notna().any() else ""
+    counts = sorted({int(w) for w in rec.df.windows.dropna()}) if "windows" in rec.df else []
+    windows = (f", {counts[0]} windows" if len(counts) == 1 else f", {counts[0]}-{counts[-1]} windows" if counts
+               else "")
     return ["", f"Verdicts the notebook computed from its 90% prediction intervals (`figures/{stem}/claims.csv`"
             f"{windows}). Each line is the sentence the notebook printed; the claim's name states what was tested, "
             "and its verdict is `holds`, `fails` or `unclear` (the interval straddles the threshold):", ""] + [f"- {c.statement} (claim `{c.claim}`: {c.verdict})" for c in claims.itertuples()]
@@ -409,7 +411,7 @@ def llm_decode_section():
     lines = [f"**LLM decoding with a static KV cache** (notebook 08; {_env_caption(env)}; a "
              f"{env.get('config', {}).get('layers', '?')}-layer LLaMA-style model with random weights, "
              f"{env.get('dtype')}, greedy, {env.get('new_tokens')} tokens after a {env.get('prompt_len')}-token prompt), "
-             "whole generations timed round-robin" + (f" in {int(df.windows.max())} windows" if "windows" in df else "")
+             "whole generations timed round-robin" + (f" in {int(gen.windows.max())} windows" if "windows" in gen else "")
              + f"; time per token and speedup over eager ({spread_label(df)}):", "",
              "| batch | variant | runs as | µs per token | speedup | tokens/s | first call (compile/record) |",
              "|---|---|---|---|---|---|---|"]
