@@ -70,6 +70,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _still_answering(port: int, seconds: float) -> bool:
+    """True if a server keeps accepting connections on ``port`` for ``seconds``; False once it refuses one."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2):
+                pass
+        except OSError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.5)
+
+
 def test_lab_starts_headless_as_it_is_run_here_and_answers_on_its_api(tmp_path):
     """`python -m cudagraph_kit lab --no-browser --port N` as the README shows it; this machine runs the tests as
     root (like a container or Colab), where JupyterLab exits 1 unless given --allow-root."""
@@ -103,6 +117,9 @@ def test_lab_starts_headless_as_it_is_run_here_and_answers_on_its_api(tmp_path):
             lab.kill()
             lab.wait()
         log.close()
+    # JupyterLab went with the lab command: terminating the command stops the server (no orphan left answering)
+    assert not _still_answering(port, seconds=15), (
+        f"JupyterLab still answers on port {port} after the lab command was terminated: it was left running")
 
 
 # ------------------------------------------------------------------------------------------------ the README

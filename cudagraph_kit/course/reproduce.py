@@ -633,8 +633,32 @@ def lab(dest=None, start: bool = True, extra_args=()):
     if as_root:
         print("Running as root (a container or Colab): passing --allow-root to jupyter lab, which refuses to start "
               "as root without it.", flush=True)
+    return _run_forwarding_signals(command)
+
+
+def _run_forwarding_signals(command) -> int:
+    """Run ``command`` and return its exit status. A SIGTERM or SIGHUP sent to this process (``kill PID``, a closed
+    terminal, a test's ``terminate()``) is passed on to it, so JupyterLab never outlives the ``lab`` command; Ctrl+C
+    reaches it anyway (same process group), and this process waits while it asks to confirm. The previous signal
+    handlers are put back after."""
+    import signal
     import subprocess
-    return subprocess.run(command, check=False).returncode
+    import threading
+
+    child = subprocess.Popen(command)
+    forwarded = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None]
+    previous = {}
+    if threading.current_thread() is threading.main_thread():   # signal handlers can be set in the main thread only
+        previous = {s: signal.signal(s, lambda signum, frame: child.send_signal(signum)) for s in forwarded}
+    try:
+        while True:
+            try:
+                return child.wait()
+            except KeyboardInterrupt:   # JupyterLab got the same Ctrl+C: wait for it to stop (or to go on)
+                continue
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":  # pragma: no cover
