@@ -85,7 +85,8 @@ def test_beside_recorded_puts_this_run_next_to_the_recorded_one(tmp_path, capsys
                             speedup=[1.0, 1.03], speedup_lo=[1.0, 0.9], speedup_hi=[1.0, 1.2])
     out = results.beside_recorded("01_gelu", fresh, root=tmp_path)
     row = out.set_index("variant").loc["graph"]
-    assert row["speedup (90% interval) now"] == "1.03x (0.90-1.20)"
+    assert row["speedup (90% interval) now"] == "- (ran eagerly)"          # eager against eager: no speedup shown
+    assert out.set_index("variant").loc["eager", "speedup (90% interval) now"] == "1.00x (1.00-1.00)"
     assert row["speedup (90% interval) recorded"] == "5.00x (4.50-5.50)"
     assert "Recorded on" in capsys.readouterr().out
     assert results.beside_recorded("02_train_step", fresh, root=tmp_path) is None

@@ -158,8 +158,14 @@ def check_windows_and_claims(df, folder, batches, env):
     others = timed[timed.variant != "eager"]
     assert len(others) >= len(batches) + len(env["gen_batches"]) + 4
     assert (others.windows == 2).all(), others[["case", "variant", "windows"]]
-    assert (others.speedup_lo <= others.speedup * (1 + 1e-9)).all()
-    assert (others.speedup * (1 - 1e-9) <= others.speedup_hi).all()
+    # the serving table shows no speedup for strategies whose graphs ran eagerly (eager against eager): on a GPU
+    # every row has one
+    serving = others[others.case == "serving loop"]
+    assert serving.speedup.isna().all() if env["gpu"] is None else serving.speedup.notna().all()
+    shown = others[others.speedup.notna()]
+    assert len(shown) >= len(batches) + len(env["gen_batches"]) + 1
+    assert (shown.speedup_lo <= shown.speedup * (1 + 1e-9)).all()
+    assert (shown.speedup * (1 - 1e-9) <= shown.speedup_hi).all()
     assert (timed.window_speedups.str.count(";") == 1).all() and (timed.window_medians_us.str.count(";") == 1).all()
     for r in timed.itertuples():  # the published median is the median of the windows' medians
         medians = window_values(r._asdict(), "window_medians_us")
@@ -208,7 +214,11 @@ def check_windows_and_claims(df, folder, batches, env):
         if c.claim in speedups:     # a speedup over eager: its interval is the row's prediction interval
             case, variant, above = speedups[c.claim]
             r = row(df, case, variant)
-            assert (c.lo, c.hi, c.above) == pytest.approx((r.speedup_lo, r.speedup_hi, above))
+            if r.speedup != r.speedup:   # a table that shows no speedup for a graph that ran eagerly: its windows
+                assert c.verdict == "eager fallback" and c.above == above
+                assert (c.lo, c.hi) == pytest.approx(prediction_interval(window_values(r, "window_speedups")), rel=1e-3)
+            else:
+                assert (c.lo, c.hi, c.above) == pytest.approx((r.speedup_lo, r.speedup_hi, above))
         elif c.claim in ratios:     # two variants: the interval of slow / fast, window by window
             case, slow, fast = ratios[c.claim]
             values = [a / b for a, b in zip(window_values(row(df, case, slow), "window_medians_us"),

@@ -52,15 +52,20 @@ def hf_status() -> tuple:
     None; the reason says why not (not importable, too old, no ``StaticCache`` with ``reset``) or names the version.
 
     Example: ``version, why = hf_status(); if version is None: print("skipped:", why)``"""
+    import warnings
+
     try:
-        import transformers
+        with warnings.catch_warnings():   # in a notebook without ipywidgets, tqdm warns on import; nothing here uses it
+            warnings.filterwarnings("ignore", message="IProgress not found")
+            import transformers
+            has_reset = hasattr(getattr(transformers, "StaticCache", None), "reset")   # a lazy import: inside too
     except Exception as exc:  # noqa: BLE001 - an import that fails for any reason means: skip, and say why
         return None, f"transformers is not importable ({type(exc).__name__}: {exc}); pip install transformers"
     version = transformers.__version__
     if _version(version) < MIN_TRANSFORMERS:
         return None, (f"transformers {version} is older than {'.'.join(map(str, MIN_TRANSFORMERS))}, the oldest "
                       "this recipe supports; pip install -U transformers")
-    if not hasattr(getattr(transformers, "StaticCache", None), "reset"):
+    if not has_reset:
         return None, f"transformers {version} has no StaticCache with reset(); pip install -U transformers"
     return version, f"transformers {version}"
 

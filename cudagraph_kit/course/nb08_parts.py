@@ -108,8 +108,10 @@ class Runs:
 def serve_table(m_serve, strategies: dict, sizes_of: dict, observed: list, same: dict, ledger):
     """The serving loop's table: ``with_window_medians(m_serve)`` plus, per strategy, time per step, tokens per
     second, the share of requests decoded as eager (``same``), its number of graphs, capture time, the memory they
-    hold (``ledger.record``), its bucket sizes and the padding share of the computed rows on ``observed``."""
+    hold (``ledger.record``), its bucket sizes and the padding share of the computed rows on ``observed``. A strategy
+    whose graphs ran eagerly (no GPU) gets no speedup: it would compare eager with eager."""
     from ..buckets import evaluate_buckets
+    from .measure import is_eager_fallback
 
     df = with_window_medians(m_serve)
     name = df.variant.str.replace(" (eager fallback)", "", regex=False)
@@ -123,6 +125,8 @@ def serve_table(m_serve, strategies: dict, sizes_of: dict, observed: list, same:
     df["bucket_sizes"] = name.map(lambda n: " ".join(map(str, sizes_of[n])))
     df["pad_fraction"] = name.map(lambda n: evaluate_buckets(observed, sizes_of[n])["pad_fraction"]
                                   if sizes_of[n] else 0.0)
+    fell_back = df.variant.map(is_eager_fallback).astype(bool)    # graphs that ran eagerly: eager against eager
+    df.loc[fell_back, [c for c in ("speedup", "speedup_lo", "speedup_hi") if c in df]] = float("nan")
     return df
 
 

@@ -167,11 +167,18 @@ def show_recorded(stem: str, root=None, columns=None) -> Recorded | None:
     return rec
 
 
-def _speedups(df):
+def _speedups(df, now: bool = False):
+    """case, variant, time and speedup (with its interval) per row; ``now``: this run's rows, where a graph that ran
+    eagerly shows no speedup (it would compare eager with eager)."""
     import pandas as pd
 
-    span = [f"{s:.2f}x ({lo:.2f}-{hi:.2f})" if lo == lo and hi == hi else f"{s:.2f}x"
-            for s, lo, hi in zip(df.speedup, df.get("speedup_lo", df.speedup), df.get("speedup_hi", df.speedup))]
+    from .measure import is_eager_fallback
+
+    ran_as = df.get("executed_as", df.variant)
+    span = ["- (ran eagerly)" if now and (is_eager_fallback(v) or is_eager_fallback(r)) else
+            f"{s:.2f}x ({lo:.2f}-{hi:.2f})" if lo == lo and hi == hi else f"{s:.2f}x"
+            for s, lo, hi, v, r in zip(df.speedup, df.get("speedup_lo", df.speedup), df.get("speedup_hi", df.speedup),
+                                       df.variant, ran_as)]
     return pd.DataFrame({"case": df.case.values, "variant": df.variant.str.replace(" (eager fallback)", "",
                                                                                  regex=False).values,
                          "time (µs)": df.median_us.round(1).values, "speedup (90% interval)": span})
@@ -190,7 +197,7 @@ def beside_recorded(stem: str, table, root=None):
     if rec is None:
         show_recorded(stem, root)
         return None
-    now, then = _speedups(table), _speedups(rec.df)
+    now, then = _speedups(table, now=True), _speedups(rec.df)
     out = now.merge(then, on=["case", "variant"], how="left", suffixes=(" now", " recorded"))
     caption = f"Now: {'this GPU' if has_cuda() else 'this CPU (graphs ran eagerly)'}. {rec.caption}."
     try:
