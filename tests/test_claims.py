@@ -113,7 +113,7 @@ def test_stops_paying_reads_verdicts_not_points():
     pts = [(2**20, 1.5, 2.0), (2**22, 0.9, 1.4), (2**24, 1.0, 1.05)]
     c = stops_paying("stops", pts, 1.10, "the graph", " elements")
     assert c.verdict == "holds"
-    assert c.statement == "the graph stops paying (at most 1.1x) from 16777216 elements on (too close to call at 4194304 elements)"
+    assert c.statement == "the graph stops paying (at most 1.1x) from 16,777,216 elements on (too close to call at 4,194,304 elements)"
     pays = stops_paying("stops", [(1, 2.0, 3.0), (2, 1.5, 1.9)], 1.10, "the graph")
     assert pays.verdict == "fails" and pays.statement.startswith("the graph pays at every point measured, up to 2")
     assert all(plain(c.statement) for c in (c, pays))
@@ -127,3 +127,12 @@ def test_summary_is_one_sentence_per_claim(capsys):
                                 "the compiled forward is 1.25-2.00x slower than eager"]
     out = capsys.readouterr().out
     assert "1. the graph is 2.00-3.00x faster" in out and "holds" not in out
+
+
+def test_an_interval_whose_ends_read_alike_is_one_number_and_sizes_read_with_separators():
+    """Seen in the recorded run: "1.20-1.20x faster" (every window gave the same ratio) and "from 16777216 elements
+    on"."""
+    assert faster("a", 1.2, 1.2, "the graph").statement == "the graph is 1.20x faster than eager"
+    assert faster("a", 1.2, 1.25, "the graph").statement == "the graph is 1.20-1.25x faster than eager"
+    c = stops_paying("g", [(2 ** 20, 1.5, 2.0), (2 ** 24, 1.0, 1.05)], 1.10, "the graph", " elements")
+    assert c.statement == "the graph stops paying (at most 1.1x) from 16,777,216 elements on"

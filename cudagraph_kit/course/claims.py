@@ -41,6 +41,7 @@ CLAIMS_FILE = "claims.csv"
 CLAIM_COLUMNS = ["claim", "statement", "verdict", "lo", "hi", "above"]
 _ID = re.compile(r"^[a-z0-9_]+$")
 _QUOTE = re.compile(r"\{claim:([a-z0-9_]+)\}")
+_SAME_ENDS = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)-\1(?![\d.])")   # an interval whose two ends read alike
 EAGER_FALLBACK = "eager fallback"  # the verdict of a claim about a graph that ran eagerly (no GPU)
 
 
@@ -94,8 +95,9 @@ class Claim:
         if not self.measured:
             return f"{what}: not measured in two or more windows, so no verdict"
         template = {"holds": self.holds, "fails": self.fails, "unclear": self.unclear}[self.verdict]
-        return template.format(lo=self.lo, hi=self.hi, above=self.above, inv_lo=1 / self.hi if self.hi else
+        text = template.format(lo=self.lo, hi=self.hi, above=self.above, inv_lo=1 / self.hi if self.hi else
                                float("inf"), inv_hi=1 / self.lo if self.lo else float("inf"))
+        return _SAME_ENDS.sub(r"\1", text)   # "1.20-1.20x" (every window alike) reads "1.20x"
 
     def row(self) -> dict:
         return {"claim": self.claim, "statement": self.statement, "verdict": self.verdict, "lo": self.lo,
@@ -205,7 +207,7 @@ def stops_paying(claim_id: str, points, above: float, subject: str, unit: str = 
     Example::
 
         stops_paying("graph_stops_paying", [(2**20, 1.5, 2.0), (2**24, 1.0, 1.05)], 1.10, "the graph", " elements")
-        # statement: 'the graph stops paying (at most 1.1x) from 16777216 elements on'
+        # statement: 'the graph stops paying (at most 1.1x) from 16,777,216 elements on'
     """
     from ..intervals import stops_clearing
 
@@ -215,7 +217,7 @@ def stops_paying(claim_id: str, points, above: float, subject: str, unit: str = 
     found = stops_clearing(pts, above)
     at = found["from"]
     x, lo, hi = next(p for p in pts if p[0] == float(at)) if at is not None else pts[-1]
-    shown = lambda v: f"{int(v)}" if float(v).is_integer() else f"{v:g}"  # noqa: E731
+    shown = lambda v: f"{int(v):,}" if float(v).is_integer() else f"{v:g}"  # noqa: E731
     before = (f" (too close to call at {shown(found['unclear_before'])}{unit})"
               if found["unclear_before"] is not None else "")
     span = f"{_x(lo)}-{_x(hi)}x" if lo == lo else "?"
