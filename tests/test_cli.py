@@ -34,10 +34,16 @@ def test_only_lab_takes_options_it_does_not_know(capsys):
 def test_lab_passes_its_unknown_options_to_jupyterlab_and_returns_its_status(tmp_path, monkeypatch):
     ran = []
 
-    def fake_run(command, check=False):
-        ran.append(command)
-        return subprocess.CompletedProcess(command, 3)
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    class FakeJupyterLab:   # what lab starts (and waits for): records the command, exits with status 3
+        def __init__(self, command):
+            ran.append(command)
+
+        def wait(self):
+            return 3
+
+        def send_signal(self, signum):
+            raise AssertionError("no signal was sent in this test")
+    monkeypatch.setattr(subprocess, "Popen", FakeJupyterLab)
     status = main(["lab", "--no-browser", "--port", "8889", "--dir", str(tmp_path / "lab"), "--ip=0.0.0.0",
                    "--allow-root"])
     assert status == 3
