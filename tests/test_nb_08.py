@@ -216,7 +216,10 @@ def check_windows_and_claims(df, folder, batches, env):
             r = row(df, case, variant)
             if r.speedup != r.speedup:   # a table that shows no speedup for a graph that ran eagerly: its windows
                 assert c.verdict == "eager fallback" and c.above == above
-                assert (c.lo, c.hi) == pytest.approx(prediction_interval(window_values(r, "window_speedups")), rel=1e-3)
+                # window_speedups are saved to 4 significant digits (each off by up to 5e-4); a 2-window prediction
+                # interval stretches that by its t factor (about 6.3 x 1.22), hence 1e-2
+                values = window_values(r, "window_speedups")
+                assert (c.lo, c.hi) == pytest.approx(prediction_interval(values), rel=1e-2)
             else:
                 assert (c.lo, c.hi, c.above) == pytest.approx((r.speedup_lo, r.speedup_hi, above))
         elif c.claim in ratios:     # two variants: the interval of slow / fast, window by window
