@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from ..intervals import combine_windows, ratio_across_windows
 from ..timing import compare
 
-__all__ = ["measure", "Measured", "SHORT_COLUMNS", "is_eager_fallback"]
+__all__ = ["measure", "Measured", "SHORT_COLUMNS", "is_eager_fallback", "ran_eagerly"]
 
 SHORT_COLUMNS = ["case", "variant", "ran as", "time (µs)", "speedup", "90% interval", "floor (µs)"]
 
@@ -46,6 +46,13 @@ def is_eager_fallback(label: str, cuda: bool | None = None) -> bool:
         cuda = _cuda()
     label = str(label)
     return "(eager fallback)" in label or (not cuda and ("graph" in label.lower() or "reduce-overhead" in label))
+
+
+def ran_eagerly(table) -> list:
+    """Per row of a timing table: True for a graph that ran eagerly (its variant or its ``executed_as`` says so),
+    a row whose speedup would compare eager with eager, so tables show none."""
+    ran_as = table["executed_as"] if "executed_as" in table else table.variant
+    return [is_eager_fallback(v) or is_eager_fallback(r) for v, r in zip(table.variant, ran_as)]
 
 
 @dataclass
@@ -88,9 +95,9 @@ class Measured:
         import pandas as pd
 
         t = self.table if cases is None else self.table[self.table.case.isin(list(cases))]
-        ran_as = t.get("executed_as", pd.Series(["-"] * len(t), index=t.index))
-        eager = [is_eager_fallback(v) or is_eager_fallback(r) for v, r in zip(t.variant, ran_as)]
-        values = [t.case, t.variant, ran_as, t.median_us.round(1),
+        eager = ran_eagerly(t)
+        values = [t.case, t.variant, t.get("executed_as", pd.Series(["-"] * len(t), index=t.index)),
+                  t.median_us.round(1),
                   ["-" if e else f"{s:.2f}x" for s, e in zip(t.speedup, eager)],
                   ["ran eagerly" if e else f"{lo:.2f}-{hi:.2f}x" if lo == lo and hi == hi else "-"
                    for lo, hi, e in zip(t.speedup_pi_lo, t.speedup_pi_hi, eager)],

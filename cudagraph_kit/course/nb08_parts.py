@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "serve_table", "step_mode", "profiled_mode", "with_window_medians",
-           "per_batch", "check_row", "setup_table", "attempt", "host_bound", "decode_vs_prefill", "compiles_so_far", "kernel_table", "plot_decode"]
+__all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "serve_table", "step_mode", "profiled_mode",
+           "with_window_medians", "per_batch", "check_row", "setup_table", "attempt", "host_bound", "decode_vs_prefill",
+           "compiles_so_far", "kernel_table", "plot_decode"]
 
 
 def make_stream(seed: int, steps: int, max_batch: int, max_gen: int) -> list:
@@ -111,7 +112,7 @@ def serve_table(m_serve, strategies: dict, sizes_of: dict, observed: list, same:
     hold (``ledger.record``), its bucket sizes and the padding share of the computed rows on ``observed``. A strategy
     whose graphs ran eagerly (no GPU) gets no speedup: it would compare eager with eager."""
     from ..buckets import evaluate_buckets
-    from .measure import is_eager_fallback
+    from .measure import ran_eagerly
 
     df = with_window_medians(m_serve)
     name = df.variant.str.replace(" (eager fallback)", "", regex=False)
@@ -125,8 +126,7 @@ def serve_table(m_serve, strategies: dict, sizes_of: dict, observed: list, same:
     df["bucket_sizes"] = name.map(lambda n: " ".join(map(str, sizes_of[n])))
     df["pad_fraction"] = name.map(lambda n: evaluate_buckets(observed, sizes_of[n])["pad_fraction"]
                                   if sizes_of[n] else 0.0)
-    fell_back = df.variant.map(is_eager_fallback).astype(bool)    # graphs that ran eagerly: eager against eager
-    df.loc[fell_back, [c for c in ("speedup", "speedup_lo", "speedup_hi") if c in df]] = float("nan")
+    df.loc[ran_eagerly(df), [c for c in ("speedup", "speedup_lo", "speedup_hi") if c in df]] = float("nan")
     return df
 
 
@@ -169,16 +169,15 @@ def per_batch(m, case_of: dict, tokens_per_row: int = 1):
     return df
 
 
-def check_row(variant: str, tokens, logits: list, reference, reference_logits: list, **extra) -> dict:
-    """One row of a correctness table: ``variant``'s greedy tokens against the reference's (``first_divergence``:
-    equal, or where they first differ and whether that is a near tie), the largest |logit difference| over all
-    steps, and ``extra`` columns (batch, first-call time)."""
+def check_row(variant: str, tokens, logits: list, reference, reference_logits: list, batch=None, **extra) -> dict:
+    """One row of a correctness table: ``variant`` (and ``batch``, if given), its greedy tokens against the
+    reference's (``first_divergence``: equal, or where they first differ and whether that is a near tie), the largest
+    |logit difference| over all steps, then ``extra`` columns (e.g. the first call's time)."""
     from .tiny_llm import first_divergence
 
     d = first_divergence(tokens, reference, logits, reference_logits)
-    return {"variant": variant, **{k: extra.pop(k) for k in ("batch",) if k in extra},
-            "tokens_equal": d["equal"], "first_step": d["first_step"], "rows_differing": d["rows_differing"],
-            "margin": d["margin"], "logit_diff": d["logit_diff"], "near_tie": bool(d["near_tie"]),
+    return {"variant": variant, **({} if batch is None else {"batch": batch}), "tokens_equal": d["equal"],
+            "first_step": d["first_step"], "rows_differing": d["rows_differing"], "margin": d["margin"], "logit_diff": d["logit_diff"], "near_tie": bool(d["near_tie"]),
             "max_logit_diff": max((a.float() - r.float()).abs().max().item() for a, r in zip(logits, reference_logits)),
             **extra}
 

@@ -172,13 +172,12 @@ def _speedups(df, now: bool = False):
     eagerly shows no speedup (it would compare eager with eager)."""
     import pandas as pd
 
-    from .measure import is_eager_fallback
+    from .measure import ran_eagerly
 
-    ran_as = df.get("executed_as", df.variant)
-    span = ["- (ran eagerly)" if now and (is_eager_fallback(v) or is_eager_fallback(r)) else
-            f"{s:.2f}x ({lo:.2f}-{hi:.2f})" if lo == lo and hi == hi else f"{s:.2f}x"
-            for s, lo, hi, v, r in zip(df.speedup, df.get("speedup_lo", df.speedup), df.get("speedup_hi", df.speedup),
-                                       df.variant, ran_as)]
+    eager = ran_eagerly(df) if now else [False] * len(df)
+    span = ["- (ran eagerly)" if e else f"{s:.2f}x ({lo:.2f}-{hi:.2f})" if lo == lo and hi == hi else f"{s:.2f}x"
+            for s, lo, hi, e in zip(df.speedup, df.get("speedup_lo", df.speedup), df.get("speedup_hi", df.speedup),
+                                    eager)]
     return pd.DataFrame({"case": df.case.values, "variant": df.variant.str.replace(" (eager fallback)", "",
                                                                                  regex=False).values,
                          "time (µs)": df.median_us.round(1).values, "speedup (90% interval)": span})
