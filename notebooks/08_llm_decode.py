@@ -126,14 +126,14 @@ from cudagraph_kit.buckets import MemoryLedger, capture_buckets, evaluate_bucket
 from cudagraph_kit.capture import capture, fresh_cublas_workspace
 from cudagraph_kit.course import results
 from cudagraph_kit.course.claims import save_claims, speedup, summary, versus
-from cudagraph_kit.course.decode import (decode_state, generate_blocks, k_step, load_state, mid_block_stop,
-                                        positions_needed, stop_after)
+from cudagraph_kit.course.decode import (decode_state, generate_blocks, generation, k_step, load_state,
+                                        mid_block_stop, positions_needed, stop_after)
 from cudagraph_kit.course.hf_decode import StaticDecoder, hf_status
 from cudagraph_kit.course.measure import measure
 from cudagraph_kit.course.nb08_parts import (Runs, attempt, batch_sizes, check_row, compiles_so_far,
                                             decode_vs_prefill, host_bound, kernel_table, make_stream, per_batch,
                                             plot_decode, profiled_mode, serve_stream, serve_table, setup_table,
-                                            step_mode, with_window_medians)
+                                            step_mode)
 from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, first_divergence, greedy_generate,
                                            greedy_generate_no_cache, hf_generate, to_hf_llama)
 
@@ -732,22 +732,10 @@ assert k_checks.tokens_equal.all(), "K steps per replay decoded differently from
 
 # %%
 def k_runner(b, k):
-    """One timed generation at batch b: k=0 eager (the K=1 block run eagerly), else the graph of K steps per replay."""
-    first = kx[:b, -1].clone()                 # any start token will do for timing (no stop token)
-    start = decode_state(first, PROMPT_LEN)
-    if k == 0:
-        block = k_step(decode_step, 1, PAD)
-
-        def run():
-            state = tuple(t.clone() for t in start)
-            return generate_blocks(lambda: block(*state), state, first, NEW_TOKENS, 1, PAD)
-        return run
-    g = k_graphs[b, k]
-
-    def run():
-        load_state(g.static_inputs, start)
-        return generate_blocks(g.replay, g.static_inputs, first, NEW_TOKENS, k, PAD)
-    return run
+    """One timed generation at batch b (any start token will do: no stop token): k=0 runs the K=1 block eagerly,
+    else the graph of K steps replays once per block."""
+    return generation(kx[:b, -1].clone(), PROMPT_LEN, NEW_TOKENS, max(k, 1), PAD, graph=k_graphs.get((b, k)),
+                      step=decode_step)
 
 
 K_NAME = {k: f"K={k}: one graph per {k} tokens" if k > 1 else "K=1: one graph per token" for k in K_STEPS}
@@ -803,7 +791,8 @@ else:
         builds[HF_FUSED] = lambda: torch.compile(hf_dec.step)         # default mode: fused kernels, no graphs
     for name, build in builds.items():
         t0 = time.perf_counter()
-        hf_graphs[name] = attempt(name, lambda: hf_dec.capture(capture, fn=fresh_cublas_workspace(build()), eager_fallback=True))
+        hf_graphs[name] = attempt(name, lambda: hf_dec.capture(capture, fn=fresh_cublas_workspace(build()),
+                                                               eager_fallback=True))
         if hf_graphs[name] is not None:
             lg, setup_s = [], time.perf_counter() - t0                 # compile (if any) and capture
             tokens = hf_dec.generate(hx, NEW_TOKENS, step=hf_graphs[name], logits_out=lg)
@@ -838,8 +827,7 @@ if len(hf_timed) > 1:
     for cid, slow in (("hf_fused_graph_beats_kit_graph", HF_KIT), ("hf_fused_graph_beats_hf_static_generate", HF_STATIC)):
         if {HF_FUSED, slow} <= set(hf_timed):
             claims.append(versus(m_hf, cid, (HF_CASE, HF_FUSED), (HF_CASE, slow)))
-    hf_df = with_window_medians(m_hf).assign(batch=BATCHES[0])
-    hf_df["us_per_token"] = hf_df.median_us / NEW_TOKENS
+    hf_df = per_batch(m_hf, {BATCHES[0]: HF_CASE}, NEW_TOKENS).assign(us_per_token=lambda d: d.median_us / NEW_TOKENS)
     print(m_hf.short().to_string(index=False))
 
 # %% [markdown]

@@ -4,8 +4,8 @@ same block captured by the kit gives the same tokens."""
 import pytest
 import torch
 
-from cudagraph_kit.course.decode import (NO_STOP, decode_state, generate_blocks, k_step, load_state, mid_block_stop,
-                                         positions_needed, stop_after)
+from cudagraph_kit.course.decode import (NO_STOP, decode_state, generate_blocks, generation, k_step, load_state,
+                                         mid_block_stop, positions_needed, stop_after)
 from cudagraph_kit.course.tiny_llm import StaticKVCache, TinyConfig, TinyLLM, greedy_generate
 
 CFG = TinyConfig(vocab_size=256, dim=64, layers=2, heads=4, kv_heads=2, hidden=128)
@@ -120,3 +120,15 @@ def test_k_step_block_captured_by_the_kit_equals_one_step_per_token_on_the_gpu(b
                 load_state(g.static_inputs, decode_state(first, L, s))
                 got = generate_blocks(g.replay, g.static_inputs, first, NEW, k, PAD)
                 assert torch.equal(got, ref if s is None else stop_after(ref, stop, PAD)), (k, s)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_a_timed_generation_decodes_the_greedy_tokens_and_can_run_again(model, k):
+    x = prompt(2)
+    cache = StaticKVCache(CFG, max_batch=2, max_len=positions_needed(L, NEW, k))
+    ref = greedy_generate(model, cache, x, NEW)
+    first = model.prefill(x, cache).argmax(-1)
+    run = generation(first, L, NEW, k, PAD, step=lambda t, p: model.decode(t, p, cache))
+    assert torch.equal(run(), ref) and torch.equal(run(), ref)   # each call starts from the same state
+    with pytest.raises(ValueError, match="needs a graph to replay or a step"):
+        generation(first, L, NEW, k)

@@ -35,8 +35,8 @@ import math
 
 import torch
 
-__all__ = ["k_step", "decode_state", "load_state", "generate_blocks", "stop_after", "positions_needed",
-           "mid_block_stop", "NO_STOP"]
+__all__ = ["k_step", "decode_state", "load_state", "generate_blocks", "generation", "stop_after",
+           "positions_needed", "mid_block_stop", "NO_STOP"]
 
 NO_STOP = -1   # the stop token of a sequence that never stops (no vocabulary id is negative)
 
@@ -106,6 +106,32 @@ def generate_blocks(run_block, state, first, new_tokens: int, k: int, pad_token:
         rest = torch.full_like(tokens[:, :1], pad_token).expand(-1, new_tokens - tokens.shape[1])
         tokens = torch.cat([tokens, rest], dim=1)
     return tokens[:, :new_tokens]
+
+
+def generation(first, prompt_len: int, new_tokens: int, k: int, pad_token: int = 0, graph=None, step=None):
+    """A callable that decodes one whole generation from ``first`` (b,) in blocks of ``k``, no stop token (for
+    timing): with ``graph`` (a kit capture of ``k_step(step, k)``) it loads the start state into the graph's static
+    inputs and replays once per block; without, it runs ``k_step(step, k)`` eagerly on a fresh copy of that state.
+
+    Example::
+
+        run = generation(first, 16, 32, 4, graph=k_graphs[1, 4])
+        tokens = run()       # (b, 32)
+    """
+    start = decode_state(first, prompt_len)
+    if graph is not None:
+        def run():
+            load_state(graph.static_inputs, start)
+            return generate_blocks(graph.replay, graph.static_inputs, first, new_tokens, k, pad_token)
+        return run
+    if step is None:
+        raise ValueError("generation needs a graph to replay or a step to run eagerly; got neither.")
+    block = k_step(step, k, pad_token)
+
+    def run():
+        state = tuple(t.clone() for t in start)
+        return generate_blocks(lambda: block(*state), state, first, new_tokens, k, pad_token)
+    return run
 
 
 def stop_after(tokens, stop_token: int, pad_token: int = 0):
