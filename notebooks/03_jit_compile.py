@@ -720,11 +720,13 @@ results.show_recorded(STEM, columns=["case", "variant", "executed_as", "median_u
 # %% [markdown]
 # ## 10. Summary
 #
-# This run's verdicts, each from a 90% prediction interval (without a GPU, the graph comparisons say they
+# This run's headline verdicts, each from a 90% prediction interval (without a GPU, the graph comparisons say they
 # compared eager with eager):
 
 # %%
-summary(claims);
+summary(claims, ["graph_beats_eager_small", "fusion_beats_graph_small", "fusion_adds_to_graph_small",
+                 "graph_adds_to_fusion_small", "compile_beats_script_graph_small", "graph_beats_eager_large",
+                 "ro_static_beats_eager_small", "compiled_graph_slower_mlp", "ro_beats_compile_mlp", "kit_beats_ro_training"]);
 
 # %% [markdown]
 # - **Fusion** (`torch.jit.script`'s fuser, `torch.compile`'s Inductor) turns five kernels into one: less GPU

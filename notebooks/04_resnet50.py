@@ -651,10 +651,13 @@ PUBLISHED[["experiment", "published setup", "batch", "published speedup"]].round
 #   only a non-fused optimizer makes `scaler.step` read the inf flag on the CPU.
 # - The graphed digits run follows the eager one: same LR schedule, same validation accuracy per epoch (section 3).
 #
-# The verdicts of this run, one sentence each, computed from the intervals:
+# The headline verdicts of this run (the smallest and largest inference batch, the smallest training batch), one
+# sentence each, computed from the intervals:
 
 # %%
-findings = summary(claims)
+ends = (f"_bs{INFER_BATCHES[0]}_", f"_bs{INFER_BATCHES[-1]}_", "_pays_at_")   # the smallest and largest batch
+summary(claims, [c.claim for c in infer_claims if any(e in c.claim for e in ends)]
+        + [c.claim for c in train_claims if f"_bs{TRAIN_BATCHES[0]}_" in c.claim]);
 
 # %% [markdown]
 # ## Exercises

@@ -793,10 +793,13 @@ beside = results.beside_recorded(STEM, timing.table)  # shows the table (None wh
 # - Requests above the largest bucket still work (eagerly), and the kit counts them: watch
 #   `stats.eager_overflows` in production.
 #
-# This run's verdicts:
+# This run's headline verdicts:
 
 # %%
-findings = summary(claims)  # shows the table
+summary(claims, ["mlp_default_ladder_beats_eager", "mlp_reduce_overhead_beats_eager", "mlp_default_ladder_beats_single_bucket",
+                 "mlp_planned_beats_default_ladder", "mlp_default_ladder_beats_reduce_overhead", "mlp_planned_beats_best_ladder",
+                 "block_default_ladder_beats_eager", "block_default_ladder_beats_reduce_overhead",
+                 "block_expandable_segments_saves_memory"]);
 
 # %% [markdown]
 # ## Exercises

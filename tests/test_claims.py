@@ -126,7 +126,10 @@ def test_summary_is_one_sentence_per_claim(capsys):
     assert list(df.finding) == ["the graph is 2.00-3.00x faster than eager",
                                 "the compiled forward is 1.25-2.00x slower than eager"]
     out = capsys.readouterr().out
-    assert "1. the graph is 2.00-3.00x faster" in out and "holds" not in out
+    assert "1. the graph is 2.00-3.00x faster" in out and "holds" not in out and "other" not in out
+    summary(claims, headlines=["b", "not measured"])    # the headlines this run has, then a count of the rest
+    out = capsys.readouterr().out
+    assert out == "1. the compiled forward is 1.25-2.00x slower than eager\nclaims.csv has this run's 1 other verdict.\n"
 
 
 def test_an_interval_whose_ends_read_alike_is_one_number_and_sizes_read_with_separators():

@@ -254,27 +254,35 @@ def summary_table(claims):
     return pd.DataFrame({"finding": [c.statement for c in claims]}, index=range(1, len(claims) + 1))
 
 
-def summary(claims) -> None:
+def summary(claims, headlines=None) -> None:
     """Show a notebook's findings as one short table: one plain sentence per claim (``holds``/``fails`` stay in
     ``claims.csv``). Markdown in a notebook, numbered lines elsewhere; ``summary_table`` returns the DataFrame.
+    ``headlines``: the ids of the claims to show (those this run measured), in the order given; a last line
+    counts the others, which are in ``claims.csv``.
 
     Example::
 
-        summary(claims)
+        summary(claims, ["graph_beats_eager_small", "fusion_beats_graph_small"])
     """
-    df = summary_table(claims)
+    claims = list(claims)
+    shown = claims if headlines is None else [c for h in headlines for c in claims if c.claim == h]
+    df = summary_table(shown)
+    rest = len(claims) - len(shown)
+    more = f"`claims.csv` has this run's {rest} other verdict{'s' * (rest > 1)}." if rest else ""
     try:
         from IPython import get_ipython
         from IPython.display import Markdown, display
         if get_ipython() is not None:
             lines = ["| | finding |", "|---|---|"] + [f"| {i} | {s.replace('|', '/')} |" for i, s in
                                                       df.finding.items()]
-            display(Markdown("\n".join(lines)))
+            display(Markdown("\n".join(lines) + (f"\n\n{more}" if more else "")))
             return
     except ImportError:
         pass
     for i, s in df.finding.items():
         print(f"{i}. {s}")
+    if more:
+        print(more.replace("`", ""))
 
 
 def save_claims(folder, claims) -> Path:

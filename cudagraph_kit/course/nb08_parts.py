@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "serve_table", "step_mode", "profiled_mode",
-           "with_window_medians", "per_batch", "check_row", "setup_table", "attempt", "host_bound", "decode_vs_prefill",
+           "with_window_medians", "per_batch", "check_row", "first_calls", "setup_table",
+           "attempt", "host_bound", "decode_vs_prefill",
            "compiles_so_far", "kernel_table", "plot_decode"]
 
 
@@ -180,6 +181,40 @@ def check_row(variant: str, tokens, logits: list, reference, reference_logits: l
             "first_step": d["first_step"], "rows_differing": d["rows_differing"], "margin": d["margin"], "logit_diff": d["logit_diff"], "near_tie": bool(d["near_tie"]),
             "max_logit_diff": max((a.float() - r.float()).abs().max().item() for a, r in zip(logits, reference_logits)),
             **extra}
+
+
+def first_calls(variants, batches, generate, reference: dict, errors: dict, ledger, skip=lambda label, batch: None):
+    """Each variant's first call at each batch size, checked against the reference and timed (a compile or a
+    recording included): ``generate(label, batch, logits_out)`` returns the tokens, ``reference[batch]`` is
+    (tokens, logits). A variant that fails (``attempt``) or that ``skip(label, batch)`` skips (it returns the
+    reason) stops there, its error in ``errors``. Returns (the ``check_row`` rows, {(variant, batch): seconds},
+    {variant: graph-pool growth in bytes during its first calls, ``MemoryLedger.measure``}).
+
+    Example::
+
+        rows, first_s, pool_growth = first_calls(["eager", "graphs"], [1, 4], generate, eager_ref, {}, MemoryLedger())
+    """
+    import time
+
+    rows, seconds, growth = [], {}, {}
+    for label in variants:
+        with ledger.measure(f"first calls, {label}") as mem:
+            for b in batches:
+                reason = skip(label, b)
+                if reason:
+                    errors.setdefault(label, reason)
+                if label in errors:
+                    break
+                t0, logits = time.perf_counter(), []
+                tokens = attempt(label, lambda: generate(label, b, logits), errors)
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                if tokens is None:
+                    break
+                seconds[label, b] = time.perf_counter() - t0
+                rows.append(check_row(label, tokens, logits, *reference[b], batch=b, first_call_s=seconds[label, b]))
+        growth[label] = mem.get("graph_pool_growth", float("nan"))
+    return rows, seconds, growth
 
 
 def setup_table(rows: list):
