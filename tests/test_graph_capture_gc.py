@@ -18,11 +18,15 @@ class Holder:
 
 
 def _drop_a_cyclic_graph_and_allocate(pending: list, refs: list, inside: list) -> None:
-    h = Holder()
-    h.me = h
+    enabled = gc.isenabled()
+    gc.disable()                            # no collection while the cycle is built: it stays in the youngest
+    h = Holder()                            # generation (a collection now would promote it to an older one, which
+    h.me = h                                # the collector visits far less often: the control then fails by chance)
     h.graph = pending.pop()                 # a GraphedCallable: it holds a torch.cuda.CUDAGraph
     refs.append(weakref.ref(h))
     del h                                   # now cyclic garbage
+    if enabled:                             # inside a capture graph_capture has paused the collector: kept paused
+        gc.enable()
     junk = [[i] for i in range(2000)]       # container allocations: with threshold 1 the collector runs now
     del junk
     inside.append(refs[-1]() is None)       # was the cycle (and its graph) freed here?
