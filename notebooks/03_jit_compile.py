@@ -85,6 +85,7 @@ MATMUL_PRECISION = "high"  # float32 matmuls on a GPU, eager and compiled alike 
 
 # %%
 import os
+import re
 import types
 import warnings
 
@@ -226,8 +227,9 @@ if scripted is not None:
                                          ("CudaFusionGroup", "nvFuser (prim::CudaFusionGroup)"),
                                          ("FusionGroup", "legacy fuser (prim::FusionGroup)")] if key in optimized),
                  "none (no fusion group)")
-    if CUDA:
-        print("\nThe optimized TorchScript graph:", optimized, sep="\n")
+    fused_ops = re.findall(r"aten::(\w+)\(", optimized.partition("with prim::")[2])   # the fusion group's body
+    if fused_ops:
+        print(f"TorchScript's fusion group runs {len(fused_ops)} operations as one kernel: {', '.join(fused_ops)}")
 print(f"TorchScript fuser used here: {FUSER}")
 
 # %% [markdown]

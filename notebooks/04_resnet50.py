@@ -753,8 +753,7 @@ feed_claims = [
     Claim("feed_loop_costs_15pct_over_slower_part", *loop_over_slower, above=1.15, subject="data feeding: the real loop",
           holds=f"{took}: more than 15% over it, so the loader and the step overlap poorly",
           fails=f"{took}: within 15% of it, so the loader and the step overlap", unclear=f"{took}: too close to 1.15x")]
-bound = {"holds": "the training step", "fails": "the input pipeline", "unclear": "no clear difference"}[
-    feed_claims[0].verdict]
+bound = parts.limited_by(frames, feed_claims[0].verdict)
 m_feed.table["executed_as"] = ["cuda graph" if feed_mode == "graph" and v != "loader only" else "eager"
                                for v in m_feed.table.variant]
 feed = m_feed.table.assign(section="data feeding", batch=LOADER_BATCH, bound_by=bound,

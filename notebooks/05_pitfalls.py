@@ -729,8 +729,7 @@ if case_claims:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-with pd.option_context("display.max_colwidth", 90):
-    print(pitfalls.table().to_string(index=False))
+pitfalls.table().style.hide(axis="index").set_properties(**{"text-align": "left"})   # long text wraps
 
 # %% [markdown]
 # ## 14. Save the results

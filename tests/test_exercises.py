@@ -804,6 +804,15 @@ def test_07_1_rejects_a_spread_that_is_not_the_scripts(nb07):
     _off(exercises.check_rank_spread(means, nb07.local_steps), "spread of the ranks' medians")
 
 
+def test_07_1_says_when_the_local_run_had_one_rank(nb07):
+    """A one-GPU machine runs the local run as one rank: every spread is 0, and the check says why."""
+    one = nb07.local_steps[nb07.local_steps["rank"] == 0]
+    result = exercises.check_rank_spread(nb07.sol.exercise_1(one)["rank_spread"], one)
+    assert result.status == CORRECT and "one rank" in result.text, result
+    result = exercises.check_rank_spread(nb07.sol.exercise_1(nb07.local_steps)["rank_spread"], nb07.local_steps)
+    assert "one rank" not in result.text, result
+
+
 def test_07_1_matches_the_notebooks_table_on_a_real_local_run_shape(nb07):
     """The check's reference is the script's own summary (cudagraph_kit.ddp.jitter_summary)."""
     from cudagraph_kit.ddp import jitter_summary

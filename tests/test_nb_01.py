@@ -30,7 +30,7 @@ def test_gelu_notebook_records_correct_and_honest_results(run_notebook):
     assert sorted(df.calls_per_graph.dropna().unique()) in ([1, 10], [1, 10, 100])
     # the headline-vs-sweep check (appendix) was computed and recorded beside the results
     check = json.loads((folder / "headline_vs_sweep.json").read_text())
-    assert check["small_numel"] > 0 and check["sweep_numel"] > 0 and isinstance(check["agree"], bool)
+    assert check["small_numel"] > 0 and check["sweep_numel"] > 0 and (isinstance(check["agree"], bool) if torch.cuda.is_available() else check["agree"] is None)
     if torch.cuda.is_available():
         assert (df[df.variant.str.startswith("graph")].executed_as == "cuda graph").all()
         # g(x) is the replay plus one memcpy into the static input, not one more kernel

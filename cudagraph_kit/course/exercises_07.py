@@ -53,6 +53,9 @@ def check_rank_spread(report, rank_spread, local_steps):
                        f"{float(got[1]):.1f}", "pivot to one column per rank (pivot_table(index='step', "
                        "columns='rank', values='step_us')), max - min per row, then its 0.99 quantile "
                        "(linear interpolation, the pandas default).")
+    if local_steps["rank"].nunique() < 2:
+        report.note("this local run had one rank (one GPU here), so every spread is 0 µs: for spreads worth reading, "
+                    "run the notebook on a CPU (two gloo processes) or on a machine with two GPUs")
     if ok:
         parts = [f"{v}: medians {m:.0f} µs apart, per step up to {p:.0f} µs at the p99" for v, (m, p) in want.items()]
         report.right("your numbers are the script's: " + "; ".join(parts))

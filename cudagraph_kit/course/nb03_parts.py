@@ -13,6 +13,8 @@ Example::
 """
 from __future__ import annotations
 
+import re
+
 from collections import defaultdict
 
 __all__ = ["plot_times", "runtime_calls", "gpu_breakdown", "cpu_breakdown"]
@@ -65,8 +67,24 @@ def plot_times(df, title: str):
 
 
 def _short_kernel(name: str) -> str:
-    name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
-    return name.split("<")[0].split("(")[0]
+    """A kernel's readable name (``show.short_kernel_name``); a cuBLAS GEMM as its tile shape."""
+    from ..show import short_kernel_name
+
+    tile = re.search(r"tilesize(\d+x\d+x\d+)", name)
+    if "gemm" in name and tile:
+        return f"cuBLAS gemm {tile.group(1)}"
+    short = short_kernel_name(name)
+    return short if len(short) <= 40 else short[:39] + "…"
+
+
+def _top_kernels(top, n: int = 3) -> str:
+    """The ``n`` largest kernels by GPU time per call, kernels of the same short name added up ("name 2x 2.8")."""
+    totals, counts = {}, {}
+    for name, us in top:
+        k = _short_kernel(name)
+        totals[k], counts[k] = totals.get(k, 0.0) + us, counts.get(k, 0) + 1
+    best = sorted(totals, key=totals.get, reverse=True)[:n]
+    return "; ".join(f"{k} {f'{counts[k]}x ' if counts[k] > 1 else ''}{totals[k]:.1f}" for k in best)
 
 
 def runtime_calls(fn, x, calls: int = 50) -> str:
@@ -101,8 +119,7 @@ def gpu_breakdown(named):
     for case, name, fn, x in named:
         g = gpu_time(fn, x)
         rows.append({"case": case, "variant": name, "GPU busy µs": getattr(g, "busy_us", float("nan")),
-                     "GPU work per call (µs)": "; ".join(f"{_short_kernel(k)} {v:.1f}"
-                                                         for k, v in getattr(g, "top", [])[:3]),
+                     "GPU work per call (µs)": _top_kernels(getattr(g, "top", [])),
                      "CUDA runtime calls per call": runtime_calls(fn, x)})
     return pd.DataFrame(rows)
 

@@ -22,7 +22,7 @@ import torch
 __all__ = ["OPTIMIZERS", "AMP", "build_model", "image_batch", "ToFloat", "build_train_model", "train_batch",
            "make_optimizer", "eager_train_step", "check_losses", "host_time_model", "plot_inference",
            "plot_training", "plot_parity", "digits_split", "small_cnn", "warmup_cosine", "digits_loader", "accuracy",
-           "compare_params", "parity_rows", "feeding_windows", "overlap", "copies", "SyntheticImages"]
+           "compare_params", "parity_rows", "feeding_windows", "limited_by", "overlap", "copies", "SyntheticImages"]
 
 OPTIMIZERS = {  # name -> the label every table and verdict carries: the settings of both sides
     "SGD momentum": "SGD momentum (default implementation, eager and graph)",
@@ -354,6 +354,21 @@ def feeding_windows(step, batch: int, steps: int, image: int, workers: int, devi
             progress(f"data feeding window {w + 1}/{windows}: " + ", ".join(f"{k} {v * 1e3:.2f} ms"
                                                                             for k, v in t.items()))
     return frames
+
+
+def limited_by(frames, verdict: str) -> str:
+    """Which part limits the data feeding, in words: the verdict of "the loader alone is faster than the step alone"
+    where it is definite, else in how many windows the step was the slower part.
+
+    Example::
+
+        limited_by(frames, "unclear")   # 'neither clearly: the training step was the slower part in 5 of 8 windows'
+    """
+    if verdict in ("holds", "fails"):
+        return "the training step" if verdict == "holds" else "the input pipeline"
+    slower = [f.set_index("variant").median_us for f in frames]
+    n = sum(bool(t["step only"] > t["loader only"]) for t in slower)
+    return f"neither clearly: the training step was the slower part in {n} of {len(frames)} windows"
 
 
 def overlap(frames) -> list:
