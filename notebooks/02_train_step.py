@@ -42,7 +42,7 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs the eager part small on the CPU, says so, and shows the recorded GPU results.
 #
-# **How long**: 58 s on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under a
+# **How long**: 63 s on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under a
 # minute on a CPU (small sizes).
 
 # %%

@@ -39,7 +39,7 @@
 # optimizers, seeding), says plainly that CUDA graphs need an NVIDIA GPU, and shows a summary of the recorded GPU
 # results.
 #
-# **How long**: 3.5 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under
+# **How long**: 3.7 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under
 # a minute on a CPU.
 
 # %%

@@ -34,7 +34,7 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs its CPU part small (everything eager, labelled so), says so, and shows the recorded GPU results.
 #
-# **How long**: 3.4 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; one to
+# **How long**: 3.5 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; one to
 # two minutes on a CPU (small sizes).
 
 # %%

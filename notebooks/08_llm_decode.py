@@ -56,7 +56,7 @@
 # (the notebook says so and skips it when it is missing). Without a GPU the notebook runs its CPU part small (the
 # correctness checks, everything eager, labelled so) and shows the recorded GPU results.
 #
-# **How long**: 3.9 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25). The compiles of the
+# **How long**: 3.3 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25). The compiles of the
 # compiled variants take a good part of it (section 6's `first_call_s` column and section 10's setup table give
 # them). A T4 has not been timed yet; under a minute on a CPU (small sizes).
 

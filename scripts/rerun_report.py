@@ -20,7 +20,7 @@ NOTEBOOKS = ["01_gelu", "02_train_step", "03_jit_compile", "04_resnet50", "05_pi
 
 
 def compare_runs(a: Path, b: Path, notebooks=NOTEBOOKS) -> pd.DataFrame:
-    rows = []
+    rows, widths = [], {"widths_a": [], "widths_b": []}
     for stem in notebooks:
         if not ((a / stem / "results.csv").is_file() and (b / stem / "results.csv").is_file()):
             continue
@@ -32,6 +32,8 @@ def compare_runs(a: Path, b: Path, notebooks=NOTEBOOKS) -> pd.DataFrame:
         eager = timed.executed_as_a.astype(str).eq("eager") if "executed_as_a" in timed else pd.Series(False, timed.index)
         graded = m[m.speedup_a.notna() & m.speedup_b.notna() & m.speedup_lo_a.notna() & (m.speedup_a != 1.0)]
         inside = ((graded.speedup_lo_a <= graded.speedup_b) & (graded.speedup_b <= graded.speedup_hi_a)).sum()
+        for side in "ab":   # an interval's width, hi/lo: 1.5x means hi is 1.5 times lo
+            widths[f"widths_{side}"] += list(graded[f"speedup_hi_{side}"] / graded[f"speedup_lo_{side}"])
         row = {"notebook": stem, "speedups": len(graded), "inside": int(inside),
                "eager_moved": statistics.median(moved[eager]) if eager.any() else float("nan"),
                "graph_moved": statistics.median(moved[~eager]) if (~eager).any() else float("nan")}
@@ -46,12 +48,17 @@ def compare_runs(a: Path, b: Path, notebooks=NOTEBOOKS) -> pd.DataFrame:
                        opposite=int(((va[common] == "holds") & (vb[common] == "fails")).sum()
                                     + ((va[common] == "fails") & (vb[common] == "holds")).sum()))
         rows.append(row)
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    df.attrs.update(widths)
+    return df
 
 
 def summary(df: pd.DataFrame) -> str:
     s_in, s_n = int(df.inside.sum()), int(df.speedups.sum())
     text = f"speedups of the second run inside the first run's 90% intervals: {s_in}/{s_n} ({s_in / s_n:.0%})"
+    if df.attrs.get("widths_a"):
+        text += (f"; median width (hi/lo) of a speedup's 90% interval, all notebooks together: "
+                 f"{statistics.median(df.attrs['widths_a']):.2f}x and {statistics.median(df.attrs['widths_b']):.2f}x")
     if "claims" in df:
         c = df.dropna(subset=["claims"])
         k, n = int(c.kept.sum()), int(c.claims.sum())

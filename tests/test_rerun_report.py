@@ -28,3 +28,4 @@ def test_counts_speedups_inside_and_verdicts_kept(tmp_path):
     assert (r.speedups, r.inside) == (2, 1)  # 5.4 in 4.5-5.5; 1.3 outside 0.99-1.21
     assert (r.claims, r.kept, r.definite_a, r.definite_b, r.opposite) == (3, 1, 2, 3, 1)
     assert "1/2 (50%)" in rerun_report.summary(df) and "1/3 (33%)" in rerun_report.summary(df)
+    assert "interval, all notebooks together: 1.22x and 1.22x" in rerun_report.summary(df)   # 1.1 / 0.9
