@@ -447,9 +447,10 @@ else:
 
 # %% [markdown]
 # ## 8. Save the results
-# One row per measurement in `figures/01_gelu/results.csv`, the machine in `env.json`, the verdicts in
-# `claims.csv`, and the figures as PNG. A run without CUDA writes to `build/figures/` instead, so it never
-# overwrites the recorded GPU run.
+# One row per measurement in `results.csv`, the machine in `env.json`, the verdicts in `claims.csv`, and the
+# figures as PNG, in the folder printed below: `build/figures/01_gelu/` by default, with or without a GPU, so
+# running this notebook never overwrites the recorded GPU run in `figures/`. Only `python -m cudagraph_kit
+# reproduce` on a GPU publishes there, after staging its run under `build/reproduce/`.
 
 # %%
 all_rows = pd.concat([main_table, sweep, per_graph], ignore_index=True)
@@ -566,9 +567,10 @@ from cudagraph_kit.course.exercises_01 import HOST_COPY_WHY, check_fp16_sweep, c
 # ### Exercise 1: one fused kernel instead of five
 # `torch.nn.functional.gelu` computes the same function in **one** kernel (its default, `approximate="none"`, is
 # the erf form used here). Define `fused_gelu`, capture it with `capture(..., eager_fallback=True)`, check it
-# against eager, and time eager against `g.replay` on the small tensor in one `compare`. Predict first: is the
-# graph's speedup larger or smaller than for the hand-written GELU in section 4, and why? (Going further: run the
-# size sweep of section 5 with it. Where is the crossover now?)
+# against eager, and time eager against `g.replay` on the small tensor in one `compare` (import it first:
+# `from cudagraph_kit import compare`). Predict first: is the graph's speedup larger or smaller than for the
+# hand-written GELU in section 4, and why? (Going further: run the size sweep of section 5 with it. Where is the
+# crossover now?)
 
 # %%
 def fused_gelu(x):
@@ -584,9 +586,10 @@ check_fused_gelu(fused_gelu, fused_table, reference=main_table)
 # ### Exercise 2: the size sweep in float16
 # Half the bytes per element. Run the sweep of section 5 again with float16 inputs
 # (`torch.randn(n, device=DEVICE, dtype=torch.float16)`), one `compare` per size with `df["numel"] = n` and
-# `df["dtype"] = "float16"`, and find its crossover the same way. Did the crossover move to `"larger"` or
-# `"smaller"` tensors, or stay the `"same"`? Think about which cost float16 changes: the time the GPU needs per
-# call, or the time the CPU needs to launch it?
+# `df["dtype"] = "float16"`. One `compare` per size is one window, with no interval, so here the crossover is
+# read from the point speedups: the smallest size whose graph speedup is below 1.10x (section 5 reads it from
+# intervals instead). Did the crossover move to `"larger"` or `"smaller"` tensors, or stay the `"same"`? Think
+# about which cost float16 changes: the time the GPU needs per call, or the time the CPU needs to launch it?
 
 # %%
 sweep16 = ...      # pd.concat of one compare() per size, each with "numel" and "dtype" columns

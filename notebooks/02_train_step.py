@@ -18,7 +18,7 @@
 # A training step of a small network is a few dozen small kernels: forward, loss, backward and the
 # optimizer update (section 5 counts them with the profiler). On a modern GPU each of them finishes faster
 # than the CPU can get the next one launched through Python, the autograd engine and the optimizer's
-# bookkeeping, so the step is *CPU-bound* (the appendix measures where that time goes). Capturing the
+# bookkeeping, so the step is *CPU-bound* (Appendix A measures where that time goes). Capturing the
 # **whole step** (forward + loss + backward + `optimizer.step()`) into one CUDA graph replaces all those
 # launches with one.
 #
@@ -29,7 +29,7 @@
 # **What you'll learn**
 # - How to capture a whole training step by hand: side-stream warm-up, static batch tensors,
 #   `zero_grad(set_to_none=True)` before capture, `torch.cuda.graph`, then `copy_` + `replay()` per batch.
-# - How to do the same with two changed lines using `cudagraph_kit.capture_train_step`, including the
+# - How to do the same with two or three changed lines using `cudagraph_kit.capture_train_step`, including the
 #   short last batch of an epoch, Adam (`capturable=True`) and AMP (bf16 on GPUs of compute capability 8.0 or
 #   newer, fp16 with a `GradScaler` elsewhere).
 # - How to check that a graphed loop trains like the eager loop (the parameters after the same steps, bit for
@@ -37,7 +37,7 @@
 #   dropout's random masks inside a graph.
 # - How graphing only the model (`make_graphed_callables`) compares with the whole step while the optimizer
 #   stays eager, with verdicts computed from timing windows and prediction intervals (as in notebook 01).
-# - In the appendix: where the time of an eager step goes (forward, backward, optimizer), part by part.
+# - In Appendix A: where the time of an eager step goes (forward, backward, optimizer), part by part.
 #
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs the eager part small on the CPU, says so, and shows the recorded GPU results.
@@ -342,9 +342,10 @@ else:
 
 # %% [markdown]
 # Without dropout both runs use the same optimizer with the same options (for Adam: `capturable=True`, PyTorch's
-# default `foreach` implementation on CUDA tensors), so they do the same arithmetic. Where Adam's parameters still
-# differ in the last bit, the cause is that the graphed step reads its learning rate from a GPU tensor (so a
-# scheduler can change it between replays) while the eager loop passes a Python number; the appendix tests that.
+# default `foreach` implementation on CUDA tensors), so they do the same arithmetic, with one exception: the
+# graphed step reads its learning rate from a GPU tensor (so a scheduler can change it between replays) while the
+# eager loop passes a Python number. Where Adam's parameters differ in the last bit (the output above says whether
+# they do), that is the explanation Appendix B tests.
 
 # %%
 fig_loss, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), sharey=True)
@@ -376,7 +377,7 @@ fig_loss.tight_layout()
 # pool. The kit's `graph_modules`, used below, calls the same function and turns those rules into checks.
 # The cell graphs a copy of the small network (without dropout, so the two can be compared exactly) and checks
 # its output and gradients against eager on a new batch. (It may raise autograd's `AccumulateGrad` stream
-# warning; the appendix says why.)
+# warning; Appendix C says why.)
 
 # %%
 STREAM_WARNING = "AccumulateGrad node's stream does not match"
@@ -529,7 +530,7 @@ fig_time.tight_layout()
 # forward and backward kernels, but a training step is more than that: the loss and its backward, the autograd
 # engine's bookkeeping around the graphed function, `zero_grad`, and the optimizer step still run eagerly, one
 # CPU launch at a time. The partial graph can save only the part it covers, while the whole-step graph replaces
-# every launch with one; the verdicts in the summary at the end say how the two compare here, and the appendix
+# every launch with one; the verdicts in the summary at the end say how the two compare here, and Appendix A
 # times the parts of an eager step one by one.
 
 # %% [markdown]
@@ -642,8 +643,9 @@ amp.short() if amp else print("No AMP rows: AMP through a CUDA graph needs an NV
 # ## 7. Save the results
 # One row per timed variant and one per parity run in `results.csv` (parity rows have no timings; their columns
 # `max_abs_param_diff`, `params_bitwise_equal` etc. hold the comparison with eager), the machine in `env.json`,
-# the verdicts in `claims.csv`, and the figures as PNG, under `build/figures/02_train_step/` (a `reproduce` run on
-# a GPU writes the recorded copy in `figures/`). The appendix adds its own rows and verdicts to the same folder.
+# the verdicts in `claims.csv`, and the figures as PNG, in the folder printed below: `build/figures/02_train_step/`
+# by default (`python -m cudagraph_kit reproduce` stages its run under `build/reproduce/` and, on a GPU, then
+# publishes it as the recorded copy in `figures/`). Appendix A adds its own rows and verdicts to the same folder.
 
 # %%
 FIGURES = {"loss_curves": fig_loss, "step_time": fig_time}
@@ -717,7 +719,7 @@ recorded = results.beside_recorded(STEM, pd.concat([timing, amp_timing], ignore_
 #   warm-up, `zero_grad(set_to_none=True)` before capture, then `copy_` + `replay()` per batch.
 # - It trains like the eager loop: with the same arithmetic on both sides the parameters are identical, and
 #   where the graph reads a hyper-parameter from a GPU tensor (Adam's learning rate) the last bits may differ
-#   (the appendix measures it); dropout still draws fresh masks on every replay. AMP works the same way (bf16
+#   (Appendix B tests why); dropout still draws fresh masks on every replay. AMP works the same way (bf16
 #   on compute capability 8.0 or newer, else fp16 with the scaler's step kept eager).
 # - What a graph can save is what an eager step spends beyond its GPU work: where the step is CPU-bound, nearly
 #   all of it; where it is GPU-bound (graph ≈ floor), only the launch gaps. Graphing only the model leaves the
@@ -752,9 +754,9 @@ from cudagraph_kit.course.exercises_02 import STEP_PARTS, check_amp_adam, check_
 # the parity run: one copy of a network without dropout trained by `eager_amp_step`, another by
 # `capture_train_step(..., amp_dtype=torch.float16, scaler=torch.amp.GradScaler("cuda"))`, on
 # `batches[:AMP_STEPS]`; record the largest parameter difference. Then eager against the whole-step graph in one
-# `compare`. How much of the speedup remains, and which parts of the step (names from `STEP_PARTS`, printed
-# below) still run eagerly after each replay? *The parity run and the timing need an NVIDIA GPU; the question
-# does not.*
+# `compare` (import it first: `from cudagraph_kit import compare`). How much of the speedup remains, and which
+# parts of the step (names from `STEP_PARTS`, printed below) still run eagerly after each replay? *The parity
+# run and the timing need an NVIDIA GPU; the question does not.*
 
 # %%
 still_eager = ...     # a set of names from STEP_PARTS

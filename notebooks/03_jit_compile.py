@@ -667,8 +667,8 @@ plt.close(fig)
 # The blog measured on a Tesla K80 with PyTorch 1.10 (wall clock, 10,000 calls, mean). Our reference is a plain
 # PyTorch run on an H100 (PyTorch 2.11, median of 5 repeats, in a process whose timings no profiler session had
 # slowed down; no kit code). The blog does not say whether its graph runs copied a new input each call; its
-# graph figures go on the "input in place" rows, beside the reference's, whose floors show that it replayed
-# without copying one.
+# graph figures go on the "input in place" rows, beside the reference's, which replayed without copying one (its
+# floors, not reprinted here, showed no copy).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -743,11 +743,12 @@ summary(claims, ["graph_beats_eager_small", "fusion_beats_graph_small", "fusion_
 #   elementwise kernel there is little left for its graph to save, so that cost decides. On a region with many
 #   kernels its graph saves a launch per kernel and the fixed cost is paid once, but it can only be as fast as
 #   the kernels torch.compile generated, and in training the optimizer step and autograd's bookkeeping stay in
-#   Python. Use it on regions with many kernels, such as whole model forwards or training steps (the findings
-#   above say what it saved on each here), call `torch.compiler.cudagraph_mark_step_begin()` at each iteration
-#   boundary, keep inputs in a static buffer when you can, and clone outputs you keep across calls: an old
-#   output of a replay is overwritten silently. A manual graph with its input in place skips all of that Python
-#   per call.
+#   Python. Use it on regions with many kernels, such as whole model forwards or training steps (the phase-2
+#   table shows what it saved over eager on each here; the findings above compare it with default
+#   `torch.compile` and with the kit's whole-step graph), call `torch.compiler.cudagraph_mark_step_begin()` at
+#   each iteration boundary, keep inputs in a static buffer when you can, and clone outputs you keep across
+#   calls: an old output of a replay is overwritten silently. A manual graph with its input in place skips all
+#   of that Python per call.
 # - Mixing your own graphs with `reduce-overhead` in one process: give each capture a fresh cuBLAS workspace
 #   (`fresh_cublas_workspace`), or `reduce-overhead` frees the one your graph baked in.
 # %% [markdown]
@@ -837,8 +838,9 @@ check_max_autotune(autotuned, autotune_table, x=inputs["small"])
 #
 # Two measurements, made after all timings (a profiler session slows every later kernel launch in the process,
 # so it must not run before a timing). First, what the GPU does per call and which CUDA runtime calls the CPU
-# makes (profiler): each `cudaLaunchKernel`/`cudaMemcpyAsync` costs the CPU a launch, `cudaGraphLaunch` is one
-# graph replay. Then where the CPU time goes: Python's `cProfile` over many calls, grouped by the part of
+# makes (profiler): each kernel launch (`cudaLaunchKernel`, or a variant of it such as `cuLaunchKernel` for
+# Triton's kernels or `cudaLaunchKernelExC`) and each `cudaMemcpyAsync` costs the CPU a launch, `cudaGraphLaunch`
+# is one graph replay. Then where the CPU time goes: Python's `cProfile` over many calls, grouped by the part of
 # PyTorch it was spent in. cProfile slows Python down, so read the *shares*, not the absolute µs. The
 # `reduce-overhead` variants here are the ones with `mark_step_begin`: by now the process counts generations
 # only by marks. The helpers are in `cudagraph_kit/course/nb03_parts.py`.

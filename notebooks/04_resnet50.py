@@ -525,9 +525,10 @@ fig_parity = parts.plot_parity({labels[k]: runs[k]["losses"].numpy() for k in ("
 parity_acc
 
 # %% [markdown]
-# If two eager runs are bit-for-bit equal and the graphed run is not (the output above says whether that happened
-# here), one difference between them is expected: the eager fused step receives the LR as a Python float, the
-# graph reads it from a float32 tensor.
+# The output above says whether the graphed run matched the eager one bit for bit. Where it does not while the
+# two eager runs do, look first at the one thing the two loops do differently: the eager fused step receives the
+# LR as a Python float, the graph reads it from a float32 tensor (notebook 02's Appendix B tests the same
+# explanation for Adam).
 #
 # **Gradient accumulation.** The same loop with `accumulate=4` (one optimizer step per 4 batches; the short batch
 # of each epoch lands somewhere inside a window and runs eagerly), for `ACCUMULATE_EPOCHS` epochs, against the
@@ -564,11 +565,13 @@ parity = parts.parity_rows(runs, labels, steps_per_epoch, finals)
 
 # %% [markdown]
 # ## 4. Save, and the recorded GPU run beside this one
-# One table in `results.csv` (a run without CUDA writes under `build/figures/`, never to the recorded `figures/`):
-# the inference sweep (`section == "inference"`), the training steps (`"training"`, with the loss comparison before
-# timing) and the accuracy-parity runs (`"accuracy parity"`). Every timed row carries `windows`, the median of the
-# windows with its 90% prediction interval and the profiler's floor where there is one. The verdicts go to
-# `claims.csv`. Below, this run's times and speedups beside the recorded GPU run's.
+# One table in `results.csv`, in the folder printed below (`build/figures/04_resnet50/` by default, with or without
+# a GPU; only `python -m cudagraph_kit reproduce` on a GPU publishes to the recorded `figures/`, after staging its
+# run under `build/reproduce/`): the inference sweep (`section == "inference"`), the training steps (`"training"`,
+# with the loss comparison before timing) and the accuracy-parity runs (`"accuracy parity"`); the appendix adds its
+# data-feeding rows and saves again. Every timed row carries `windows`, the median of the windows with its 90%
+# prediction interval and the profiler's floor where there is one. The verdicts go to `claims.csv`. Below, this
+# run's times and speedups beside the recorded GPU run's.
 
 # %%
 FIGURES = {"inference_sweep": fig_infer, "training_throughput": fig_train, "accuracy_parity": fig_parity}

@@ -117,14 +117,15 @@ if not CUDA:
 # %% [markdown]
 # ## 0. How this notebook keeps score
 # Every pitfall below ends with one row in a table: the pitfall, what happens without a fix (it **raises**, it is
-# **silently wrong**, it **warns**, or it **crashes the process**), which tool finds it, the fix, and what this run
-# saw. After a failure, `still_works(gelu)` checks that the process still works (eager work and a fresh capture,
+# **silently wrong**, it **warns**, or it **crashes the process**), which tool finds it, the fix, and whether this run
+# found it. After a failure, `still_works(gelu)` checks that the process still works (eager work and a fresh capture,
 # both compared with the CPU). Experiments that could kill the CUDA context, or need a fresh process, are functions
 # in `cudagraph_kit/course/pitfall_scripts.py`; `run_isolated(fn, *args, timeout=...)` runs one in a fresh
 # interpreter and returns the dict it reports, with the exit code, so a crash is a row in a table, not a stalled
 # notebook. The tables of sections 7 and 8 show each error as its type and first clause, then print the first
 # error once, as the experiment reported it. The two measured comparisons (memory in section 9, `advise` in
-# section 12) are claims: one plain sentence each, computed from the data and collected in the summary at the end.
+# section 12) are claims: plain sentences (one for the memory, one per `advise` case and one overall), computed
+# from the data and collected in the summary at the end.
 
 # %%
 import inspect
@@ -251,9 +252,10 @@ pitfalls.record("keeping an output across replays", "silently wrong", "verify (o
 # %% [markdown]
 # ## 4. A changing shape
 # A graph replays the shapes it captured. The kit refuses an input of another shape before touching the graph
-# (a plain `static.copy_(x)` would broadcast a smaller `x` silently); code whose *output* shape depends on the
-# data (`x[mask]`, `nonzero`, `unique`) cannot be captured at all. Fixed-size forms (`torch.where`, masks
-# multiplied in) or one graph per size (notebook 06) are the fixes.
+# (a plain `static.copy_(x)` raises for most other shapes, but silently broadcasts one that fits, such as a single
+# row into a whole batch); code whose *output* shape depends on the data (`x[mask]`, `nonzero`, `unique`) cannot be
+# captured at all. Fixed-size forms (`torch.where`, masks multiplied in) or one graph per size (notebook 06) are
+# the fixes.
 
 # %%
 def positives(x):
@@ -596,7 +598,8 @@ pitfalls.record("reduce-overhead: skipped graphs, overwritten outputs",
 # capture: the parameters, the optimizer state, the static inputs. And `torch.cuda.graph` empties the
 # allocator's cache (`torch.cuda.empty_cache()`) when each capture begins, returning freed memory to the
 # driver. So if the first model's objects go out of scope (the usual `model = ...` rebinding in a script or
-# notebook), the second capture's start can unmap memory the first graph still reads, and its replay faults.
+# notebook), what the first graph still reads goes back to the allocator: it can be handed to new tensors, or
+# unmapped at the second capture's start. The first graph's replay then reads memory it does not own, and may fault.
 # A hypothesis to rule out: the second capture's `zero_grad(set_to_none=True)` frees gradients the first
 # graph wrote; but those were allocated during capture, in the first graph's private pool, which stays
 # reserved while that graph lives.
@@ -634,8 +637,10 @@ pitfalls.record("a graph replayed after what it reads was freed", "silently wron
 # Reading the table: where every object stays alive, graph 1 replays cleanly and reads nothing freed. Where the first
 # model's objects were dropped, graph 1 reads tensors it does not own (optimizer state, inputs), whose memory the
 # allocator has taken back: the last column says where each now lies (free in its cache, handed to new tensors, or,
-# after an `empty_cache()`, returned to the driver), and graph 1's replay can fault on it (the `crashed` column). A
-# graph does not own what it reads: keep the model, optimizer and static tensors alive as long as the graph (the kit's
+# after an `empty_cache()`, returned to the driver), and graph 1's replay can fault on it (the `crashed` column).
+# A replay can crash even where every tracked tensor lies only free in the cache, still mapped: the snapshot follows
+# the tensors named here, not every address the graph reads, so it does not say which access faulted. Whichever way
+# the memory went, a replay after a drop is undefined. A graph does not own what it reads: keep the model, optimizer and static tensors alive as long as the graph (the kit's
 # `GraphedCallable` and `GraphedTrainStep` hold them). A replay right after capture keeps nothing alive, so it cannot
 # protect the first graph (compare its rows with "drop"); what protects the kit's graphs is that the kit's objects
 # keep references. Capturing the same model and optimizer twice frees the gradients the first graph wrote (the second
@@ -723,8 +728,8 @@ if case_claims:
 
 # %% [markdown]
 # ## 13. The pitfalls at a glance
-# What happens without the fix, and what finds it. "detected" is what this run measured (empty: the check needs
-# a GPU and did not run here); "process still works" is the `still_works` check after a failure (empty: not run
+# What happens without the fix, and what finds it. "detected" is what this run measured (None: the check needs
+# a GPU and did not run here); "process still works" is the `still_works` check after a failure (None: not run
 # for that row; the experiments run in a fresh process report "eager works after" in their own tables).
 
 # %%
@@ -734,8 +739,9 @@ pitfalls.table().style.hide(axis="index").set_properties(**{"text-align": "left"
 # %% [markdown]
 # ## 14. Save the results
 # One table: a row per pitfall, the memory measurement, the timings of section 12 (cases named `measured: ...`)
-# and `advise`'s predictions (`advise: ...`); the verdicts go to `claims.csv`. A run without CUDA writes to
-# `build/figures/`, never over the recorded GPU run. The appendix adds its rows and saves again.
+# and `advise`'s predictions (`advise: ...`); the verdicts go to `claims.csv`. All of it goes to the folder printed
+# below (`build/figures/` by default, with or without a GPU), never over the recorded GPU run in `figures/`, which
+# only `python -m cudagraph_kit reproduce` on a GPU publishes. The appendix adds its rows and saves again.
 
 # %%
 from cudagraph_kit.course.nb05_parts import result_table
@@ -800,7 +806,8 @@ if recorded_claims is not None:
 #   into `CaptureError` (cause, fix, original error), and the process keeps working.
 # - **Silently wrong**: a rebound static input, an output kept across replays, frozen Python state (counters,
 #   learning rates), a graph whose inputs or model were freed (that one can also crash the process: section 11).
-#   `verify` catches the first three by comparing with eager on fresh and poisoned inputs; the last one needs
+#   `verify` catches the first three (it compares with eager on fresh and poisoned inputs, reports outputs that
+#   share memory across calls, and runs eager twice to find state that a graph freezes); the last one needs
 #   references kept alive.
 # - **Raises, or silently wrong**: reading a `reduce-overhead` output kept across calls. PyTorch's documentation
 #   says it raises; it can instead silently hold the next call's values (section 10 prints what this PyTorch

@@ -358,7 +358,8 @@ if CUDA:
 # %% [markdown]
 # Reading the ledger: in a shared pool, each smaller bucket reuses the memory the larger ones freed, so the
 # pool should hold about what the largest bucket needs, however many buckets there are; with one pool per
-# graph every bucket keeps its own memory, so the total grows with the sum of the bucket sizes. The table
+# graph every bucket keeps its own memory, so the total grows with every bucket (each pool holds at least one
+# allocator segment, however small its bucket: Appendix A). The table
 # below gives the measured ratios; where a shared pool holds clearly more than its largest bucket (above the
 # 1.2 target), the cause is fragmentation, which Appendix A measures. `device_used_mib` is the growth of the
 # device memory in use across the strategy's build, from a clean cache to a clean cache
@@ -470,8 +471,9 @@ for k, p in curve[:: max(1, K_MAX // 8)]:
 # its `cuda_graphs_thread_pool`) and records every graph into it, for *every* function compiled with
 # `reduce-overhead` in that thread: both models and both variants here share one pool, and a later recording
 # reuses memory that earlier graphs no longer need. So what one variant adds to that pool depends on what was
-# recorded before it, and a per-variant number would measure the order of the cells, not the variant. The
-# table therefore says "not measurable here" for each `reduce-overhead` row, and we read the one number that
+# recorded before it, and a per-variant number would measure the order of the cells, not the variant. Each
+# `reduce-overhead` row therefore leaves `held_mib` empty (NaN), noted "not measurable here" in the saved table and
+# in section 11's figure, and we read the one number that
 # does not depend on the order: the bytes the graph trees' pool reserves once all four variants are recorded
 # (read from `torch.cuda.memory_snapshot()` by the pool's id; the manager is private API, so a PyTorch that
 # moved it gets "not measurable here" too).
@@ -571,9 +573,10 @@ assert (err_table < 1e-3).all().all(), "a variant disagrees with eager: do not t
 # **Throughput**: `measure` times whole passes over the stream (requests back to back, synchronised at the
 # end), all variants of a model interleaved round-robin, in `WINDOWS` windows a pause apart (the profiler only in
 # the last window, after its timings). Every variant gets the median of its windows with a 90% **prediction
-# interval**, the range one more window should land in: `speedup_lo`..`speedup_hi` for the speedup over eager,
-# `median_pi_lo`..`median_pi_hi` for the time of a pass. The profiler's GPU-busy time per pass (`floor_us`) shows
-# padding as extra GPU work.
+# interval**, the range one more window should land in: the `90% interval` column below for the speedup over
+# eager (`speedup_lo`..`speedup_hi` in the saved table, which also gives `median_pi_lo`..`median_pi_hi` for the
+# time of a pass). The profiler's GPU-busy time per pass (`floor (µs)`, saved as `floor_us`) shows padding as
+# extra GPU work.
 
 # %%
 def request_latencies(fns, requests):
@@ -615,7 +618,7 @@ timing.short()
 # Read from the profiler after all timings (a profiler session slows later launches): how many
 # `cudaGraphLaunch` calls one pass over the stream makes, per request. A bucketed variant launches exactly one
 # graph per request except for the overflow requests; `reduce-overhead` launches one wherever it recorded a
-# graph for that size.
+# graph for that size. Section 10's table shows the count (`graph_launches_per_request`).
 
 # %%
 launches = {}
@@ -627,10 +630,10 @@ for name in MODELS:
 # %% [markdown]
 # ## 10. The results table
 #
-# One row per variant: time per request (`us_per_request`, the median pass over the windows / requests, with
-# `us_per_request_lo`..`us_per_request_hi` from the pass's prediction interval), the speedup over eager with
-# its interval, p50 and p99 of the one latency pass (no interval), and what each strategy built and holds.
-# `held_mib` of a `reduce-overhead` row is empty: "not measurable here", see section 7.
+# One row per variant: time per request (`us_per_request`, the median pass over the windows / requests; the saved
+# table adds `us_per_request_lo`..`us_per_request_hi` from the pass's prediction interval), the speedup over eager
+# with its interval, p50 and p99 of the one latency pass (no interval), and what each strategy built and holds.
+# `held_mib` is NaN for eager (no graphs) and for a `reduce-overhead` row (not measurable here, see section 7).
 
 # %%
 rows = []
@@ -704,8 +707,9 @@ plt.show()
 #
 # One row per (model, variant) of the stream comparison, the memory ledger rows (`case` ending in "memory", and on
 # a GPU one row for the graph trees' shared pool) and the planner's curve (`case` "planner curve"), with the
-# machine in `env.json`, the verdicts in `claims.csv` and the figure as PNG. A run without CUDA writes to
-# `build/figures/` instead. The appendix adds its rows and saves again.
+# machine in `env.json`, the verdicts in `claims.csv` and the figure as PNG, in the folder printed below
+# (`build/figures/` by default, with or without a GPU; only `python -m cudagraph_kit reproduce` on a GPU publishes
+# to the recorded `figures/`). The appendix adds its rows and saves again.
 
 # %%
 pool_rows, checks = [], []  # filled by the appendix (allocator settings; planned vs the best fixed ladder)
@@ -793,7 +797,8 @@ beside = results.beside_recorded(STEM, timing.table)  # shows the table (None wh
 # - Requests above the largest bucket still work (eagerly), and the kit counts them: watch
 #   `stats.eager_overflows` in production.
 #
-# This run's headline verdicts:
+# This run's headline verdicts so far. The appendices run after this table: their verdicts, two of the headlines
+# listed here among them (the planner against the best ladder, expandable segments), go to `claims.csv` only.
 
 # %%
 summary(claims, ["mlp_default_ladder_beats_eager", "mlp_reduce_overhead_beats_eager", "mlp_default_ladder_beats_single_bucket",

@@ -18,7 +18,7 @@
 # A language model generates text one token at a time. Each new token runs the whole model on one position per
 # sequence: many small kernels (section 3 counts them), each launched from Python, for very little GPU work. For a
 # small model that can make decoding **host-bound**: the GPU waits for the CPU to launch the next kernel (section 7
-# prints whether it is, here). A CUDA graph removes those launches, but it replays fixed shapes, and a cache that
+# measures whether it is, here). A CUDA graph removes those launches, but it replays fixed shapes, and a cache that
 # grows by one position per token changes shape at every step. A **static KV cache**, allocated once for a maximum
 # length and masked, keeps every shape fixed; then one graph per batch size replays every decode step.
 # `torch.compile(mode="reduce-overhead")` and Hugging Face's `generate` with a static cache do this for you. Serving
@@ -215,7 +215,8 @@ def decode_step(tokens, pos):
 #
 # The reference decodes without any cache: for every new token it recomputes the whole sequence from the prompt.
 # Greedy decoding with the static cache (prefill the prompt, then one decode step per token) must pick the same
-# tokens, with logits equal up to rounding.
+# tokens, with logits equal up to rounding; a token may differ only at a near tie (`near_tie`, explained in
+# section 6).
 
 # %%
 parity = []
@@ -466,12 +467,12 @@ print("floors (µs, GPU busy per replay of the kit's graph):", {b: round(f, 1) f
 m_step.short()
 
 # %% [markdown]
-# The verdicts of this section, in the summary table at the end: the kit's graph against eager at each batch size
-# (batch 1 in the summary); `reduce-overhead` against the kit's graph; the compiled step
-# captured by the kit against `reduce-overhead`, with the aim of more than 5% faster (section 10 says where the
-# time goes); whether eager is host-bound, i.e. takes more than twice the floor;
-# whether the graph saves more than 10% on prefill; and whether it buys a decode step more than it buys prefill
-# (the decode step's speedup over prefill's, window by window).
+# The verdicts of this section, all in `claims.csv` (the summary table at the end shows those at batch 1 and the
+# decode-versus-prefill one): the kit's graph against eager at each batch size; `reduce-overhead` against the kit's
+# graph; the compiled step captured by the kit against `reduce-overhead`, with the aim of more than 5% faster
+# (section 10 says where the time goes); whether eager is host-bound, i.e. takes more than twice the floor; whether
+# the graph saves more than 10% on prefill; and whether it buys a decode step more than it buys prefill (the decode
+# step's speedup over prefill's, window by window).
 
 # %%
 claims = []   # every comparison this notebook states; the summary table and claims.csv at the end
@@ -497,11 +498,11 @@ step_df["floor_step_us"] = step_df.batch.map(floors).astype(float)   # NaN where
 #
 # Now whole greedy generations (prefill + `NEW_TOKENS` tokens) of every variant, `transformers`' included, at the
 # smallest and the largest batch size. The table below gives the time of a whole generation; time per token (that
-# time divided by `NEW_TOKENS`) and tokens per second (every sequence of the batch counted) are in the saved
-# results and section 13's figure. The verdicts (summary table): do the kit's graphs beat eager
-# (the summary has the largest batch); is `reduce-overhead` faster than the kit's graphs; are the kit's graphs
-# faster than `transformers`' static-cache `generate`; and is that static cache faster than `transformers`'
-# default dynamic cache?
+# time divided by `NEW_TOKENS`) and tokens per second (every sequence of the batch counted) are in the saved results
+# and section 13's figure. The verdicts, all in `claims.csv`: do the kit's graphs beat eager (the summary has the
+# largest batch); is `reduce-overhead` faster than the kit's graphs; are the kit's graphs faster than
+# `transformers`' static-cache `generate` (the summary has the smallest batch); and is that static cache faster than
+# `transformers`' default dynamic cache?
 
 # %%
 GEN_CASE = {b: f"generate, batch {b}" for b in GEN_BATCHES}
@@ -603,7 +604,8 @@ serve_df[["variant", "executed_as", "us_per_step", "speedup", "speedup_lo", "spe
 # outputs live in that pool until the next step (hence `cudagraph_mark_step_begin`). The kit's call checks its
 # arguments in Python, copies the inputs and replays: it has no guards to run, no tree of graphs to walk and no
 # outputs to rebuild. All of that is host work: it adds to the time per step only where the host, not the GPU, sets
-# the pace. The verdicts after the next table say whether it did here.
+# the pace. Section 7's verdicts on the compiled step captured by the kit against `reduce-overhead` say whether it
+# did here (the summary has batch 1; `claims.csv` every batch size).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -780,11 +782,11 @@ else:
 
 # %% [markdown]
 # A graphed step whose tokens differ from the eager step's at a near tie (`near_tie`: the logits moved by at least
-# eager's gap between its two best tokens there) is rounding, not a bug; it is still timed. Time per token of whole
-# generations (prefill included, as in section 8): the eager step, the graphed steps, and `transformers`'
-# static-cache `generate` (compiled with `reduce-overhead` on a GPU, by `transformers` itself). Three verdicts: does
-# the kit's graph beat the eager step; does the compiled step captured by the kit beat the kit's graph; and does it
-# beat `generate`'s static cache?
+# eager's gap between its two best tokens there) is rounding, not a bug; it is still timed. Whole generations
+# (prefill included, as in section 8; the table gives the time of one generation, the saved results also the time
+# per token): the eager step, the graphed steps, and `transformers`' static-cache `generate` (compiled with
+# `reduce-overhead` on a GPU, by `transformers` itself). Three verdicts: does the kit's graph beat the eager step;
+# does the compiled step captured by the kit beat the kit's graph; and does it beat `generate`'s static cache?
 
 # %%
 HF_CASE = f"transformers model, batch {BATCHES[0]}"
@@ -823,11 +825,12 @@ plt.show()
 # ## 14. Save the results, and the recorded GPU run beside this one
 #
 # One row per (case, variant) of every timed comparison (with `window_medians_us`, each window's median), the
-# correctness checks (`case` "correctness", "k-step correctness", "hf correctness"), the capture times (`case`
-# "capture"), the setup costs (`case` "setup") and the variants that failed (`case` "errors"), with the machine in
-# `env.json` and every verdict of this run in `claims.csv`. A run without CUDA writes to `build/figures/` instead.
-# Then this run's decode-step times and speedups beside those of the last GPU run committed to this repository
-# (what a reader without a GPU sees).
+# correctness checks (`case` "no-cache parity", "correctness", "k-step correctness", "hf correctness"), the capture
+# times (`case` "capture"), the setup costs (`case` "setup") and the variants that failed (`case` "errors"), with
+# the machine in `env.json` and every verdict of this run in `claims.csv`, in the folder printed below
+# (`build/figures/` by default, with or without a GPU; only `python -m cudagraph_kit reproduce` on a GPU publishes
+# to the recorded `figures/`). Then this run's decode-step times and speedups beside those of the last GPU run
+# committed to this repository (what a reader without a GPU sees).
 
 # %%
 error_rows = pd.DataFrame([{"case": "errors", "variant": v, "error": e} for v, e in variant_errors.items()])

@@ -259,7 +259,8 @@ def is_compiled(fn) -> bool:
 
 
 def crossover_of(sweep, threshold: float = 1.10):
-    """Smallest ``numel`` at which the graph row's speedup is below ``threshold`` (None: not reached), as in 01."""
+    """Smallest ``numel`` at which the graph row's speedup is below ``threshold`` (None: not reached): the point
+    estimate 01's exercise 2 asks for."""
     names = sweep["variant"].astype(str).str.replace(" (eager fallback)", "", regex=False)
     graph = sweep[names.str.startswith("graph")]
     below = graph[graph["speedup"] < threshold]

@@ -108,7 +108,8 @@ def check_fp16_sweep(report, sweep16, crossover16, answer, reference_sweep=None)
         report.todo("set crossover16 (the smallest size where the graph is less than 10% faster; None if never)")
     elif crossover16 != mine:
         report.off(f"crossover16 = {crossover16!r}, but your table says {_fmt_numel(mine)}",
-                   "the smallest numel whose graph row has speedup < 1.10, as section 5 computes it.")
+                   "the smallest numel whose graph row has speedup < 1.10 (one point per size; section 5 reads "
+                   "it from intervals).")
     else:
         report.right(f"crossover16 agrees with your table: {_fmt_numel(mine)}")
     if is_todo(answer):
