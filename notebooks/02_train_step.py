@@ -729,7 +729,8 @@ recorded = results.beside_recorded(STEM, pd.concat([timing, amp_timing], ignore_
 #   optimizer `scaler.step` also synchronizes with the host each step to read the inf check; with a `fused=True`
 #   optimizer it does not (the check stays on the GPU). Short batches run eagerly.
 #
-# This run's headline verdicts, one sentence each:
+# This run's headline verdicts so far, one sentence each. The appendices run after this table: their verdicts, one
+# of the headlines listed here among them (what the optimizer step adds), go to `claims.csv` only.
 
 # %%
 summary(claims, ["graph_beats_eager_small_sgd", "graph_beats_model_only_small_sgd", "graph_within_floor_small_sgd",

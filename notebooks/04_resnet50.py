@@ -655,7 +655,7 @@ PUBLISHED[["experiment", "published setup", "batch", "published speedup"]].round
 # - The graphed digits run follows the eager one: same LR schedule, same validation accuracy per epoch (section 3).
 #
 # The headline verdicts of this run (the smallest and largest inference batch, the smallest training batch), one
-# sentence each, computed from the intervals:
+# sentence each, computed from the intervals (the appendix's data-feeding verdicts follow in the appendix):
 
 # %%
 ends = (f"_bs{INFER_BATCHES[0]}_", f"_bs{INFER_BATCHES[-1]}_", "_pays_at_")   # the smallest and largest batch
