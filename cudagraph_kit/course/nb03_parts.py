@@ -14,7 +14,6 @@ Example::
 from __future__ import annotations
 
 import re
-
 from collections import defaultdict
 
 __all__ = ["plot_times", "runtime_calls", "gpu_breakdown", "cpu_breakdown"]
@@ -79,10 +78,10 @@ def _short_kernel(name: str) -> str:
 
 def _top_kernels(top, n: int = 3) -> str:
     """The ``n`` largest kernels by GPU time per call, kernels of the same short name added up ("name 2x 2.8")."""
-    totals, counts = {}, {}
+    totals, counts = defaultdict(float), defaultdict(int)
     for name, us in top:
-        k = _short_kernel(name)
-        totals[k], counts[k] = totals.get(k, 0.0) + us, counts.get(k, 0) + 1
+        totals[_short_kernel(name)] += us
+        counts[_short_kernel(name)] += 1
     best = sorted(totals, key=totals.get, reverse=True)[:n]
     return "; ".join(f"{k} {f'{counts[k]}x ' if counts[k] > 1 else ''}{totals[k]:.1f}" for k in best)
 

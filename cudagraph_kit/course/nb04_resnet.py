@@ -366,8 +366,8 @@ def limited_by(frames, verdict: str) -> str:
     """
     if verdict in ("holds", "fails"):
         return "the training step" if verdict == "holds" else "the input pipeline"
-    slower = [f.set_index("variant").median_us for f in frames]
-    n = sum(bool(t["step only"] > t["loader only"]) for t in slower)
+    medians = [f.set_index("variant").median_us for f in frames]   # per window
+    n = sum(bool(t["step only"] > t["loader only"]) for t in medians)
     return f"neither clearly: the training step was the slower part in {n} of {len(frames)} windows"
 
 

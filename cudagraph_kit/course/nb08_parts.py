@@ -21,9 +21,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "serve_table", "step_mode", "profiled_mode",
-           "with_window_medians", "per_batch", "check_row", "first_calls", "setup_table",
-           "attempt", "host_bound", "decode_vs_prefill",
-           "compiles_so_far", "kernel_table", "plot_decode"]
+           "with_window_medians", "per_batch", "check_row", "first_calls", "setup_table", "attempt", "host_bound",
+           "decode_vs_prefill", "compiles_so_far", "kernel_table", "plot_decode"]
 
 
 def make_stream(seed: int, steps: int, max_batch: int, max_gen: int) -> list:
@@ -178,7 +177,8 @@ def check_row(variant: str, tokens, logits: list, reference, reference_logits: l
 
     d = first_divergence(tokens, reference, logits, reference_logits)
     return {"variant": variant, **({} if batch is None else {"batch": batch}), "tokens_equal": d["equal"],
-            "first_step": d["first_step"], "rows_differing": d["rows_differing"], "margin": d["margin"], "logit_diff": d["logit_diff"], "near_tie": bool(d["near_tie"]),
+            "first_step": d["first_step"], "rows_differing": d["rows_differing"], "margin": d["margin"],
+            "logit_diff": d["logit_diff"], "near_tie": bool(d["near_tie"]),
             "max_logit_diff": max((a.float() - r.float()).abs().max().item() for a, r in zip(logits, reference_logits)),
             **extra}
 
