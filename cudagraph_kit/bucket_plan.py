@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import types
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
@@ -110,6 +111,7 @@ class BucketCosts(dict):
     bucket (writing the padding rows), which :func:`plan_buckets` adds for every padded request."""
     pad_us: float = 0.0
     clock: str = ""
+    upper_bounds: tuple = ()  # sizes whose GPU time includes host waiting (the host outran every spin): at most that
 
 
 def measure_bucket_costs(serve, *sample_args: torch.Tensor, sizes: Iterable[int] | None = None,
@@ -120,7 +122,9 @@ def measure_bucket_costs(serve, *sample_args: torch.Tensor, sizes: Iterable[int]
     is mostly the host's work for small buckets and hides how the GPU time grows with the rows. So each size is
     served ``calls`` times queued behind a spin kernel and timed with CUDA events (``timing.device_time``),
     round-robin over the sizes for ``rounds`` rounds (slow drift hits every size alike); the median per size is
-    returned as a :class:`BucketCosts`. Its ``pad_us`` is what a padded request costs on top of its bucket: the
+    returned as a :class:`BucketCosts`. A measurement where the host was still launching when the spin ended
+    (``device_time``'s ``queued`` is False) is taken again behind a longer spin; sizes where that never worked are
+    in ``upper_bounds``, with a warning. Its ``pad_us`` is what a padded request costs on top of its bucket: the
     write of its padding rows before the replay (``pad_value``), timed the same way on a few buckets.
     ``sample_args`` must hold at least ``max(sizes)`` rows; ``sizes`` defaults to ``serve.sizes`` (capture one
     graph per size to measure every size exactly). Without CUDA the wall time per call is returned instead (there
@@ -155,12 +159,22 @@ def measure_bucket_costs(serve, *sample_args: torch.Tensor, sizes: Iterable[int]
         costs.clock = "wall (no CUDA)"
         return costs
     keys = list(fns)
-    times = {k: [] for k in keys}
+    times, waited = {k: [] for k in keys}, Counter()
     for r in range(rounds):
         for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-            times[k].append(timing.device_time(fns[k], calls=calls, host_us=host[k])[0])
+            for spin_for in (host[k], 4 * host[k], 16 * host[k]):  # a longer spin when the host outran it
+                us, queued = timing.device_time(fns[k], calls=calls, host_us=spin_for)
+                if queued:
+                    break
+            times[k].append(us)
+            waited[k] += not queued
     med = {k: float(statistics.median(t)) for k, t in times.items()}
     costs.update({b: med[b] for b in sizes})
+    costs.upper_bounds = tuple(b for b in sizes if 2 * waited[b] >= rounds)
+    if costs.upper_bounds:
+        warnings.warn(f"measure_bucket_costs: for sizes {list(costs.upper_bounds)} the host was still launching the "
+                      "calls when the GPU reached them, even behind a 16x longer spin, so their cost includes host "
+                      "waiting (an upper bound). Fix: measure again on a quieter machine.", stacklevel=2)
     pads = [v for k, v in med.items() if isinstance(k, tuple)]
     costs.pad_us = float(statistics.median(pads)) if pads else 0.0
     costs.clock = "GPU"

@@ -431,17 +431,45 @@ def test_gpu_shared_vs_private_pools_measured():
 
 @gpu
 def test_gpu_bucket_costs_are_gpu_time_and_grow_with_rows():
-    model = Block(128, 4).cuda().eval()
-    sample = torch.randn(64, 32, 128, device="cuda")
+    # an MLP wide enough that more requests are clearly more GPU work (in a small transformer block they are not:
+    # on an H100 its 1-request graph took 65 µs of GPU time against 53 µs for 16 requests)
+    from cudagraph_kit.timing import gpu_time, timeit
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda().eval()
+    sample = torch.randn(64, 64, 1024, device="cuda")
     exact = capture_buckets(model, sample, sizes=[1, 16, 64])
     costs = measure_bucket_costs(exact, sample)
-    from cudagraph_kit.timing import timeit
     wall = {b: timeit(exact, sample[:b], calls=20).median_us for b in (1, 64)}
-    print(f"\nGPU µs per request: {costs}, padding {costs.pad_us:.2f} µs; wall µs alone: {wall}")
-    assert costs.clock == "GPU" and costs[1] < costs[64]   # more rows, more GPU work
+    busy = {b: gpu_time(exact, sample[:b]).busy_us for b in (1, 16, 64)}  # the profiler last: it slows later launches
+    print(f"\nGPU µs per request: {costs}, padding {costs.pad_us:.2f} µs; profiler busy µs: {busy}; wall µs: {wall}")
+    assert costs.clock == "GPU" and costs.upper_bounds == ()
+    assert costs[1] < costs[16] < costs[64]                # more rows, more GPU work
+    for b in (1, 16, 64):  # GPU time: the kernels' busy time plus the GPU's short gaps between graph nodes
+        assert 0.9 * busy[b] <= costs[b] <= 1.5 * busy[b], (b, costs[b], busy[b])
     assert 0.0 < costs.pad_us < 0.5 * costs[1]             # writing padding rows: one small fill kernel
     assert measure_bucket_costs(capture_buckets(model, sample, sizes=[1, 64], pad_value=None), sample).pad_us == 0
-    assert costs[64] <= 1.2 * wall[64]                 # GPU time, not more than a request takes alone
+    assert costs[64] <= 1.2 * wall[64]                     # GPU time, not more than a request takes alone
+
+
+@gpu
+def test_gpu_bucket_costs_retry_behind_a_longer_spin_and_flag_what_stays_an_upper_bound(monkeypatch):
+    import cudagraph_kit.timing as timing
+    serve = capture_buckets(mlp(), torch.randn(8, 16, device="cuda"), sizes=[4, 8], pad_value=None)
+    spins, host_outruns = [], {"always": False}
+
+    def device_time(fn, *args, calls=10, host_us=None):  # the host outruns the spin twice, or always
+        spins.append(host_us)
+        return 50.0 + len(spins), len(spins) % 3 == 0 and not host_outruns["always"]
+    monkeypatch.setattr(timing, "device_time", device_time)
+    costs = measure_bucket_costs(serve, torch.randn(8, 16, device="cuda"), rounds=1)
+    assert len(spins) == 6 and spins[1] == 4 * spins[0] and spins[2] == 16 * spins[0]  # 1x, 4x, 16x per size
+    assert costs.upper_bounds == () and costs == {4: 53.0, 8: 56.0}    # the queued try's time is the one kept
+
+    spins.clear()
+    host_outruns["always"] = True  # never queued: the result is kept as an upper bound, with a warning that says so
+    with pytest.warns(UserWarning, match=r"sizes \[4, 8\].*upper bound"):
+        costs = measure_bucket_costs(serve, torch.randn(8, 16, device="cuda"), rounds=1)
+    assert costs.upper_bounds == (4, 8) and len(spins) == 6
 
 
 @gpu
