@@ -638,14 +638,20 @@ pitfalls.record("a graph replayed after what it reads was freed", "silently wron
 # model's objects were dropped, graph 1 reads tensors it does not own (optimizer state, inputs), whose memory the
 # allocator has taken back: the last column says where each now lies (free in its cache, handed to new tensors, or,
 # after an `empty_cache()`, returned to the driver), and graph 1's replay can fault on it (the `crashed` column).
-# A replay can crash even where every tracked tensor lies only free in the cache, still mapped: the snapshot follows
-# the tensors named here, not every address the graph reads, so it does not say which access faulted. Whichever way
-# the memory went, a replay after a drop is undefined. A graph does not own what it reads: keep the model, optimizer and static tensors alive as long as the graph (the kit's
-# `GraphedCallable` and `GraphedTrainStep` hold them). A replay right after capture keeps nothing alive, so it cannot
-# protect the first graph (compare its rows with "drop"); what protects the kit's graphs is that the kit's objects
-# keep references. Capturing the same model and optimizer twice frees the gradients the first graph wrote (the second
-# capture's `zero_grad(set_to_none=True)`), so the table may count them as "free in cache"; but they lie in the first
-# graph's private pool, which stays reserved for that graph while it exists, so nothing else is given that memory.
+# The table places each tensor by its first byte, so a "drop" replay can crash where no row says "returned to the
+# driver". A probe that places each tensor's whole span (`scripts/probe_two_captures.py`, output in
+# `figures/05_two_captures_spans/`, run on an H200) found what the replay reads that is no longer mapped: in every
+# crashing try, one optimizer-state tensor starts in cached memory and runs past the end of its segment into memory
+# returned to the driver (the second capture's start empties the cache). Under compute-sanitizer's memcheck (on an
+# H100) the same variant replayed without an error: there every tracked tensor lay in memory allocated again, which
+# memcheck counts as valid, so graph 1 silently read memory that other tensors now own. Whichever way the memory
+# went, a replay after a drop is undefined. A graph does not own what it reads: keep the model, optimizer and static
+# tensors alive as long as the graph (the kit's `GraphedCallable` and `GraphedTrainStep` hold them). A replay right
+# after capture keeps nothing alive, so it cannot protect the first graph (compare its rows with "drop"); what
+# protects the kit's graphs is that the kit's objects keep references. Capturing the same model and optimizer twice
+# frees the gradients the first graph wrote (the second capture's `zero_grad(set_to_none=True)`), so the table may
+# count them as "free in cache"; but they lie in the first graph's private pool, which stays reserved for that graph
+# while it exists, so nothing else is given that memory.
 
 # %% [markdown]
 # ## 12. Will a graph help? `advise` before capturing, checked against measured speedups
