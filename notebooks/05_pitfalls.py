@@ -640,7 +640,7 @@ pitfalls.record("a graph replayed after what it reads was freed", "silently wron
 # after an `empty_cache()`, returned to the driver), and graph 1's replay can fault on it (the `crashed` column).
 # The table places each tensor by its first byte, so a "drop" replay can crash where no row says "returned to the
 # driver". A probe that places each tensor's whole span (`scripts/probe_two_captures.py`, output in
-# `figures/05_two_captures_spans/`, run on an H200) found what the replay reads that is no longer mapped: in every
+# `figures/05_two_captures_spans/`, run on an H100) found what the replay reads that is no longer mapped: in every
 # crashing try, one optimizer-state tensor starts in cached memory and runs past the end of its segment into memory
 # returned to the driver (the second capture's start empties the cache). Under compute-sanitizer's memcheck (on an
 # H100) the same variant replayed without an error: there every tracked tensor lay in memory allocated again, which

@@ -42,12 +42,13 @@ def drop_probe(variant: str) -> None:
                  "gradients": [p.grad for p in model.parameters()],
                  "optimizer state": [v for s in opt.state.values() for v in s.values()]}
         spans = [(k, t.data_ptr(), t.untyped_storage().nbytes()) for k, ts in named.items() for t in ts]
-        return graph, spans, (model, opt, x, y)
+        return graph, loss, spans, (model, opt, x, y)
 
-    g1, spans, owner1 = build(0, replay_now=variant.endswith("right after capture"))
+    # as in two_captures, the static losses stay referenced (their autograd graphs keep the parameters alive)
+    g1, loss1, spans, owner1 = build(0, replay_now=variant.endswith("right after capture"))
     if variant != "keep everything":
         del owner1
-    g2, _, owner2 = build(1)
+    g2, loss2, _, owner2 = build(1)
     segments = torch.cuda.memory_snapshot()
     counts = {}
     for kind, ptr, size in spans:
