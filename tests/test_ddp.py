@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -269,6 +268,35 @@ def _torchrun(nproc, args, timeout=300):
     import ddp_train
 
     return ddp_train.launch(nproc, args, timeout_s=timeout, quiet=True)
+
+
+@pytest.mark.parametrize("backend, wrote, accepted", [("gloo", True, True), ("nccl", True, False),
+                                                      ("gloo", False, False)])
+def test_launch_accepts_only_a_gloo_run_that_wrote_its_results_before_a_rank_failed(tmp_path, monkeypatch, capsys,
+                                                                                  backend, wrote, accepted):
+    """A gloo rank can abort while shutting down after rank 0 gathered every rank's results (seen once in CI):
+    launch keeps that run, and says so; any other failed launch raises with torchrun's output."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import subprocess
+
+    import ddp_train
+
+    out = tmp_path / "run"
+
+    def torchrun(cmd, **kwargs):
+        if wrote:
+            out.mkdir()
+            (out / "run.json").write_text(json.dumps({"backend": backend}))
+        return subprocess.CompletedProcess(cmd, 1, "[mlp eager] 2 rank(s)\n",
+                                           "terminate called without an active exception\nmore\n")
+    monkeypatch.setattr(ddp_train.subprocess, "run", torchrun)
+    if accepted:
+        ddp_train.launch(2, ["--mode", "eager", "--out", out], quiet=True, port=1)
+        said = capsys.readouterr().out
+        assert "exit 1 after rank 0 had gathered every rank's results" in said and "terminate called" in said
+    else:
+        with pytest.raises(RuntimeError, match="torchrun failed \\(exit 1\\)"):
+            ddp_train.launch(2, ["--mode", "eager", "--out", out], quiet=True, port=1)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the gloo CPU path (CI)")
