@@ -111,7 +111,7 @@ class BucketCosts(dict):
     bucket (writing the padding rows), which :func:`plan_buckets` adds for every padded request."""
     pad_us: float = 0.0
     clock: str = ""
-    upper_bounds: tuple = ()  # sizes whose GPU time includes host waiting (the host outran every spin): at most that
+    upper_bounds: tuple = ()  # sizes whose median includes host waiting (the host outran every spin): upper bounds
 
 
 def measure_bucket_costs(serve, *sample_args: torch.Tensor, sizes: Iterable[int] | None = None,
