@@ -6,28 +6,15 @@ Run on a GPU: ``python scripts/probe_device_time.py``.
 """
 import json
 import sys
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from cudagraph_kit.buckets import capture_buckets, measure_bucket_costs
 from cudagraph_kit import timing
 
-
-class Block(nn.Module):
-    def __init__(self, d=32, heads=2):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_buckets import Block  # noqa: E402  (the transformer block the GPU test used when it failed)
 
 
 def main(reps=6):

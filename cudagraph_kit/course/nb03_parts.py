@@ -80,8 +80,9 @@ def _top_kernels(top, n: int = 3) -> str:
     """The ``n`` largest kernels by GPU time per call, kernels of the same short name added up ("name 2x 2.8")."""
     totals, counts = defaultdict(float), defaultdict(int)
     for name, us in top:
-        totals[_short_kernel(name)] += us
-        counts[_short_kernel(name)] += 1
+        short = _short_kernel(name)
+        totals[short] += us
+        counts[short] += 1
     best = sorted(totals, key=totals.get, reverse=True)[:n]
     return "; ".join(f"{k} {f'{counts[k]}x ' if counts[k] > 1 else ''}{totals[k]:.1f}" for k in best)
 
