@@ -31,9 +31,7 @@ import contextlib
 import importlib.util
 import math
 import os
-import sys
 import time
-import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -42,26 +40,15 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 
-def _kit(name):
-    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
-    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
-    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
-    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
-    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
-        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
-            return importlib.import_module(name)
-        package = "_cudagraph_kit_" + folder.encode().hex()
-        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
-    try:
-        return importlib.import_module(f"{package}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{package}.{name}":
-            raise
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
-                          f"cudagraph_kit/{name}.py beside it.") from None
-
-
-capture = _kit("capture")  # errors, recovery after a failed capture, the capture stream
+if __package__:
+    from . import capture  # errors, recovery after a failed capture, the capture stream
+else:  # this file copied beside capture.py, outside the package: that capture.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("capture")
+    if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's capture.py from its own folder {_here}, "
+                          f"but `import capture` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/capture.py beside it, that folder first on sys.path.")
+    import capture  # type: ignore[import-not-found, no-redef]
 
 __all__ = ["BucketedGraphs", "BucketStats", "BucketOverflowWarning", "capture_buckets", "ladder"]
 
@@ -166,7 +153,7 @@ class BucketedGraphs:
         self.clone_outputs = clone_outputs
         self.measure_memory = measure_memory
         self.graphs: dict = {}
-        self.weights = None  # capture.CapturedTensors of the modules fn reaches, once the graphs exist
+        self.guard = None  # capture.guard.Guard: what the graphs read, checked before every replay
         self.pool = None
         self.static_inputs: tuple = ()
         self.static_outputs: tuple = ()
@@ -228,7 +215,7 @@ class BucketedGraphs:
             for o, buf in zip(leaves, self.static_outputs):
                 buf.narrow(self.dim, 0, b).copy_(o)
 
-    def _capture(self, warmup: int, pool):
+    def _capture(self, warmup: int, pool, check_weights: bool = False):
         device = self.static_inputs[0].device
         stream = capture.capture_stream(device)  # the kit's stream rule: warm-up and capture on one stream per GPU
         if pool == "shared":
@@ -244,6 +231,11 @@ class BucketedGraphs:
                 for _ in range(max(warmup, 1)):  # at least one: it checks the outputs' shapes
                     out = self.fn(*views)
                 leaves = self._check_outputs(out, b)
+                if check_weights and self.guard is None:  # one more call, watched, for the first bucket only
+                    with capture.rng_kept(device), \
+                            capture.guard.watch_reads(skip=tuple(views) + tuple(self.static_inputs)) as reads:
+                        self.fn(*views)
+                    self.guard = capture.guard.Guard(self.fn, reads.tensors) or None
             torch.cuda.current_stream(device).wait_stream(stream)
             if not self.static_outputs:  # allocated on the stream that replays and reads them
                 self._init_outputs(leaves)
@@ -312,8 +304,8 @@ class BucketedGraphs:
         stats.rows += n
         if b is None:
             return self._overflow(args, n)
-        if self.weights is not None:  # before any copy: a stale graph touches nothing
-            self.weights.check()
+        if self.guard is not None:  # before any copy: a stale graph touches nothing
+            self.guard.check()
         d = self.dim
         for a, view in zip(args, self._views[b]):
             view.narrow(d, 0, n).copy_(a)
@@ -428,10 +420,10 @@ def capture_buckets(fn: Callable[..., Any], *sample_args: torch.Tensor, sizes: S
       calls ``torch.cuda.empty_cache()`` once per bucket; off by default, the kit adds no such call of its own.
       (``torch.cuda.graph`` itself synchronizes and empties the cache as each capture begins, in every PyTorch
       release the kit supports: that part is PyTorch's.)
-    - ``check_weights``: before every replay, check that the modules ``fn`` reaches still hold the parameters and
-      buffers the graphs read, with the same storage (``capture.CapturedTensors``); a replaced or re-typed weight
+    - ``check_weights``: one more eager call (first bucket) records what ``fn`` really reads and where each tensor
+      is held (``guard.py``, as :func:`capture.capture` does); before every replay, a replaced or re-typed tensor
       (``model.half()``, ``model.weight = ...``) raises ``StaleGraphError`` instead of replaying stale or released
-      memory. ``False`` skips it (one identity and pointer check per captured tensor per call).
+      memory. The guard is ``serve.guard``; ``guard.weights_fixed(serve)`` checks once per block instead.
 
     Only functions whose output rows depend on their own input rows alone are correct under padding.
 
@@ -483,9 +475,7 @@ def capture_buckets(fn: Callable[..., Any], *sample_args: torch.Tensor, sizes: S
     bg = BucketedGraphs(fn, sizes, dim, pad_value, overflow, mode, no_grad, clone_outputs, measure_memory)
     bg._init_buffers(sample_args)
     if mode == "graph":
-        bg._capture(warmup, pool)
-        if check_weights:
-            bg.weights = capture.CapturedTensors.reached_from(fn) or None
+        bg._capture(warmup, pool, check_weights)
     else:
         for b in reversed(sizes):  # validate every bucket's outputs once, as a capture would
             bg._run_eager_bucket(b)

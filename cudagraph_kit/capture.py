@@ -6,7 +6,7 @@ optionally several calls in one graph), and checks that turn silent corruption i
 
 It also holds the kit's shared parts: the error types and explanations of failed captures, the recovery after
 one, the stream rule (:func:`capture_stream`) that every helper of the kit follows, the check that a graph's
-weights are still the module's (:class:`CapturedTensors`) and the profiler session that leaves no residue
+read tensors are still the ones it read (``guard.py``, beside this file) and the profiler session that leaves no residue
 (:func:`profiler_session`).
 
 It runs inside other people's processes and leaves them as it found them: it replaces nothing of PyTorch's (a
@@ -45,11 +45,24 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map_only
 
+if __package__:
+    from . import guard  # what the graph read, and the check before every replay
+else:  # this file copied beside guard.py, outside the package: that guard.py, never another on sys.path
+    import importlib.util as _util
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), _util.find_spec("guard")
+    if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
+        raise ImportError(f"capture.py needs the kit's guard.py from its own folder {_here}, but `import guard` "
+                          f"finds {_found and _found.origin or 'nothing'}. Fix: copy cudagraph_kit/guard.py beside it, "
+                          "that folder first on sys.path.")
+    import guard
+StaleGraphError = guard.StaleGraphError
+STALE_FIX = guard.STALE_FIX
+
 __all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "gc_paused",
            "fresh_cublas_workspace", "NoCudaError",
            "CaptureError", "recover_from_failed_capture", "explain", "Explanation", "explain_capture_failure",
-           "no_cuda_message", "graph_features", "register_generators", "StaleGraphError", "CapturedTensors",
-           "reseeding_calls", "ReseedWarning", "profiler_session"]
+           "no_cuda_message", "graph_features", "register_generators", "StaleGraphError",
+           "reseeding_calls", "ReseedWarning", "profiler_session", "rng_kept"]
 
 
 class NoCudaError(RuntimeError):
@@ -148,7 +161,7 @@ _KNOWN_FAILURES = [
     ("previous error during capture", "the capture was invalidated by an earlier illegal operation: a CPU "
      "synchronization, or an unsafe call (e.g. a memory allocation) from another thread while capturing in "
      "capture_error_mode='global'",
-     "run the function eagerly under cudagraph_kit.diagnose.check_capturable to find the line; keep other "
+     "run the function eagerly under cudagraph_kit.check.check_capturable to find the line; keep other "
      "threads off the GPU while capturing, or capture with capture_error_mode='thread_local'"),
     ("capture_end", "the capture was invalidated by an operation that is illegal during capture "
      "(often a synchronization, or work on another stream that was not joined back)",
@@ -191,7 +204,7 @@ _KNOWN_FAILURES = [
 _GENERIC_CAUSE = "the function did something a CUDA graph cannot record"
 _GENERIC_FIX = ("check that the function runs eagerly, has no CPU synchronization "
                 "(torch.cuda.set_sync_debug_mode('error') finds the line) and uses only GPU tensors; "
-                "cudagraph_kit.diagnose.check_capturable(fn, *args) lists what to change")
+                "cudagraph_kit.check.check_capturable(fn, *args) lists what to change")
 
 
 def diagnose_capture_failure(exc: BaseException) -> tuple:
@@ -461,222 +474,6 @@ def describe_tensor(t) -> str:
     return f"shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device}"
 
 
-class StaleGraphError(RuntimeError):
-    """Raised before a replay when a tensor the graph read at capture was replaced, re-typed or moved since (nothing
-    was copied or replayed). Like :class:`CaptureError`, ``cause`` and ``fix`` hold the two parts of the message."""
-
-    cause: str = ""
-    fix: str = ""
-
-
-STALE_FIX = ("capture again after changing the model; to change weights without capturing again, copy the new values "
-             "into the tensors the graph reads, in place: model.load_state_dict(state_dict) or, under "
-             "torch.no_grad(), param.copy_(new_value)")
-
-_data_ptr = torch.Tensor.data_ptr
-_MAX_SCANNED = 256  # containers (lists, tuples, dicts) longer than this are not searched for modules
-_REACHED = (torch.nn.Module, torch.Tensor, list, tuple, dict)  # what the search follows inside containers
-
-
-class CapturedTensors:
-    """The parameters and buffers a graph reads from modules outside it: recorded at capture, checked before every
-    replay, so that a graph never silently reads weights the caller replaced.
-
-    A CUDA graph reads the memory it captured. Replace a parameter (``model.weight = nn.Parameter(...)``), swap a
-    submodule or rebind the global the function names, and replays keep reading the old tensors; re-type or move the
-    model (``model.half()``, ``model.to(...)``: the same ``Parameter`` objects get new storage) and replays read memory
-    that was released. Recorded per tensor: the dict that holds it and its name there (a module's ``_parameters``,
-    ``_buffers`` or ``_modules``, the function's globals), the object, its ``data_ptr``, dtype and shape.
-    :meth:`check` costs one identity and pointer check per captured tensor per call; in-place updates
-    (``load_state_dict``, ``param.copy_``, optimizer steps) keep both and pass. The kit's helpers hold the
-    recorded tensors while the graph lives, so memory the graph reads is not freed under it.
-
-    PyTorch 2.13+ has ``torch.cuda.graph(..., check_input_liveness=True)``: it raises when a tensor the graph reads
-    was freed; this check raises when the module no longer holds the tensor the graph reads, freed or not.
-
-    Modules (and tensors held directly) are found from the callable: a module itself, a bound method of one (or of
-    an object whose attributes hold modules), ``functools.partial`` arguments, closure variables, and the globals its
-    code names (also through the functions it calls that are named the same way); lists, tuples and dicts of them
-    are searched too.
-
-    Example::
-
-        checked = CapturedTensors.reached_from(model)
-        model.half()
-        checked.check()    # StaleGraphError: Sequential.0.weight has new storage: float32 at capture, now float16 ...
-    """
-
-    def __init__(self):
-        self._owners, self._keys, self._objects, self._ids, self._labels = [], [], [], [], []
-        self._tensors, self._ptrs, self._specs, self._tensor_labels = [], [], [], []
-        self._cells = []  # (closure cell, object, label): checked only when there are any
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
-    def __bool__(self) -> bool:
-        return bool(self._ids or self._tensors or self._cells)
-
-    # -- recording --------------------------------------------------------------------------------------------
-    def add_entry(self, owner: dict, key, obj, label: str) -> None:
-        """Check that ``owner[key]`` stays ``obj``."""
-        self._owners.append(owner)
-        self._keys.append(key)
-        self._objects.append(obj)
-        self._ids.append(id(obj))
-        self._labels.append(label)
-
-    def add_tensor(self, t: torch.Tensor, label: str) -> None:
-        """Check that ``t`` keeps its storage (``data_ptr``); each tensor once."""
-        if any(t is u for u in self._tensors):
-            return
-        try:
-            ptr = t.data_ptr()
-        except (RuntimeError, NotImplementedError):  # a tensor without storage of its own (a wrapper subclass)
-            return
-        self._tensors.append(t)
-        self._ptrs.append(ptr)
-        self._specs.append((tuple(t.shape), t.dtype, t.device))
-        self._tensor_labels.append(label)
-
-    def add_module(self, module: torch.nn.Module, label: str) -> None:
-        """Every submodule, parameter and buffer of ``module``, named ``label.path``."""
-        for path, mod in module.named_modules():
-            prefix = f"{label}.{path}" if path else label
-            for owner in (mod._modules, mod._parameters, mod._buffers):
-                for key, obj in list(owner.items()):
-                    if obj is None:
-                        continue
-                    if isinstance(owner, dict):  # a TorchScript module's are wrappers: its tensors' storage only
-                        self.add_entry(owner, key, obj, f"{prefix}.{key}")
-                    if isinstance(obj, torch.Tensor):
-                        self.add_tensor(obj, f"{prefix}.{key}")
-
-    @classmethod
-    def reached_from(cls, *callables) -> "CapturedTensors":
-        """The modules' tensors that the callables reach (see the class docstring)."""
-        checked = cls()
-        seen: set = set()
-        for fn in callables:
-            label = type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", type(fn).__name__)
-            checked._reach(fn, label, seen, depth=0)
-        return checked
-
-    def _reach(self, obj, label: str, seen: set, depth: int) -> None:
-        if id(obj) in seen or depth > 4:
-            return
-        seen.add(id(obj))
-        if isinstance(obj, torch.nn.Module):
-            self.add_module(obj, label)
-        elif isinstance(obj, torch.Tensor):
-            self.add_tensor(obj, label)
-        elif isinstance(obj, (list, tuple)) and len(obj) <= _MAX_SCANNED:
-            for i, item in enumerate(obj):
-                if isinstance(item, _REACHED):
-                    self._reach(item, f"{label}[{i}]", seen, depth + 1)
-        elif isinstance(obj, dict) and len(obj) <= _MAX_SCANNED:
-            for key, item in list(obj.items()):
-                if isinstance(item, _REACHED):
-                    self._reach(item, f"{label}[{key!r}]", seen, depth + 1)
-        elif isinstance(obj, functools.partial):
-            self._reach(obj.func, label, seen, depth + 1)
-            for i, arg in enumerate(obj.args):
-                self._reach(arg, f"{label} argument {i}", seen, depth + 1)
-            for key, arg in obj.keywords.items():
-                self._reach(arg, f"{label} argument {key}", seen, depth + 1)
-        elif isinstance(obj, types.MethodType):
-            owner = obj.__self__
-            if isinstance(owner, torch.nn.Module):
-                self._reach(owner, type(owner).__name__, seen, depth + 1)
-            else:
-                self._reach_attributes(owner, type(owner).__name__, seen, depth)
-            self._reach(obj.__func__, label, seen, depth + 1)
-        elif isinstance(obj, types.FunctionType):
-            wrapped = getattr(obj, "__wrapped__", None)  # functools.wraps: torch.compile(fn), decorators
-            if wrapped is not None:
-                self._reach(wrapped, label, seen, depth + 1)
-            self._reach_function(obj, seen, depth)
-        elif callable(obj) and depth <= 1:  # a callable object
-            self._reach_attributes(obj, label, seen, depth)
-
-    def _reach_attributes(self, obj, label: str, seen: set, depth: int) -> None:
-        """The modules and tensors an object holds as attributes (one level)."""
-        for key, value in list(getattr(obj, "__dict__", {}).items()):
-            if isinstance(value, (torch.nn.Module, torch.Tensor)):
-                self.add_entry(vars(obj), key, value, f"{label}.{key}")
-                self._reach(value, f"{label}.{key}", seen, depth + 1)
-
-    def _reach_function(self, fn, seen: set, depth: int) -> None:
-        if (getattr(fn, "__module__", None) or "").split(".")[0] == "torch":
-            return  # PyTorch's own functions hold no module of the caller's
-        code = fn.__code__
-        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-            try:
-                value = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            if isinstance(value, (torch.nn.Module, torch.Tensor)):
-                self._cells.append((cell, value, name))
-            self._reach(value, name, seen, depth + 1)
-        names, codes = set(), [code]
-        while codes:  # the names of the function's code and of the code nested in it (lambdas, comprehensions)
-            c = codes.pop()
-            names.update(c.co_names)
-            codes.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-        scope = fn.__globals__
-        for name in sorted(names):
-            value = scope.get(name)
-            if isinstance(value, (torch.nn.Module, torch.Tensor)):
-                self.add_entry(scope, name, value, name)
-            if isinstance(value, _REACHED + (types.FunctionType, functools.partial)):
-                self._reach(value, name, seen, depth + 1)
-
-    # -- checking ---------------------------------------------------------------------------------------------
-    def check(self) -> None:
-        """Raise :class:`StaleGraphError` if a recorded tensor or module was replaced or got new storage."""
-        if (list(map(id, map(dict.get, self._owners, self._keys))) != self._ids
-                or list(map(_data_ptr, self._tensors)) != self._ptrs
-                or any(cell.cell_contents is not obj for cell, obj, _ in self._cells)):
-            raise self.error()
-
-    def changes(self) -> list:
-        """What changed since the recording, one sentence each (empty when nothing did)."""
-        found = []
-        for owner, key, obj, label in zip(self._owners, self._keys, self._objects, self._labels):
-            now = owner.get(key)
-            if now is obj:
-                continue
-            what = "tensor" if isinstance(obj, torch.Tensor) else type(obj).__name__
-            if now is None:
-                found.append(f"{label} was removed (the graph reads the {what} it held at capture)")
-            elif isinstance(obj, torch.Tensor) and isinstance(now, torch.Tensor):
-                found.append(f"{label} was replaced by another tensor ({describe_tensor(now)}; the graph reads the "
-                             f"one it held at capture, {describe_tensor(obj)})")
-            else:
-                found.append(f"{label} was replaced by another {type(now).__name__} (the graph reads the {what} it "
-                             "held at capture)")
-        for cell, obj, label in self._cells:
-            if cell.cell_contents is not obj:
-                found.append(f"the closure variable {label} now names another object (the graph reads the "
-                             f"{type(obj).__name__} it named at capture)")
-        for t, ptr, (shape, dtype, device), label in zip(self._tensors, self._ptrs, self._specs, self._tensor_labels):
-            if t.data_ptr() == ptr:
-                continue
-            was = f"shape {shape} {str(dtype).replace('torch.', '')} on {device}"
-            found.append(f"{label} has new storage: {was} at capture, now {describe_tensor(t)} (.half(), .to(), "
-                         ".float() or .data = ... gave it new memory; the graph reads the old one, released)")
-        return found
-
-    def error(self) -> StaleGraphError:
-        found = self.changes() or ["a recorded tensor changed"]
-        shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
-        cause = (f"a tensor the CUDA graph reads is no longer the one the module holds: {shown}. Replaying would "
-                 "silently use the old weights, or memory that was released; nothing was copied or replayed")
-        err = StaleGraphError(f"{cause}. Fix: {STALE_FIX}.")
-        err.cause, err.fix = cause, STALE_FIX
-        return err
-
-
 class GraphedCallable:
     """A callable captured once; calling it copies new inputs in and replays. Build it with :func:`capture`.
 
@@ -685,9 +482,9 @@ class GraphedCallable:
     """
 
     def __init__(self, fn, static_inputs, static_outputs, graph, mode, calls_per_graph, clone_outputs, pool,
-                 no_grad: bool = True, weights: CapturedTensors | None = None):
+                 no_grad: bool = True, guard: "guard.Guard | None" = None):
         self.fn = fn
-        self.weights = weights if weights else None  # checked before every copy and replay (None: nothing to check)
+        self.guard = guard if guard else None  # checked before every copy and replay (None: nothing to check)
         self.no_grad = no_grad
         self.static_inputs = static_inputs
         self.static_outputs = static_outputs
@@ -702,7 +499,7 @@ class GraphedCallable:
         if graph is not None and len(static_inputs) == 1 and not clone_outputs:
             s0 = static_inputs[0]
             self._fast = (s0, s0.shape, s0.dtype, s0.get_device(), graph.replay, static_outputs,
-                          self.weights.check if self.weights is not None else None)
+                          self.guard.check if self.guard is not None else None)
 
     def _check(self, args) -> None:
         if len(args) != len(self.static_inputs):
@@ -738,8 +535,8 @@ class GraphedCallable:
         if len(args) != len(self.static_inputs) or self.graph is None:
             return self._slow_call(args)
         self._check(args)
-        if self.weights is not None:
-            self.weights.check()
+        if self.guard is not None:
+            self.guard.check()
         for a, s in zip(args, self.static_inputs):
             if a is not s:
                 s.copy_(a)
@@ -762,8 +559,8 @@ class GraphedCallable:
         ``check_weights`` runs); returns the static outputs."""
         if self.mode == "eager":
             return self(*self.static_inputs)
-        if self.weights is not None:
-            self.weights.check()
+        if self.guard is not None:
+            self.guard.check()
         self.graph.replay()
         return self.static_outputs
 
@@ -794,16 +591,14 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
       weight or constant held outside ``fn``) was freed since the capture (PyTorch 2.13+; costs a check per
       replay, so use it to debug). It checks that those tensors are alive, not that the module still holds them:
       ``check_weights`` does that.
-    - ``check_weights``: record the parameters and buffers of the modules ``fn`` reaches (a module, a bound method
-      of one, ``functools.partial`` arguments, closure variables, the globals its code names) and, before every
-      call and replay, raise :class:`StaleGraphError` if one was replaced, re-typed or moved since the capture
-      (``model.weight = ...``, ``model.half()``, ``model.to(...)``), instead of replaying on old weights or released
-      memory. It costs one identity and pointer check per captured tensor per call, and nothing for a function
-      that reaches no module. Measured on an H100 host (``figures/stale_check``): a 12-layer Llama decode step
-      (113 tensors) spends about 93 µs of host time per call in the check; its step is GPU-bound, so the check
-      overlaps the GPU's work and the step took 9.4 µs (0.7%) longer than with ``check_weights=False``. A
-      host-bound graph pays the whole check: turn it off in such a loop once the code is settled. In-place updates
-      (``load_state_dict``, ``param.copy_``) pass. See :class:`CapturedTensors`.
+    - ``check_weights``: guard the graph against stale tensors (``guard.py``): one more eager call after the
+      warm-up (during the capture itself when ``warmup=0``) records the tensors ``fn`` really reads and where each
+      is held (module parameters and buffers, object attributes, closure variables, default arguments, globals,
+      containers); before every call and replay, :class:`StaleGraphError` is raised if one was replaced, re-typed
+      or moved since (``model.weight = ...``, ``model.half()``, ``w.data = w.data.t()``), instead of replaying on
+      old weights or released memory. In-place updates (``load_state_dict``, ``param.copy_``) pass. Its cost per
+      call is stated in the README ("what the kit costs"); in a loop that cannot change weights, check once per
+      block with ``guard.weights_fixed(g)``. The guard is ``g.guard``.
 
     All sample arguments must be tensors on one device; warm-up and capture run on that GPU, whichever
     device is current. A failed capture raises :class:`CaptureError` (cause, fix, original error) and leaves
@@ -859,27 +654,35 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
     with torch.cuda.device(device):
         side = capture_stream(device)  # warm-up and capture on the kit's one stream for this GPU
         side.wait_stream(torch.cuda.current_stream(device))
+        reads = None
         with torch.cuda.stream(side), grad_ctx():
             for _ in range(warmup):
                 watched(*static_inputs)
+            if check_weights and warmup:  # one more call, watched: what does fn really read?
+                with rng_kept(device, generators), guard.watch_reads(skip=static_inputs) as reads:
+                    watched(*static_inputs)
         torch.cuda.current_stream(device).wait_stream(side)
         if reseeds:
             raise reseed_error(reseeds, "its warm-up")
+        # warmup=0: the capture itself is watched (a compiled fn then runs as compiled, nothing forced eager)
+        watch_capture = guard.watch_reads(skip=static_inputs, force_eager=False) if check_weights and not warmup \
+            else contextlib.nullcontext()
 
         graph = torch.cuda.CUDAGraph()
         register_generators(graph, generators)
         try:
             # a reseed here is refused by PyTorch itself (set_current_seed during capture): from_exception explains it
-            with grad_ctx(), graph_capture(graph, pool=pool, stream=side, **options):
+            with grad_ctx(), graph_capture(graph, pool=pool, stream=side, **options), watch_capture as watching:
                 for _ in range(calls_per_graph):
                     out = fn(*static_inputs)
         except Exception as exc:
             del graph
             recover_from_failed_capture(device)
             raise CaptureError.from_exception(exc) from exc
-    weights = CapturedTensors.reached_from(fn) if check_weights else None  # what the graph read, as it read it
+    read = (reads or watching).tensors if check_weights else ()
+    checked = guard.Guard(fn, read) if check_weights else None
     return GraphedCallable(fn, static_inputs, out, graph, "graph", calls_per_graph, clone_outputs,
-                           graph.pool(), no_grad=no_grad, weights=weights)
+                           graph.pool(), no_grad=no_grad, guard=checked)
 
 
 def _generator_state(gen) -> tuple:
@@ -981,6 +784,29 @@ RESEED_SUSPECT = (
     "to the seed it already had (torch.manual_seed inside the function): a graph cannot replay a reseed, so each "
     "replay would draw new numbers where eager repeats them. Fix: seed before capture, not inside the function; "
     "check_capturable(fn, *args) names the line that reseeds.")
+
+
+@contextlib.contextmanager
+def rng_kept(device=None, generators=()):
+    """The block leaves the random generators where it found them: the CPU's, the default CUDA generator of
+    ``device`` and ``generators`` (their seed and offset are host-side state: no synchronization). The guard's
+    watched call runs inside it, so ``capture(fn, x, warmup=3)`` leaves the generators where three eager calls do.
+
+    Example::
+
+        with rng_kept(x.device):
+            fn(x)          # draws random numbers; the generators are back where they were afterwards
+    """
+    gens = [torch.default_generator]
+    if torch.cuda.is_available():
+        gens.append(_default_generator(device))
+    gens += [g for g in generators if all(g is not h for h in gens)]
+    states = [g.get_state() for g in gens]
+    try:
+        yield
+    finally:
+        for g, state in zip(gens, states):
+            g.set_state(state)
 
 
 def _watching_reseeds(fn, seen: list, device=None, generators=()):

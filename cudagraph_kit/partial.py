@@ -31,32 +31,19 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
-import sys
-import types
 
 import torch
 
 
-def _kit(name):
-    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
-    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
-    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
-    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
-    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
-        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
-            return importlib.import_module(name)
-        package = "_cudagraph_kit_" + folder.encode().hex()
-        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
-    try:
-        return importlib.import_module(f"{package}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{package}.{name}":
-            raise
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
-                          f"cudagraph_kit/{name}.py beside it.") from None
-
-
-_capture = _kit("capture")  # errors and the recovery after a failed capture
+if __package__:
+    from . import capture as _capture  # errors and the recovery after a failed capture
+else:  # this file copied beside capture.py, outside the package: that capture.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("capture")
+    if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's capture.py from its own folder {_here}, "
+                          f"but `import capture` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/capture.py beside it, that folder first on sys.path.")
+    import capture as _capture  # type: ignore[import-not-found, no-redef]
 CaptureError = _capture.CaptureError
 NoCudaError = _capture.NoCudaError
 recover_from_failed_capture = _capture.recover_from_failed_capture
@@ -87,7 +74,7 @@ def _flat(args) -> tuple:
     return tree_flatten(tuple(args))
 
 
-def _checked(call, sample, autocast_at_capture, name, module=None):
+def _checked(call, sample, autocast_at_capture, name, module=None, guard=None):
     training_at_capture = module.training if module is not None else None
     sample_leaves, sample_structure = _flat(sample)
     specs = tuple(_spec(t) for t in sample_leaves)
@@ -95,6 +82,8 @@ def _checked(call, sample, autocast_at_capture, name, module=None):
     def checked_call(*args, **kwargs):
         # a module in another train/eval state than at capture runs its original forward: nothing to check
         if module is None or module.training == training_at_capture:
+            if guard is not None:  # before anything runs: a stale graph touches nothing
+                guard.check()
             if len(args) != len(sample):
                 raise TypeError(f"{name} was graphed with {len(sample)} input(s), got {len(args)}.")
             leaves, structure = _flat(args)
@@ -145,6 +134,11 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
     keep their type; their graphed ``forward`` checks its inputs first). Capture under
     ``torch.autocast("cuda", dtype, cache_enabled=False)`` for AMP. A failed capture raises ``CaptureError``
     (cause, fix, original error), like ``capture``.
+
+    ``make_graphed_callables`` "assumes module params didn't change since capture" (its docstring): here its own
+    warm-up and capture are watched (``guard.watch_reads``), and each graphed call first checks that what they read
+    is still held and laid out as then (``guard.Guard``: ``m.half()``, ``m.weight = ...`` raise
+    ``StaleGraphError``; in-place updates such as optimizer steps pass). The guard is ``graphed.guard``.
     """
     single = not isinstance(modules, tuple)
     mods = (modules,) if single else modules
@@ -183,7 +177,9 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
     try:
         # the collector paused, as in every capture of the kit (capture.graph_capture says why: a graph freed by
         # the collector in the middle of this capture invalidates it; seen in this module's GPU test on an H100)
-        with _capture.gc_paused(), reseeding_calls() as reseeds:
+        # its own warm-up and capture are watched: what the modules really read (parameters, buffers, constants)
+        with _capture.gc_paused(), reseeding_calls() as reseeds, \
+                _capture.guard.watch_reads(skip=_flat(args)[0], force_eager=False) as reads:
             graphed = torch.cuda.make_graphed_callables(mods, args, **kwargs)
     except Exception as exc:
         recover_from_failed_capture()
@@ -192,11 +188,15 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
         raise CaptureError.from_exception(exc) from exc
     if reseeds:
         raise reseed_error(reseeds, "make_graphed_callables' warm-up and capture")
+    checked = _capture.guard.Guard(mods, reads.tensors) or None
     out = []
     for m, a, g in zip(mods, args, graphed):
         if isinstance(g, torch.nn.Module):
-            g.forward = _checked(g.forward, a, autocast_on, type(m).__name__, module=g)
+            g.forward = _checked(g.forward, a, autocast_on, type(m).__name__, module=g, guard=checked)
+            g.guard = checked
             out.append(g)
         else:
-            out.append(_checked(g, a, autocast_on, getattr(m, "__name__", "callable")))
+            call = _checked(g, a, autocast_on, getattr(m, "__name__", "callable"), guard=checked)
+            call.guard = checked
+            out.append(call)
     return out[0] if single else tuple(out)

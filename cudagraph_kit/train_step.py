@@ -72,34 +72,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import operator
+import weakref
 import os
-import sys
-import types
 from typing import Callable, Sequence
 
 import torch
 
 
-def _kit(name):
-    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
-    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
-    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
-    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
-    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
-        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
-            return importlib.import_module(name)
-        package = "_cudagraph_kit_" + folder.encode().hex()
-        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
-    try:
-        return importlib.import_module(f"{package}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{package}.{name}":
-            raise
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
-                          f"cudagraph_kit/{name}.py beside it.") from None
-
-
-_capture = _kit("capture")  # errors, recovery after a failed capture, the capture stream
+if __package__:
+    from . import capture as _capture  # errors, recovery after a failed capture, the capture stream
+else:  # this file copied beside capture.py, outside the package: that capture.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("capture")
+    if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's capture.py from its own folder {_here}, "
+                          f"but `import capture` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/capture.py beside it, that folder first on sys.path.")
+    import capture as _capture  # type: ignore[import-not-found, no-redef]
 CaptureError = _capture.CaptureError
 NoCudaError = _capture.NoCudaError
 capture_stream = _capture.capture_stream
@@ -109,8 +98,8 @@ reseed_error = _capture.reseed_error
 reseeding_calls = _capture.reseeding_calls
 describe_tensor = _capture.describe_tensor
 no_cuda_message = _capture.no_cuda_message
-CapturedTensors = _capture.CapturedTensors
-StaleGraphError = _capture.StaleGraphError
+guard = _capture.guard  # what the graphs read, checked before every replay (guard.py, beside capture.py)
+StaleGraphError = guard.StaleGraphError
 
 __all__ = ["capture_train_step", "GraphedTrainStep", "NoCudaError", "CaptureError", "cuda_graph_capture"]
 
@@ -227,7 +216,6 @@ class GraphedTrainStep:
         self._micro = 0             # position of the next call in its accumulation window
         self._pool = None
         self._capture_fn = capture
-        self._static_grads = []
         self._lr_tensors = []       # per param group: the GPU tensor the captured step reads as its LR, or None
         self._lr_copied = []        # per param group: the host value last copied into that tensor
         self._frozen = []           # per param group: {key: value} the graph froze (checked before replays)
@@ -236,10 +224,10 @@ class GraphedTrainStep:
         self._frozen_why = []       # per param group: {key: why this PyTorch cannot read it on the GPU}
         self._warmup_reseeds = []   # reseeds seen in warm-up steps (a graph cannot replay them): reseeding_calls
         self._offset_history = []   # did each warm-up step advance the generator (a same-seed reseed's trace)
-        self._captured_tensors = None  # after capture: what the graphs read from the model, loss and optimizer
-        self._group_ids = []        # after capture: per param group, the ids of its params (kept alive in _params)
+        self.guard = None           # after capture: what the graphs read (guard.Guard), checked before every replay
+        self._reads = []            # what the last warm-up step read (guard.watch_reads), for the guard
+        self._group_sizes = []      # after capture: how many params each param group had
         self._requires_grad = []    # after capture: requires_grad of each of _params
-        self._state_tensors = []    # after capture: (param, key, tensor, label) of the optimizer state it steps
         self.static_loss = None
         self.grad_norm = None
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -377,8 +365,15 @@ class GraphedTrainStep:
     def _warmup_step(self, batch, first, last):
         if self._side_stream is not None:
             self._side_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with self._side(), reseeding_calls(self.device, history=self._offset_history) as reseeds:
+        # the last warm-up call is watched: what does the step really read? (force_eager: a compiled model runs its
+        # Python code for that call, after the earlier warm-ups compiled it; with warmup=1 it runs as compiled)
+        watch = guard.watch_reads(skip=batch, force_eager=self.warmup > 1) \
+            if last and self.warmup_steps == self.warmup - 1 else contextlib.nullcontext()
+        with self._side(), reseeding_calls(self.device, history=self._offset_history) as reseeds, watch as reads:
             loss = self._eager_step(batch, first, last, set_to_none=True)
+        if reads is not None:  # the warm-up's .grad tensors are dropped before the capture: not what replays read
+            grads = {id(p.grad) for p in self._params if p.grad is not None}
+            self._reads = [t for t in reads.tensors if id(t) not in grads]
         if self._side_stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._side_stream)
         self._warmup_reseeds += reseeds  # the step reseeds inside: refused when it comes to capture
@@ -403,7 +398,6 @@ class GraphedTrainStep:
         steps = last and self.scaler is None  # this graph contains the optimizer step
         if self.state == "captured":
             self._check_still_captured()
-            self._check_grads_still_static()
             if steps:
                 self._refuse_frozen_changes()
         for b, s in zip(batch, self.static_batch):
@@ -425,75 +419,58 @@ class GraphedTrainStep:
         return loss.clone() if self.clone_loss else loss
 
     def _record_captured(self):
-        """At the first capture: what the graphs read that lives outside them (checked before every replay)."""
-        checked = CapturedTensors.reached_from(self.model, self.loss_fn)
-        self._group_ids = [list(map(id, g["params"])) for g in self.optimizer.param_groups]
-        self._requires_grad = [p.requires_grad for p in self._params]
-        self._state_tensors = []  # (param, key, tensor, label): optimizer.state[param][key] must stay that tensor
-        if self.scaler is None:  # the graph holds the optimizer step: it updates these state tensors in place
-            names = {id(p): n for n, p in self.model.named_parameters()}
-            for i, p in enumerate(self._params):
-                label = f"optimizer.state[{names.get(id(p), f'parameter {i}')}]"
-                for key, value in (dict.get(self.optimizer.state, p) or {}).items():
-                    if isinstance(value, torch.Tensor):
-                        self._state_tensors.append((p, key, value, f"{label}[{key!r}]"))
-                        checked.add_tensor(value, f"{label}[{key!r}]")
-        self._captured_tensors = checked
+        """At the first capture: the guard over what the graphs read (the last warm-up step's reads, held by the
+        model, loss function, optimizer or scaler) and the ``.grad`` tensors the captured backward writes into."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        # each group's first .grad is checked before every replay (zero_grad() drops a whole group's); the others are
+        # held weakly: dropping or replacing one releases the graph's gradient, an event that makes the guard look
+        firsts = {id(g["params"][0]) for g in self.optimizer.param_groups if g["params"]}
+        grads = [("attr", p, "grad", p.grad, f"model.{names.get(id(p), f'parameter {i}')}.grad") if id(p) in firsts
+                 else ("weakattr", p, "grad", weakref.ref(p.grad), f"model.{names.get(id(p), f'parameter {i}')}.grad")
+                 for i, p in enumerate(self._params) if p.grad is not None]
+        roots = {"model": self.model, "optimizer": self.optimizer, "loss_fn": self.loss_fn, "scaler": self.scaler}
+        self.guard = guard.Guard(roots, self._reads, extra=grads)
+        self._reads = []
+        self._group_sizes = [len(g["params"]) for g in self.optimizer.param_groups]
+        self._requires_grad = list(map(_requires_grad, self._params))
 
     def _check_still_captured(self):
-        """Refuse to replay when the optimizer's groups, a parameter's requires_grad, or a tensor the graphs read
-        (model parameters and buffers, optimizer state) changed since the capture."""
+        """Refuse to replay when a tensor the graphs read or write, or one of its holders, changed since the capture
+        (the guard: parameters, buffers, optimizer state, ``.grad``), or the optimizer's groups or a parameter's
+        requires_grad changed."""
         groups = self.optimizer.param_groups
-        if len(groups) != len(self._group_ids) or any(
-                list(map(id, g["params"])) != ids for g, ids in zip(groups, self._group_ids)):
-            raise _stale(
-                f"the optimizer's param groups changed after capture ({len(self._group_ids)} group(s) of "
-                f"{[len(ids) for ids in self._group_ids]} parameter(s) then, {len(groups)} of "
-                f"{[len(g['params']) for g in groups]} now, or other parameters in them: optimizer.add_param_group, "
-                "or a group's 'params' changed). The captured step updates only the parameters it had at capture, so "
-                "the others would never be trained. Nothing was run",
+        if len(groups) != len(self._group_sizes) or any(len(g["params"]) != n for g, n in zip(groups, self._group_sizes)):
+            raise guard.stale(
+                f"the optimizer's param groups changed after capture ({len(self._group_sizes)} group(s) of "
+                f"{self._group_sizes} parameter(s) then, {len(groups)} of {[len(g['params']) for g in groups]} now: "
+                "optimizer.add_param_group, or a group's 'params' changed). The captured step updates only the "
+                "parameters it had at capture, so the others would never be trained. Nothing was run",
                 "add every param group before capture_train_step, or capture a new step after changing them")
-        now = [p.requires_grad for p in self._params]
-        if now != self._requires_grad:
+        if list(map(_requires_grad, self._params)) != self._requires_grad:
             names = {id(p): n for n, p in self.model.named_parameters()}
-            changed = [names.get(id(p), f"parameter {i}") for i, (p, a, b) in
-                       enumerate(zip(self._params, self._requires_grad, now)) if a != b]
-            raise _stale(
+            changed = [names.get(id(p), f"parameter {i}") for i, (p, a) in
+                       enumerate(zip(self._params, self._requires_grad)) if p.requires_grad != a]
+            raise guard.stale(
                 f"requires_grad changed after capture for {', '.join(changed[:3])}"
                 f"{f' and {len(changed) - 3} more' if len(changed) > 3 else ''}: the captured backward computes "
                 "gradients only for the parameters that required them at capture (a layer unfrozen since would "
                 "never train, one frozen since would keep training). Nothing was run",
                 "capture a new step after freezing or unfreezing layers")
-        state = self.optimizer.state  # optimizer.load_state_dict replaces it and, loading a checkpoint, the tensors
-        replaced = [label for p, key, t, label in self._state_tensors if (dict.get(state, p) or {}).get(key) is not t]
-        cause = None
-        if replaced:
-            cause = ("a tensor the CUDA graph reads is no longer the one the optimizer holds: "
-                     f"{', '.join(replaced[:3])}"
-                     f"{f' and {len(replaced) - 3} more' if len(replaced) > 3 else ''} (the graph's optimizer step "
-                     "updates the state tensors it had at capture); nothing was copied or replayed")
-        else:
-            try:
-                self._captured_tensors.check()
-            except StaleGraphError as exc:
-                cause = exc.cause
-        if cause is not None:
-            fix = ("capture a new step (capture_train_step) after changing the model or loading a checkpoint "
-                   "(optimizer.load_state_dict makes new state tensors: load it before capturing); to change weights "
-                   "without capturing again, copy them in place: model.load_state_dict(state_dict), or "
-                   "param.copy_(new_value) under torch.no_grad()")
-            raise _stale(cause, fix)
-
-    def _check_grads_still_static(self):
-        # The graph writes gradients into the .grad tensors that existed at capture. If they were replaced
-        # (typically by an habitual optimizer.zero_grad(), which sets them to None), the optimizer would step
-        # on stale or missing gradients and training would silently stop: refuse instead.
-        for p, g in self._static_grads:
-            if p.grad is not g:
-                raise RuntimeError(
-                    "a parameter's .grad is no longer the tensor the graph writes into (was optimizer.zero_grad() "
-                    "or model.zero_grad() called, or .grad reassigned, after capture?). Nothing was run. Fix: "
-                    "remove zero_grad() from the loop: each replay overwrites the gradients by itself.")
+        try:
+            self.guard.check()
+        except StaleGraphError as exc:
+            grads = [c for c in self.guard.changes() if ".grad " in c]
+            if grads:  # the habitual optimizer.zero_grad() (set_to_none) left in the loop
+                raise guard.stale(
+                    f"a parameter's .grad is no longer the tensor the graph writes into ({grads[0]}; was "
+                    "optimizer.zero_grad() or model.zero_grad() called, or .grad reassigned, after capture?). Nothing "
+                    "was run", "remove zero_grad() from the loop: each replay overwrites the gradients by itself") \
+                    from None
+            raise guard.stale(exc.cause, "capture a new step (capture_train_step) after changing the model or "
+                              "loading a checkpoint (optimizer.load_state_dict makes new state tensors: load it before "
+                              "capturing); to change weights without capturing again, copy them in place: "
+                              "model.load_state_dict(state_dict), or param.copy_(new_value) under torch.no_grad()") \
+                from None
 
     # -- learning rate and other hyper-parameters --------------------------------------------------------------
     def _prepare_hyperparameters(self):
@@ -555,6 +532,7 @@ class GraphedTrainStep:
                 self._lr_copied[i] = value
 
     def _refuse_frozen_changes(self):
+        """A hyper-parameter the graph froze at capture changed since: StaleGraphError, like every other change."""
         name = type(self.optimizer).__name__
         for i, (group, frozen) in enumerate(zip(self.optimizer.param_groups, self._frozen)):
             for key, value in frozen.items():
@@ -563,22 +541,23 @@ class GraphedTrainStep:
                 if now == value:
                     continue
                 if key == "lr":
-                    raise RuntimeError(
+                    raise guard.stale(
                         f"param group {i}'s LR changed from {value:g} to {now:g} after capture, but {name} "
                         f"{'(fused=False) ' if name == 'SGD' else ''}reads the LR as a Python number that the "
-                        f"CUDA graph froze at capture: replays would keep training with {value:g}. Nothing was "
-                        f"run. Fix: {_DEVICE_LR_FIX}; the step then copies each new LR into the graph.")
+                        f"CUDA graph froze at capture: replays would keep training with {value:g}. Nothing was run",
+                        f"{_DEVICE_LR_FIX}; the step then copies each new LR into the graph")
                 if key in self._frozen_why[i]:
-                    raise RuntimeError(
+                    why = _cycled_unsupported(self.optimizer, group, key, self.device, self._frozen_why[i][key])
+                    text, _, fix = why.partition(" Fix: ")
+                    raise guard.stale(
                         f"param group {i}'s {key!r} changed from {value} to {now} after capture (a scheduler with "
-                        f"cycle_momentum=True?), but the CUDA graph froze it: "
-                        f"{_cycled_unsupported(self.optimizer, group, key, self.device, self._frozen_why[i][key])} "
-                        "Nothing was run.")
-                raise RuntimeError(
+                        f"cycle_momentum=True?), but the CUDA graph froze it: {text} Nothing was run",
+                        fix.rstrip("."))
+                raise guard.stale(
                     f"param group {i}'s {key!r} changed from {value} to {now} after capture, but the CUDA graph "
                     f"froze it at capture (only the LR, and beta1 or momentum where the optimizer reads them on "
-                    f"the GPU, are refreshed before replays). Nothing was run. Fix: keep {key!r} fixed while the "
-                    f"graph trains.")
+                    f"the GPU, are refreshed before replays). Nothing was run",
+                    f"keep {key!r} fixed while the graph trains, or capture a new step after changing it")
 
     # -- capture ------------------------------------------------------------------------------------------------
     def _capture(self, key, first, last):
@@ -609,7 +588,6 @@ class GraphedTrainStep:
         self._captured[key] = (graph, loss, norm)
         self.graphs[key] = graph
         if self.state == "warmup":
-            self._static_grads = [(p, p.grad) for p in self._params]
             self._record_captured()
             self.state = "captured"
 
@@ -620,10 +598,7 @@ class GraphedTrainStep:
                 f"batch=[{', '.join(describe_tensor(s) for s in self.static_batch)}])")
 
 
-def _stale(cause: str, fix: str) -> StaleGraphError:
-    err = StaleGraphError(f"{cause}. Fix: {fix}.")
-    err.cause, err.fix = cause, fix
-    return err
+_requires_grad = operator.attrgetter("requires_grad")
 
 
 def _reseed_failure(calls: list, during: str, where: str) -> Exception:

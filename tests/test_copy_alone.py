@@ -1,9 +1,10 @@
 """The copy rule (docs/ARCHITECTURE.md): each helper of the library works when its file, with the companions it
 states, is copied into an empty folder of a project, without the package. Each case runs in a fresh interpreter
 (``python -I``): an import, then a small call of the helper's main function (on a CPU: its eager fallback or its
-clear no-CUDA error). A copied helper loads its companions from its own folder only (never a module of the same
-name elsewhere on sys.path), never hides an error raised inside them, and shares one ``capture`` module with every
-other helper copied there."""
+clear no-CUDA error). A helper imports each companion plainly (``from . import capture`` in a package, ``import
+capture`` when copied, after a check that this finds the capture.py of its own folder): it never runs a module of
+the same name found first elsewhere on sys.path, never hides an error raised inside a companion, and shares one
+``capture`` module with every other helper copied there."""
 import ast
 import json
 import os
@@ -19,7 +20,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "cudagraph_kit"
 
 # helper -> the files it needs beside it (what the README and docs/ARCHITECTURE.md tell a user to copy)
 COMPANIONS = {
-    "capture": [],
+    "capture": ["guard"],
+    "guard": [],
     "env": [],
     "timing": ["capture"],
     "intervals": [],
@@ -37,8 +39,8 @@ COMPANIONS = {
 }
 # companions only one function needs, loaded when it runs: helper -> {function: [files]}
 OPTIONAL = {"bucket_plan": {"measure_bucket_costs": ["timing"]}}
-# modules that only re-export the helpers above under their old names, for the package (not for copying)
-PACKAGE_ONLY = {"diagnose", "buckets"}
+# modules that only re-export the helpers above under their old names, for the package (not for copying): none
+PACKAGE_ONLY = set()
 
 # a small call of each helper's main function; `cuda` says whether a GPU is there
 CALLS = {
@@ -55,6 +57,22 @@ CALLS = {
                 raise AssertionError("no NoCudaError without CUDA")
             except capture.NoCudaError as exc:
                 assert "NVIDIA GPU" in str(exc) and "Fix:" in str(exc)
+    """,
+    "guard": """
+        import guard
+        m = torch.nn.Linear(3, 2).to(dev)
+        x = torch.randn(4, 3, device=dev)
+        with guard.watch_reads(skip=(x,)) as reads:
+            m(x)
+        g = guard.Guard(m, reads.tensors)
+        assert len(g) == 2 and g.unplaced == []
+        g.check()
+        m.weight = torch.nn.Parameter(torch.zeros(2, 3, device=dev))
+        try:
+            g.check()
+            raise AssertionError("a replaced weight passed")
+        except guard.StaleGraphError as exc:
+            assert "Linear.weight was replaced" in str(exc) and "Fix:" in str(exc)
     """,
     "env": """
         import env
@@ -206,7 +224,8 @@ def test_helper_works_copied_with_its_companions(tmp_path, helper):
 
 
 def test_a_missing_companion_is_a_clear_error(tmp_path):
-    """Each helper that needs a companion, copied without it: the import error names the file and the fix."""
+    """Each helper that needs a companion, copied without it: the import error names the file, its folder and the
+    fix."""
     needs = sorted(h for h, c in COMPANIONS.items() if c)
     for helper in needs:  # one folder each, tried in one interpreter (the import fails before anything is cached)
         (tmp_path / helper).mkdir()
@@ -227,14 +246,16 @@ def test_a_missing_companion_is_a_clear_error(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     errors = json.loads(done.stdout.strip().splitlines()[-2])
     for helper in needs:
-        missing = COMPANIONS[helper][0]
-        assert errors[helper] == (f"{helper}.py needs the kit's {missing}.py in the same folder. Fix: copy "
-                                  f"cudagraph_kit/{missing}.py beside it."), (helper, errors[helper])
+        missing, folder = COMPANIONS[helper][0], os.path.realpath(tmp_path / helper)
+        assert errors[helper] == (f"{helper}.py needs the kit's {missing}.py from its own folder {folder}, but "
+                                  f"`import {missing}` finds nothing. Fix: copy cudagraph_kit/{missing}.py beside "
+                                  "it, that folder first on sys.path."), (helper, errors[helper])
 
 
-def _copy(folder: Path, *names: str) -> Path:
+def _copy(folder: Path, *names: str, companions: bool = True) -> Path:
+    """Copy the helpers ``names`` into ``folder``, each with the files it needs (COMPANIONS) unless told not to."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in names:
+    for name in {n: None for name in names for n in (_with_companions(name) if companions else [name])}:
         shutil.copy(PACKAGE / f"{name}.py", folder / f"{name}.py")
     return folder
 
@@ -242,7 +263,7 @@ def _copy(folder: Path, *names: str) -> Path:
 def test_copied_helpers_share_one_capture_module(tmp_path):
     """Helpers copied into one folder share its capture.py (one CaptureError class, one capture stream per GPU),
     with the user's own `import capture` too, whichever is imported first."""
-    folder = _copy(tmp_path / "project", "capture", "train_step", "partial", "bucket_graphs", "ddp")
+    folder = _copy(tmp_path / "project", "capture", "guard", "train_step", "partial", "bucket_graphs", "ddp")
     done = _run(folder, """
         import train_step, bucket_graphs
         import capture
@@ -255,18 +276,28 @@ def test_copied_helpers_share_one_capture_module(tmp_path):
 
 
 def test_a_capture_module_elsewhere_on_sys_path_is_never_used(tmp_path):
-    """A user's own `capture.py` earlier on sys.path (a decoy that fails if it is ever imported) is left alone:
-    the copied helpers load the capture.py of their own folder, and still share it."""
+    """A user's own `capture.py` earlier on sys.path (a decoy that fails if it is ever imported) is never run: the
+    copied helper's import stops with an ImportError naming both files and the fix. With the helpers' folder first,
+    they load its capture.py and share it; the decoy later on sys.path is left alone."""
     decoy = tmp_path / "decoy"
     decoy.mkdir()
     (decoy / "capture.py").write_text("raise AssertionError('the decoy capture.py was imported')\n")
-    folder = _copy(tmp_path / "project", "capture", "train_step", "bucket_graphs")
+    folder = _copy(tmp_path / "project", "capture", "guard", "train_step", "bucket_graphs")
+    found, here = os.path.realpath(decoy / "capture.py"), os.path.realpath(folder)
     done = _run(folder, f"""
         sys.path.insert(0, {str(decoy)!r})                 # the decoy comes first
+        try:
+            import train_step
+            raise AssertionError("imported with the decoy first on sys.path")
+        except ImportError as exc:
+            assert str(exc) == ("train_step.py needs the kit's capture.py from its own folder {here}, but `import "
+                                "capture` finds {found}. Fix: copy cudagraph_kit/capture.py beside it, that folder "
+                                "first on sys.path."), exc
+        assert "capture" not in sys.modules and "train_step" not in sys.modules   # the decoy never ran
+        sys.path.remove({str(decoy)!r}); sys.path.append({str(decoy)!r})      # now it comes after the folder
         import train_step, bucket_graphs
         assert train_step.CaptureError is bucket_graphs.capture.CaptureError
         assert bucket_graphs.capture.__file__ == os.path.join({str(folder)!r}, "capture.py")
-        assert "capture" not in sys.modules                 # `import capture` would still find the user's decoy
     """)
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stdout[-2000:] + done.stderr[-4000:]
 
@@ -292,9 +323,10 @@ def test_an_error_inside_the_copied_capture_is_raised_not_hidden(tmp_path, defec
 
 
 def test_inside_a_package_of_the_users(tmp_path):
-    """Copied into a package of the user's: the package's capture.py, and without it a clear error."""
+    """Copied into a package of the user's: the package's capture.py (a relative import), and without it Python's
+    own ImportError naming capture."""
     with_capture = _copy(tmp_path / "withcap", "capture", "train_step", "bucket_graphs")
-    without = _copy(tmp_path / "nocap", "train_step")
+    without = _copy(tmp_path / "nocap", "train_step", companions=False)
     for pkg in (with_capture, without):
         (pkg / "__init__.py").write_text("")
     done = _run(tmp_path, """
@@ -304,55 +336,87 @@ def test_inside_a_package_of_the_users(tmp_path):
             import nocap.train_step
             raise AssertionError("imported without capture.py")
         except ImportError as exc:
-            assert str(exc) == ("train_step.py needs the kit's capture.py in the same folder. Fix: copy "
-                                "cudagraph_kit/capture.py beside it."), exc
+            assert str(exc).startswith("cannot import name 'capture' from 'nocap'"), exc
     """)
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stdout[-2000:] + done.stderr[-4000:]
 
 
-def _kit_loads(path: Path) -> tuple:
-    """The companions a file loads with ``_kit("name")``: (at import, {function: [names]} inside functions)."""
-    tree = ast.parse(path.read_text())
-    at_import, in_functions = set(), {}
+def _is_idiom(node) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "__package__"
 
-    def calls(node):
-        return [n.args[0].value for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-                and n.func.id == "_kit" and n.args and isinstance(n.args[0], ast.Constant)]
+
+def _companion_imports(path: Path) -> tuple:
+    """How a file imports its companions: (at import, {function: [names]} inside functions, the `if __package__:`
+    blocks that import them)."""
+    tree = ast.parse(path.read_text())
+    at_import, in_functions, blocks = set(), {}, []
+
+    def record(block, where):
+        first = block.body[0]
+        assert isinstance(first, ast.ImportFrom) and first.level == 1 and not first.module, ast.unparse(block)
+        blocks.append(block)
+        name = first.names[0].name
+        where.append(name) if isinstance(where, list) else where.add(name)
 
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            for fn in [n for n in ast.walk(node) if isinstance(n, ast.FunctionDef) and n.name != "_kit"]:
-                if calls(fn):
-                    in_functions.setdefault(fn.name, []).extend(calls(fn))
+            for fn in [n for n in ast.walk(node) if isinstance(n, ast.FunctionDef)]:
+                for block in [n for n in ast.walk(fn) if _is_idiom(n)]:
+                    record(block, in_functions.setdefault(fn.name, []))
         else:
-            at_import |= set(calls(node))
-    return at_import, in_functions
+            for block in [n for n in ast.walk(node) if _is_idiom(n)]:
+                record(block, at_import)
+    return at_import, in_functions, blocks
 
 
 @pytest.mark.parametrize("helper", sorted(COMPANIONS))
 def test_stated_companions_are_what_the_file_loads(helper):
-    """COMPANIONS and OPTIONAL (the copy rule as the docs state it) are exactly what the file loads, and it loads
-    its companions only through `_kit` (no `from capture import ...` that any module named capture would satisfy)."""
+    """COMPANIONS and OPTIONAL (the copy rule as the docs state it) are exactly what the file imports, and it
+    imports a kit module only inside the companion idiom (`if __package__: from . import capture` / `else:` the
+    checked `import capture`): no bare `import capture` or `from capture import ...` that any module named capture
+    would satisfy."""
     path = PACKAGE / f"{helper}.py"
-    at_import, in_functions = _kit_loads(path)
+    at_import, in_functions, _ = _companion_imports(path)
     assert at_import == set(COMPANIONS[helper])
     assert in_functions == OPTIONAL.get(helper, {})
     library = {p.stem for p in PACKAGE.glob("*.py")}
-    bare = [n.lineno for n in ast.walk(ast.parse(path.read_text()))
-            if (isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").split(".")[0] in library))
-            or (isinstance(n, ast.Import) and any(a.name.split(".")[0] in library for a in n.names))]
-    assert not bare, f"{helper}.py imports a kit module by name at lines {bare}; load it with _kit(name)"
+    tree = ast.parse(path.read_text())
+    inside = {id(n) for block in ast.walk(tree) if _is_idiom(block) for n in ast.walk(block)}
+    bare = [n.lineno for n in ast.walk(tree) if id(n) not in inside and (
+            (isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").split(".")[0] in library))
+            or (isinstance(n, ast.Import) and any(a.name.split(".")[0] in library for a in n.names)))]
+    assert not bare, (f"{helper}.py imports a kit module outside the companion idiom at lines {bare}; import it as "
+                      "docs/ARCHITECTURE.md shows (`if __package__: from . import name`, else the checked "
+                      "`import name`)")
 
 
-def test_one_loader_shape_in_every_file():
-    """`_kit` is the same function, character for character, in every file that has one."""
-    sources = {}
+def test_one_companion_idiom_in_every_file():
+    """Every companion import is the idiom of docs/ARCHITECTURE.md: `if __package__:` the relative import alone;
+    `else:` first `find_spec("name")` (which runs nothing) and an ImportError naming the fix ("copy
+    cudagraph_kit/name.py beside it") where that does not find the file beside this one, then `import name` under
+    the same alias, last. The tests above check what it does; this one, that every file does it the same way."""
+    users = set()
     for path in sorted(PACKAGE.glob("*.py")):
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.FunctionDef) and node.name == "_kit":
-                sources[path.stem] = ast.get_source_segment(path.read_text(), node)
-    assert set(sources) == {h for h, c in COMPANIONS.items() if c or h in OPTIONAL}
-    assert len(set(sources.values())) == 1, sorted(sources)
+        for block in _companion_imports(path)[2]:
+            users.add(path.stem)
+            alias = block.body[0].names[0]
+            name, where = alias.name, f"{path.name}, line {block.lineno}"
+            assert len(block.body) == 1 and len(block.body[0].names) == 1, f"{where}: one relative import alone"
+            last = block.orelse[-1] if block.orelse else None
+            assert isinstance(last, ast.Import) and [(a.name, a.asname) for a in last.names] == [(name, alias.asname)], (
+                f"{where}: the `else:` branch must end with `import {name}` (as {alias.asname})")
+            before = ast.Module(body=block.orelse[:-1], type_ignores=[])
+            assert any(isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "find_spec"
+                       and n.args and isinstance(n.args[0], ast.Constant) and n.args[0].value == name
+                       for n in ast.walk(before)), f"{where}: no find_spec({name!r}) check before `import {name}`"
+            raises = [n for n in ast.walk(before) if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call)
+                      and getattr(n.exc.func, "id", "") == "ImportError"]
+            assert raises and f"cudagraph_kit/{name}.py beside it" in ast.unparse(raises[0]), (
+                f"{where}: the check must raise ImportError naming the fix (copy cudagraph_kit/{name}.py beside it)")
+            imports = [n for n in ast.walk(before) if isinstance(n, (ast.Import, ast.ImportFrom))]
+            assert all(a.name.split(".")[0] != name for n in imports for a in n.names), (
+                f"{where}: {name} is imported before the check")
+    assert users == {h for h, c in COMPANIONS.items() if c or h in OPTIONAL}
 
 
 def test_every_library_module_is_covered():

@@ -9,6 +9,8 @@ written.
   a ``*patch*`` helper on torch, outside the documented instrumentation of ``check_capturable``/``verify``.
 """
 import ast
+import gc
+import os
 import sys
 import types
 from pathlib import Path
@@ -18,8 +20,10 @@ import torch
 import torch._dynamo  # noqa: F401  PyTorch's own first import of it (e.g. by optimizer.step) wraps torch.manual_seed:
 #                       imported here, before any snapshot, so that the snapshots see only what the kit does
 
-from cudagraph_kit import capture, capture_buckets, capture_train_step
+from cudagraph_kit import capture_buckets, capture_train_step
+from cudagraph_kit.capture import capture
 from cudagraph_kit.train_step import GraphedTrainStep
+from cudagraph_kit import guard
 
 gpu = pytest.mark.gpu
 mse = torch.nn.functional.mse_loss
@@ -29,19 +33,39 @@ WATCHED = {"torch": torch, "torch.cuda": torch.cuda, "torch.Tensor": torch.Tenso
            "torch.autocast": torch.autocast}
 
 
+# PyTorch's global module hooks (forward, backward and registration hooks common to all modules)
+MODULE_HOOKS = sorted(name for name in vars(torch.nn.modules.module) if name.startswith("_global_")
+                      and isinstance(getattr(torch.nn.modules.module, name), dict))
+
+
 def snapshot() -> dict:
     state = {(name, key): value for name, ns in WATCHED.items() for key, value in list(vars(ns).items())}
     state[("sys", "gettrace")] = sys.gettrace()
     state[("sys", "getprofile")] = sys.getprofile()
+    state.update({("sys.modules", name): module for name, module in list(sys.modules.items())})
     return state
 
 
+def values() -> dict:
+    """State compared by value: the environment, the garbage collector, PyTorch's global module hooks. The guard's
+    registration hooks (cudagraph_kit.guard._event) are the documented exception while a guarded graph lives, and
+    TEARDOWN_CUPTI once the kit has profiled (the README's promise names both)."""
+    hooks = {name: tuple(h for h in getattr(torch.nn.modules.module, name).values() if h is not guard._event)
+             for name in MODULE_HOOKS}
+    env = {k: v for k, v in os.environ.items() if k != "TEARDOWN_CUPTI"}
+    return {"environment": env, "gc": (gc.isenabled(), gc.get_threshold()), "module hooks": hooks}
+
+
 def differences(before: dict, after: dict) -> list:
-    """Entries rebound, removed, or added (other than submodules PyTorch imports lazily)."""
+    """Entries rebound, removed, or added (other than submodules PyTorch imports lazily, and modules imported anew)."""
     found = [f"{'.'.join(k)} rebound" for k in before if k in after and after[k] is not before[k]]
     found += [f"{'.'.join(k)} removed" for k in before if k not in after]
     found += [f"{'.'.join(k)} added" for k in after if k not in before and not isinstance(after[k], types.ModuleType)]
     return found
+
+
+def value_differences(before: dict, after: dict) -> list:
+    return [f"{key} changed" for key in before if before[key] != after[key]]
 
 
 class Inspector:
@@ -49,11 +73,18 @@ class Inspector:
 
     def __init__(self):
         self.before, self.seen, self.calls, self.places = snapshot(), [], 0, set()
+        self.values = values()
 
     def inspect(self, where: str) -> None:
         self.calls += 1
         self.places.add(where)
         self.seen += [f"{where}: {d}" for d in differences(self.before, snapshot())]
+        # the kit pauses the garbage collector while it captures (capture.graph_capture and gc_paused say why;
+        # graph_modules pauses it around make_graphed_callables' warm-up too): compared once the helper returned
+        now = values()
+        if where != "after the helper returned":
+            now["gc"] = self.values["gc"]
+        self.seen += [f"{where}: {d}" for d in value_differences(self.values, now)]
 
     def assert_clean(self, min_calls: int) -> None:
         self.inspect("after the helper returned")
@@ -86,6 +117,53 @@ def test_the_snapshot_sees_setattr_and_dict_rebinding():
                           "tracer: sys.gettrace rebound"]
     watch.seen = []
     watch.assert_clean(min_calls=3)
+
+
+def test_the_snapshot_sees_environment_gc_and_module_hooks():
+    watch = Inspector()
+    os.environ["CGK_TEST_MARK"] = "1"
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
+    gc.disable()
+    try:
+        watch.inspect("after the helper returned")
+    finally:
+        del os.environ["CGK_TEST_MARK"]
+        handle.remove()
+        gc.enable()
+    assert watch.seen == [f"after the helper returned: {what} changed" for what in ("environment", "gc", "module hooks")]
+    watch.seen = []
+    watch.assert_clean(min_calls=1)
+
+
+def test_the_guards_hooks_live_with_a_guarded_graph_and_go_with_the_last():
+    """A train step (graph mode, stand-in capture) holds a guard: its three registration hooks are installed while it
+    lives and removed with it; nothing else of the process changes."""
+    gc.collect()
+    watch = Inspector()
+    assert guard.hooks_installed() == 0
+
+    def stand_in_capture(work, pool, device):
+        out = work()
+
+        class Graph:
+            def replay(self):
+                work()
+        return Graph(), out
+
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 8), torch.randn(4, 2)
+    step = GraphedTrainStep(model, opt, mse, (x, y), warmup=1, amp_dtype=None, scaler=None, clone_loss=True,
+                            mode="graph", capture=stand_in_capture)
+    for _ in range(3):
+        step(x, y)
+    assert step.guard is not None and guard.hooks_installed() == 3
+    hooks = [h for name in MODULE_HOOKS for h in getattr(torch.nn.modules.module, name).values()]
+    assert hooks.count(guard._event) == 3
+    del step
+    gc.collect()
+    assert guard.hooks_installed() == 0
+    watch.assert_clean(min_calls=0)
 
 
 def test_capture_with_eager_fallback_patches_nothing():

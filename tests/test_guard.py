@@ -1,0 +1,343 @@
+"""The guard (cudagraph_kit/guard.py): a graph never silently replays on tensors that were replaced or re-typed since
+the capture, and an unrelated change raises nothing. On the CPU: the guard itself (what a call reads, where it is held,
+the check). On the GPU: every case through the public API of the four graph makers (capture, capture_buckets,
+graph_modules, capture_train_step), each graphed result compared with eager first."""
+import copy
+import functools
+import gc
+
+import pytest
+import torch
+
+from cudagraph_kit import guard
+from cudagraph_kit.guard import Guard, StaleGraphError, watch_reads, weights_fixed
+
+gpu = pytest.mark.gpu
+mse = torch.nn.functional.mse_loss
+
+
+def net(device="cpu"):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
+
+
+class Runner:
+    """A bound method whose object holds the model: the function's code names `model` as an attribute."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def step(self, x):
+        return self.model(x)
+
+
+class Inner:
+    def __init__(self, model):
+        self.model = model
+
+
+class Outer:
+    """A callable object whose model sits two attributes deep."""
+
+    def __init__(self, model):
+        self.inner = Inner(model)
+
+    def __call__(self, x):
+        return self.inner.model(x)
+
+
+class Slotted:
+    """A tensor held in __slots__: the search cannot place it (documented)."""
+    __slots__ = ("w",)
+
+    def __init__(self, w):
+        self.w = w
+
+    def __call__(self, x):
+        return x @ self.w
+
+
+model = net()  # an unrelated global named like Runner's attribute
+
+
+def swap_weight(m):
+    m[0].weight = torch.nn.Parameter(torch.randn_like(m[0].weight))
+
+
+def transpose_same_address(m):
+    w = m[0].weight   # (16, 8) -> a (8, 16) view of the same memory: same address, new shape and strides
+    w.data = w.data.t()
+
+
+# (name, build(model) -> callable, change(model, callable), raises)
+CASES = [
+    ("module-half", lambda m: m, lambda m, f: m.half(), True),
+    ("module-weight-assigned", lambda m: m, lambda m, f: swap_weight(m), True),
+    ("same-address-new-strides", lambda m: m, lambda m, f: transpose_same_address(m), True),
+    ("bound-method-unrelated-global", lambda m: Runner(m).step, lambda m, f: model.half(), False),
+    ("bound-method-attribute-rebound", lambda m: Runner(m).step,
+     lambda m, f: setattr(f.__self__, "model", net(m[0].weight.device)), True),
+    ("default-argument", lambda m: (lambda x, model=m: model(x)), lambda m, f: swap_weight(m), True),
+    ("two-attributes-deep-half", lambda m: Outer(m), lambda m, f: m.half(), True),
+    ("two-attributes-deep-rebound", lambda m: Outer(m),
+     lambda m, f: setattr(f.inner, "model", net(m[0].weight.device)), True),
+    ("partial-argument", lambda m: functools.partial(lambda mm, x: mm(x), m), lambda m, f: swap_weight(m), True),
+    ("in-place-updates", lambda m: m, lambda m, f: in_place(m), False),
+]
+
+
+def in_place(m):
+    other = net(m[0].weight.device)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.25)
+        m.load_state_dict(other.state_dict())
+        m[2].bias.copy_(torch.ones_like(m[2].bias))
+
+
+def recorded_guard(fn, x):
+    with watch_reads(skip=(x,)) as reads:
+        fn(x)
+    return Guard(fn, reads.tensors)
+
+
+# ------------------------------------------------------------------------------------------- the guard, on the CPU
+@pytest.mark.parametrize("name, build, change, raises", CASES, ids=[c[0] for c in CASES])
+def test_the_guard_raises_exactly_when_a_read_tensor_changed(name, build, change, raises):
+    m = net()
+    fn = build(m)
+    x = torch.randn(3, 8)
+    g = recorded_guard(fn, x)
+    assert len(g) == 4 and g.unplaced == []   # 2 weights, 2 biases: what the call read, each placed
+    change(m, fn)
+    if raises:
+        with pytest.raises(StaleGraphError, match="nothing was copied or replayed") as info:
+            g.check()
+        assert "capture again" in info.value.fix and "load_state_dict" in info.value.fix
+    else:
+        g.check()
+        assert g.changes() == []
+
+
+def test_what_the_call_read_is_observed_not_guessed():
+    m = net()
+    unused = torch.nn.Linear(8, 8)   # reachable from the function's globals-free closure, never read
+
+    def fn(x):
+        if False:  # noqa: SIM108  never runs: its module is not read
+            return unused(x)
+        return m(x) + x.shape[0]     # a metadata read of the input counts for nothing
+
+    x = torch.randn(3, 8)
+    g = recorded_guard(fn, x)
+    assert {id(t) for t in g.tensors} == {id(p) for p in m.parameters()}
+    unused.weight = torch.nn.Parameter(torch.zeros(8, 8))   # never read: raises nothing
+    g.check()
+
+
+def test_a_replaced_holder_that_leads_to_the_same_tensors_passes():
+    m = net()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(3, 8), torch.randn(3, 4)
+    mse(m(x), y).backward()
+    opt.step()
+    with watch_reads(skip=(x, y)) as reads:
+        mse(m(x), y).backward()
+        opt.step()
+    g = Guard({"model": m, "optimizer": opt}, reads.tensors)
+    opt.load_state_dict(opt.state_dict())           # a new state dict holding the same tensors
+    g.check()
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))   # new tensors: the graph would step the old ones
+    with pytest.raises(StaleGraphError, match=r"optimizer\.state\[model\.\d\.(weight|bias)\]\['momentum_buffer'\]"):
+        g.check()
+
+
+def test_what_the_guard_cannot_see_is_what_its_docstring_says():
+    w = torch.randn(8, 4)
+    fn = Slotted(w)
+    x = torch.randn(3, 8)
+    g = recorded_guard(fn, x)
+    assert len(g) == 1 and len(g.unplaced) == 1   # read, but held where the search cannot go (__slots__)
+    fn.w = torch.randn(8, 4)   # replaced there: unseen, as documented
+    g.check()
+    w.data = torch.randn(8, 4, dtype=torch.float64)   # its own storage and type still are checked every call
+    with pytest.raises(StaleGraphError, match="new storage"):
+        g.check()
+    m = net()
+    g = recorded_guard(m, x)
+    w0 = m[0].weight
+    w0.data = w0.data[:8]   # same address, same strides, fewer rows: the per-call pass misses it...
+    g.check()
+    with pytest.raises(StaleGraphError, match="new layout at the same address"):
+        g.check(full=True)   # ...the full check sees it
+    m = net()
+    g = recorded_guard(m, x)
+    m[2]._parameters["weight"] = torch.nn.Parameter(torch.randn(4, 16))   # past setattr: no hook runs...
+    g.check()
+    with pytest.raises(StaleGraphError, match=r"Sequential\.2\.weight was replaced"):
+        g.check(full=True)   # ...the full check sees it
+
+
+def test_weights_fixed_checks_once_per_block_and_raises_at_its_end():
+    m = net()
+    x = torch.randn(3, 8)
+    g = recorded_guard(m, x)
+    with weights_fixed(g):
+        for _ in range(3):
+            g.check()
+    with pytest.raises(StaleGraphError, match="inside weights_fixed"):
+        with weights_fixed(g):
+            g.check()
+            swap_weight(m)
+            g.check()   # held: returns at once
+    with pytest.raises(StaleGraphError):
+        g.check()
+
+
+def test_hooks_live_with_the_guards_and_go_with_the_last():
+    gc.collect()
+    before = guard.hooks_installed()
+    x = torch.randn(3, 8)
+    g1, g2 = recorded_guard(net(), x), recorded_guard(net(), x)
+    assert guard.hooks_installed() == 3 or before == 3
+    del g1
+    gc.collect()
+    assert guard.hooks_installed() == 3
+    del g2
+    gc.collect()
+    assert guard.hooks_installed() == before == 0
+
+
+# ---------------------------------------------------------------------- the four graph makers, on the GPU
+def _capture_maker(fn, x, m):
+    from cudagraph_kit.capture import capture
+    return capture(fn, x)
+
+
+def _bucket_maker(fn, x, m):
+    from cudagraph_kit.bucket_graphs import capture_buckets
+    return capture_buckets(fn, x, sizes=[2, 4])
+
+
+MAKERS = {"capture": _capture_maker, "capture_buckets": _bucket_maker}
+
+
+@gpu
+@pytest.mark.parametrize("maker", list(MAKERS))
+@pytest.mark.parametrize("name, build, change, raises", CASES, ids=[c[0] for c in CASES])
+def test_capture_and_buckets_raise_exactly_when_a_read_tensor_changed(maker, name, build, change, raises):
+    m = net("cuda").eval()
+    fn = build(m)
+    x = torch.randn(4, 8, device="cuda")
+    with torch.no_grad():
+        g = MAKERS[maker](fn, x, m)
+        torch.testing.assert_close(g(x), fn(x))            # correct before anything else
+        before = g(x).clone()
+        change(m, fn)
+        if raises:
+            with pytest.raises(StaleGraphError, match="nothing was copied or replayed"):
+                g(torch.randn(4, 8, device="cuda"))
+            torch.testing.assert_close(g.static_outputs[0] if maker == "capture_buckets" else g.static_outputs,
+                                       before)             # never replayed
+        else:
+            torch.testing.assert_close(g(x), fn(x))        # replays see in-place updates; unrelated changes pass
+
+
+@gpu
+@pytest.mark.parametrize("change, raises", [
+    (lambda m: m.half(), True), (swap_weight, True), (transpose_same_address, True), (in_place, False)],
+    ids=["half", "weight-assigned", "same-address-new-strides", "in-place"])
+def test_graph_modules_raises_exactly_when_a_read_tensor_changed(change, raises):
+    from cudagraph_kit.partial import graph_modules
+    m = net("cuda")
+    x = torch.randn(4, 8, device="cuda", requires_grad=True)
+    g = graph_modules(m, (x,))
+    eager = functools.partial(torch.nn.Sequential.forward, m)   # the module's own forward, not the graphed one
+    torch.testing.assert_close(g(x), eager(x))
+    change(m)
+    if raises:
+        with pytest.raises(StaleGraphError, match="nothing was copied or replayed"):
+            g(x)
+    else:
+        torch.testing.assert_close(g(x), eager(x))
+
+
+def _llama_like_step(device="cuda"):
+    m = net(device)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3, capturable=True)
+    x, y = torch.randn(16, 8, device=device), torch.randn(16, 4, device=device)
+    from cudagraph_kit.train_step import capture_train_step
+    step = capture_train_step(m, opt, mse, (x, y), warmup=2)
+    for _ in range(4):   # 2 warm-ups, the capture, a replay
+        step(x, y)
+    assert step.state == "captured" and step.replays == 2
+    return m, opt, step, x, y
+
+
+@gpu
+@pytest.mark.parametrize("change, match", [
+    (lambda m, o: m.half(), "new storage"),
+    (lambda m, o: swap_weight(m), r"model\.0\.weight was replaced"),
+    (lambda m, o: transpose_same_address(m), "new layout at the same address"),
+    (lambda m, o: o.zero_grad(), "remove zero_grad"),
+    (lambda m, o: o.param_groups[0].__setitem__("eps", 1e-3), "'eps' changed"),
+    (lambda m, o: o.load_state_dict(copy.deepcopy(o.state_dict())), r"optimizer\.state\[model\.\d\.(weight|bias)\]"),
+    (lambda m, o: o.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, device="cuda"))]}),
+     "param groups changed"),
+], ids=["half", "weight-assigned", "same-address-new-strides", "zero_grad", "frozen-hyperparameter",
+        "optimizer-checkpoint", "add_param_group"])
+def test_a_train_step_raises_one_error_type_for_every_change(change, match):
+    m, opt, step, x, y = _llama_like_step()
+    change(m, opt)
+    with pytest.raises(StaleGraphError, match=match):
+        step(x, y)
+    assert step.replays == 2
+
+
+@gpu
+def test_a_train_step_keeps_training_after_in_place_updates_and_a_same_state_reload():
+    m, opt, step, x, y = _llama_like_step()
+    opt.load_state_dict(opt.state_dict())   # the same state tensors: nothing stale
+    reference = copy.deepcopy(m)
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-3, capturable=True)
+    ref_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    step(x, y)
+    ref_opt.zero_grad()
+    mse(reference(x), y).backward()
+    ref_opt.step()
+    torch.testing.assert_close(list(m.parameters()), list(reference.parameters()), rtol=1e-4, atol=1e-5)
+
+
+@gpu
+def test_a_compiled_function_captured_by_the_kit_is_guarded():
+    from cudagraph_kit.capture import capture
+    m = net("cuda").eval()
+    compiled = torch.compile(m, mode="max-autotune-no-cudagraphs", dynamic=False)
+    x = torch.randn(4, 8, device="cuda")
+    with torch.no_grad():
+        g = capture(compiled, x)
+        torch.testing.assert_close(g(x), m(x), rtol=1e-4, atol=1e-4)
+        assert {id(t) for t in g.guard.tensors} == {id(p) for p in m.parameters()}
+        in_place(m)
+        torch.testing.assert_close(g(x), m(x), rtol=1e-4, atol=1e-4)
+        swap_weight(m)
+        with pytest.raises(StaleGraphError, match=r"0\.weight was replaced"):
+            g(x)
+
+
+@gpu
+def test_weights_fixed_around_kit_graphs():
+    from cudagraph_kit.capture import capture
+    m = net("cuda").eval()
+    x = torch.randn(4, 8, device="cuda")
+    with torch.no_grad():
+        g = capture(m, x)
+        with weights_fixed(g):
+            for _ in range(4):
+                out = g(x)
+        torch.testing.assert_close(out, m(x))
+        with pytest.raises(StaleGraphError, match="inside weights_fixed"):
+            with weights_fixed(g):
+                g(x)
+                m.half()
+                g(x)
