@@ -8,42 +8,94 @@ graph against eager), ``advise`` (will a graph help?), ``timing`` (medians, spre
 (where a rerun will land: prediction intervals over timing windows, and the verdict they support),
 ``bucket_graphs`` (variable shapes: one graph per bucket), ``bucket_plan`` (choose the buckets), ``memory`` (a
 memory ledger per graph and pool), ``ddp`` (DistributedDataParallel under graphs, per-rank step timing), ``show``
-(pictures: eager vs graph on one timeline, a graph's nodes; needs matplotlib; import it as
-``from cudagraph_kit import show``). ``diagnose`` and ``buckets`` keep the old names of those tools for code that
-imports them.
+(pictures: eager vs graph on one timeline, a graph's nodes; needs matplotlib).
+
+The package's names load on first use, so ``import cudagraph_kit`` imports neither torch nor any module of the kit
+(``python -m cudagraph_kit --version`` answers at once). A module keeps its own name: ``cudagraph_kit.capture`` is
+the module, and its function is imported from it, as are ``advise`` and ``verify``::
+
+    from cudagraph_kit import capture_train_step, compare, show   # functions and classes, and modules
+    from cudagraph_kit.capture import capture
+    import cudagraph_kit.capture as c                             # the module
 
 The course (notebook results, ``reproduce``, exercises) lives apart, in ``cudagraph_kit.course``; nothing here
 imports it.
 """
-from . import buckets, diagnose  # noqa: F401  (the old module names stay attributes of the package)
-from .advise import advise
-from .bucket_graphs import BucketedGraphs, capture_buckets, ladder
-from .bucket_plan import BucketPlan, evaluate_buckets, plan_buckets
-from .capture import (CaptureError, GraphedCallable, NoCudaError, StaleGraphError, capture, capture_stream, explain,
-                      graph_features, register_generators, shared_pool)
-from .check import check_capturable
-from .env import bf16_supported, describe, env_table, has_cuda
-from .intervals import combine_windows, prediction_interval, ratio_across_windows, verdict
-from .memory import MemoryLedger, pool_usage
-from .partial import graph_modules
-from .timing import compare, gpu_time, timeit
-from .train_step import GraphedTrainStep, capture_train_step
-from .verify import verify
+import importlib
+import importlib.util
+import os
 
-__all__ = [
-    "capture", "GraphedCallable", "shared_pool", "capture_stream", "NoCudaError", "CaptureError", "StaleGraphError",
-    "graph_features", "register_generators",
-    "has_cuda", "bf16_supported", "describe", "env_table",
-    "graph_modules", "timeit", "gpu_time", "compare", "prediction_interval", "verdict", "combine_windows", "ratio_across_windows",
-    "check_capturable", "verify", "advise", "explain",
-    "capture_buckets", "BucketedGraphs", "ladder", "plan_buckets", "BucketPlan", "evaluate_buckets",
-    "MemoryLedger", "pool_usage",
-    "capture_train_step", "GraphedTrainStep",
-]
-try:  # needs torch.distributed (absent from a few PyTorch builds)
-    from .ddp import StepTimer, ddp_for_graphs, jitter_summary, setup_distributed_for_graphs  # noqa: F401
-    __all__ += ["setup_distributed_for_graphs", "ddp_for_graphs", "StepTimer", "jitter_summary"]
-except ImportError:  # pragma: no cover
-    pass
+# public name -> the module that defines it, imported on first use (PEP 562)
+_EXPORTS = {
+    "GraphedCallable": "capture", "shared_pool": "capture", "capture_stream": "capture", "explain": "capture",
+    "NoCudaError": "capture", "CaptureError": "capture", "StaleGraphError": "guard", "weights_fixed": "guard",
+    "graph_features": "capture",
+    "register_generators": "capture",
+    "has_cuda": "env", "bf16_supported": "env", "usable_gpu_memory": "env", "describe": "env", "env_table": "env",
+    "graph_modules": "partial", "timeit": "timing", "gpu_time": "timing", "compare": "timing",
+    "prediction_interval": "intervals", "verdict": "intervals", "combine_windows": "intervals",
+    "ratio_across_windows": "intervals", "check_capturable": "check",
+    "capture_buckets": "bucket_graphs", "BucketedGraphs": "bucket_graphs", "ladder": "bucket_graphs",
+    "plan_buckets": "bucket_plan", "BucketPlan": "bucket_plan", "evaluate_buckets": "bucket_plan",
+    "MemoryLedger": "memory", "pool_usage": "memory",
+    "capture_train_step": "train_step", "GraphedTrainStep": "train_step",
+    # these need torch.distributed (absent from a few PyTorch builds: there, using one raises its ImportError)
+    "setup_distributed_for_graphs": "ddp", "ddp_for_graphs": "ddp", "StepTimer": "ddp", "jitter_summary": "ddp",
+}
+__all__ = list(_EXPORTS)
 
-__version__ = "0.2.0"
+
+def __getattr__(name: str):
+    """A public name, a module of the kit or ``__version__``, loaded when first asked for (then cached)."""
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif name == "__version__":
+        value = _version()
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f".{name}", __name__)  # a module: cudagraph_kit.capture, cudagraph_kit.show
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    import pkgutil
+    modules = {m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")}
+    return sorted(set(globals()) | set(__all__) | modules | {"__version__"})
+
+
+def _version() -> str:
+    """This code's version: in a source checkout, pyproject.toml's (an editable install's metadata keeps the version
+    it was installed at); otherwise the installed package's metadata. ``"0+unknown"`` when neither is there.
+
+    Example: ``_version()`` -> ``"0.3.0"``."""
+    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+    if os.path.isfile(pyproject):
+        project = _toml_project(pyproject)
+        if project.get("name") == "cudagraph-kit" and project.get("version"):
+            return project["version"]
+    from importlib import metadata
+    try:
+        return metadata.version("cudagraph-kit")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _toml_project(path: str) -> dict:
+    """The ``[project]`` table of a pyproject.toml: tomllib (Python 3.11+) or tomli where installed; else its
+    ``key = "string"`` lines (enough for ``name`` and ``version``)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.9/3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            tomllib = None
+    if tomllib is not None:
+        with open(path, "rb") as f:
+            return tomllib.load(f).get("project", {})
+    import re
+    with open(path, encoding="utf-8") as f:
+        table = re.split(r"(?m)^\[", f.read().split("\n[project]\n", 1)[-1], maxsplit=1)[0]
+    return dict(re.findall(r'(?m)^(\w+)\s*=\s*"([^"]*)"', table))

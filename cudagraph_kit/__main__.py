@@ -24,7 +24,9 @@ def _parser() -> argparse.ArgumentParser:
                     "the old one whole. A failed or interrupted notebook leaves the published files as they were. "
                     "Before each notebook it forecasts its time from a recorded run on the same kind of device; at "
                     "the end it prints a summary (each notebook, its time, where its outputs went, the failing "
-                    "cell) and exits 1 if a notebook failed (130 if interrupted).")
+                    "cell) and exits 1 if a notebook failed (130 if interrupted). Every cell is watched: far past "
+                    "its recorded time its kernel's Python stacks go into the log, and further on the run stops it "
+                    "and says which cell (STALLED in the summary).")
     rep.add_argument("names", nargs="*", help="notebook name prefixes, e.g. 01 02 (default: all)")
     rep.add_argument("--smoke", action="store_true", help="small sizes; nothing recorded is touched (build/)")
     rep.add_argument("--out", default=None, help="folder for the executed notebooks")

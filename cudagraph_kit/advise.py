@@ -20,34 +20,21 @@ import dataclasses
 import importlib.util
 import math
 import os
-import sys
-import types
 from typing import Callable
 
 import torch
 from torch.utils._pytree import tree_leaves
 
 
-def _kit(name):
-    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
-    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
-    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
-    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
-    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
-        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
-            return importlib.import_module(name)
-        package = "_cudagraph_kit_" + folder.encode().hex()
-        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
-    try:
-        return importlib.import_module(f"{package}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{package}.{name}":
-            raise
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
-                          f"cudagraph_kit/{name}.py beside it.") from None
-
-
-timing = _kit("timing")  # timings, GPU time queued back to back, the profiler's kernel counts
+if __package__:
+    from . import timing  # timings, GPU time queued back to back, the profiler's kernel counts
+else:  # this file copied beside timing.py, outside the package: that timing.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("timing")
+    if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's timing.py from its own folder {_here}, "
+                          f"but `import timing` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/timing.py beside it, that folder first on sys.path.")
+    import timing  # type: ignore[import-not-found, no-redef]
 
 __all__ = ["advise", "Advice", "measure_replay_cost", "ReplayCost", "predict_graph_time", "graph_gpu_time"]
 

@@ -20,33 +20,12 @@ import bisect
 import importlib.util
 import os
 import statistics
-import sys
-import types
 import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
-
-
-def _kit(name):
-    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
-    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
-    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
-    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
-    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
-        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
-            return importlib.import_module(name)
-        package = "_cudagraph_kit_" + folder.encode().hex()
-        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
-    try:
-        return importlib.import_module(f"{package}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{package}.{name}":
-            raise
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
-                          f"cudagraph_kit/{name}.py beside it.") from None
 
 
 __all__ = ["BucketPlan", "plan_buckets", "evaluate_buckets", "interpolate", "measure_bucket_costs", "BucketCosts"]
@@ -144,7 +123,15 @@ def measure_bucket_costs(serve, *sample_args: torch.Tensor, sizes: Iterable[int]
     if rows < sizes[-1]:
         raise ValueError(f"the sample has {rows} rows along dim {serve.dim}, fewer than the largest size to measure "
                          f"({sizes[-1]}). Fix: pass a sample with at least {sizes[-1]} rows.")
-    timing = _kit("timing")  # only here: the planner itself needs no timing.py
+    if __package__:
+        from . import timing  # only here: the planner itself needs no timing.py
+    else:  # this file copied beside timing.py, outside the package: that timing.py, never another on sys.path
+        _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("timing")
+        if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
+            raise ImportError(f"{os.path.basename(__file__)} needs the kit's timing.py from its own folder {_here}, "
+                              f"but `import timing` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                              "cudagraph_kit/timing.py beside it, that folder first on sys.path.")
+        import timing  # type: ignore[import-not-found, no-redef]
     fns = {b: (lambda a=tuple(a.narrow(serve.dim, 0, b) for a in sample_args): serve(*a)) for b in sizes}
     # padding a request writes its padding rows into the bucket's static inputs before the replay (as __call__
     # does): time that write for one padding row of up to four buckets spread over the sizes

@@ -36,9 +36,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib.util
 import os
 import re
-import types
 import warnings
 from typing import Any, Callable
 
@@ -48,13 +48,12 @@ from torch.utils._pytree import tree_map_only
 if __package__:
     from . import guard  # what the graph read, and the check before every replay
 else:  # this file copied beside guard.py, outside the package: that guard.py, never another on sys.path
-    import importlib.util as _util
-    _here, _found = os.path.dirname(os.path.realpath(__file__)), _util.find_spec("guard")
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("guard")
     if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
-        raise ImportError(f"capture.py needs the kit's guard.py from its own folder {_here}, but `import guard` "
-                          f"finds {_found and _found.origin or 'nothing'}. Fix: copy cudagraph_kit/guard.py beside it, "
-                          "that folder first on sys.path.")
-    import guard
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's guard.py from its own folder {_here}, "
+                          f"but `import guard` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/guard.py beside it, that folder first on sys.path.")
+    import guard  # type: ignore[import-not-found, no-redef]
 StaleGraphError = guard.StaleGraphError
 STALE_FIX = guard.STALE_FIX
 

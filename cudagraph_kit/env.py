@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
 import subprocess
 
@@ -20,9 +21,35 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+NO_BF16_ENV = "CUDAGRAPH_KIT_NO_BF16"  # set to 1: bf16_supported() says False on any GPU (a T4 rehearsal)
+
+
 def bf16_supported(device: int = 0) -> bool:
-    """True when the GPU computes bf16 natively (compute capability 8.0 or newer; a T4 is 7.5)."""
+    """True when the GPU computes bf16 natively (compute capability 8.0 or newer; a T4 is 7.5).
+
+    ``CUDAGRAPH_KIT_NO_BF16=1`` in the environment makes it False on every GPU, so code that asks it takes its
+    no-bf16 (T4) branch on a newer GPU too; ``scripts/colab_rehearsal.sh`` sets it. Unset, empty, ``0``, ``false``
+    or ``no`` leave the answer to the GPU::
+
+        CUDAGRAPH_KIT_NO_BF16=1 python -c "from cudagraph_kit import bf16_supported; print(bf16_supported())"
+    """
+    if os.environ.get(NO_BF16_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+        return False
     return has_cuda() and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def usable_gpu_memory(device: int = 0) -> int:
+    """Bytes of GPU memory this process may use: the GPU's total, times the per-process fraction where one is set
+    (``torch.cuda.set_per_process_memory_fraction``; the Colab rehearsal caps it at a T4's 15 GiB). 0 without CUDA.
+
+    Example::
+
+        roomy = usable_gpu_memory() >= 60 * 2**30     # an H100 yes, a T4 (or its rehearsal) no
+    """
+    if not has_cuda():
+        return 0
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)(device)  # PyTorch 2.6+
+    return int(torch.cuda.get_device_properties(device).total_memory * fraction)
 
 
 def _driver_version() -> str | None:

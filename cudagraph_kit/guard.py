@@ -16,8 +16,8 @@ How it knows what to watch, without guessing from source code:
    ``functools.partial``'s arguments, closure cells, default arguments, the globals its code loads, object attributes,
    lists, tuples and dicts, several levels deep) records every holder on a path to a read tensor (:func:`locate`).
    Holders on no such path are never recorded: an unrelated global named like an attribute raises nothing.
-3. **Before every replay** (:meth:`Guard.check`): one pass over the address and contiguity of the read tensors a
-   module holds (parameters and buffers: what ``.half()``, ``.to()`` and ``.data = ...`` change), and over the holders
+3. **Before every replay** (:meth:`Guard.check`): one pass over the address (and, for 2-D and larger, the
+   contiguity) of the read tensors a module holds (parameters and buffers: what ``.half()``, ``.to()`` and ``.data = ...`` change), and over the holders
    that PyTorch reports nothing about (object attributes, globals, closure cells, default arguments, lists, a
    module's buffers, optimizer state). A module's parameters and submodules, and the full layout (shape, strides,
    dtype) of every read tensor, are compared again only after an event: PyTorch's global module registration hooks
@@ -36,8 +36,9 @@ What a guard cannot see (tested in ``tests/test_guard.py``):
   only under ``torch.__future__.set_overwrite_module_params_on_conversion(True)``): seen at the next event, or by
   ``check(full=True)``;
 - between events, a tensor given a new layout at the same address that keeps it contiguous (``w.data =
-  w.data[:k]``, ``w.data = w.data.view(...)``), and any new layout of a tensor no module holds (optimizer state,
-  caches): the next event, or ``check(full=True)``, compares shapes, strides and dtypes too.
+  w.data[:k]``, ``w.data = w.data.view(...)``), a 1-D tensor given new strides there (``b.data = b.data[::2]``), and
+  any new layout of a tensor no module holds (optimizer state, caches): the next event, or ``check(full=True)``,
+  compares shapes, strides and dtypes too.
 
 Example::
 
@@ -207,7 +208,7 @@ def _searchable(obj) -> bool:
     if isinstance(obj, _SEARCHED_TORCH):
         return True
     module = type(obj).__module__ or ""
-    return hasattr(obj, "__dict__") and not module.startswith(("torch", "builtins"))
+    return isinstance(getattr(obj, "__dict__", None), dict) and not module.startswith(("torch", "builtins"))
 
 
 def _children(obj, label: str, names: dict):
@@ -263,7 +264,7 @@ def _children(obj, label: str, names: dict):
         for var in sorted(_loaded_globals(obj.__code__)):
             if var in scope:
                 yield "dict", scope, var, scope[var], var, False
-    elif hasattr(obj, "__dict__"):
+    elif isinstance(getattr(obj, "__dict__", None), dict):  # a class's is a read-only mappingproxy: not followed
         for key, child in vars(obj).items():
             if isinstance(child, torch.Tensor) or _searchable(child):
                 yield "dict", vars(obj), key, child, f"{label}.{key}", False
@@ -454,7 +455,8 @@ class Guard:
         # place); the others (optimizer state, caches, grads) are compared in full after an event
         self._hot = [t for t in tensors if id(t) in in_module or id(t) not in labels]
         self._hot_ptrs = list(map(_data_ptr, self._hot))
-        self._hot_contiguous = list(map(_is_contiguous, self._hot))
+        self._hot_2d = [t for t in self._hot if t.dim() >= 2]   # a transpose at the same address shows here
+        self._hot_contiguous = list(map(_is_contiguous, self._hot_2d))
         self._index(entries)
         self._held = 0
         self._hooked = _acquire_hooks()
@@ -486,12 +488,18 @@ class Guard:
         self._other = [e for e in every_call if e[0] in ("cell", "values")]
 
     def _fast_check_fails(self) -> bool:
+        """The per-call check, without events: True when something may have changed (``changes`` says what)."""
         return (list(map(_data_ptr, self._hot)) != self._hot_ptrs
-                or list(map(_is_contiguous, self._hot)) != self._hot_contiguous
+                or list(map(_is_contiguous, self._hot_2d)) != self._hot_contiguous
                 or list(map(id, map(dict.get, self._dict_owners, self._dict_keys))) != self._dict_ids
-                or list(map(id, map(getattr, self._attr_objects, self._attr_names))) != self._attr_ids
-                or [list(map(id, lst)) for lst in self._lists] != self._list_ids
-                or any(_changed(e) for e in self._other))
+                or self._rest_fails())
+
+    def _rest_fails(self) -> bool:
+        """Attributes, whole lists, closure cells and tensor-keyed dicts (few in most graphs)."""
+        return ((self._attr_objects and list(map(id, map(getattr, self._attr_objects, self._attr_names)))
+                 != self._attr_ids)
+                or (self._lists and [list(map(id, lst)) for lst in self._lists] != self._list_ids)
+                or (self._other and any(_changed(e) for e in self._other)))
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -505,7 +513,11 @@ class Guard:
         compares shapes and dtypes."""
         if self._held and not full:
             return
-        if full or _EVENTS[0] != self._events or not self._hooked or self._fast_check_fails():
+        if (full or _EVENTS[0] != self._events or not self._hooked
+                or list(map(_data_ptr, self._hot)) != self._hot_ptrs
+                or list(map(_is_contiguous, self._hot_2d)) != self._hot_contiguous
+                or list(map(id, map(dict.get, self._dict_owners, self._dict_keys))) != self._dict_ids
+                or ((self._attr_objects or self._lists or self._other) and self._rest_fails())):
             found = self.changes()
             if found:
                 raise self.error(found)

@@ -20,7 +20,8 @@ Example::
     row = table.set_index("variant").loc["graph"]
     print(verdict(row.speedup_pi_lo, row.speedup_pi_hi, above=1.0))   # 'holds': the graph is faster
 
-Needs only the standard library (and pandas for ``combine_windows``).
+Needs only the standard library (and pandas for ``combine_windows``); Student's t quantiles come from SciPy
+where it is installed, else from the standard library to the same digits.
 """
 from __future__ import annotations
 
@@ -31,21 +32,79 @@ __all__ = ["prediction_interval", "verdict", "combine_windows", "ratio_across_wi
 
 LEVEL = 0.90  # the default: one more window lands inside 9 times out of 10
 
-# Student's t quantiles t(q, df) for the two-sided levels offered, df = 1..30 (beyond 30: the normal quantile).
-_T = {
-    0.90: (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753,
-           1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697),
-    0.95: (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-           2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042),
-}
+LEVELS = (0.90, 0.95)  # the two-sided levels offered
 
 
 def _t_quantile(level: float, df: int) -> float:
-    if level not in _T:
-        raise ValueError(f"level must be one of {sorted(_T)}, got {level}.")
-    if df <= len(_T[level]):
-        return _T[level][df - 1]
-    return statistics.NormalDist().inv_cdf(0.5 + level / 2)
+    """Student's t quantile for a two-sided ``level`` (0.90 -> t(0.95, df)): SciPy's ``t.ppf`` where SciPy is
+    installed, else the same number from :func:`_t_ppf` (the standard library alone)."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {list(LEVELS)}, got {level}.")
+    if df < 1 or int(df) != df:
+        raise ValueError(f"Student's t needs a whole number of degrees of freedom >= 1, got {df}.")
+    try:
+        from scipy.stats import t as student_t
+    except ImportError:
+        return _t_ppf(0.5 + level / 2, int(df))
+    return float(student_t.ppf(0.5 + level / 2, int(df)))
+
+
+def _t_ppf(q: float, df: int) -> float:
+    """The ``q`` quantile (0.5 < q < 1) of Student's t with ``df`` degrees of freedom, to double precision: the
+    root of ``P(T > t) = 1 - q``, where ``P(T > t) = I_x(df/2, 1/2) / 2`` at ``x = df / (df + t^2)`` (the
+    regularized incomplete beta), found by bisection on ``t``."""
+    if not 0.5 < q < 1:
+        raise ValueError(f"_t_ppf takes 0.5 < q < 1, got {q}.")
+    if df == 1:
+        return math.tan(math.pi * (q - 0.5))            # Cauchy
+    if df == 2:
+        return (2 * q - 1) / math.sqrt(2 * q * (1 - q))  # closed form
+    tail = 2 * (1 - q)
+
+    def upper(t):  # 2 * P(T > t)
+        return _betainc(df / 2, 0.5, df / (df + t * t), t * t / (df + t * t))
+
+    lo, hi = 0.0, 1.0
+    while upper(hi) > tail:
+        lo, hi = hi, hi * 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if upper(mid) > tail else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _betainc(a: float, b: float, x: float, one_minus_x: float) -> float:
+    """The regularized incomplete beta ``I_x(a, b)`` (``1 - x`` passed apart, so that x near 1 keeps its digits):
+    the continued fraction of Numerical Recipes (``betacf``, modified Lentz), on the side where it converges."""
+    if x <= 0:
+        return 0.0
+    if one_minus_x <= 0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log(one_minus_x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, one_minus_x) / b
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    tiny, eps = 1e-300, 1e-16
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 100_000):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            return h
+    return h
 
 
 def prediction_interval(values, level: float = LEVEL) -> tuple[float, float]:

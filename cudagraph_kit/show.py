@@ -20,7 +20,8 @@ session needs it).
 Example::
 
     import torch
-    from cudagraph_kit import capture, show
+    from cudagraph_kit import show
+    from cudagraph_kit.capture import capture
 
     def gelu(x):
         return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
@@ -33,40 +34,26 @@ Example::
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import os
 import re
-import sys
 import tempfile
-import types
 import warnings
 from pathlib import Path
 
 import torch
 
 
-def _kit(name):
-    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
-    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
-    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
-    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
-    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
-        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
-            return importlib.import_module(name)
-        package = "_cudagraph_kit_" + folder.encode().hex()
-        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
-    try:
-        return importlib.import_module(f"{package}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{package}.{name}":
-            raise
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
-                          f"cudagraph_kit/{name}.py beside it.") from None
-
-
-_capture = _kit("capture")
+if __package__:
+    from . import capture as _capture
+else:  # this file copied beside capture.py, outside the package: that capture.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("capture")
+    if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's capture.py from its own folder {_here}, "
+                          f"but `import capture` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/capture.py beside it, that folder first on sys.path.")
+    import capture as _capture  # type: ignore[import-not-found, no-redef]
 CaptureError = _capture.CaptureError
 capture_stream = _capture.capture_stream
 graph_capture = _capture.graph_capture
@@ -512,21 +499,36 @@ def graph_nodes(fn, *args):
 
 
 def _layers(nodes, edges) -> dict:
-    """Depth of each node: the longest path from a node without predecessors (order kept for ties)."""
-    preds = {n["id"]: [] for n in nodes}
+    """Depth of each node: the longest path from a node without predecessors. Iterative (Kahn's order: a node is
+    placed once all its predecessors are), so a chain of any length, listed in any order, needs no recursion; a
+    cycle (no CUDA graph has one) is broken at its first listed node rather than followed forever."""
+    from collections import deque
+
+    ids = [n["id"] for n in nodes]
+    succs = {i: [] for i in ids}
+    waiting = dict.fromkeys(ids, 0)  # predecessors not yet placed
     for a, b in edges:
-        preds[b].append(a)
-    depth = {}
-
-    def d(node_id, stack=()):
-        if node_id not in depth:
-            if node_id in stack:  # not a DAG: stop here rather than recurse forever
-                return 0
-            depth[node_id] = 1 + max((d(p, stack + (node_id,)) for p in preds[node_id]), default=-1)
-        return depth[node_id]
-
-    for n in nodes:
-        d(n["id"])
+        if a in succs and b in succs:
+            succs[a].append(b)
+            waiting[b] += 1
+    depth = dict.fromkeys(ids, 0)
+    ready = deque(i for i in ids if not waiting[i])
+    placed = set()
+    while len(placed) < len(ids):
+        if not ready:  # only nodes on or after a cycle left: place the first listed one, at the depth its placed
+            # predecessors give
+            ready.append(next(i for i in ids if i not in placed))
+        node = ready.popleft()
+        if node in placed:
+            continue
+        placed.add(node)
+        for b in succs[node]:
+            if b in placed:  # an edge back into a broken cycle
+                continue
+            depth[b] = max(depth[b], depth[node] + 1)
+            waiting[b] -= 1
+            if waiting[b] == 0:
+                ready.append(b)
     return depth
 
 

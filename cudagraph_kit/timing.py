@@ -32,13 +32,10 @@ To use this file in a project of yours, copy the kit's ``capture.py`` with it (i
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
 import statistics
-import sys
 import time
-import types
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -46,26 +43,15 @@ from dataclasses import dataclass, field
 import torch
 
 
-def _kit(name):
-    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
-    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
-    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
-    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
-    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
-        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
-            return importlib.import_module(name)
-        package = "_cudagraph_kit_" + folder.encode().hex()
-        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
-    try:
-        return importlib.import_module(f"{package}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{package}.{name}":
-            raise
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
-                          f"cudagraph_kit/{name}.py beside it.") from None
-
-
-_capture = _kit("capture")
+if __package__:
+    from . import capture as _capture
+else:  # this file copied beside capture.py, outside the package: that capture.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("capture")
+    if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's capture.py from its own folder {_here}, "
+                          f"but `import capture` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/capture.py beside it, that folder first on sys.path.")
+    import capture as _capture  # type: ignore[import-not-found, no-redef]
 profiler_session = _capture.profiler_session
 
 __all__ = ["Timing", "GpuTime", "timeit", "gpu_time", "device_time", "compare", "NOISY_SPREAD"]

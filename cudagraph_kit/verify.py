@@ -27,40 +27,39 @@ import dataclasses
 import importlib.util
 import os
 import sys
-import types
 from typing import Any, Callable
 
 import torch
 from torch.utils._pytree import tree_leaves
 
 
-def _kit(name):
-    """The kit's ``<name>.py`` from this file's own folder, never a module of that name elsewhere on ``sys.path``:
-    in a package, the package's; copied into a plain folder, that folder's, one module shared by every helper copied
-    there (and by ``import <name>`` where that finds the same file). Errors raised inside it propagate."""
-    folder, package = os.path.dirname(os.path.abspath(__file__)), __package__
-    if not package:  # a plain folder: `import name` where that finds this folder's file, else the folder alone
-        if getattr(importlib.util.find_spec(name), "origin", None) == os.path.join(folder, f"{name}.py"):
-            return importlib.import_module(name)
-        package = "_cudagraph_kit_" + folder.encode().hex()
-        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = [folder]
-    try:
-        return importlib.import_module(f"{package}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{package}.{name}":
-            raise
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's {name}.py in the same folder. Fix: copy "
-                          f"cudagraph_kit/{name}.py beside it.") from None
-
-
-sw = _kit("state_watch")  # the Python-state watch, shared with check.py
+if __package__:
+    from . import state_watch as sw  # the Python-state watch, shared with check.py
+else:  # this file copied beside state_watch.py, outside the package: that state_watch.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("state_watch")
+    if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's state_watch.py from its own folder {_here}, "
+                          f"but `import state_watch` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/state_watch.py beside it, that folder first on sys.path.")
+    import state_watch as sw  # type: ignore[import-not-found, no-redef]
 sw.KIT_FILES.add(os.path.abspath(__file__))
 
 __all__ = ["verify", "VerifyReport"]
 
 # ------------------------------------------------------------------------------------------------- verify
-_TOL = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5),
-        torch.float64: (1e-7, 1e-7)}
+try:  # torch.testing.assert_close's default (rtol, atol) for a dtype, read from PyTorch (there since 1.10)
+    from torch.testing._comparison import default_tolerances as _default_tolerances
+except ImportError:  # a private name: should PyTorch move it, assert_close's documented defaults
+    def _default_tolerances(dtype):
+        return {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float64: (1e-7, 1e-7),
+                torch.complex32: (1e-3, 1e-5), torch.complex128: (1e-7, 1e-7)}.get(dtype, (1.3e-6, 1e-5))
+
+
+def _tolerances(dtype) -> tuple:
+    """(rtol, atol) for comparing floating outputs of ``dtype``: assert_close's defaults; float32's for a floating
+    dtype that has none there (float8: assert_close would demand equality)."""
+    r, t = _default_tolerances(dtype)
+    return (r, t) if (r, t) != (0.0, 0.0) else _default_tolerances(torch.float32)
 
 
 def _compare(a, b, rtol=None, atol=None) -> tuple:
@@ -71,7 +70,7 @@ def _compare(a, b, rtol=None, atol=None) -> tuple:
         bad = int((a != b.to(a.device)).sum())
         diff = float((a.double() - b.to(a.device).double()).abs().max()) if a.numel() else 0.0
         return bad == 0, diff, bad, ""
-    r, t = _TOL.get(a.dtype, (1.3e-6, 1e-5))
+    r, t = _tolerances(a.dtype)
     r, t = (rtol if rtol is not None else r), (atol if atol is not None else t)
     x, y = a.detach().double(), b.detach().to(a.device).double()
     nan_x, nan_y = torch.isnan(x), torch.isnan(y)

@@ -89,7 +89,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from cudagraph_kit import capture, env_table, has_cuda, timeit
+from cudagraph_kit import env_table, has_cuda, timeit
+from cudagraph_kit.capture import capture
 from cudagraph_kit.intervals import stops_clearing
 from cudagraph_kit.course import results
 from cudagraph_kit.course.claims import save_claims, speedup, stops_paying, summary, versus, within_floor

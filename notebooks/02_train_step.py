@@ -592,9 +592,10 @@ if not CUDA:
 elif bf16_supported():  # compute capability >= 8.0: bf16 tensor cores
     AMP_CASES.append(("bf16", torch.bfloat16, False))
 else:
-    print(f"bf16 skipped: {torch.cuda.get_device_name(0)} has compute capability "
-          f"{'.'.join(map(str, torch.cuda.get_device_capability()))}; bf16 tensor cores need 8.0 or newer "
-          f"(torch.cuda.is_bf16_supported() says {torch.cuda.is_bf16_supported()}: it counts emulated bf16 too).")
+    print(f"bf16 skipped: bf16_supported() is False ({torch.cuda.get_device_name(0)}, compute capability "
+          f"{'.'.join(map(str, torch.cuda.get_device_capability()))}; bf16 tensor cores need 8.0 or newer, and "
+          "CUDAGRAPH_KIT_NO_BF16=1 turns them off for a T4 rehearsal; "
+          f"torch.cuda.is_bf16_supported() says {torch.cuda.is_bf16_supported()}: it counts emulated bf16 too).")
 if CUDA:
     AMP_CASES.append(("fp16 + GradScaler", torch.float16, True))
 

@@ -94,8 +94,8 @@ import pandas as pd
 import torch
 from IPython.display import Image, display
 
-from cudagraph_kit import capture, env_table, has_cuda
-from cudagraph_kit.capture import fresh_cublas_workspace
+from cudagraph_kit import env_table, has_cuda
+from cudagraph_kit.capture import capture, fresh_cublas_workspace
 from cudagraph_kit.course import results
 from cudagraph_kit.course.claims import save_claims, speedup, summary, versus
 from cudagraph_kit.course.measure import measure
@@ -168,7 +168,7 @@ def add(case, name, fn, prepare=None):
 # %% [markdown]
 # ## 2. The blog's experiment: eager, CUDA graph, `jit.script`, `jit.script` + graph
 #
-# `cudagraph_kit.capture(fn, x)` does what notebook 01 wrote out by hand: warm-up on a side stream, a static
+# `capture(fn, x)` (from `cudagraph_kit.capture`) does what notebook 01 wrote out by hand: warm-up on a side stream, a static
 # input buffer, `torch.cuda.graph` capture. Calling the result, `g(x)`, copies the new input into the static
 # buffer and replays the graph; the output lives in graph-owned memory that the next call overwrites. That copy
 # is one more launch (a device-to-device memcpy, and one more pass over memory), so we also time the case

@@ -96,7 +96,8 @@ import pandas as pd
 import torch
 from IPython.display import display
 
-from cudagraph_kit import capture, capture_train_step, env_table, has_cuda
+from cudagraph_kit import bf16_supported, capture_train_step, env_table, has_cuda, usable_gpu_memory
+from cudagraph_kit.capture import capture
 from cudagraph_kit.course import nb04_resnet as parts
 from cudagraph_kit.course import results
 from cudagraph_kit.course.claims import save_claims, speedup, stops_paying, summary, versus
@@ -119,7 +120,7 @@ if SMOKE:  # tiny and clearly labelled: ResNet-50 at 224x224 takes seconds per s
 DEVICE = "cuda" if CUDA else "cpu"
 # bf16 only where the GPU has bf16 tensor cores (compute capability 8.0+). Not torch.cuda.is_bf16_supported(): by
 # default (including_emulation=True) it also answers True where bf16 is only emulated, e.g. on a T4 (7.5).
-BF16 = CUDA and torch.cuda.get_device_capability(0) >= (8, 0)
+BF16 = CUDA and bf16_supported()
 SEED = 0
 torch.manual_seed(SEED)
 print(env_table())
@@ -389,7 +390,7 @@ def train_case(amp, bs, opt_name, x, y):
 # %%
 # A GPU with room for every case holds them all at once; a smaller one (a T4) takes one batch and optimizer at a time.
 TRAIN_CASES = [(bs, opt) for bs in TRAIN_BATCHES for opt in parts.OPTIMIZERS]
-roomy = not CUDA or torch.cuda.get_device_properties(0).total_memory >= 60 * 2**30
+roomy = not CUDA or usable_gpu_memory() >= 60 * 2**30
 measured, train_checks = [], []
 for group in ([TRAIN_CASES] if roomy else [[c] for c in TRAIN_CASES]):
     cases = {}

@@ -21,7 +21,7 @@
 # fine and then compute the wrong thing, silently.
 #
 # This notebook goes through the classic pitfalls one by one: the mistake, its symptom, what the kit's
-# `cudagraph_kit.diagnose` tools say about it, and the fix.
+# diagnostics (`check_capturable`, `verify`, `advise`, `explain`) say about it, and the fix.
 #
 # **What you'll learn**
 # - Which mistakes *raise* (and how to read the error) and which are *silently wrong*.
@@ -91,11 +91,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pandas as pd
 import torch
 
-from cudagraph_kit import CaptureError, capture, capture_train_step, env_table, has_cuda, shared_pool
+from cudagraph_kit import (CaptureError, capture_train_step, check_capturable, env_table, explain, has_cuda,
+                           shared_pool)
+from cudagraph_kit.advise import advise, measure_replay_cost
+from cudagraph_kit.capture import capture
 from cudagraph_kit.course import results
 from cudagraph_kit.course.claims import save_claims, summary
 from cudagraph_kit.course.measure import measure
-from cudagraph_kit.diagnose import advise, check_capturable, explain, measure_replay_cost, verify
+from cudagraph_kit.verify import verify
 from IPython.display import display
 
 STEM = "05_pitfalls"

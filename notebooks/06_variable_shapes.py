@@ -93,9 +93,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cudagraph_kit import capture, capture_train_step, env_table, gpu_time, has_cuda
-from cudagraph_kit.buckets import (MemoryLedger, capture_buckets, evaluate_buckets, ladder, measure_bucket_costs,
-                                   plan_buckets, pool_usage)
+from cudagraph_kit import (MemoryLedger, capture_buckets, capture_train_step, env_table, evaluate_buckets, gpu_time,
+                           has_cuda, ladder, plan_buckets, pool_usage)
+from cudagraph_kit.bucket_plan import measure_bucket_costs
+from cudagraph_kit.capture import capture
 from cudagraph_kit.course import results
 from cudagraph_kit.course.claims import Claim, save_claims, speedup, summary, versus
 from cudagraph_kit.course.measure import measure

@@ -121,8 +121,8 @@ import pandas as pd
 import torch
 import matplotlib.pyplot as plt
 
-from cudagraph_kit import env_table, gpu_time, has_cuda
-from cudagraph_kit.buckets import MemoryLedger, capture_buckets, evaluate_buckets, ladder, plan_buckets
+from cudagraph_kit import (MemoryLedger, capture_buckets, env_table, evaluate_buckets, gpu_time, has_cuda, ladder,
+                           plan_buckets)
 from cudagraph_kit.capture import capture, fresh_cublas_workspace
 from cudagraph_kit.course import results
 from cudagraph_kit.course.claims import save_claims, speedup, summary, versus

@@ -5,9 +5,10 @@
 
 The layout lists every module of ``cudagraph_kit/`` and ``cudagraph_kit/course/`` with its line count (as
 ``wc -l``), the kit modules it imports when it loads (``→``) and those it imports only inside a function
-(``[→ ...]``), and the first sentence of its docstring. Imports are read with ``ast`` from every import statement
-and every ``_kit("name")`` call (how a helper loads a companion from its own folder). The copy rule lists what a
-helper loads with ``_kit``. The output depends only on the files: the same tree always gives the same text.
+(``[→ ...]``), and the first sentence of its docstring. Imports are read with ``ast`` from every import statement.
+The copy rule lists the companions a helper loads with ``from . import name`` (when the file is copied outside the
+package, the ``import name`` beside it loads the same file). The output depends only on the files: the same tree
+always gives the same text.
 ``tests/test_layout.py`` fails when the page's modules, arrows or line counts (within 5%) disagree with the code.
 """
 from __future__ import annotations
@@ -37,9 +38,11 @@ def modules() -> dict:
     return {module_name(p): p for p in sorted(PACKAGE.glob("*.py")) + sorted(COURSE.glob("*.py"))}
 
 
-def _kit_calls(node) -> list:
-    return [n.args[0].value for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-            and n.func.id == "_kit" and n.args and isinstance(n.args[0], ast.Constant)]
+def companions(node) -> list:
+    """The library modules ``node`` imports with ``from . import name``: a helper's companions, e.g. ``["capture"]``
+    for ``from . import capture as _capture``."""
+    return [a.name for n in ast.walk(node) if isinstance(n, ast.ImportFrom) and n.level == 1 and not n.module
+            for a in n.names if (PACKAGE / f"{a.name}.py").is_file()]
 
 
 def imports(module: str, known: dict | None = None) -> tuple[set, set]:
@@ -63,8 +66,6 @@ def imports(module: str, known: dict | None = None) -> tuple[set, set]:
                 return found
             for alias in node.names:  # `from pkg import mod` imports the submodule; otherwise the module itself
                 found.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source)
-        elif isinstance(node, ast.Call):
-            found |= {f"{package}.{name}" for name in _kit_calls(node)}
         return found
 
     at_load, anywhere = set(), set()
@@ -176,8 +177,9 @@ def arrows_of(text: str) -> tuple[set, set]:
 
 
 def render_copy_rule() -> str:
-    """The copy rule table: each helper, the files it loads with ``_kit`` when it loads, and those one function
-    loads when it runs. Modules that only re-export others (no code of their own) are listed apart."""
+    """The copy rule table: each helper, the companions it imports (``from . import name``) when it loads, and
+    those one function imports when it runs. Modules that only re-export others (no code of their own) are listed
+    apart."""
     known = {m: p for m, p in modules().items() if p.parent == PACKAGE and not p.stem.startswith("_")}
     direct, optional_of, reexports = {}, {}, []
     for m, path in known.items():
@@ -187,11 +189,11 @@ def render_copy_rule() -> str:
             reexports.append(f"`{path.name}`")
             continue
         direct[path.name] = {c for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))
-                             for c in _kit_calls(n)}
+                             for c in companions(n)}
         optional_of[path.name] = {}
         for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and node.name != "_kit":
-                for c in _kit_calls(node):
+            if isinstance(node, ast.FunctionDef):
+                for c in companions(node):
                     optional_of[path.name].setdefault(c, []).append(node.name)
 
     def closure(names):  # a companion's own companions are copied too (timing.py needs capture.py, ...)
@@ -208,8 +210,9 @@ def render_copy_rule() -> str:
             for name in direct]
     lines = ["| helper | copy with it | optional |", "|---|---|---|"]
     lines += [f"| `{name}` | {need} | {opt} |" for name, need, opt in rows]
-    lines += [""] + textwrap.wrap(f"Not for copying: {', '.join(reexports)} only re-export the helpers above under "
-                                  "their old names, for code that imports them from the package.", WIDTH)
+    if reexports:
+        lines += [""] + textwrap.wrap(f"Not for copying: {', '.join(reexports)} only re-export the helpers above "
+                                      "under their old names, for code that imports them from the package.", WIDTH)
     return "\n".join(lines)
 
 

@@ -25,7 +25,6 @@ results.csv and checks.csv (scripts/update_readme.py).
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import importlib
 import json

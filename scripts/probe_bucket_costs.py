@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cudagraph_kit.buckets import (capture_buckets, evaluate_buckets, interpolate, ladder, measure_bucket_costs,
-                                   plan_buckets)
+from cudagraph_kit import capture_buckets, evaluate_buckets, ladder, plan_buckets
+from cudagraph_kit.bucket_plan import interpolate, measure_bucket_costs
 from cudagraph_kit.timing import compare, timeit
 
 MAX_ROWS, REQUESTS, HISTORY, SEED, OVERFLOW_SHARE = 64, 200, 5000, 0, 0.01

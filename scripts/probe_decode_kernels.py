@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from cudagraph_kit.buckets import capture_buckets  # noqa: E402
+from cudagraph_kit import capture_buckets  # noqa: E402
 from cudagraph_kit.course.tiny_llm import StaticKVCache, TinyConfig, TinyLLM  # noqa: E402
 from cudagraph_kit.env import describe  # noqa: E402
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from cudagraph_kit.buckets import capture_buckets, measure_bucket_costs
-from cudagraph_kit import timing
+from cudagraph_kit import capture_buckets, timing
+from cudagraph_kit.bucket_plan import measure_bucket_costs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_buckets import Block  # noqa: E402  (the transformer block the GPU test used when it failed)

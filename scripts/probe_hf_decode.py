@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from cudagraph_kit import capture, combine_windows, compare  # noqa: E402
-from cudagraph_kit.capture import fresh_cublas_workspace  # noqa: E402
+from cudagraph_kit import combine_windows, compare  # noqa: E402
+from cudagraph_kit.capture import capture, fresh_cublas_workspace  # noqa: E402
 from cudagraph_kit.course.hf_decode import StaticDecoder, hf_status  # noqa: E402
 from cudagraph_kit.course.tiny_llm import first_divergence, hf_generate  # noqa: E402
 from cudagraph_kit.env import describe  # noqa: E402

@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = r'''
 import json, sys, torch, torch.nn as nn, torch.nn.functional as F
-from cudagraph_kit.buckets import capture_buckets, ladder, pool_usage
+from cudagraph_kit import capture_buckets, ladder, pool_usage
 backend = sys.argv[1]
 
 class Block(nn.Module):

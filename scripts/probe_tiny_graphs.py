@@ -1,5 +1,5 @@
 """Probe: what does a CUDA graph of 1-33 tiny nodes cost, on the host and on the GPU, against the same kernels
-launched eagerly? The data behind ``diagnose.measure_replay_cost`` and ``advise``'s floor for small graphs.
+launched eagerly? The data behind ``advise.measure_replay_cost`` and ``advise``'s floor for small graphs.
 
 For k = 1 .. 33 kernels (a chain of multiplies on a 150k-element tensor, and one-element adds) it times, round-robin
 in one ``compare`` window: eager, the raw ``CUDAGraph.replay`` and the kit's ``g.replay()``; then the GPU time of
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from cudagraph_kit import capture
-from cudagraph_kit.diagnose import advise, measure_replay_cost
+from cudagraph_kit.capture import capture
+from cudagraph_kit.advise import advise, measure_replay_cost
 from cudagraph_kit.timing import compare, device_time
 
 KS = (1, 2, 3, 5, 9, 17, 33)

@@ -1,15 +1,14 @@
-"""Test-session setup: nbval options, a results folder of its own, the GPU-test stamp, a guard that no test
-run changes the recorded results in figures/, and the benchmark tests (run only when asked for, they report a
-figure instead of gating the suite)."""
+"""Test-session setup: nbval through the kit's plugin (lax mode, the sanitizer, the timeouts, the notebooks' small
+sizes and a results folder of the session's own), the GPU-test stamp, a guard that no test run changes the
+recorded results in figures/, and the benchmark tests (run only when asked for, they report a figure instead of
+gating the suite)."""
 import hashlib
 import json
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,25 +17,12 @@ import torch
 
 from cudagraph_kit.course.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT, execute_notebook
 
+# nbval's options and the notebooks' small sizes (CGK_SMOKE=1, CGK_RESULTS_DIR a folder of the session, both
+# unless set): the one line a project built on the kit adds too (CONTRIBUTING.md, "nbval").
+pytest_plugins = ["cudagraph_kit.course.nbval_plugin"]
+
 HAS_CUDA = torch.cuda.is_available()
-NBVAL_SANITIZE = Path(__file__).with_name("nbval_sanitize.cfg")
-NBVAL_CELL_TIMEOUT_S = 900
 _session = {}
-
-
-def configure_nbval(config):
-    """nbval: lax mode (only cells marked # NBVAL_CHECK_OUTPUT are compared) unless --nbval (strict) or
-    --nbval-lax was given, the sanitizer, a cell timeout. Set here rather than in addopts, so that `--nbval`
-    means strict and `-p no:nbval` still works."""
-    if not config.pluginmanager.hasplugin("nbval"):
-        return
-    opt = config.option
-    if not (opt.nbval or opt.nbval_lax):
-        opt.nbval_lax = True
-    if opt.nbval_sanitize_with is None:
-        opt.nbval_sanitize_with = str(NBVAL_SANITIZE)
-    if not any(a.startswith("--nbval-cell-timeout") for a in config.invocation_params.args):
-        opt.nbval_cell_timeout = NBVAL_CELL_TIMEOUT_S
 
 
 def pytest_addoption(parser):
@@ -53,38 +39,13 @@ def give_python_a_stdin():
         sys.__stdin__ = open(os.devnull)  # noqa: SIM115 -- lives as long as the process, like a real stdin
 
 
-def keep_notebooks_whole_under_xdist(config):
-    """nbval's items are the cells of one notebook, run in order in one kernel; pytest-xdist's default
-    distribution (`-n N` alone means `--dist load`) hands cells of one notebook to different workers, and a later
-    cell misses what an earlier one defined (NameError). With -n and no --dist given, each file goes to one
-    worker (`--dist loadfile`); an explicit --dist is left as given."""
-    given = any(a == "-d" or a.startswith("--dist") for a in config.invocation_params.args)
-    if getattr(config.option, "dist", "no") == "load" and not given and config.pluginmanager.hasplugin("nbval"):
-        config.option.dist = "loadfile"
-
-
 def pytest_configure(config):
     give_python_a_stdin()
-    keep_notebooks_whole_under_xdist(config)
-    configure_nbval(config)
     folder = config.getoption("--benchmark-dir")
     if folder and Path(folder).resolve().is_relative_to(FIGURES_DIR.resolve()):
         raise pytest.UsageError(f"--benchmark-dir {folder} lies under {FIGURES_DIR}, which holds the recorded GPU "
                                 "results; no test run writes there. Fix: name a folder elsewhere, e.g. "
                                 "build/benchmarks.")
-    # Notebooks executed by nbval inherit this environment: small sizes unless the caller chose otherwise,
-    # and their results.save() goes to a folder of this session (never figures/, never build/).
-    os.environ.setdefault("CGK_SMOKE", "1")
-    if not os.environ.get("CGK_RESULTS_DIR"):
-        _session["results_dir"] = tempfile.mkdtemp(prefix="cgk-test-results-")
-        os.environ["CGK_RESULTS_DIR"] = _session["results_dir"]
-
-
-def pytest_unconfigure(config):
-    folder = _session.pop("results_dir", None)
-    if folder:
-        os.environ.pop("CGK_RESULTS_DIR", None)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _git(*args):

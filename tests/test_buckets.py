@@ -9,10 +9,12 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from cudagraph_kit import capture, capture_train_step
-from cudagraph_kit.buckets import (BucketOverflowWarning, MemoryLedger, capture_buckets, evaluate_buckets,
-                                   graph_pools, interpolate, ladder, measure_bucket_costs, plan_buckets, pool_usage)
-from cudagraph_kit.capture import CaptureError, NoCudaError
+from cudagraph_kit import (MemoryLedger, capture_buckets, capture_train_step, evaluate_buckets, ladder, plan_buckets,
+                           pool_usage)
+from cudagraph_kit.bucket_graphs import BucketOverflowWarning
+from cudagraph_kit.bucket_plan import interpolate, measure_bucket_costs
+from cudagraph_kit.capture import CaptureError, NoCudaError, capture
+from cudagraph_kit.memory import graph_pools
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"

@@ -5,11 +5,11 @@ import importlib
 import pytest
 import torch
 
-from cudagraph_kit import CaptureError, GraphedCallable, NoCudaError, capture, graph_features, shared_pool
-from cudagraph_kit.capture import ReseedWarning
+from cudagraph_kit import CaptureError, GraphedCallable, NoCudaError, graph_features, shared_pool
+from cudagraph_kit.capture import ReseedWarning, capture
 
 HAS_CUDA = torch.cuda.is_available()
-capture_module = importlib.import_module("cudagraph_kit.capture")  # the module (the package's `capture` is the function)
+capture_module = importlib.import_module("cudagraph_kit.capture")  # the module (its function: `capture`, above)
 
 
 def gelu(x):

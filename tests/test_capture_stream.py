@@ -6,7 +6,8 @@ import gc
 import pytest
 import torch
 
-from cudagraph_kit import capture, capture_buckets, capture_stream, capture_train_step, shared_pool
+from cudagraph_kit import capture_buckets, capture_stream, capture_train_step, shared_pool
+from cudagraph_kit.capture import capture
 
 gpu = pytest.mark.gpu
 

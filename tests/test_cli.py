@@ -2,6 +2,7 @@
 once in JupyterLab, lab copies written whole."""
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -23,6 +24,21 @@ def test_help_is_plain_text(capsys):
                                cwd=rep.PROJECT_ROOT).stdout
     for command in ("env", "reproduce", "check-figures", "lab"):
         assert f"\n    {command}" in main_help
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], []], ids=["version", "help", "bare"])
+def test_version_and_help_answer_without_importing_torch(argv):
+    """`python -m cudagraph_kit --version`, `--help` and a bare run import no torch (its import alone takes seconds):
+    `-X importtime` lists every module the run imported. The run's time is printed, not bounded."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "cudagraph_kit", *argv], capture_output=True,
+                          text=True, timeout=120, cwd=rep.PROJECT_ROOT)
+    seconds = time.perf_counter() - started
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "cudagraph_kit" in imported and "argparse" in imported, done.stderr[-2000:]  # the listing works
+    assert not {m for m in imported if m.split(".")[0] == "torch"}, f"{argv}: imported torch"
+    assert done.returncode == (2 if not argv else 0), done.stdout + done.stderr[-2000:]
+    print(f"python -m cudagraph_kit {' '.join(argv)}: {seconds:.2f} s")
 
 
 def test_only_lab_takes_options_it_does_not_know(capsys):

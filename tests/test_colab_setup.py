@@ -14,7 +14,6 @@ the build gets pyproject's setuptools floor from the package index; the test ski
 setuptools can be had.
 """
 import json
-import re
 import os
 import shutil
 import site
@@ -89,7 +88,12 @@ def colab(tmp_path_factory):
 
 def _setuptools_for_the_build(tmp):
     """None if pip can get a setuptools that meets pyproject's build floor (what build isolation installs), else why."""
-    floor = re.search(r'requires = \["(setuptools[^"]*)"\]', (PROJECT_ROOT / "pyproject.toml").read_text()).group(1)
+    try:
+        import tomllib
+    except ImportError:  # Python 3.9/3.10: requirements.txt installs tomli there
+        import tomli as tomllib
+    requires = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    floor = next(r for r in requires if r.startswith("setuptools"))
     got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", floor, "-d", str(tmp)],
                          capture_output=True, text=True, timeout=300)
     return None if got.returncode == 0 else f"pip cannot get {floor} for the build: {got.stderr.strip()[-300:]}"

@@ -1,4 +1,4 @@
-"""diagnose: what check_capturable, verify, advise and explain do on any machine (CPU-honest parts).
+"""The diagnostics: what check_capturable, verify, advise and explain do on any machine (CPU-honest parts).
 
 verify() compares any callable with its eager reference; the CPU tests feed it plain functions that behave
 like the broken graphs (a stale buffer, a frozen number, reused output memory) to test what it reports.
@@ -9,9 +9,11 @@ import functools
 import pytest
 import torch
 
-from cudagraph_kit import CaptureError, capture
-from cudagraph_kit.diagnose import (Advice, CheckReport, ReplayCost, advise, check_capturable, explain, graph_gpu_time,
-                                    predict_graph_time, verify)
+from cudagraph_kit import CaptureError, check_capturable, explain
+from cudagraph_kit.advise import Advice, ReplayCost, advise, graph_gpu_time, predict_graph_time
+from cudagraph_kit.capture import capture
+from cudagraph_kit.check import CheckReport
+from cudagraph_kit.verify import verify
 
 HAS_CUDA = torch.cuda.is_available()
 THIS_FILE = "test_diagnose.py"
@@ -331,6 +333,33 @@ def test_verify_training_step_with_optimizer_state_and_dropout_rng():
 def test_verify_rejects_zero_steps():
     with pytest.raises(ValueError, match="steps must be >= 1"):
         verify(torch.relu, torch.relu, torch.randn(2), steps=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_verify_tolerates_what_assert_close_tolerates(dtype):
+    """verify's default tolerances are torch.testing.assert_close's, read from PyTorch: the same differences pass."""
+    import importlib
+    compare = importlib.import_module("cudagraph_kit.verify")._compare
+    want = torch.linspace(1, 2, 64, dtype=torch.float64)
+    for scale in (1e-9, 1e-7, 1e-5, 1e-4, 1e-2, 1e-1):
+        got, ref = (want * (1 + scale)).to(dtype), want.to(dtype)
+        try:
+            torch.testing.assert_close(got, ref)
+            close = True
+        except AssertionError:
+            close = False
+        assert compare(got, ref)[0] == close, (dtype, scale)
+
+
+def test_verify_compares_a_dtype_without_assert_close_defaults_like_float32():
+    """float8 has no default in assert_close (it would demand equality); verify takes float32's there."""
+    import importlib
+    tolerances = importlib.import_module("cudagraph_kit.verify")._tolerances
+    from torch.testing._comparison import default_tolerances
+    assert tolerances(torch.float32) == default_tolerances(torch.float32)
+    if hasattr(torch, "float8_e4m3fn"):
+        assert default_tolerances(torch.float8_e4m3fn) == (0.0, 0.0)
+        assert tolerances(torch.float8_e4m3fn) == default_tolerances(torch.float32)
 
 
 # ------------------------------------------------------------------------------------------------- advise

@@ -16,11 +16,10 @@ import pandas as pd
 import pytest
 import torch
 
-from cudagraph_kit import capture, capture_train_step, compare
+from cudagraph_kit import capture_buckets, capture_train_step, compare
 from cudagraph_kit.course import exercises as _machinery
-from cudagraph_kit.buckets import capture_buckets
-from cudagraph_kit.capture import fresh_cublas_workspace
-from cudagraph_kit.diagnose import verify
+from cudagraph_kit.capture import capture, fresh_cublas_workspace
+from cudagraph_kit.verify import verify
 from cudagraph_kit.course.exercises import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT, load_all
 from cudagraph_kit.course.reproduce import NOTEBOOKS_DIR
 
@@ -756,7 +755,7 @@ def test_05_2_the_fixed_clip_gives_the_values_of_the_one_with_a_host_read():
 
 
 def test_06_1_rejects_skewed_sizes_a_plan_on_the_history_and_a_wrong_direction(nb06):
-    from cudagraph_kit.buckets import plan_buckets
+    from cudagraph_kit import plan_buckets
     m = nb06.max_rows
     _off(exercises.check_uniform_plan(nb06.history_sizes, ..., ..., ..., m, nb06.history_sizes), "uniform traffic")
     out = nb06.sol.exercise_1(m, 1000, 0, nb06.history_sizes, nb06.mlp, nb06.sample)
@@ -1017,7 +1016,7 @@ def test_table_rows_is_the_one_table_check():
 
 
 def test_08_1_rejects_a_plan_on_the_stream_and_tokens_that_differ(nb08):
-    from cudagraph_kit.buckets import plan_buckets
+    from cudagraph_kit import plan_buckets
     out = nb08.sol.exercise_1(nb08.history, nb08.observed, nb08.max_batch, nb08.graph_step, nb08.sample,
                               nb08.sample.clone(), nb08.serve, nb08.stream)
     kw = {"history": nb08.history, "observed": nb08.observed, "max_batch": nb08.max_batch,

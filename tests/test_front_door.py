@@ -14,6 +14,11 @@ import pytest
 
 from cudagraph_kit.course import reproduce as rep
 
+try:
+    import tomllib
+except ImportError:  # Python 3.9/3.10: requirements.txt installs tomli there
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import sync_setup_cell  # noqa: E402
@@ -47,11 +52,50 @@ def test_the_ref_the_badges_and_the_setup_cell_name_exists_in_this_repository():
 
 
 def test_version_prints_the_package_version():
-    version = re.search(r'(?m)^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     done = subprocess.run([sys.executable, "-m", "cudagraph_kit", "--version"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"cudagraph-kit {version}"
+
+
+def test_the_changelog_names_the_version_that_version_prints():
+    """The CHANGELOG's newest release heading is pyproject's version, dated; what came after it is "Unreleased"."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    headings = re.findall(r"(?m)^## (.+)$", (ROOT / "CHANGELOG.md").read_text())
+    releases = [h for h in headings if h != "Unreleased"]
+    assert re.fullmatch(rf"{re.escape(version)} \(\d{{4}}-\d{{2}}-\d{{2}}\)", releases[0]), (
+        f"pyproject.toml says {version}, the CHANGELOG's newest release is {releases[0]!r}: release the "
+        "Unreleased section as that version (CONTRIBUTING.md, Releases)")
+    assert headings.index(releases[0]) <= 1, headings
+
+
+def test_the_package_loads_its_names_on_first_use():
+    """`import cudagraph_kit` imports no torch; every name of `__all__` and `dir()` resolves; a module keeps its own
+    name (`cudagraph_kit.capture` is the module, its function is `cudagraph_kit.capture.capture`)."""
+    code = """if True:
+        import sys, types
+        import cudagraph_kit as k
+        assert "torch" not in sys.modules, "import cudagraph_kit imported torch"
+        names = dir(k)
+        assert set(k.__all__) <= set(names) and {"capture", "advise", "verify", "show", "__version__"} <= set(names)
+        for name in k.__all__:
+            assert not isinstance(getattr(k, name), types.ModuleType), name
+        for name in ("capture", "advise", "verify", "check", "timing", "bucket_graphs"):
+            assert isinstance(getattr(k, name), types.ModuleType), name
+        import cudagraph_kit.capture as c
+        assert c is k.capture and callable(c.capture) and c.GraphedCallable is k.GraphedCallable
+        from cudagraph_kit import verify
+        assert isinstance(verify, types.ModuleType) and callable(verify.verify)
+        try:
+            k.no_such_name
+            raise AssertionError("no AttributeError")
+        except AttributeError as exc:
+            assert "no_such_name" in str(exc)
+        print("OK")
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "OK", done.stdout + done.stderr[-3000:]
 
 
 def test_lab_adds_allow_root_only_as_root(tmp_path, monkeypatch):

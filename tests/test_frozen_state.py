@@ -9,8 +9,9 @@ check runs the eager reference only); the GPU tests capture the same functions f
 import pytest
 import torch
 
-from cudagraph_kit import capture
-from cudagraph_kit.diagnose import check_capturable, verify
+from cudagraph_kit import check_capturable
+from cudagraph_kit.capture import capture
+from cudagraph_kit.verify import verify
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"

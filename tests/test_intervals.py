@@ -153,3 +153,56 @@ def test_stops_clearing_reads_verdicts_not_points():
     # a failing point followed by a clearing one does not count: every larger point must fail
     assert stops_clearing([(1, 0.9, 1.0), (2, 1.3, 1.5), (3, 1.0, 1.05)], above=1.10)["from"] == 3
     assert stops_clearing([(1, 1.0, 1.05), (2, 0.9, 1.0)], above=1.10) == {"from": 1, "unclear_before": None}
+
+
+# Published two-sided critical values of Student's t (3 decimals), for the levels intervals.py offers:
+# df 1..30, then 31, 40, 60, 120, 1000 (where the old table fell back to the normal quantile, 1.645 / 1.960).
+_PUBLISHED_T = {
+    0.90: [6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753,
+           1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697],
+    0.95: [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+           2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042],
+}
+_PUBLISHED_T_LARGE_DF = {0.90: {31: 1.696, 40: 1.684, 60: 1.671, 120: 1.658, 1000: 1.646},
+                         0.95: {31: 2.040, 40: 2.021, 60: 2.000, 120: 1.980, 1000: 1.962}}
+
+
+def _published_t():
+    for level, values in _PUBLISHED_T.items():
+        yield from ((level, df, v) for df, v in enumerate(values, start=1))
+        yield from ((level, df, v) for df, v in _PUBLISHED_T_LARGE_DF[level].items())
+
+
+@pytest.mark.parametrize("level,df,value", list(_published_t()))
+def test_t_quantile_matches_published_tables_with_and_without_scipy(level, df, value):
+    """The quantile the intervals use, SciPy's where it is installed, and the standard-library one either way,
+    agree with the printed tables to 0.1% (past 30 degrees of freedom too: 1.696 at 31, not the normal 1.645)."""
+    from cudagraph_kit.intervals import _t_ppf, _t_quantile
+    assert _t_quantile(level, df) == pytest.approx(value, rel=1e-3)
+    assert _t_ppf(0.5 + level / 2, df) == pytest.approx(value, rel=1e-3)
+
+
+def test_t_quantile_without_scipy_agrees_with_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    from cudagraph_kit.intervals import _t_ppf
+    for q in (0.95, 0.975, 0.6, 0.999):
+        for df in [*range(1, 61), 99, 120, 500, 1000, 10**4, 10**5]:
+            assert _t_ppf(q, df) == pytest.approx(float(scipy_stats.t.ppf(q, df)), rel=1e-9), (q, df)
+
+
+def test_t_quantile_refuses_what_it_cannot_answer():
+    from cudagraph_kit.intervals import _t_ppf, _t_quantile
+    with pytest.raises(ValueError, match="level"):
+        _t_quantile(0.8, 5)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        _t_quantile(0.9, 0)
+    with pytest.raises(ValueError, match="0.5 < q < 1"):
+        _t_ppf(0.3, 5)
+
+
+def test_t_quantile_falls_back_to_the_standard_library_without_scipy(monkeypatch):
+    import sys
+    from cudagraph_kit.intervals import _t_ppf, _t_quantile
+    monkeypatch.setitem(sys.modules, "scipy", None)         # `import scipy...` now raises ImportError
+    monkeypatch.setitem(sys.modules, "scipy.stats", None)
+    assert _t_quantile(0.90, 31) == _t_ppf(0.95, 31) == pytest.approx(1.696, rel=1e-3)

@@ -21,7 +21,7 @@ PAGE = ROOT / "docs" / "ARCHITECTURE.md"
 
 def test_the_tree_is_what_the_architecture_describes():
     assert "cudagraph_kit.capture" in LIBRARY and "cudagraph_kit.course.exercises_05" in COURSE_MODULES
-    assert GRAPH["cudagraph_kit.bucket_graphs"] >= {"cudagraph_kit.capture"}   # `_kit("capture")` is seen
+    assert GRAPH["cudagraph_kit.bucket_graphs"] >= {"cudagraph_kit.capture"}   # `from . import capture` is seen
     assert GRAPH["cudagraph_kit.check"] >= {"cudagraph_kit.state_watch"}
     assert "cudagraph_kit.capture" in GRAPH["cudagraph_kit.course.exercises_05"]
     assert "cudagraph_kit.course.tiny_llm" in GRAPH["cudagraph_kit.course.exercises_08"]   # inside a function

@@ -27,14 +27,17 @@ def _cells(nb, kind):
             for c in nb["cells"] if c["cell_type"] == kind and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
 
 
-def _project_urls():
-    text = (PROJECT_ROOT / "pyproject.toml").read_text()
+def _project():
+    """pyproject.toml's [project] table."""
     try:
-        import tomllib  # Python 3.11+
-    except ImportError:  # older Python: the [project.urls] table's `Name = "url"` lines
-        table = text.split("[project.urls]", 1)[1].split("\n[", 1)[0]
-        return dict(re.findall(r'(?m)^(\w+)\s*=\s*"([^"]+)"', table))
-    return tomllib.loads(text)["project"]["urls"]
+        import tomllib
+    except ImportError:  # Python 3.9/3.10: requirements.txt installs tomli there
+        import tomli as tomllib
+    return tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _project_urls():
+    return _project()["urls"]
 
 
 def _setup_constant(name):
@@ -66,7 +69,7 @@ def test_source_is_not_paired_with_its_ipynb(source):
 
 
 def _project_version():
-    return re.search(r'(?m)^version = "([^"]+)"', (PROJECT_ROOT / "pyproject.toml").read_text()).group(1)
+    return _project()["version"]
 
 
 def test_repository_address_and_ref_are_the_same_everywhere():
@@ -169,7 +172,8 @@ def test_lab_working_copies_are_outside_notebooks_and_kept(tmp_path):
 
 
 def test_nbval_options_come_from_conftest_so_strict_and_disabled_modes_work():
-    """`-p no:nbval` must run; the default adds --nbval-lax (notebooks collected); --nbval stays strict."""
+    """`-p no:nbval` must run; the default adds --nbval-lax (notebooks collected); --nbval stays strict. The
+    options themselves: tests/test_nbval_plugin.py."""
     def collect(*args):
         return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args,
                                "tests/test_results_env.py", "notebooks"],
@@ -180,35 +184,6 @@ def test_nbval_options_come_from_conftest_so_strict_and_disabled_modes_work():
     disabled = collect("-p", "no:nbval")
     assert disabled.returncode == 0, disabled.stdout + disabled.stderr
     assert "01_gelu.ipynb::Cell" not in disabled.stdout and "test_save_load_round_trip" in disabled.stdout
-
-
-def test_conftest_picks_lax_only_when_no_nbval_mode_was_given():
-    from types import SimpleNamespace
-    import conftest
-
-    class PluginManager:
-        def __init__(self, has):
-            self.has = has
-
-        def hasplugin(self, name):
-            return self.has
-
-    def configured(has_nbval=True, argv=(), **option):
-        opt = SimpleNamespace(nbval=False, nbval_lax=False, nbval_sanitize_with=None, nbval_cell_timeout=2000)
-        opt.__dict__.update(option)
-        config = SimpleNamespace(option=opt, pluginmanager=PluginManager(has_nbval),
-                                 invocation_params=SimpleNamespace(args=list(argv)))
-        conftest.configure_nbval(config)
-        return opt
-
-    lax = configured()
-    assert lax.nbval_lax and not lax.nbval and lax.nbval_sanitize_with.endswith("nbval_sanitize.cfg")
-    assert lax.nbval_cell_timeout == conftest.NBVAL_CELL_TIMEOUT_S
-    strict = configured(nbval=True)
-    assert strict.nbval and not strict.nbval_lax
-    assert configured(argv=["--nbval-cell-timeout=5"], nbval_cell_timeout=5.0).nbval_cell_timeout == 5.0
-    untouched = configured(has_nbval=False)  # -p no:nbval: nothing of nbval is set (or needed)
-    assert not untouched.nbval_lax and untouched.nbval_sanitize_with is None
 
 
 HOW_LONG = re.compile(r"\*\*How long\*\*: (?P<value>[\d.]+) (?P<unit>s|min) on an (?P<gpu>NVIDIA [\w ]+?) "

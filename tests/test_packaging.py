@@ -1,37 +1,50 @@
-"""The package as a new user gets it: a wheel with its LICENSE and the course, floors that CI really tests."""
-import re
+"""The package as a new user gets it: a wheel with its LICENSE and the course, an sdist without the tests (they
+read the notebooks and figures, which stay in the repository), floors that CI really tests."""
+import os
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+try:
+    import tomllib
+except ImportError:  # Python 3.9/3.10: requirements.txt installs tomli there
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _requirements(lines):
+    """The requirements in ``lines`` (requirement-file lines or pyproject strings), comments and blanks left out."""
+    return [Requirement(text) for text in (line.split("#")[0].strip() for line in lines) if text]
 
 
 def _floors(lines):
-    """{name: version} for every `name>=version` requirement in ``lines``."""
-    out = {}
-    for line in lines:
-        m = re.match(r"\s*\"?([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9.]*)", line.split("#")[0])
-        if m:
-            out[m.group(1).lower()] = m.group(2)
-    return out
+    """{name: version} for each requirement with a ``>=`` floor in ``lines``: "torch>=2.3" -> {"torch": "2.3"}."""
+    return {canonicalize_name(r.name): s.version for r in _requirements(lines) for s in r.specifier if s.operator == ">="}
 
 
 def test_every_claimed_floor_is_pinned_in_the_constraints_ci_tests():
-    pins = dict(re.findall(r"(?m)^([A-Za-z0-9_.-]+)==([0-9.]+)", (ROOT / "constraints" / "oldest.txt").read_text()))
-    pyproject = (ROOT / "pyproject.toml").read_text()
+    pins = {canonicalize_name(r.name): s.version
+            for r in _requirements((ROOT / "constraints" / "oldest.txt").read_text().splitlines())
+            for s in r.specifier if s.operator == "=="}
+    project = PYPROJECT["project"]
     claimed = {**_floors((ROOT / "requirements.txt").read_text().splitlines()),
-               **_floors(re.findall(r'"([^"]+>=[^"]+)"', pyproject))}
-    claimed.pop("setuptools", None)  # the build backend's floor, not the kit's
+               **_floors(project["dependencies"] + [r for extra in project["optional-dependencies"].values()
+                                                    for r in extra])}
     assert claimed, "no floors found"
     for name, floor in claimed.items():
         assert name in pins and Version(pins[name]) == Version(floor), (
             f"{name}>={floor} is claimed but constraints/oldest.txt pins {pins.get(name)}")
-    python_floor = re.search(r'requires-python\s*=\s*">=\s*([0-9.]+)"', pyproject).group(1)
+    python_floor = next(s.version for s in Requirement(f"python{project['requires-python']}").specifier
+                        if s.operator == ">=")
     ci = (ROOT / ".ci" / "run").read_text()
     assert "requires-python" in ci and "constraints/oldest.txt" in ci, ".ci/run must test the floors"
     workflow = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
@@ -55,3 +68,27 @@ def test_wheel_has_license_course_and_metadata(tmp_path):
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: Apache-2.0" in metadata.splitlines()  # SPDX (PEP 639), not a classifier
     assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]
+
+
+def test_sdist_holds_the_package_and_leaves_the_tests_in_the_repository(tmp_path):
+    """The sdist, built as `python -m build --sdist` builds it (pyproject's build backend at its floor, in a build
+    environment of its own), holds what builds the wheel: every module of cudagraph_kit/, pyproject.toml, README.md,
+    LICENSE. It leaves out the tests, notebooks, figures, docs and scripts (MANIFEST.in): the tests read the
+    notebooks and figures, so they run from a clone (CONTRIBUTING.md)."""
+    backend = tmp_path / "backend"
+    got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(backend),
+                          *PYPROJECT["build-system"]["requires"]], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    hook = "import sys, setuptools.build_meta as backend; backend.build_sdist(sys.argv[1])"
+    built = subprocess.run([sys.executable, "-c", hook, str(tmp_path / "dist")], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(backend)})
+    assert built.returncode == 0, built.stderr[-2000:]
+    (sdist,) = (tmp_path / "dist").glob("cudagraph_kit-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    top = {n.split("/")[0] for n in names}
+    assert not top & {"tests", "notebooks", "figures", "docs", "scripts"}, sorted(top)
+    package = {p.relative_to(ROOT).as_posix() for p in (ROOT / "cudagraph_kit").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert package and package <= names, sorted(package - names)
+    assert {"pyproject.toml", "README.md", "LICENSE", "PKG-INFO"} <= names, sorted(names)

@@ -11,8 +11,10 @@ import gc
 import pytest
 import torch
 
-from cudagraph_kit import CaptureError, capture, graph_modules, shared_pool
-from cudagraph_kit.diagnose import advise, check_capturable, explain, verify
+from cudagraph_kit import CaptureError, check_capturable, explain, graph_modules, shared_pool
+from cudagraph_kit.advise import advise
+from cudagraph_kit.capture import capture
+from cudagraph_kit.verify import verify
 from cudagraph_kit.course.pitfall_scripts import (background_thread_allocates, docs_recipe_capture,
                                            failed_capture_then_recovery, run_isolated, two_captures, warmup_stream)
 

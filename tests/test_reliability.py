@@ -3,7 +3,8 @@ capture, bare tensors refused by graph_modules (copying helpers alone: tests/tes
 import pytest
 import torch
 
-from cudagraph_kit import capture, graph_modules
+from cudagraph_kit import graph_modules
+from cudagraph_kit.capture import capture
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -68,7 +68,7 @@ class FakeKernel:
     def __init__(self, stop=None):
         self.stop, self.ran = stop, []
 
-    def __call__(self, src, output, params, results_dir, progress=False, run=None):
+    def __call__(self, src, output, params, results_dir, progress=False, run=None, **kernel):
         self.ran.append(src.stem)
         nb = nbformat.v4.new_notebook()
         for step in self.STEPS:

@@ -192,12 +192,19 @@ def test_a_regular_pip_install_elsewhere_works_and_says_what_needs_the_checkout(
         return subprocess.run([python, *args], cwd=work, env=env, capture_output=True, text=True, timeout=300)
 
     helper = run("-c", "import cudagraph_kit; from cudagraph_kit.capture import capture; "
-                       "from cudagraph_kit.timing import compare; from cudagraph_kit.buckets import capture_buckets; "
-                       "print(cudagraph_kit.__file__); print(capture.__module__, compare.__module__)")
+                       "from cudagraph_kit.timing import compare; from cudagraph_kit import capture_buckets; "
+                       "print(cudagraph_kit.__file__); print(capture.__module__, compare.__module__); "
+                       "print(cudagraph_kit.__version__, capture_buckets.__module__)")
     assert helper.returncode == 0, helper.stderr
     where = Path(helper.stdout.splitlines()[0]).resolve()
     assert venv.resolve() in where.parents and PROJECT_ROOT not in where.parents  # the installed copy, not the checkout
     assert helper.stdout.splitlines()[1] == "cudagraph_kit.capture cudagraph_kit.timing"
+    try:
+        import tomllib
+    except ImportError:  # Python 3.9/3.10: requirements.txt installs tomli there
+        import tomli as tomllib
+    version = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert helper.stdout.splitlines()[2] == f"{version} cudagraph_kit.bucket_graphs"  # from the installed metadata
     shown = run("-m", "cudagraph_kit", "env")
     assert shown.returncode == 0, shown.stderr
     assert re.search(rf"(?m)^torch\s+{re.escape(torch.__version__)}$", shown.stdout)

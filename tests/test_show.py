@@ -144,6 +144,30 @@ def test_draw_graph_puts_independent_nodes_side_by_side():
         show.draw_graph([])
 
 
+def test_draw_graph_lays_out_a_long_chain_listed_last_first():
+    """A 900-node chain listed from its last node to its first (a recursive layering ran out of stack here): one
+    node per level, in chain order, one arrow per edge."""
+    n = 900
+    nodes = [{"id": f"n{i}", "kind": "kernel", "label": f"k{i}"} for i in reversed(range(n))]
+    edges = [(f"n{i}", f"n{i + 1}") for i in range(n - 1)]
+    fig, ax = plt.subplots()
+    show.draw_graph(nodes, edges, ax=ax)
+    y = {t.get_text(): t.get_position()[1] for t in ax.texts}
+    assert [y[f"k{i}"] for i in range(n)] == [-i for i in range(n)]
+    assert len([c for c in ax.get_children() if type(c).__name__ == "Annotation"]) == n - 1
+    plt.close(fig)
+
+
+def test_draw_graph_of_a_graph_with_a_cycle_stops():
+    """No CUDA graph has a cycle, but a hand-written DOT file may: the layering breaks it instead of looping."""
+    nodes = [{"id": i, "kind": "kernel", "label": i} for i in "abcd"]
+    fig, ax = plt.subplots()
+    show.draw_graph(nodes, [("a", "b"), ("b", "c"), ("c", "b"), ("c", "d")], ax=ax)
+    y = {t.get_text(): t.get_position()[1] for t in ax.texts}
+    assert y["a"] > y["b"] > y["c"] > y["d"]
+    plt.close(fig)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
 def test_without_cuda_the_recorders_say_they_need_a_gpu():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):

@@ -6,7 +6,8 @@ import time
 import pytest
 import torch
 
-from cudagraph_kit import capture, compare, gpu_time, timeit
+from cudagraph_kit import compare, gpu_time, timeit
+from cudagraph_kit.capture import capture
 from cudagraph_kit.timing import _busy_union, _calls_for
 
 HAS_CUDA = torch.cuda.is_available()

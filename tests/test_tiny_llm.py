@@ -127,7 +127,7 @@ def test_transformers_llama_with_the_same_weights_computes_the_same(model):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_step_graphed_per_bucket_equals_eager_on_the_gpu(dtype):
-    from cudagraph_kit.buckets import capture_buckets
+    from cudagraph_kit import capture_buckets
 
     cfg = TinyConfig(vocab_size=1024, dim=256, layers=2, heads=8, kv_heads=2, hidden=512)
     m = TinyLLM(cfg, seed=0, device="cuda", dtype=dtype).eval()
@@ -156,7 +156,7 @@ def test_decode_step_graphed_per_bucket_equals_eager_on_the_gpu(dtype):
 def test_decode_step_compiled_without_graphs_then_captured_per_bucket_equals_eager_on_the_gpu():
     """Notebook 08's "compile + kit graphs": Inductor's fused kernels (default mode, no CUDA graphs, dynamic batch),
     captured per bucket by the kit, decode eager's greedy tokens (or part from them only at a near tie)."""
-    from cudagraph_kit.buckets import capture_buckets
+    from cudagraph_kit import capture_buckets
 
     cfg = TinyConfig(vocab_size=1024, dim=256, layers=2, heads=8, kv_heads=2, hidden=512)
     m = TinyLLM(cfg, seed=0, device="cuda").eval()

@@ -19,7 +19,7 @@ def _first_finding(report) -> str:
 
 def _check_learners_verify(report, verified, what, hint):
     """The learner's own ``verify`` report: a ``VerifyReport`` that passed."""
-    from ..diagnose import VerifyReport
+    from ..verify import VerifyReport
 
     if is_todo(verified):
         report.todo(f"{what}: run verify(...) on your graph and keep its report")
@@ -43,7 +43,8 @@ def check_step_counter(report, ScaledByStepFixed, counter_verify):  # noqa: N803
     import torch
 
     from ..capture import capture
-    from ..diagnose import check_capturable, verify
+    from ..check import check_capturable
+    from ..verify import verify
 
     cls, device, done = ScaledByStepFixed, "cuda" if cuda() else "cpu", False
     if is_todo(cls):
@@ -145,7 +146,7 @@ def check_clip_without_sync(report, clip_to_norm_fixed, clip_verify):
     import torch
 
     from ..capture import capture
-    from ..diagnose import check_capturable
+    from ..check import check_capturable
 
     fn, device = clip_to_norm_fixed, "cuda" if cuda() else "cpu"
     torch.manual_seed(0)

@@ -39,7 +39,8 @@ def check_uniform_plan(report, uniform_sizes, uniform_plan, moved, serve_uniform
     ``capture_buckets`` of the plan; ``reference``: the default ladder's ``BucketedGraphs`` (memory, GPU)."""
     import statistics
 
-    from ..buckets import evaluate_buckets, ladder, plan_buckets
+    from ..bucket_graphs import ladder
+    from ..bucket_plan import evaluate_buckets, plan_buckets
 
     if is_todo(uniform_sizes):
         report.todo("uniform_sizes: HISTORY sizes drawn uniformly from 1..MAX_ROWS")
@@ -112,7 +113,7 @@ def check_uniform_plan(report, uniform_sizes, uniform_plan, moved, serve_uniform
         report.off("serve_uniform did not capture graphs into one shared pool", "capture_buckets(..., pool='shared'), "
                    "the default, on the GPU.")
         return
-    from ..buckets import MemoryLedger
+    from ..memory import MemoryLedger
     ledger = MemoryLedger()
     held = ledger.record("uniform plan", serve_uniform)["held"] / 2 ** 20
     text = f"{k} graphs in one shared pool, holding {held:.1f} MiB"
@@ -140,7 +141,7 @@ def check_batch_mixing(report, BatchMixingBlock, mixing_leak, why, d_block, head
 
     import torch
 
-    from ..buckets import capture_buckets
+    from ..bucket_graphs import capture_buckets
 
     if is_todo(BatchMixingBlock):
         report.todo("write the class BatchMixingBlock")

@@ -19,7 +19,7 @@ def check_decode_buckets(report, few_buckets, serve_few, few_tokens, pad_fractio
     ``capture_buckets`` of the decode step; ``few_tokens``: ``{request id: tokens}`` recorded by the serving loop
     through ``serve_few``; ``pad_fraction``: the share of padding rows on ``observed`` (the stream's batch sizes);
     ``eager_tokens``: the eager loop's record."""
-    from ..buckets import evaluate_buckets, plan_buckets
+    from ..bucket_plan import evaluate_buckets, plan_buckets
 
     if is_todo(few_buckets):
         report.todo("few_buckets = plan_buckets(history, max_graphs=4, max_size=MAX_BATCH)")

@@ -301,7 +301,7 @@ def fitted_row(results, stem, case, base_variant, graph_variant, cost):
     is missing)."""
     import pandas as pd
 
-    from ..diagnose import predict_graph_time
+    from ..advise import predict_graph_time
 
     rec = results.load(stem)
     if rec is None:

@@ -45,7 +45,7 @@ def graph_trees_pool_bytes():
     mode="reduce-overhead" in the thread (torch/_inductor/cudagraph_trees.py: CUDAGraphTreeManager)."""
     import torch
 
-    from ..buckets import pool_usage
+    from ..memory import pool_usage
 
     try:
         from torch._inductor import cudagraph_trees  # private API: it may move between PyTorch versions

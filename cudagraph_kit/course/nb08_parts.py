@@ -111,7 +111,7 @@ def serve_table(m_serve, strategies: dict, sizes_of: dict, observed: list, same:
     second, the share of requests decoded as eager (``same``), its number of graphs, capture time, the memory they
     hold (``ledger.record``), its bucket sizes and the padding share of the computed rows on ``observed``. A strategy
     whose graphs ran eagerly (no GPU) gets no speedup: it would compare eager with eager."""
-    from ..buckets import evaluate_buckets
+    from ..bucket_plan import evaluate_buckets
     from .measure import ran_eagerly
 
     df = with_window_medians(m_serve)

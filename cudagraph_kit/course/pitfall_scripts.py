@@ -112,8 +112,8 @@ def failed_capture_then_recovery(kind: str) -> None:
     """
     import torch
 
-    from cudagraph_kit import capture
-    from cudagraph_kit.diagnose import explain
+    from cudagraph_kit import explain
+    from cudagraph_kit.capture import capture
 
     def gelu(t):
         return t * 0.5 * (1.0 + torch.erf(t / 1.41421))

@@ -118,6 +118,29 @@ def _this_gpu():
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
+def cell_records(source: Path, gpu, smoke: bool, out_dir=None) -> dict:
+    """Seconds per cell (by source) on the newest recorded run of this notebook of the same kind: the same GPU (None:
+    the CPU) and size. Looked for in the executed copy a previous ``reproduce`` left in ``out_dir`` (a CPU or
+    --smoke run's build/notebooks), then in the committed notebook (a full GPU run). {} when neither matches: a
+    time on another device or size would mislead (the watchdog's limits, the per-cell notes)."""
+    source = Path(source)
+    candidates = [Path(out_dir) / f"{source.stem}.ipynb"] if out_dir is not None else []
+    candidates.append(source.with_suffix(".ipynb"))
+    for path in dict.fromkeys(candidates):
+        try:
+            meta = json.loads(path.read_text()).get("metadata", {})
+        except (OSError, ValueError):
+            continue
+        run = (meta.get("cudagraph_kit") or {}).get("run")
+        if run is not None:
+            same = run.get("gpu") == gpu and bool(run.get("smoke")) == bool(smoke)
+        else:  # executed before runs were named: a committed GPU run at full size
+            same = gpu is not None and not smoke and recorded_device(path) == gpu
+        if same:
+            return recorded_durations(path)
+    return {}
+
+
 def _cell_printer(code_cells: int, recorded: dict):
     count = [0]
 
@@ -167,42 +190,71 @@ def strip_machine_paths(nb) -> None:
 
 
 def execute_notebook(source, output, parameters: dict | None = None, results_dir=None,
-                     timeout_s: int | None = None, progress: bool = False, run: dict | None = None) -> Path:
+                     timeout_s: int | None = None, progress: bool = False, run: dict | None = None,
+                     recorded: dict | None = None, limits=None, kernel_settings: dict | None = None) -> Path:
     """Execute one notebook source with papermill; return the executed ``.ipynb`` (machine paths stripped).
 
     ``results_dir`` (if given) is where the notebook's ``results.save`` writes (``CGK_RESULTS_DIR``).
     The notebook runs with its folder as the working directory and the project on ``PYTHONPATH``.
     ``progress=True`` prints a line as each code cell starts, with its time on the recorded run. ``run`` (from
     ``reproduce``) is recorded in the ``env.json`` of each result the notebook saves (``CGK_RUN``).
+
+    Every cell is watched (:mod:`.watchdog`): past its stall limit every thread's Python stack in the kernel goes to
+    stderr (and to ``<output stem>.stacks.txt``); past its stop limit the cell is stopped and
+    :class:`~.watchdog.CellStalled` says which cell, its recorded time and where the stacks are. The limits come
+    from ``recorded`` (seconds per cell source; default: the committed notebook's, if it ran on this GPU) and
+    ``limits`` (a :class:`~.watchdog.CellLimits`); ``timeout_s`` caps every cell's stop limit.
+    ``kernel_settings`` go to the kernel hook (:mod:`.kernel_hook`: a GPU memory cap, a peak-memory record).
     """
     import nbformat
     import papermill
+    from nbclient.exceptions import CellTimeoutError
+
+    from .watchdog import CellWatch
 
     source, output = Path(source), Path(output)
     unexecuted = output.with_name(output.stem + ".input.ipynb")
     to_ipynb(source, unexecuted)
-    engine_kwargs = {}
-    if progress:
+    if recorded is None:
         committed = source.with_suffix(".ipynb")
         on = recorded_device(committed)
         recorded = recorded_durations(committed) if on is not None and on == _this_gpu() else {}
-        code_cells = sum(c.cell_type == "code" for c in nbformat.read(unexecuted, as_version=4).cells)
-        code_cells += 1 if parameters else 0  # papermill adds a cell with the injected parameters
-        engine_kwargs["on_cell_start"] = _cell_printer(code_cells, recorded)
-    saved = {k: os.environ.get(k) for k in ("CGK_RESULTS_DIR", "PYTHONPATH", "CGK_RUN")}
+    code_cells = sum(c.cell_type == "code" for c in nbformat.read(unexecuted, as_version=4).cells)
+    code_cells += 1 if parameters else 0  # papermill adds a cell with the injected parameters
+    stacks = output.with_name(output.stem + ".stacks.txt")
+    watch = CellWatch(output.with_name(f".{output.stem}.kernel"), stacks, recorded, limits, code_cells,
+                      kernel_settings, cap_s=timeout_s)
+    printer = _cell_printer(code_cells, recorded) if progress else None
+
+    def on_cell_start(cell):
+        watch.on_cell_start(cell)
+        if printer is not None:
+            printer(cell)
+    hook_env = watch.environment()
+    saved = {k: os.environ.get(k) for k in ("CGK_RESULTS_DIR", "PYTHONPATH", "CGK_RUN", *hook_env)}
     try:
         if results_dir is not None:
             os.environ["CGK_RESULTS_DIR"] = str(results_dir)
         if run is not None:
             os.environ["CGK_RUN"] = json.dumps(run)
+        os.environ.update(hook_env)  # the kernel's IPython startup file installs the hook
         paths = [str(PROJECT_ROOT)] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else [])
         os.environ["PYTHONPATH"] = os.pathsep.join(paths)
         _register_engine()
-        papermill.execute_notebook(
-            str(unexecuted), str(output), parameters=parameters or {}, cwd=str(source.parent),
-            kernel_name="python3", progress_bar=False, execution_timeout=timeout_s,
-            engine_name=ENGINE_NAME, config=_kernel_config(), **engine_kwargs,
-        )
+        with watch:
+            try:
+                papermill.execute_notebook(
+                    str(unexecuted), str(output), parameters=parameters or {}, cwd=str(source.parent),
+                    kernel_name="python3", progress_bar=False, execution_timeout=timeout_s,
+                    engine_name=ENGINE_NAME, config=_kernel_config(), on_cell_start=on_cell_start,
+                    timeout_func=watch.timeout_func, on_cell_executed=watch.on_cell_executed,
+                    kernel_manager_class=watch.kernel_manager_class(),
+                )
+            except CellTimeoutError as exc:
+                stalled = watch.stalled()
+                if stalled is None:
+                    raise
+                raise stalled from exc
     finally:
         for k, v in saved.items():
             if v is None:
@@ -210,6 +262,9 @@ def execute_notebook(source, output, parameters: dict | None = None, results_dir
             else:
                 os.environ[k] = v
         unexecuted.unlink(missing_ok=True)
+        shutil.rmtree(watch.folder, ignore_errors=True)
+        if stacks.is_file() and stacks.stat().st_size == 0:
+            stacks.unlink()  # no cell stalled
         if output.is_file():  # also after a failed cell: papermill saved the notebook with its error
             nb = nbformat.read(output, as_version=4)
             strip_machine_paths(nb)
@@ -281,6 +336,14 @@ def _forecast(src: Path, gpu=None, smoke: bool = False, results_dir=None) -> str
 
 STAGING_DIR = PROJECT_ROOT / "build" / "reproduce"  # scratch: a notebook's executed copy and results until published
 TIMES_FILE = "reproduce_times.json"  # in the results folder: the run's id and per-notebook wall times
+# A --smoke run's record lives beside the full run's, so that `reproduce --smoke 01` (into build/figures, where a CPU
+# run's full-size record also lives) never wipes the record the next full run forecasts from.
+SMOKE_TIMES_FILE = "reproduce_times_smoke.json"
+
+
+def times_file(results_dir, smoke: bool) -> Path:
+    """The record of the run in ``results_dir``: ``reproduce_times.json`` (full size) or ``_smoke.json``."""
+    return Path(results_dir) / (SMOKE_TIMES_FILE if smoke else TIMES_FILE)
 
 
 class RunStopped(SystemExit):
@@ -292,8 +355,13 @@ def _resume_point(results_dir: Path, now: dict) -> tuple[dict, dict]:
     machine and code can go on with it; else a clear stop that says what differs."""
     from .runs import setup_differences
 
-    path = results_dir / TIMES_FILE
+    path = times_file(results_dir, now.get("smoke"))
     data = json.loads(path.read_text()) if path.is_file() else {}
+    legacy = results_dir / TIMES_FILE  # a --smoke run recorded before smoke runs had a file of their own
+    if not data and now.get("smoke") and legacy.is_file():
+        older = json.loads(legacy.read_text())
+        if (older.get("run") or {}).get("smoke"):
+            path, data = legacy, older
     run = data.get("run")
     if not run:
         raise SystemExit(f"reproduce --resume: {path} names no run to go on with (no `reproduce` has published a "
@@ -354,10 +422,12 @@ class RunSummary:
 
 def _stopped(src: Path, staged: Path, exc: BaseException, committed: list, resume_hint: str) -> RunStopped:
     interrupted = isinstance(exc, KeyboardInterrupt)
-    what = "was interrupted" if interrupted else f"failed ({type(exc).__name__})"
+    what = "was interrupted" if interrupted else "stalled" if hasattr(exc, "cell_text") else \
+        f"failed ({type(exc).__name__})"
     kept = ", ".join(str(p) for p in committed)
+    cell = getattr(exc, "cell_text", None) or _failing_cell(staged)  # a stalled cell names itself
     print(f"reproduce: {src.name} {what}; nothing of it was published: {kept} are as they were.\n"
-          f"reproduce: its executed copy so far: {staged} ({_failing_cell(staged)})\n"
+          f"reproduce: its executed copy so far: {staged} ({cell})\n"
           f"reproduce: go on with: {resume_hint}", file=sys.stderr, flush=True)
     return RunStopped(130 if interrupted else 1)
 
@@ -369,8 +439,11 @@ def _publish(stem: str, staged_nb: Path | None, staged_results: Path, out_dir: P
     from .files import interrupts_deferred, move_file, replace_folder, write_text_atomic
 
     folders = sorted(p for p in staged_results.iterdir() if p.is_dir()) if staged_results.is_dir() else []
-    times_path = results_dir / TIMES_FILE
+    times_path = times_file(results_dir, run.get("smoke"))
     data = json.loads(times_path.read_text()) if times_path.is_file() else {}
+    legacy = results_dir / TIMES_FILE
+    if not data and run.get("smoke") and legacy.is_file():  # a --smoke run begun before it had a file of its own
+        data = json.loads(legacy.read_text())
     if (data.get("run") or {}).get("id") != run["id"]:  # a new run: its record starts afresh
         data = {}
     data.update({"gpu": run["gpu"], "smoke": run["smoke"], "date": run["started"][:10], "run": run})
@@ -391,7 +464,9 @@ def _stamp_run(executed: Path, run: dict) -> None:
 
 
 def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False, results_dir=None,
-              resume: bool = False) -> list[Path]:
+              resume: bool = False, limits=None, kernel: dict | None = None, benchmarks: bool = True,
+              constraints: str | None = None, command: str | None = None,
+              summary: RunSummary | None = None) -> list[Path]:
     """Run every notebook (or those whose name starts with one of ``names``) and report progress per cell.
 
     With CUDA (and not ``smoke``), executed notebooks replace ``notebooks/*.ipynb`` and results refresh the
@@ -403,8 +478,18 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
     executed copy and results moved into place, all at once, each results folder replacing the old one whole.
     A failed or interrupted notebook leaves the published files as they were: ``reproduce`` says so, points to
     the staged copy and its failing cell, and stops with status 1 (130 when interrupted). The run (commit, GPU,
-    PyTorch, date) is recorded in each ``env.json``, each notebook's metadata and ``reproduce_times.json``;
+    PyTorch, date) is recorded in each ``env.json``, each notebook's metadata and ``reproduce_times.json``
+    (``reproduce_times_smoke.json`` for a --smoke run, so it never replaces a full run's record);
     ``resume=True`` goes on with that run, skipping the notebooks it already published.
+
+    Every cell is watched (:mod:`.watchdog`, ``limits``): a cell far past its time on a recorded run of the same
+    kind gets every thread's Python stack written into the log; past its stop limit the run stops with a message
+    naming the cell (status "STALLED" in the summary). For the Colab rehearsal (:mod:`.colab_rehearsal`):
+    ``kernel`` holds settings for every kernel's hook (:mod:`.kernel_hook`; ``stats_dir`` gives each notebook a
+    ``<stats_dir>/<name>.json`` of its kernel's peak memory), ``constraints`` names the limits the run ran under
+    (recorded in the run: ``--resume`` goes on only under the same), ``benchmarks=False`` skips the benchmarks,
+    ``command`` (with its options) replaces ``python -m cudagraph_kit reproduce`` in the "go on with" hint, and
+    ``summary`` (a :class:`RunSummary`) receives the rows.
     """
     require_checkout()
     import torch
@@ -424,7 +509,7 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
         results_dir = FIGURES_DIR if recording else PROJECT_ROOT / "build" / "figures"
     out_dir, results_dir = Path(out_dir), Path(results_dir)
     gpu = torch.cuda.get_device_name(0) if on_gpu else None
-    run = new_run(PROJECT_ROOT, gpu, smoke)
+    run = new_run(PROJECT_ROOT, gpu, smoke, constraints=constraints)
     done_before = {}
     if resume:
         run, done_before = _resume_point(results_dir, run)
@@ -436,14 +521,19 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
     if not on_gpu:
         print("reproduce: CUDA graphs need an NVIDIA GPU; the notebooks run their CPU part and show the "
               "recorded GPU results from figures/ (left untouched).", flush=True)
-    again = " ".join(["python -m cudagraph_kit reproduce", *(names or []), *(["--smoke"] if smoke else []),
-                      *([f"--out {out_dir}"] if given_out is not None else []),
-                      *([f"--results {results_dir}"] if given_results is not None else [])])
+    from .watchdog import CellLimits, CellStalled
+    limits = limits or CellLimits()
+    print(f"reproduce: every cell is watched: {limits.describe()}", flush=True)
+    again = " ".join([command, *(names or [])]) if command else " ".join(
+        ["python -m cudagraph_kit reproduce", *(names or []), *(["--smoke"] if smoke else []),
+         *([f"--out {out_dir}"] if given_out is not None else []),
+         *([f"--results {results_dir}"] if given_results is not None else [])])
 
     def hint():  # --resume once this run has published something to go on from
         return again + " --resume" if resume or done else again + " (nothing of this run was published yet)"
     done = []
-    summary = RunSummary(run["id"])
+    summary = summary if summary is not None else RunSummary(run["id"])
+    summary.run_id = run["id"]
     _sigterm_as_interrupt()
     try:
         for i, src in enumerate(sources, 1):
@@ -459,13 +549,26 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
                 shutil.rmtree(stage)  # reproduce's own scratch from an earlier try of this notebook
             staged_nb, staged_results = stage / f"{src.stem}.ipynb", stage / "results"
             params = {"SMOKE": True} if smoke else {}
+            settings = dict(kernel or {})
+            if settings.get("stats_dir"):
+                Path(settings["stats_dir"]).mkdir(parents=True, exist_ok=True)
+                settings["stats"] = str(Path(settings.pop("stats_dir")) / f"{src.stem}.json")
+                Path(settings["stats"]).unlink(missing_ok=True)  # an earlier try's figures are not this one's
             try:
-                execute_notebook(src, staged_nb, params, staged_results, progress=True, run=run)
+                execute_notebook(src, staged_nb, params, staged_results, progress=True, run=run,
+                                 recorded=cell_records(src, gpu, smoke, out_dir), limits=limits,
+                                 kernel_settings=settings)
             except BaseException as exc:  # noqa: BLE001 -- a failed cell, Ctrl-C, SIGTERM: publish nothing, say so
+                if isinstance(exc, CellStalled):
+                    print(f"reproduce: {src.name}: {exc}", file=sys.stderr, flush=True)
                 stopped = _stopped(src, staged_nb, exc, [out_dir / f"{src.stem}.ipynb", results_dir / src.stem],
                                    hint())
-                summary.add(src.stem, "stopped" if isinstance(exc, KeyboardInterrupt) else "FAILED",
-                            time.perf_counter() - t0, f"at {_failing_cell(staged_nb)}; staged copy {staged_nb}")
+                if isinstance(exc, CellStalled):
+                    summary.add(src.stem, "STALLED", time.perf_counter() - t0,
+                                f"{exc.short()}; staged copy {staged_nb}")
+                else:
+                    summary.add(src.stem, "stopped" if isinstance(exc, KeyboardInterrupt) else "FAILED",
+                                time.perf_counter() - t0, f"at {_failing_cell(staged_nb)}; staged copy {staged_nb}")
                 for later in sources[i:]:
                     summary.add(later.stem, "not run")
                 summary.print()
@@ -480,7 +583,7 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
             done.append(out_dir / f"{src.stem}.ipynb")
             print(f"[{i}/{len(sources)}] {src.name} done in {seconds:.0f} s; published to {out_dir} and "
                   f"{results_dir}", flush=True)
-        if on_gpu and not smoke and (not names or "00" in names):
+        if benchmarks and on_gpu and not smoke and (not names or "00" in names):
             run_benchmarks(results_dir, run, hint())
     except KeyboardInterrupt as exc:  # between two notebooks, or while one was being published (held back)
         print(f"reproduce: interrupted; what run {run['id']} published so far is whole, nothing of the rest was "

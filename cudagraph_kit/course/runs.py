@@ -25,18 +25,47 @@ from pathlib import Path
 # The files whose content decides what a run computes; their fingerprint tells whether a run can go on.
 CODE_GLOBS = ("cudagraph_kit/**/*.py", "notebooks/[0-9][0-9]_*.py", "scripts/*.py")
 # What must be the same for results to count as one run.
-SETUP_KEYS = ("code_sha", "gpu", "torch", "cuda", "smoke")
+SETUP_KEYS = ("code_sha", "gpu", "torch", "cuda", "smoke", "constraints")
 
 
 def code_fingerprint(root: Path) -> str:
     """SHA-256 (first 12 hex digits) of the code that makes the results (:data:`CODE_GLOBS` under ``root``)."""
+    return tree_digest(root, CODE_GLOBS)[:12]
+
+
+def tree_files(root: Path, patterns=("**/*",)) -> list[Path]:
+    """The files under ``root`` that match any of ``patterns`` (``Path.glob`` patterns; all files by default),
+    ``__pycache__`` left out, in path order."""
+    root = Path(root)
+    return sorted({p for pattern in patterns for p in root.glob(pattern)
+                   if p.is_file() and "__pycache__" not in p.relative_to(root).parts})
+
+
+def tree_digest(root: Path, patterns=("**/*",)) -> str:
+    """SHA-256 (hex) of a folder's files (:func:`tree_files`): each one's path relative to ``root`` and its content,
+    in path order. The one tree hash of the course: the code fingerprint, and whether a folder changed.
+
+    Example::
+
+        before = tree_digest("build/results/01_gelu")
+        ...                                          # something that may write there
+        changed = tree_digest("build/results/01_gelu") != before
+    """
     root = Path(root)
     digest = hashlib.sha256()
-    files = sorted({p for pattern in CODE_GLOBS for p in root.glob(pattern) if p.is_file()
-                    and "__pycache__" not in p.parts})
-    for path in files:
+    for path in tree_files(root, patterns):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
+    return digest.hexdigest()
+
+
+def file_digests(root: Path, patterns=("**/*",)) -> dict[str, str]:
+    """``{path relative to root (posix): SHA-256 hex}`` of a folder's files (:func:`tree_files`): compare two to
+    name the files added, removed or changed (an empty dict for a folder that is not there)."""
+    root = Path(root)
+    if not root.is_dir():
+        return {}
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in tree_files(root, patterns)}
 
 
 def _git(root: Path, *args) -> str | None:
@@ -47,8 +76,10 @@ def _git(root: Path, *args) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def new_run(root: Path, gpu: str | None, smoke: bool) -> dict:
-    """A fresh run record: id, start time, commit (None without git), code fingerprint, GPU, PyTorch, CUDA."""
+def new_run(root: Path, gpu: str | None, smoke: bool, constraints: str | None = None) -> dict:
+    """A fresh run record: id, start time, commit (None without git), code fingerprint, GPU, PyTorch, CUDA, and
+    ``constraints``: the limits it ran under (the Colab rehearsal's; None for a plain run, and for records written
+    before runs carried them)."""
     import torch
 
     started = time.gmtime()
@@ -57,14 +88,17 @@ def new_run(root: Path, gpu: str | None, smoke: bool) -> dict:
         if commit else None
     code = code_fingerprint(root)
     label = (commit[:8] + ("-dirty" if dirty else "")) if commit else f"code-{code[:8]}"
-    return {"id": f"{time.strftime('%Y%m%dT%H%M%SZ', started)}-{label}",
-            "started": time.strftime("%Y-%m-%d %H:%M UTC", started), "commit": commit, "dirty": dirty,
-            "code_sha": code, "gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "python": platform.python_version(), "smoke": bool(smoke)}
+    run = {"id": f"{time.strftime('%Y%m%dT%H%M%SZ', started)}-{label}",
+           "started": time.strftime("%Y-%m-%d %H:%M UTC", started), "commit": commit, "dirty": dirty,
+           "code_sha": code, "gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda,
+           "python": platform.python_version(), "smoke": bool(smoke)}
+    if constraints is not None:  # only then: a plain run's record stays as it was
+        run["constraints"] = constraints
+    return run
 
 
 def setup_differences(recorded: dict, now: dict) -> list[str]:
-    """What differs between two runs' setups (code, GPU, PyTorch, CUDA, smoke), as readable lines."""
+    """What differs between two runs' setups (code, GPU, PyTorch, CUDA, smoke, constraints), as readable lines."""
     return [f"{key}: {recorded.get(key)!r} in run {recorded.get('id')}, {now.get(key)!r} now"
             for key in SETUP_KEYS if recorded.get(key) != now.get(key)]
 

@@ -9,7 +9,8 @@ import math
 import pandas as pd
 import torch
 
-from cudagraph_kit import capture, compare
+from cudagraph_kit import compare
+from cudagraph_kit.capture import capture
 
 
 def exercise_1(x, samples, calls):

@@ -7,7 +7,8 @@ Each ``exercise_<k>`` holds the code of exercise k's cell. Its arguments are the
 import pandas as pd
 import torch
 
-from cudagraph_kit import capture, compare
+from cudagraph_kit import compare
+from cudagraph_kit.capture import capture
 
 
 def exercise_1(compiled, gelu, x, samples, calls):

@@ -7,7 +7,8 @@ Each ``exercise_<k>`` holds the code of exercise k's cell. Its arguments are the
 import numpy as np
 import torch
 
-from cudagraph_kit import capture, capture_train_step, compare
+from cudagraph_kit import capture_train_step, compare
+from cudagraph_kit.capture import capture
 
 
 def exercise_1(curve, infer_dtypes, infer_batches, build_model, image_batch, graph_infer, samples, calls):

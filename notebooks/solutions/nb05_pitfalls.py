@@ -1,4 +1,4 @@
-"""Solutions to the exercises of notebook 05 (pitfalls and diagnose). Try them yourself first.
+"""Solutions to the exercises of notebook 05 (pitfalls and diagnostics). Try them yourself first.
 
 Each ``exercise_<k>`` holds the code of exercise k's cell. Its arguments are the notebook variables that cell uses
 (same names, lower case where the notebook uses capitals), and it returns what the check cell passes to the check.
@@ -8,8 +8,9 @@ import copy
 
 import torch
 
-from cudagraph_kit import capture
-from cudagraph_kit.diagnose import check_capturable, verify
+from cudagraph_kit import check_capturable
+from cudagraph_kit.capture import capture
+from cudagraph_kit.verify import verify
 
 
 def exercise_1(device, cuda):

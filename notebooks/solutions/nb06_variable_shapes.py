@@ -8,7 +8,7 @@ import statistics
 
 import torch
 
-from cudagraph_kit.buckets import capture_buckets, evaluate_buckets, ladder, plan_buckets
+from cudagraph_kit import capture_buckets, evaluate_buckets, ladder, plan_buckets
 
 
 def exercise_1(max_rows, history, seed, history_sizes, mlp, sample):

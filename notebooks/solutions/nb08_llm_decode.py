@@ -6,7 +6,7 @@ Each ``exercise_<k>`` holds the code of exercise k's cell. Its arguments are the
 """
 import torch
 
-from cudagraph_kit.buckets import capture_buckets, evaluate_buckets, plan_buckets
+from cudagraph_kit import capture_buckets, evaluate_buckets, plan_buckets
 from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyLLM, first_divergence, greedy_generate,
                                            greedy_generate_no_cache)
 
