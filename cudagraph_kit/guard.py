@@ -241,7 +241,8 @@ def _children(obj, label: str, names: dict):
         yield None, obj, "args", obj.args, f"{label} arguments", False
         yield None, obj, "keywords", obj.keywords, f"{label} keywords", False
     elif isinstance(obj, types.MethodType):
-        yield None, obj, "__self__", obj.__self__, type(obj.__self__).__name__, False
+        if isinstance(obj.__self__, torch.nn.Module) or _searchable(obj.__self__):  # never a guard's own state
+            yield None, obj, "__self__", obj.__self__, type(obj.__self__).__name__, False
         yield None, obj, "__func__", obj.__func__, label, False
     elif isinstance(obj, types.FunctionType):
         if (obj.__module__ or "").split(".")[0] == "torch":

@@ -152,6 +152,24 @@ def test_a_replaced_holder_that_leads_to_the_same_tensors_passes():
         g.check()
 
 
+def test_a_guard_never_watches_another_guard():
+    """A function that reaches an earlier graph (its bound check method included) is guarded on the tensors it
+    reads, not on that graph's guard, whose lists change when it follows a replaced holder (seen in notebook 02)."""
+    m = net()
+    x = torch.randn(3, 8)
+    first = recorded_guard(m, x)
+    holder = {"check": first.check, "model": m}
+
+    def fn(t):
+        holder["check"]()
+        return holder["model"](t)
+
+    second = recorded_guard(fn, x)
+    assert all(not label.startswith("Guard") for *_, label, _ in second._entries), second._entries
+    first._index(list(first._entries))   # the first guard rebuilds its lists, as after an event
+    second.check()
+
+
 def test_what_the_guard_cannot_see_is_what_its_docstring_says():
     w = torch.randn(8, 4)
     fn = Slotted(w)
