@@ -212,7 +212,15 @@ def _searchable(obj) -> bool:
 
 
 def _children(obj, label: str, names: dict):
-    """``(kind, container, key, child, child_label, module_entry)`` for what ``obj`` holds; kind None: fixed."""
+    """``(kind, container, key, child, child_label, module_entry)`` for what ``obj`` holds (tensors, and what
+    :func:`_searchable` lets the search enter); kind None: fixed."""
+    for edge in _edges(obj, label, names):
+        child = edge[3]
+        if isinstance(child, torch.Tensor) or _searchable(child):
+            yield edge
+
+
+def _edges(obj, label: str, names: dict):
     if isinstance(obj, torch.nn.Module):
         for owner, module_entry in ((obj._parameters, True), (obj._buffers, False), (obj._modules, True)):
             for key, child in owner.items():
@@ -241,8 +249,7 @@ def _children(obj, label: str, names: dict):
         yield None, obj, "args", obj.args, f"{label} arguments", False
         yield None, obj, "keywords", obj.keywords, f"{label} keywords", False
     elif isinstance(obj, types.MethodType):
-        if isinstance(obj.__self__, torch.nn.Module) or _searchable(obj.__self__):  # never a guard's own state
-            yield None, obj, "__self__", obj.__self__, type(obj.__self__).__name__, False
+        yield None, obj, "__self__", obj.__self__, type(obj.__self__).__name__, False
         yield None, obj, "__func__", obj.__func__, label, False
     elif isinstance(obj, types.FunctionType):
         if (obj.__module__ or "").split(".")[0] == "torch":
@@ -303,19 +310,41 @@ def locate(roots, targets) -> tuple:
     names = {id(t): f"{label}.{name}" for label, obj in named if isinstance(obj, torch.nn.Module)
              for name, t in list(obj.named_parameters()) + list(obj.named_buffers())}
     wanted = {id(t) for t in targets}
-    in_edges: dict = {}     # id(child) -> [(id(parent), kind, container, key, child, label, module_entry)]
     labels: dict = {}       # id(node) -> label of the first path found
     at_label: dict = {}     # label of every path -> the object it leads to
-    seen: dict = {}         # id(node) -> node (kept alive while searching)
-    frontier = []
-    for label, root in named:
-        at_label[label] = root
-        if id(root) not in seen:
-            seen[id(root)] = root
-            labels[id(root)] = label
-            frontier.append(root)
-    cold: set = set()  # what an optimizer's state and param groups hold: re-read after events only (see Guard)
-    depth = 0
+    entries, done, in_module = [], set(), set()
+    for root_label, root in named:  # from each root, the shortest paths to each read tensor (no detours via aliases)
+        found, seen, in_edges = _search(root_label, root, names, at_label)
+        for node, label in found.items():
+            labels.setdefault(node, label)
+        useful, stack = set(), [i for i in wanted if i in seen]
+        while stack:  # the read tensors found, and what lies on a shortest path to one
+            node = stack.pop()
+            if node in useful:
+                continue
+            useful.add(node)
+            stack.extend(parent for parent, *_ in in_edges.get(node, ()))
+        for child_id in useful:
+            for parent, kind, container, key, child, label, module_entry in in_edges.get(child_id, ()):
+                mark = (kind, id(container), key if kind != "values" else None)
+                if kind is None or parent not in useful or mark in done:
+                    continue
+                done.add(mark)
+                expected = tuple(map(id, container.values())) if kind == "values" else child
+                entries.append((kind, container, key, expected, label, module_entry))
+        in_module |= {i for i in wanted if any(e[1] == "dict" and isinstance(seen.get(e[0]), torch.nn.Module)
+                                               for e in in_edges.get(i, ()))}
+    return entries, {i: labels[i] for i in wanted if i in labels}, in_module, at_label
+
+
+def _search(root_label: str, root, names: dict, at_label: dict) -> tuple:
+    """A breadth-first search from one root: ``(labels, seen, in_edges)``, where ``in_edges`` keeps, for each object,
+    only the edges that reach it by a shortest path (one step deeper than their parent)."""
+    at_label.setdefault(root_label, root)
+    labels, seen, depth_of = {id(root): root_label}, {id(root): root}, {id(root): 0}
+    in_edges: dict = {}     # id(child) -> [(id(parent), kind, container, key, child, label, module_entry)]
+    cold: set = set()       # what an optimizer's state and param groups hold: re-read after events only (see Guard)
+    frontier, depth = [root], 0
     while frontier and depth < MAX_DEPTH:
         nxt = []
         for obj in frontier:
@@ -324,36 +353,20 @@ def locate(roots, targets) -> tuple:
                     module_entry = True
                 elif isinstance(obj, torch.optim.Optimizer) and key in ("state", "param_groups"):
                     cold.add(id(child))
-                in_edges.setdefault(id(child), []).append((id(obj), kind, container, key, child, label, module_entry))
                 at_label.setdefault(label, child)
-                if id(child) in seen:
-                    continue
-                seen[id(child)] = child
-                labels[id(child)] = label
-                if id(obj) in cold:
-                    cold.add(id(child))
-                if not isinstance(child, torch.Tensor):
-                    nxt.append(child)
+                if id(child) not in seen:
+                    seen[id(child)] = child
+                    labels[id(child)] = label
+                    depth_of[id(child)] = depth + 1
+                    if id(obj) in cold:
+                        cold.add(id(child))
+                    if not isinstance(child, torch.Tensor):
+                        nxt.append(child)
+                if depth_of[id(child)] == depth + 1:
+                    in_edges.setdefault(id(child), []).append(
+                        (id(obj), kind, container, key, child, label, module_entry))
         frontier, depth = nxt, depth + 1
-    useful, stack = set(), [i for i in wanted if i in seen]
-    while stack:  # the read tensors found, and everything on a path to one
-        node = stack.pop()
-        if node in useful:
-            continue
-        useful.add(node)
-        stack.extend(parent for parent, *_ in in_edges.get(node, ()))
-    entries, done = [], set()
-    for child_id in useful:
-        for parent, kind, container, key, child, label, module_entry in in_edges.get(child_id, ()):
-            mark = (kind, id(container), key if kind != "values" else None)
-            if kind is None or parent not in useful or mark in done:
-                continue
-            done.add(mark)
-            expected = tuple(map(id, container.values())) if kind == "values" else child
-            entries.append((kind, container, key, expected, label, module_entry))
-    in_module = {i for i in wanted if any(e[1] == "dict" and isinstance(seen.get(e[0]), torch.nn.Module)
-                                          for e in in_edges.get(i, ()))}
-    return entries, {i: labels[i] for i in wanted if i in labels}, in_module, at_label
+    return labels, seen, in_edges
 
 
 # -- 3. the check --------------------------------------------------------------------------------------------------

@@ -314,7 +314,7 @@ def jit_compile_section():
 
 OVERHEAD_CASES = {"mlp48": "48 `Linear(64, 64)` layers", "llama": "HF Llama decode step, 12 layers"}
 OVERHEAD_VARIANTS = [("hand_written", "hand-written `copy_` + `replay()`"), ("kit", "kit `g(x)`, guard on (default)"),
-                     ("kit_weights_fixed", "kit in `weights_fixed` (50 calls a block)"),
+                     ("kit_weights_fixed", "kit in `weights_fixed` (a block per burst)"),
                      ("kit_check_off", "kit, `check_weights=False`"), ("kit_before_change", "kit before the guard"),
                      ("reduce_overhead", "`reduce-overhead`")]
 
@@ -339,8 +339,9 @@ def overhead_section():
         return ""
     df, checks = rec.df, _checks(rec)
     lines = [f"**What the kit costs** (`scripts/bench_overhead.py`; {_env_caption(rec.env)}): host time per call, "
-             "without synchronization, median of 31 interleaved bursts of 50 calls; in brackets the median difference "
-             "to the hand-written replay in the same round.", "",
+             f"without synchronization, median of {rec.env.get('rounds')} interleaved bursts of "
+             f"{rec.env.get('calls_per_burst')} calls; in brackets the median difference to the hand-written replay in "
+             "the same round.", "",
              "| model | " + " | ".join(name for _, name in OVERHEAD_VARIANTS) + " |",
              "|---|" + "---|" * len(OVERHEAD_VARIANTS)]
     for case, name in OVERHEAD_CASES.items():
@@ -699,6 +700,11 @@ def headline_block():
                   f"({over('mlp48', 'kit_weights_fixed'):+.1f} µs checking once per block of calls), against "
                   f"{over('mlp48', 'reduce_overhead'):+.1f} µs for `reduce-overhead`; on a 12-layer Llama decode "
                   f"step {over('llama', 'kit'):+.1f} µs ({over('llama', 'kit_weights_fixed'):+.1f} µs per block)."]
+        checks = _checks(cost)
+        per = [checks[c].per_tensor_us * 1000 for c in OVERHEAD_CASES if c in checks]
+        if per:
+            lines[-1] += (f" The guard's check costs {min(per):.0f}-{max(per):.0f} ns per tensor the graph reads "
+                          "([details](docs/RESULTS.md)).")
     return "\n".join(lines)
 
 

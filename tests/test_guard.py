@@ -170,6 +170,31 @@ def test_a_guard_never_watches_another_guard():
     second.check()
 
 
+OPT = None   # a global optimizer that a function held by the module names (notebook 02's eager loop)
+
+
+def test_an_alias_path_through_an_unrelated_holder_raises_nothing():
+    """The guard follows each read tensor's shortest paths from the callable: a longer detour to the same weight
+    (a function the module holds, naming a global optimizer whose param groups list the weights) is not a holder
+    of what the graph reads, so rebinding that global raises nothing (a false alarm seen in notebook 02, H100)."""
+    global OPT
+    m = net()
+    OPT = torch.optim.Adam(m.parameters())
+
+    def log_lr():
+        return OPT.param_groups[0]["lr"]
+
+    m.log_lr = log_lr   # a plain function attribute of the module
+    x = torch.randn(3, 8)
+    g = recorded_guard(m, x)
+    assert all("OPT" not in label for *_, label, _ in g._entries), g._entries
+    OPT = torch.optim.Adam(net().parameters())
+    g.check(full=True)
+    swap_weight(m)
+    with pytest.raises(StaleGraphError, match=r"Sequential\.0\.weight was replaced"):
+        g.check()
+
+
 def test_what_the_guard_cannot_see_is_what_its_docstring_says():
     w = torch.randn(8, 4)
     fn = Slotted(w)
