@@ -16,7 +16,8 @@ Cases (every graphed result is compared with eager first):
           the step's checks before each replay (nothing launched), now and before this change.
 Also: the guard's check alone per call (nothing launched) and per tensor.
 
-Run on a GPU:  python scripts/bench_overhead.py --out figures/00_overhead [--baseline DIR]
+Run on a GPU:  python scripts/bench_overhead.py [--out DIR] [--baseline DIR]   (``reproduce`` runs it after the
+notebooks and publishes figures/00_overhead)
 ``--baseline DIR``: a folder holding the kit before the change as the package ``cudagraph_kit_old``
 (``git archive <commit> cudagraph_kit | tar -x -C DIR && mv DIR/cudagraph_kit DIR/cudagraph_kit_old``).
 Writes rounds.csv, results.csv (the summary), checks.csv, env.json; the README's "what the kit costs" is rendered from
@@ -28,6 +29,7 @@ import argparse
 import datetime
 import importlib
 import json
+import os
 import platform
 import statistics
 import sys
@@ -153,13 +155,17 @@ def kit_variants(make_graph, old_capture, args_now, cast=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path, help="default: <results root>/00_overhead ($CGK_RESULTS_DIR under reproduce, "
+                    "build/figures otherwise; never the recorded figures/ unless reproduce publishes it)")
     ap.add_argument("--baseline", type=Path, help="a folder holding the kit before the change as cudagraph_kit_old")
     ap.add_argument("--rounds", type=int, default=31)
     ap.add_argument("--calls", type=int, default=50, help="calls per burst")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU: host costs measured on a CPU machine are not results")
+    if args.out is None:
+        from cudagraph_kit.course import results
+        args.out = Path(results.results_root()) / "00_overhead"
     args.out.mkdir(parents=True, exist_ok=True)
     old = None
     if args.baseline is not None:
@@ -241,6 +247,8 @@ def main():
            "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": tf_version,
            "python": platform.python_version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "rounds": args.rounds, "calls_per_burst": args.calls, "baseline": str(args.baseline or "")}
+    if os.environ.get("CGK_RUN"):  # under reproduce: the run this benchmark belongs to (check-figures reads it)
+        env["run"] = json.loads(os.environ["CGK_RUN"])
     (args.out / "env.json").write_text(json.dumps(env, indent=2))
     print(f"{env['gpu']}, PyTorch {env['torch']}, transformers {tf_version}")
     print(pd.DataFrame(summary).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
