@@ -36,7 +36,8 @@ else:  # this file copied beside timing.py, outside the package: that timing.py,
                           "cudagraph_kit/timing.py beside it, that folder first on sys.path.")
     import timing  # type: ignore[import-not-found, no-redef]
 
-__all__ = ["advise", "Advice", "measure_replay_cost", "ReplayCost", "predict_graph_time", "graph_gpu_time"]
+__all__ = ["advise", "Advice", "measure_replay_cost", "ReplayCost", "predict_graph_time", "graph_gpu_time",
+           "expected_effect", "ABOUT", "CLEARLY"]
 
 
 # ------------------------------------------------------------------------------------------------- advise
@@ -70,7 +71,9 @@ class Advice:
     ``floor_us`` is the GPU time of the eager calls queued back to back; ``graph_gpu_us`` the GPU time the same
     kernels can take in a graph (the floor less the launch gaps a graph removes); ``graph_us`` the best time per
     call: the larger of that and the host's cost of one replay. ``speedup`` is ``eager_us / graph_us``, the best a
-    graph can reach; ``speedup_if_no_gap_saved`` the same with the eager floor kept whole.
+    graph can reach; ``speedup_if_no_gap_saved`` the same with the eager floor kept whole. ``verdict`` puts the
+    prediction in words, and ``effect`` is their direction (:func:`expected_effect`: "faster", "about as fast"
+    within ``ABOUT`` x of eager either way, "slower"), the thing a measured speedup can confirm or contradict.
     """
     device: str
     eager_us: float = float("nan")
@@ -82,6 +85,10 @@ class Advice:
     speedup: float = float("nan")
     speedup_if_no_gap_saved: float = float("nan")
     verdict: str = ""
+
+    @property
+    def effect(self) -> str:
+        return expected_effect(self.speedup)
 
     def __str__(self):
         if math.isnan(self.eager_us):
@@ -117,12 +124,44 @@ def graph_gpu_time(eager_gpu_us: float, nodes: float, cost: ReplayCost) -> float
     return max(eager_gpu_us - nodes * cost.gap_saved_us + cost.graph_start_us - cost.eager_start_us, 0.0)
 
 
+ABOUT = 1.1   # a predicted speedup within this factor of 1 either way (1/1.1 to 1.1) reads "about as fast"
+CLEARLY = 1.5  # from this predicted speedup on, "a graph should help"; between ABOUT and it, "helps a little"
+
+
+def expected_effect(speedup: float, about: float = ABOUT) -> str:
+    """Which way :func:`advise`'s words point for a predicted speedup: ``"faster"`` above ``about``,
+    ``"slower"`` below ``1 / about``, ``"about as fast"`` in between, ``"unknown"`` for NaN. The words of an
+    :class:`Advice` (its ``verdict``) follow this, so a measured speedup can be checked against them.
+
+    Example::
+
+        expected_effect(1.06)   # 'about as fast': within 1.1x of eager either way
+        expected_effect(1.8)    # 'faster'
+    """
+    if not speedup == speedup:
+        return "unknown"
+    if speedup > about:
+        return "faster"
+    if speedup < 1 / about:
+        return "slower"
+    return "about as fast"
+
+
 def _verdict(speedup: float) -> str:
-    if speedup >= 1.5:
-        return "Launch-bound: a graph should help."
-    if speedup >= 1.1:
-        return "Partly launch-bound: a graph helps a little."
-    return "GPU-bound: eager is already near the floor; a graph will not help."
+    """advise's words for a predicted best speedup; their direction is :func:`expected_effect`'s."""
+    effect = expected_effect(speedup)
+    if effect == "unknown":
+        return "No prediction: a time was not measured."
+    if effect == "faster":
+        if speedup >= CLEARLY:
+            return f"Launch-bound: a graph should help (a predicted speedup of {CLEARLY:g}x or more)."
+        return (f"Partly launch-bound: a graph should help a little (a predicted speedup between {ABOUT:g}x and "
+                f"{CLEARLY:g}x).")
+    if effect == "slower":
+        return (f"A graph should be slower than eager: its predicted time per call is above eager's (a predicted "
+                f"speedup below {1 / ABOUT:.2f}x).")
+    return (f"GPU-bound: eager is already near the floor; a graph should run about as fast as eager (a predicted "
+            f"speedup within {ABOUT:g}x of eager either way, {1 / ABOUT:.2f}x-{ABOUT:g}x).")
 
 
 _REPLAY_COST: dict = {}

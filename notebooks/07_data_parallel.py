@@ -44,37 +44,16 @@
 # (two gloo processes, eager, small).
 
 # %%
-# Setup: use the kit of this checkout; in Colab first make a shallow clone of the branch REPO_REF (the kit and
-# its recorded GPU results). cudagraph_kit.course.setup_notebook then checks PyTorch and, in Colab, installs it.
-import os, subprocess, sys
+# Setup. In Colab, install the kit of REPO_REF; `setup` then clones that ref, with its recorded GPU results.
+import importlib.util, os, subprocess, sys
 from pathlib import Path
-
 REPO_URL = os.environ.get("CGK_REPO_URL", "https://github.com/cudagraph-kit/cudagraph-kit")
 REPO_REF = os.environ.get("CGK_REPO_REF", "main")
-try:
-    import google.colab  # noqa: F401  (importable only in Colab)
-    IN_COLAB = True
-except ImportError:
-    IN_COLAB = False
-here = Path.cwd().resolve()
-checkout = next((p for p in (here, *here.parents) if (p / "cudagraph_kit").is_dir()), None)
-if checkout is None and IN_COLAB:
-    checkout = here / "cudagraph-kit"
-    if not checkout.is_dir():
-        cloned = subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", REPO_REF, REPO_URL,
-                                 str(checkout)], capture_output=True, text=True)
-        if cloned.returncode != 0:
-            err = cloned.stderr.strip()
-            why = (f"the repository has no branch or tag {REPO_REF!r}: open the notebook from the README's Colab "
-                   'badge (it names a ref the repository holds) or write REPO_REF = "main" in this cell'
-                   if "not found" in err else "the runtime could not reach the repository: check that it has "
-                   "internet access")
-            raise RuntimeError(f"setup failed: git clone --branch {REPO_REF} {REPO_URL}\n{err}\n"
-                               f"Why and what to do: {why}; then run this cell again.")
-if checkout is not None and str(checkout) not in sys.path:
-    sys.path.insert(0, str(checkout))
-from cudagraph_kit.course.setup_notebook import setup_notebook  # noqa: E402
-setup_notebook(checkout, REPO_REF, in_colab=IN_COLAB)
+if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:  # a fresh Colab runtime
+    # If this install fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO_URL}@{REPO_REF}"])
+from cudagraph_kit.course.setup_notebook import setup
+checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently; a failure says why and what to do
 
 # %% tags=["parameters"]
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)

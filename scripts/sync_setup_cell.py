@@ -1,10 +1,13 @@
 """Write the canonical setup cell (scripts/setup_cell.py) into every notebook source (notebooks/NN_*.py), and
 point every notebook's Colab badge at the ref that cell clones (its ``REPO_REF``).
 
-The setup cell is the code cell that mentions ``google.colab``; it is defined once, here, and
-tests/test_notebook_sources.py checks that every source carries it unchanged. The badges open
-``.../blob/<REPO_REF>/notebooks/NN_name.ipynb``, so a notebook opened from a badge and the kit its setup cell
-clones are the same ref.
+The setup cell is the notebook's first code cell, the one that mentions ``google.colab``; it is defined once, here,
+and tests/test_notebook_sources.py checks that every source carries it unchanged. It stays short (at most
+``MAX_LINES`` lines, checked here and by tests/test_setup_notebook.py): in a fresh Colab runtime it installs the kit,
+then calls ``cudagraph_kit.course.setup_notebook.setup``, which does the rest (clone, ref check, install, clear
+errors). It is plain Python, no ``!``/``%`` magics, so the .py source and the .ipynb cell are the same text. The
+badges open ``.../blob/<REPO_REF>/notebooks/NN_name.ipynb``, so a notebook opened from a badge and the kit its setup
+cell clones are the same ref.
 
     python scripts/sync_setup_cell.py           # rewrite the sources
     python scripts/sync_setup_cell.py --check   # exit 1 and name the sources that differ
@@ -21,11 +24,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SETUP_CELL = ROOT / "scripts" / "setup_cell.py"
 MARK = "# %%"
+MAX_LINES = 10  # the setup cell is read at a glance: the robust part lives in the kit (setup_notebook.setup)
 BADGE_REF = re.compile(r"(https://colab\.research\.google\.com/github/[^/\s)]+/[^/\s)]+/blob/)([^/\s)]+)(/notebooks/)")
 
 
 def canonical() -> str:
-    return SETUP_CELL.read_text().strip("\n")
+    """The setup cell's code; raises if it has grown past ``MAX_LINES`` lines or uses a notebook magic."""
+    text = SETUP_CELL.read_text().strip("\n")
+    lines = text.splitlines()
+    if len(lines) > MAX_LINES:
+        raise ValueError(f"{SETUP_CELL} has {len(lines)} lines, more than {MAX_LINES}: move the new part into "
+                         "cudagraph_kit/course/setup_notebook.py")
+    if any(line.lstrip().startswith(("!", "%")) for line in lines):
+        raise ValueError(f"{SETUP_CELL} uses a ! or % magic: jupytext would comment it out in the .py source, so "
+                         "the source and the notebook would differ (use subprocess)")
+    return text
 
 
 def repo_ref() -> str:
@@ -54,10 +67,13 @@ def split_cells(text: str) -> list:
 
 
 def setup_cell_index(chunks: list) -> int:
-    found = [i for i, c in enumerate(chunks) if c.startswith(MARK) and "[markdown]" not in c.splitlines()[0]
-             and "google.colab" in c]
+    """The index of the setup cell's chunk: the first code cell, the only one that mentions google.colab."""
+    code = [i for i, c in enumerate(chunks) if c.startswith(MARK) and "[markdown]" not in c.splitlines()[0]]
+    found = [i for i in code if "google.colab" in chunks[i]]
     if len(found) != 1:
         raise ValueError(f"expected exactly one code cell mentioning google.colab, found {len(found)}")
+    if found[0] != code[0]:
+        raise ValueError("the setup cell (the code cell mentioning google.colab) is not the first code cell")
     return found[0]
 
 
@@ -69,36 +85,53 @@ def setup_cell_of(source: Path) -> str:
 
 
 def sync(source: Path) -> bool:
-    """Put the canonical cell into ``source``; True if the file changed."""
+    """Put the canonical cell into ``source``; True if the file changed. The blank lines after the cell stay."""
     text = source.read_text()
     chunks = split_cells(text)
     i = setup_cell_index(chunks)
     header = chunks[i].split("\n", 1)[0]
-    chunks[i] = f"{header}\n{canonical()}\n\n"
+    gap = "\n" * max(2, len(chunks[i]) - len(chunks[i].rstrip("\n")))
+    chunks[i] = f"{header}\n{canonical()}{gap}"
     new = with_badge_ref("".join(chunks))
     if new != text:
         source.write_text(new)
     return new != text
 
 
-def sync_ipynb(ipynb: Path) -> bool:
-    """Put the canonical cell and the badges' ref into an executed notebook; True if it changed."""
-    import nbformat
+def _source(cell) -> str:
+    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
 
-    nb = nbformat.read(ipynb, as_version=4)
-    cells = [c for c in nb.cells if c.cell_type == "code" and "google.colab" in c.source]
+
+def _lines(text: str) -> list:
+    """A cell source as the notebook JSON stores it: its lines, each with its newline."""
+    return text.splitlines(keepends=True)
+
+
+def sync_ipynb(ipynb: Path) -> bool:
+    """Put the canonical cell and the badges' ref into an executed notebook; True if it changed.
+
+    The JSON is edited in place (the setup cell's source, the badges' links) and written back in the layout Jupyter
+    and nbformat write (one-space indent), so every other cell, output and metadata stays byte for byte."""
+    import json
+
+    raw = ipynb.read_text(encoding="utf-8")
+    nb = json.loads(raw)
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    cells = [c for c in code if "google.colab" in _source(c)]
     if len(cells) != 1:
         raise ValueError(f"{ipynb.name}: expected exactly one setup cell, found {len(cells)}")
+    if cells[0] is not code[0]:
+        raise ValueError(f"{ipynb.name}: the setup cell is not the first code cell")
     cell, changed = cells[0], False
-    if cell.source != canonical():
+    if _source(cell) != canonical():
         if cell.get("outputs"):
             raise ValueError(f"{ipynb.name}: its setup cell has outputs; re-run the notebook instead")
-        cell.source, changed = canonical(), True
-    for md in (c for c in nb.cells if c.cell_type == "markdown"):
-        if with_badge_ref(md.source) != md.source:
-            md.source, changed = with_badge_ref(md.source), True
+        cell["source"], changed = _lines(canonical()), True
+    for md in (c for c in nb["cells"] if c["cell_type"] == "markdown"):
+        if with_badge_ref(_source(md)) != _source(md):
+            md["source"], changed = _lines(with_badge_ref(_source(md))), True
     if changed:
-        nbformat.write(nb, ipynb)
+        ipynb.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return changed
 
 

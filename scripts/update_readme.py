@@ -30,19 +30,35 @@ def _env_caption(env):
     return f"{env.get('gpu')}, PyTorch {env.get('torch')}, {str(env.get('date', ''))[:10]}{run}"
 
 
+DIRTY_NOTE = ("A run id is the UTC time `reproduce` started and the first 8 hex digits of the git commit it ran "
+              "from; `-dirty` at its end means that `cudagraph_kit/`, `notebooks/*.py` or `scripts/` had uncommitted "
+              "changes when it started (`cudagraph_kit/course/runs.py`), so the commit alone does not name the code "
+              "that ran: the code fingerprint in the run's `env.json` (`run.code_sha`) does.")
+
+
+def dirty_note(envs) -> str:
+    """DIRTY_NOTE when one of these runs' ids ends in "-dirty" (``env.json``'s ``run``), else nothing."""
+    ids = [str((env or {}).get("run", {}).get("id", "")) for env in envs]
+    return DIRTY_NOTE if any(i.endswith("-dirty") for i in ids) else ""
+
+
 def provenance_paragraph():
     """Which results come from which run (``check-figures``), so that no reader compares across runs unawares."""
     report = runs.check_figures(ROOT / "figures", ROOT / "notebooks")
     if not report.groups:
         return ""
+    note = dirty_note({"run": g.run} for g in report.groups if g.run is not None)
     if report.one_run:
         g = report.groups[0]
-        return (f"**Where these results come from.** Every result below comes from one `reproduce` run: {g.label}.\n")
+        return (f"**Where these results come from.** Every result below comes from one `reproduce` run: {g.label}."
+                + (f" {note}" if note else "") + "\n")
     lines = [f"**Where these results come from.** The results below come from {len(report.groups)} groups of GPU "
              "runs (`python -m cudagraph_kit check-figures` lists them); compare numbers within a group, not across:",
              ""]
     lines += [f"- {g.label}: {', '.join(f'`{f}`' for f in g.folders)}" for g in report.groups]
     lines += [f"- notebook and results differ: {m}" for m in report.mismatched]
+    if note:
+        lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
@@ -106,7 +122,8 @@ def first_window_note(df):
 
 
 def first_window_cause():
-    """What scripts/probe_first_window.py recorded: window 1 against later windows, kit before and after the fix."""
+    """What scripts/probes/probe_first_window.py recorded: window 1 against later windows, kit before and after the
+    fix."""
     path = ROOT / "figures" / "first_window" / "first_window.csv"
     if not path.is_file():
         return ""
@@ -122,8 +139,8 @@ def first_window_cause():
         return f"{calls} {'call' if calls == '1' else 'calls'} per sample ({span(sel.median_us, '{:.0f}')} µs per step)"
 
     processes = graph[graph.window == 1].groupby("kit").size().min()
-    return (f" The cause, found by `scripts/probe_first_window.py` ({graph.gpu.iloc[0]}, {processes} processes per "
-            f"kit version): the step captures its graph during the first window's warm-up, and the call that "
+    return (f" The cause, found by `scripts/probes/probe_first_window.py` ({graph.gpu.iloc[0]}, {processes} "
+            f"processes per kit version): the step captures its graph during the first window's warm-up, and the call that "
             f"captures takes {span(graph.capture_call_ms, '{:.0f}')} ms; the kit read the calls per sample from the "
             f"batch that held it. Window 1 timed {window('before', True)}, later windows {window('before', False)}. "
             f"The kit now times further batches until two agree: window 1 then took {window('fixed', True)}, later "
@@ -487,6 +504,15 @@ def advise_section():
     overall = adv[adv.claim == "advise_within_1_5x_all"]
     if len(overall):
         text += f" Overall: {overall.statement.iloc[0]} [{overall.verdict.iloc[0]}]."
+    words = claims[claims.claim.str.startswith("advise_words_")]
+    if len(words):  # did the measured interval go the way advise's words (faster, about as fast, slower) said?
+        w = {v: int((words.verdict == v).sum()) for v in ("holds", "fails", "unclear")}
+        text += (f" `advise`'s words (faster, about as fast, slower) against the whole measured interval: as they "
+                 f"said in {w['holds']} of {len(words)} cases, wrong in {w['fails']}, too close to call in "
+                 f"{w['unclear']}.")
+        wrong = words[words.verdict == "fails"]
+        if len(wrong):
+            text += " Wrong: " + "; ".join(wrong.statement) + "."
     if fitted:
         text += (f" The {fitted} rows read from notebooks 01-04 are fitted after the fact (their floor is the timed "
                  "graph's own) and shown apart in the notebook, not counted here.")
@@ -579,7 +605,7 @@ def noise_paragraph():
 
 
 def drift_paragraph():
-    """The drift study (scripts/probe_drift.py), rendered from its recorded summary."""
+    """The drift study (scripts/probes/probe_drift.py), rendered from its recorded summary."""
     drift = results.drift_summary(ROOT / "figures" / "drift")
     if drift is None:
         return ""
@@ -588,8 +614,8 @@ def drift_paragraph():
     rows += [f"| {r.control} | {r.eager_us:.1f} µs | {r.eager_spread:.2f}x | {r.eager_pi_lo:.1f}-{r.eager_pi_hi:.1f} µs "
              f"| {r.graph_us:.2f} µs | {r.graph_spread:.2f}x | {r.speedup:.2f}x ({r.speedup_pi_lo:.2f}-"
              f"{r.speedup_pi_hi:.2f}) |" for r in drift["table"].itertuples()]
-    return (f"**Where the drift comes from** (`scripts/probe_drift.py`, {drift['gpu']}, {drift['processes']} fresh "
-            f"processes per control): {drift['sentence']}. Notebook 01 shows it; speedups are therefore quoted with "
+    return (f"**Where the drift comes from** (`scripts/probes/probe_drift.py`, {drift['gpu']}, {drift['processes']} "
+            f"fresh processes per control): {drift['sentence']}. Notebook 01 shows it; speedups are therefore quoted with "
             "prediction intervals over windows. Per control (`figures/drift/drift_summary.csv`):\n\n"
             + "\n".join(rows) + f"\n\n![Run-to-run drift on {drift['gpu']}](figures/drift/drift.png)\n")
 
@@ -664,6 +690,12 @@ def _interval(r):
     return f"{r.speedup:.2f}x ({r.speedup_lo:.2f}-{r.speedup_hi:.2f}x), {verdict}"
 
 
+# Notebook 02's headline is the small MLP with SGD (its claim graph_beats_eager_small_sgd, first in its summary);
+# the README quotes that row, and the large MLP with the same optimizer (graph_beats_eager_docs_sgd).
+STEP_HEADLINE = {"graph_beats_eager_small_sgd": "MLP 32x128x256x16, SGD",
+                 "graph_beats_eager_docs_sgd": "MLP 640x4096x2048x1024, SGD"}
+
+
 def headline_block():
     """Three results of the recorded run, with its GPU, and the one figure of what the kit costs."""
     lines = []
@@ -673,10 +705,9 @@ def headline_block():
         lines.append(f"- **GELU on a small tensor** (1x3x224x224, notebook 01): {_interval(small)}; on a 32x larger "
                      f"one: {_interval(large)}.")
     if step is not None:
-        small = _row(step.df, "MLP 32x128x256x16, Adam(capturable)", "whole-step graph")
-        big = _row(step.df, "MLP 640x4096x2048x1024, Adam(capturable)", "whole-step graph")
+        small, big = (_row(step.df, case, "whole-step graph") for case in STEP_HEADLINE.values())
         if small is not None and big is not None:
-            lines.append(f"- **A whole training step as one graph** (forward, backward, Adam; notebook 02): a small "
+            lines.append(f"- **A whole training step as one graph** (forward, backward, SGD; notebook 02): a small "
                          f"MLP {_interval(small)}; a large one {_interval(big)}.")
     if llm is not None:
         graph = _row(llm.df, "generate, batch 1", "kit graph per bucket")
@@ -685,8 +716,11 @@ def headline_block():
                          f"08): {_interval(graph)}.")
     runs_ = {_env_caption(r.env) for r in (gelu, step, llm) if r is not None}
     if runs_:
+        note = dirty_note(r.env for r in (gelu, step, llm) if r is not None)
         lines[:0] = [f"Speedup of the CUDA graph over eager, with the 90% prediction interval of where a further "
                      f"timing window lands, on {'; '.join(sorted(runs_))}:", ""]
+        if note:
+            lines += ["", note]
     cost = results.load("00_overhead")
     if cost is not None and "minus_hand_written_median_us" in cost.df.columns:
         df = cost.df

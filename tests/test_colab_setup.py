@@ -1,15 +1,17 @@
-"""The notebooks' setup cell as Colab runs it: a notebook opened outside any checkout, google.colab importable.
+"""The notebooks' setup cell as Colab runs it: a notebook opened outside any checkout, google.colab loaded.
 
 The test builds a local git repository from this working tree (the "GitHub" of the test) holding the ref that the
 Colab badges and the setup cell name (``REPO_REF`` of scripts/setup_cell.py, unchanged: the cell clones its own
-default), fakes the ``google.colab`` module, and executes notebook 01 (SMOKE) from an empty folder in a kernel of
-its own virtual environment (so the cell's ``pip install`` lands there, never in the environment running the
-tests). It then checks what the cell did: a shallow clone of that ref, an editable install of that clone, the
-kit imported from it, the working directory moved into the clone's notebooks/, the recorded GPU results shown
-from the clone, and fresh results kept apart from them. That the ref exists in this repository itself is checked
-by tests/test_front_door.py.
+default), fakes the ``google.colab`` module (loaded at kernel start, as Colab does), and executes notebook 01
+(SMOKE) from an empty folder in a kernel of its own virtual environment, which cannot import the kit (so the
+cell's ``pip install`` runs, and lands there, never in the environment running the tests). It then checks what
+the cell did: the kit of that ref installed, then ``setup`` made a shallow clone of that ref, an editable install
+of that clone, imported the kit from it, moved the working directory into the clone's notebooks/, showed the
+recorded GPU results from the clone, and kept fresh results apart from them; a restarted kernel reuses all of it;
+a changed ``REPO_REF`` stops with the cause and the fix. That the ref exists in this repository itself is checked
+by tests/test_front_door.py; ``setup``'s clone errors one by one by tests/test_setup_notebook.py.
 
-The install is the cell's own, as in Colab: ``--no-deps`` (Colab's PyTorch stays) with pip's build isolation, so
+The installs are the cell's own, as in Colab: ``--no-deps`` (Colab's PyTorch stays) with pip's build isolation, so
 the build gets pyproject's setuptools floor from the package index; the test skips, saying so, where no such
 setuptools can be had.
 """
@@ -56,7 +58,7 @@ def _kernel_venv(venv: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def colab(tmp_path_factory):
-    """A local 'remote' repository, a fake google.colab, and a kernel in a virtual environment of its own."""
+    """A local 'remote' repository and a fake google.colab, loaded at kernel start."""
     base = tmp_path_factory.mktemp("colab")
     remote = base / "remote"
     remote.mkdir()
@@ -75,15 +77,23 @@ def colab(tmp_path_factory):
     fake = base / "fake"
     (fake / "google" / "colab").mkdir(parents=True)  # no google/__init__.py: google stays a namespace package
     (fake / "google" / "colab" / "__init__.py").write_text('"""Stands in for Colab\'s module in tests."""\n')
+    startup = base / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)  # Colab's kernel has loaded google.colab before the first cell runs
+    (startup / "00-colab.py").write_text("import google.colab  # noqa: F401\n")
+    return {"base": base, "remote": remote, "fake": fake, "ipython": base / "ipython"}
 
-    venv = _kernel_venv(base / "venv")
+
+@pytest.fixture
+def runtime(colab, tmp_path):
+    """A fresh Colab stand-in: a kernel in a virtual environment of its own, without the kit."""
+    venv = _kernel_venv(tmp_path / "venv")
     python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    kernels = base / "jupyter" / "kernels" / KERNEL
+    kernels = tmp_path / "jupyter" / "kernels" / KERNEL
     kernels.mkdir(parents=True)
     (kernels / "kernel.json").write_text(json.dumps({
         "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "Colab stand-in", "language": "python", "metadata": {"supported_encryption": ["curve"]}}))
-    return {"base": base, "remote": remote, "fake": fake, "venv": venv, "jupyter": base / "jupyter"}
+    return {**colab, "venv": venv, "python": python, "jupyter": tmp_path / "jupyter"}
 
 
 def _setuptools_for_the_build(tmp):
@@ -99,13 +109,12 @@ def _setuptools_for_the_build(tmp):
     return None if got.returncode == 0 else f"pip cannot get {floor} for the build: {got.stderr.strip()[-300:]}"
 
 
-def _run_as_colab(colab, monkeypatch, workdir, ref=None, url=None):
-    """Execute notebook 01 (SMOKE) from ``workdir`` as Colab would; return the executed notebook."""
-    import papermill
+PROBE = "import cudagraph_kit, os; print(cudagraph_kit.__file__); print(os.getcwd())"
 
-    workdir.mkdir()
-    notebook = to_ipynb(NOTEBOOKS_DIR / "01_gelu.py", workdir / "01_gelu.ipynb")
+
+def _colab_env(colab, monkeypatch, ref=None, url=None):
     monkeypatch.setenv("JUPYTER_PATH", str(colab["jupyter"]))
+    monkeypatch.setenv("IPYTHONDIR", str(colab["ipython"]))  # its startup file loads google.colab
     monkeypatch.setenv("PYTHONPATH", str(colab["fake"]))  # google.colab importable; no checkout on the path
     monkeypatch.setenv("CGK_REPO_URL", url or colab["remote"].as_uri())
     if ref is None:
@@ -113,6 +122,19 @@ def _run_as_colab(colab, monkeypatch, workdir, ref=None, url=None):
     else:
         monkeypatch.setenv("CGK_REPO_REF", ref)
     monkeypatch.delenv("CGK_RESULTS_DIR", raising=False)  # the defaults are under test
+
+
+def _run_as_colab(colab, monkeypatch, workdir, ref=None, url=None):
+    """Execute notebook 01 (SMOKE) from ``workdir`` as Colab would, with a last cell printing where the kit was
+    imported from and the working folder; return the executed notebook."""
+    import papermill
+
+    workdir.mkdir()
+    notebook = to_ipynb(NOTEBOOKS_DIR / "01_gelu.py", workdir / "01_gelu.ipynb")
+    probed = nbformat.read(notebook, as_version=4)
+    probed.cells.append(nbformat.v4.new_code_cell(PROBE))
+    nbformat.write(probed, notebook)
+    _colab_env(colab, monkeypatch, ref, url)
     out = workdir / "01_gelu.out.ipynb"
     try:
         papermill.execute_notebook(str(notebook), str(out), parameters={"SMOKE": True}, cwd=str(workdir),
@@ -133,17 +155,28 @@ def _text(nb) -> str:
     return "\n".join(parts)
 
 
-def test_notebook_in_colab_clones_installs_and_shows_the_recorded_results(colab, monkeypatch):
+def _kernel_finds_the_kit(colab, monkeypatch, workdir) -> bool:
+    """Whether the test's kernel could import cudagraph_kit before the setup cell ran (it must not: a fresh Colab
+    runtime has no kit, and the cell's first step is to install it)."""
+    _colab_env(colab, monkeypatch)
+    done = subprocess.run([str(colab["python"]), "-c", "import importlib.util as u; print(u.find_spec('cudagraph_kit'))"],
+                          cwd=workdir, capture_output=True, text=True, check=True)
+    return done.stdout.strip() != "None"
+
+
+def test_notebook_in_colab_clones_installs_and_shows_the_recorded_results(runtime, monkeypatch):
+    colab = runtime
     missing = _setuptools_for_the_build(colab["base"] / "setuptools")
     if missing:
         pytest.skip(missing)
     workdir = colab["base"] / "content"
+    assert not _kernel_finds_the_kit(colab, monkeypatch, colab["base"]), "the stand-in runtime already has the kit"
     nb = _run_as_colab(colab, monkeypatch, workdir)
     clone = workdir / "cudagraph-kit"
     text = _text(nb)
     ref = sync_setup_cell.repo_ref()
 
-    # a shallow clone of the badges' ref, made by the setup cell
+    # the kit installed, then a shallow clone of the badges' ref, made by setup
     assert f"cudagraph-kit ({ref}) in {clone}, installed; working in {clone / 'notebooks'}" in text
     branch = subprocess.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=clone, capture_output=True, text=True)
     assert branch.stdout.strip() == ref
@@ -154,6 +187,10 @@ def test_notebook_in_colab_clones_installs_and_shows_the_recorded_results(colab,
     direct_url = next(colab["venv"].glob("lib/python*/site-packages/cudagraph_kit-*.dist-info/direct_url.json"))
     info = json.loads(direct_url.read_text())
     assert info["dir_info"].get("editable") is True and info["url"] == clone.as_uri()
+    # in this same kernel, every cell after the setup cell imported the kit from the clone
+    last = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("output_type") == "stream")
+    assert last.splitlines() == [str(clone / "cudagraph_kit" / "__init__.py"),   # one stream message or two: the
+                                 str(clone / "notebooks")]                       # kernel may send each print apart
     # the recorded GPU results were shown, from the clone's figures/
     assert "Recorded on NVIDIA" in text and MARKER in text
     assert "No recorded results" not in text
@@ -163,37 +200,52 @@ def test_notebook_in_colab_clones_installs_and_shows_the_recorded_results(colab,
     for name in ("results.csv", "env.json"):
         assert (clone / "figures" / "01_gelu" / name).read_bytes() == (colab["remote"] / "figures" / "01_gelu" / name).read_bytes()
 
-    # run again in a fresh kernel (a restarted Colab session): the clone and the install are reused, and the
-    # kit imports from the clone
+    # run again in a fresh kernel (a restarted Colab session): the clone and the install are reused (no pip, no
+    # git), and the kit imports from the clone
     import papermill
     installed_at = direct_url.stat().st_mtime_ns
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout
     setup = next(c for c in nbformat.read(workdir / "01_gelu.ipynb", as_version=4).cells if "google.colab" in c.source)
-    probe = nbformat.v4.new_notebook(cells=[setup, nbformat.v4.new_code_cell(
-        "import cudagraph_kit, os; print(cudagraph_kit.__file__); print(os.getcwd())")])
+    probe = nbformat.v4.new_notebook(cells=[setup, nbformat.v4.new_code_cell(PROBE)])
     probe.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Colab stand-in", "language": "python"}
     nbformat.write(probe, workdir / "again.ipynb")
     again = papermill.execute_notebook(str(workdir / "again.ipynb"), str(workdir / "again.out.ipynb"),
                                        cwd=str(workdir), kernel_name=KERNEL, progress_bar=False, config=_kernel_config())
-    printed = again.cells[1].outputs[0].text.splitlines()
+    assert f"cudagraph-kit ({ref}) in {clone}, installed" in _text(again)
+    printed = "".join(o.get("text", "") for o in again.cells[1].outputs if o.get("output_type") == "stream").splitlines()
     assert printed == [str(clone / "cudagraph_kit" / "__init__.py"), str(clone / "notebooks")]
     assert direct_url.stat().st_mtime_ns == installed_at, "pip ran again although the clone was installed"
     assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout == head
 
+    # REPO_REF changed after the clone was made: setup stops, naming what the clone holds and both fixes
+    monkeypatch.setenv("CGK_REPO_REF", "no-such-branch")
+    with pytest.raises(papermill.PapermillExecutionError) as failed:
+        papermill.execute_notebook(str(workdir / "again.ipynb"), str(workdir / "changed.out.ipynb"),
+                                   cwd=str(workdir), kernel_name=KERNEL, progress_bar=False, config=_kernel_config())
+    message = str(failed.value)
+    assert "RuntimeError" in message and f"holds '{ref}', but this notebook asks for 'no-such-branch'" in message
+    assert f"rm -rf {clone}" in message and "Restart session" in message and f'REPO_REF = "{ref}"' in message
+    assert direct_url.stat().st_mtime_ns == installed_at
+
 
 @pytest.mark.parametrize("case", ["missing-ref", "unreachable"])
-def test_failed_clone_says_why_and_what_to_do(colab, monkeypatch, case):
+def test_a_fresh_runtime_that_cannot_install_the_kit_stops_at_the_install(runtime, monkeypatch, case):
+    """Before the kit is installed nothing of it can explain a failure: the cell stops at its install step, whose
+    command names the repository and the ref, and the traceback shows the cell's comment on what to check (pip's own
+    output goes to the runtime's log, not to the notebook); nothing is cloned."""
     import papermill
 
+    colab = runtime
+    assert not _kernel_finds_the_kit(colab, monkeypatch, colab["base"])
     bad = {"missing-ref": {"ref": "no-such-branch"},
            "unreachable": {"url": (colab["base"] / "no-such-repository").as_uri()}}[case]
+    workdir = colab["base"] / f"content-{case}"
     with pytest.raises(papermill.PapermillExecutionError) as failed:
-        _run_as_colab(colab, monkeypatch, colab["base"] / f"content-{case}", **bad)
+        _run_as_colab(colab, monkeypatch, workdir, **bad)
     message = str(failed.value)
-    assert "RuntimeError" in message and "setup failed" in message and "git clone" in message
-    assert "Why and what to do" in message and "run this cell again" in message
-    if case == "missing-ref":
-        assert "no-such-branch" in message and "not found" in message  # git's own words, not a bare exit status
-        assert "has no branch or tag 'no-such-branch'" in message and "Colab badge" in message
-    else:
-        assert "could not reach the repository" in message and "internet access" in message
+    assert "CalledProcessError" in message and "pip" in message and "install" in message
+    url = bad.get("url", colab["remote"].as_uri())
+    assert f"git+{url}@{bad.get('ref', sync_setup_cell.repo_ref())}" in message
+    assert "If this install fails: REPO_REF must name a branch or tag of REPO_URL" in message
+    assert "internet access" in message
+    assert not (workdir / "cudagraph-kit").exists()

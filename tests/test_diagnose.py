@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from cudagraph_kit import CaptureError, check_capturable, explain
-from cudagraph_kit.advise import Advice, ReplayCost, advise, graph_gpu_time, predict_graph_time
+from cudagraph_kit.advise import (Advice, ReplayCost, _verdict, advise, expected_effect, graph_gpu_time,
+                                  predict_graph_time)
 from cudagraph_kit.capture import capture
 from cudagraph_kit.check import CheckReport
 from cudagraph_kit.verify import verify
@@ -378,6 +379,38 @@ def test_graph_gpu_time_removes_the_launch_gaps():
     assert graph_gpu_time(1.0, 5, COST) == 0.0                        # never negative
     slower = ReplayCost(5.5, graph_node_us=2.5, graph_start_us=0.9, eager_node_us=2.3, eager_start_us=0.1)
     assert slower.gap_saved_us == 0.0                                 # a graph never adds launch gaps here
+
+
+def test_advise_words_follow_its_own_prediction():
+    """The words name the band the predicted speedup lies in, with its threshold: never "will not help" for a
+    predicted gain (notebook 05 printed that beside 1.06x predicted, 1.08-1.13x measured)."""
+    assert [expected_effect(s) for s in (0.5, 0.95, 1.06, 1.1, 1.12, 7.7)] == [
+        "slower", "about as fast", "about as fast", "about as fast", "faster", "faster"]
+    assert expected_effect(float("nan")) == "unknown"
+    near = _verdict(1.06)
+    assert "about as fast as eager" in near and "within 1.1x" in near and "not help" not in near
+    assert "should help a little" in _verdict(1.2) and "between 1.1x and 1.5x" in _verdict(1.2)
+    assert "should help (" in _verdict(7.7) and "slower than eager" in _verdict(0.8)
+
+
+def test_advise_puts_its_prediction_in_words_with_synthetic_timings(monkeypatch):
+    """advise() end to end on CPU with the measurements replaced by synthetic ones: notebook 05's large GELU."""
+    import pandas as pd
+
+    import cudagraph_kit.advise as adv
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(adv.timing, "compare", lambda fns, *a, **k: pd.DataFrame(
+        [{"median_us": 71.2, "kernels_per_call": 5.0, "copies_per_call": 0.0}]))
+    monkeypatch.setattr(adv.timing, "device_time", lambda fn, *a, **k: (70.7, True))
+    cost = ReplayCost(launch_us=5.4, graph_node_us=1.0, graph_start_us=1.0, eager_node_us=1.8, eager_start_us=0.7)
+    a = advise(torch.relu, torch.randn(4), cost=cost)
+    assert a.graph_gpu_us == pytest.approx(70.7 - 5 * 0.8 + 1.0 - 0.7) and a.speedup == pytest.approx(71.2 / 67.0)
+    assert a.effect == "about as fast" and a.verdict == _verdict(a.speedup) and a.verdict in str(a)
+    monkeypatch.setattr(adv.timing, "device_time", lambda fn, *a, **k: (7.0, True))   # small GELU: launch-bound
+    fast = advise(torch.relu, torch.randn(4), cost=cost)
+    assert fast.effect == "faster" and fast.speedup > 1.5 and "should help" in fast.verdict
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-CUDA path")

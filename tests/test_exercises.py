@@ -573,6 +573,19 @@ def test_02_1_rejects_a_wrong_list_of_eager_parts():
     _off(exercises.check_amp_adam({"the optimiser"}, ..., ...), "not parts of a step")
 
 
+def test_02_1_says_zero_grad_is_not_run_at_all_after_capture():
+    """zero_grad added to the right answer: not "inside the graph" (capture_train_step runs it once before the
+    capture and never around a replay; test_train_step checks that); the hint points to the recipe's zero_grad, and
+    for the other parts to the AMP section, 6."""
+    right = {"unscale + inf check", "optimizer.step", "scaler.update"}
+    result = exercises.check_amp_adam(right | {"zero_grad"}, ..., ...)
+    _off(result, "zero_grad is not run at all after capture, neither eagerly nor inside the graph",
+         "read section 2, point 3")
+    assert "inside the graph" not in result.text.replace("neither eagerly nor inside the graph", "")
+    _off(exercises.check_amp_adam(right | {"zero_grad", "backward"}, ..., ...), "inside the graph: ['backward']",
+         "zero_grad is not run at all", "read section 6")
+
+
 def test_02_2_rejects_a_float_lr_and_a_schedule_that_never_moved(nb02):
     n, d_in, h, d_out = nb02.dims
     model = make_model(d_in, h, d_out, dropout=False)

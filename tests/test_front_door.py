@@ -203,6 +203,36 @@ def test_readme_times_and_numbers_are_rendered_from_figures():
     assert update_readme.rendered()[update_readme.README] == readme, "run python scripts/update_readme.py"
 
 
+def test_the_readme_quotes_notebook_02s_own_headline_row():
+    """Notebook 02 names its headline claim (the small MLP with SGD); the README's 02 line quotes the row behind that
+    claim, with the claim's own interval, and the large MLP with the same optimizer."""
+    import update_readme
+
+    from cudagraph_kit.course.claims import load_claims
+
+    source = (ROOT / "notebooks" / "02_train_step.py").read_text()
+    named = re.search(r'headline = next\(c for c in claims if c\.claim == "(\w+)"\)', source)
+    assert named and named[1] == next(iter(update_readme.STEP_HEADLINE)), "the README quotes 02's headline first"
+    claims = load_claims(ROOT / "figures" / "02_train_step").set_index("claim")
+    headline = (ROOT / "README.md").read_text().split(update_readme.HEADLINE[0], 1)[1]
+    line = next(x for x in headline.splitlines() if "notebook 02" in x)
+    assert "SGD" in line and "Adam" not in line
+    for claim_id in update_readme.STEP_HEADLINE:
+        c = claims.loc[claim_id]
+        assert f"({c.lo:.2f}-{c.hi:.2f}x)" in line, (claim_id, line)
+
+
+def test_a_dirty_run_id_is_explained_where_it_appears():
+    import update_readme
+
+    assert update_readme.dirty_note([{"run": {"id": "20261125T203140Z-fb9bf35d"}}, {}]) == ""
+    assert update_readme.dirty_note([{"run": {"id": "20261125T203140Z-fb9bf35d-dirty"}}]) == update_readme.DIRTY_NOTE
+    for name in ("README.md", "docs/RESULTS.md"):
+        text = (ROOT / name).read_text()
+        if "-dirty" in text:
+            assert update_readme.DIRTY_NOTE in text, name
+
+
 def test_the_kit_cost_is_one_figure_from_one_table():
     """What the kit costs comes from figures/00_overhead alone; the cross-check's kit-call rows (a comparison of
     two timing methods, whose medians and ratio disagree) are not shown as a cost anywhere."""

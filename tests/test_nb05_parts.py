@@ -6,7 +6,8 @@ import types
 import pandas as pd
 
 from cudagraph_kit.course.measure import Measured
-from cudagraph_kit.course.nb05_parts import (advise_vs_measured, memory_reading, short_cause, show_isolated,
+from cudagraph_kit.course.nb05_parts import (advise_claim, advise_overall_claim, advise_vs_measured,
+                                             advise_words_claim, memory_reading, short_cause, show_isolated,
                                              show_reduce_overhead)
 
 CUDA_ERROR = ("AcceleratorError: CUDA error: operation failed due to a previous error during capture\n"
@@ -72,6 +73,37 @@ def test_advise_vs_measured_puts_each_prediction_beside_its_graph_timing():
     row = rows.iloc[0]
     assert (row.measured_graph_us, row.measured_speedup, row.measured_lo, row.measured_hi) == (4.0, 2.5, 2.0, 3.0)
     assert (row.predicted_speedup, row.predicted_graph_us, row.graph_executed_as) == (2.4, 4.2, "cuda graph")
-    assert [c.claim for c in claims] == ["advise_within_1_5x_gelu_small"] and claims[0].verdict == "holds"
+    assert [c.claim for c in claims] == ["advise_within_1_5x_gelu_small", "advise_words_gelu_small"]
+    assert [c.verdict for c in claims] == ["holds", "holds"]                  # 2.4x said "faster"; 2.0-3.0x measured
+    assert (row.advise_says, row.verdict, row.words_verdict) == ("faster", "holds", "holds")
+    assert advise_overall_claim(claims).verdict == "holds"                 # reads the within-1.5x claim alone
     empty, none = advise_vs_measured({}, None, {})
     assert empty.empty and none == []
+
+
+def test_advise_words_claim_can_fail_where_the_within_band_cannot():
+    """Near 1x a 1.5x band around the prediction holds whatever the graph did; the words' direction does not."""
+    said_same = advise_words_claim("advise_words_x", "GELU large", 1.06, 0.95, 1.05)
+    straddles = advise_words_claim("advise_words_x", "GELU large", 1.06, 1.08, 1.13)
+    clearly_faster = advise_words_claim("advise_words_x", "GELU large", 1.06, 1.15, 1.20)
+    assert advise_claim("advise_within_1_5x_x", "GELU large", 1.06, 1.15, 1.20).verdict == "holds"
+    assert (said_same.verdict, straddles.verdict, clearly_faster.verdict) == ("holds", "unclear", "fails")
+    assert "about as fast as eager" in clearly_faster.statement
+    assert "more than 1.1x faster: the words were wrong" in clearly_faster.statement
+    assert "1.08-1.13x" in straddles.statement and "too close" in straddles.statement
+    assert advise_words_claim("advise_words_x", "c", 1.06, 0.70, 0.80).verdict == "fails"   # clearly slower
+
+
+def test_advise_words_claim_checks_each_direction():
+    assert advise_words_claim("w", "c", 7.8, 5.7, 10.4).verdict == "holds"
+    assert advise_words_claim("w", "c", 1.2, 0.95, 1.9).verdict == "unclear"
+    wrong = advise_words_claim("w", "c", 1.2, 0.90, 1.05)
+    assert wrong.verdict == "fails" and "none of it more than 1.1x faster" in wrong.statement
+    assert advise_words_claim("w", "c", 0.8, 0.70, 0.85).verdict == "holds"        # said slower, was slower
+    assert advise_words_claim("w", "c", 0.8, 0.95, 1.30).verdict == "fails"
+    slower = advise_words_claim("w", "c", 0.8, 0.5, 0.8)
+    assert (slower.lo, slower.hi) == (1.25, 2.0)                           # how many times slower, above 1.1
+    unknown = advise_words_claim("w", "c", float("nan"), 1.0, 2.0)
+    assert not unknown.measured and "no verdict" in unknown.statement
+    for c in (wrong, slower):  # the sentence is plain words, no verdict labels
+        assert not any(w in c.statement.split() for w in ("holds", "fails", "unclear"))

@@ -7,6 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
+from cudagraph_kit.advise import ABOUT, expected_effect
+
 pytestmark = pytest.mark.notebook
 
 PITFALLS = [".item() / print", "rebinding a static input", "keeping an output", "a changing shape",
@@ -88,7 +90,7 @@ def check_claims(folder, df, env, gpu):
         assert claims.empty
         return
     assert set(claims.claim) == ({"shared_pool_saves_memory", "advise_within_1_5x_all"}
-                                 | {f"advise_within_1_5x_{k}" for k in cases})
+                                 | {f"advise_within_1_5x_{k}" for k in cases} | {f"advise_words_{k}" for k in cases})
     for c in claims.itertuples():  # the printed sentence is the one of the verdict its interval implies
         known = not (math.isnan(c.lo) or math.isnan(c.hi))
         expected = "unclear" if not known else "holds" if c.lo > c.above else "fails" if c.hi <= c.above else "unclear"
@@ -107,7 +109,15 @@ def check_claims(folder, df, env, gpu):
         r = df[df.case == f"advise: {case}"].iloc[0]
         c = by_id.loc[f"advise_within_1_5x_{key}"]
         assert c.above == pytest.approx(1 / 1.5)
-        assert (c.lo, c.hi) == pytest.approx(_closeness_interval(r.speedup, r.measured_speedup_lo, r.measured_speedup_hi))
+        assert (c.lo, c.hi) == pytest.approx(_closeness_interval(r.speedup, r.measured_speedup_lo,
+                                                                 r.measured_speedup_hi))
+        # advise's words: the band its predicted speedup names, against the measured interval
+        w = by_id.loc[f"advise_words_{key}"]
+        effect = expected_effect(r.speedup)
+        lo, hi = r.measured_speedup_lo, r.measured_speedup_hi
+        expected = {"faster": ((lo, hi), ABOUT), "slower": ((1 / hi, 1 / lo), ABOUT),
+                    "about as fast": (_closeness_interval(1.0, lo, hi), 1 / ABOUT)}[effect]
+        assert ((w.lo, w.hi), w.above) == (pytest.approx(expected[0]), pytest.approx(expected[1])), (key, effect)
     per_case = by_id.loc[[f"advise_within_1_5x_{k}" for k in cases]]
     overall = by_id.loc["advise_within_1_5x_all"]
     assert (overall.lo, overall.hi) == pytest.approx((per_case.lo.min(), per_case.hi.min()))

@@ -71,12 +71,12 @@ def test_a_divergence_is_located_and_sized():
 
 
 def test_the_hf_probe_records_the_tie_margin_where_tokens_diverge():
-    """scripts/probe_hf_decode.py keeps, for a variant whose tokens differ from eager's, the reference's top-2 gap at
+    """scripts/probes/probe_hf_decode.py keeps, for a variant whose tokens differ from eager's, the reference's top-2 gap at
     the first differing step and how far the variant's logits were: so a bf16 divergence can be told a near tie."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "probe_hf_decode.py"
+    path = Path(__file__).resolve().parents[1] / "scripts" / "probes" / "probe_hf_decode.py"
     spec = importlib.util.spec_from_file_location("probe_hf_decode", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)

@@ -308,6 +308,25 @@ def test_replay_uses_each_new_batch_and_distinct_losses():
     assert len(set(losses.tolist())) == 6
 
 
+def test_zero_grad_runs_once_before_capture_and_never_around_a_replay():
+    """What exercise 02.1's check tells a learner who lists zero_grad: after capture it is not run at all, neither
+    eagerly nor inside the graph (the grads are set to None once before capturing; each replay overwrites them)."""
+    model = make_model()
+    opt = make_opt("sgd", model.parameters())
+    calls = []
+    plain = opt.zero_grad
+    opt.zero_grad = lambda *a, **k: (calls.append(k.get("set_to_none", a[0] if a else True)), plain(*a, **k))[1]
+    batches = make_batches(5)
+    step, fake = fake_graph_step(model, opt, batches[0], warmup=1)
+    step(*batches[0])                       # the eager warm-up step: zero_grad, as an eager loop does
+    assert len(calls) == 1 and not fake.graphs
+    step(*batches[1])                       # capture (and its one replay): zero_grad(set_to_none=True) just before
+    assert calls[1:] == [True] and len(fake.graphs) == 1
+    for x, y in batches[2:]:
+        step(x, y)                          # replays: no zero_grad, in the graph or around it
+    assert len(calls) == 2 and fake.graphs[0].replays == 4
+
+
 def test_zero_grad_after_capture_is_refused_and_nothing_runs():
     model = make_model()
     opt = make_opt("sgd", model.parameters())

@@ -13,6 +13,11 @@ __all__ = ['check_amp_adam', 'check_lr_schedule', 'check_short_batches', 'STEP_P
 
 STEP_PARTS = ("zero_grad", "forward", "loss", "backward", "unscale + inf check", "optimizer.step", "scaler.update")
 _EAGER_WITH_SCALER = {"unscale + inf check", "optimizer.step", "scaler.update"}
+_NOT_RUN = "zero_grad"  # neither eager nor in the graph after capture (train_step.py, GraphedTrainStep._capture)
+_NOT_RUN_WHY = ("zero_grad is not run at all after capture, neither eagerly nor inside the graph: capture_train_step "
+                "sets the gradients to None once, just before capturing, so the captured backward allocates them and "
+                "each replay writes fresh gradients into the same .grad tensors (only warm-up steps and eager steps "
+                "on other shapes call zero_grad)")
 
 
 @exercise("02_train_step", 1, "Adam with fp16 and a GradScaler", "cpu+gpu")
@@ -27,14 +32,17 @@ def check_amp_adam(report, still_eager, amp_adam_table, max_param_diff, referenc
         parts = {still_eager} if isinstance(still_eager, str) else set(still_eager)
         unknown = parts - set(STEP_PARTS)
         missing, extra = _EAGER_WITH_SCALER - parts, parts - _EAGER_WITH_SCALER - unknown
+        not_run = extra & {_NOT_RUN}
         if unknown:
             report.off(f"not parts of a step: {sorted(unknown)}; pick from {list(STEP_PARTS)}")
         elif missing or extra:
             report.off(f"still_eager = {sorted(parts)}: " + "; ".join(
                 ([f"also eager: {sorted(missing)}"] if missing else [])
-                + ([f"inside the graph: {sorted(extra)}"] if extra else [])),
-                "read section 7: what does scaler.step need to know before it lets the optimizer step, and where "
-                "is that known?")
+                + ([f"inside the graph: {sorted(extra - not_run)}"] if extra - not_run else [])
+                + ([_NOT_RUN_WHY] if not_run else [])),
+                "read section 2, point 3 of the recipe (zero_grad right before capture)" if extra == not_run and
+                not missing else "read section 6: what does scaler.step need to know before it lets the optimizer "
+                "step, and where is that known?")
         else:
             report.right("scaler.step (unscale, inf check on the CPU, then optimizer.step) and scaler.update run "
                          "eagerly after each replay: with Adam that is the whole update, many launches per step")
@@ -62,7 +70,7 @@ def check_amp_adam(report, still_eager, amp_adam_table, max_param_diff, referenc
         sel = reference[reference["case"].astype(str).str.contains("fp16")]
         ref = row(sel, "whole-step graph") if len(sel) else None
     if ref is not None:
-        text += f" (SGD in section 7: {ref['speedup']:.2f}x)"
+        text += f" (SGD in section 6: {ref['speedup']:.2f}x)"
     report.right(text)
 
 

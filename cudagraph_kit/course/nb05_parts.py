@@ -1,7 +1,8 @@
 """Notebook 05's parts that are not the lesson: the pitfall table, the check that the process still works after a
 failure, short causes for tables of errors, the memory claim and figure, the reading of the reduce-overhead
-experiment, the claim "advise's prediction lies within a factor of the measured speedup", the two-captures summary,
-the rows fitted after the fact from notebooks 01-04's records and the advise figure.
+experiment, the claims "advise's prediction lies within a factor of the measured speedup" and "the measured speedup
+goes the way advise's words said" (faster, about as fast, slower), the two-captures summary, the rows fitted after
+the fact from notebooks 01-04's records and the advise figure.
 
 Example::
 
@@ -9,6 +10,7 @@ Example::
     pitfalls = PitfallTable()
     pitfalls.record("a changing shape", "raises", "check_capturable", "fixed shapes", "seen", True)
     advise_claim("advise_within_1_5x_gelu_small", "GELU small", 4.0, 3.2, 5.1).statement
+    advise_words_claim("advise_words_gelu_large", "GELU large", 1.06, 1.08, 1.13).verdict   # 'unclear'
 """
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ from .claims import Claim
 
 __all__ = ["PitfallTable", "still_works", "first_line", "short_cause", "show_isolated", "memory_reading",
            "plot_memory", "show_reduce_overhead", "advise_vs_measured", "show_figure", "advise_claim",
-           "advise_overall_claim", "closeness", "two_captures_table", "two_captures_verdict", "recorded_headlines",
-           "fitted_row", "advice_summary", "advice_from_saved", "plot_advise", "advice_rows", "result_table", "WITHIN"]
+           "advise_words_claim", "advise_overall_claim", "closeness", "two_captures_table", "two_captures_verdict",
+           "recorded_headlines", "fitted_row", "advice_summary", "advice_from_saved", "plot_advise", "advice_rows",
+           "result_table", "WITHIN"]
 
 WITHIN = 1.5  # advise's prediction is "within" when it lies within this factor of the measured speedup
 
@@ -190,23 +193,32 @@ def show_reduce_overhead(ro, torch_version):
 def advise_vs_measured(predicted, measured, claim_ids):
     """Section 12's table and claims: for each case of ``predicted`` ({case: advise's ``Advice``}), the prediction
     beside the graph's timing in ``measured`` (``measure``'s result: an "eager" variant and one graph variant per
-    case), and the claim ``advise_claim("advise_within_1_5x_" + claim_ids[case], ...)``. Returns ``(table, claims)``:
-    a DataFrame with a row per case (empty when nothing was predicted) and the claims in the same order.
+    case), and two claims: ``advise_claim("advise_within_1_5x_" + claim_ids[case], ...)`` (how far off the number
+    is) and ``advise_words_claim("advise_words_" + claim_ids[case], ...)`` (whether advise's words, faster / about as
+    fast / slower, went the way the measurement did; this one can fail near 1x). Returns ``(table, claims)``: a
+    DataFrame with a row per case (empty when nothing was predicted) and the claims, the two of each case in case
+    order. ``advise_overall_claim`` takes these claims and reads the within-1.5x ones.
     """
     import pandas as pd
+
+    from ..advise import expected_effect
 
     rows, case_claims = [], []
     for case, a in predicted.items():
         graph_variant = next(v for v in measured.table[measured.table.case == case].variant if v != "eager")
         graph_row = measured.row(case, graph_variant)
         lo, hi = measured.interval(case, graph_variant)
-        case_claims.append(advise_claim(f"advise_within_1_5x_{claim_ids[case]}", case, a.speedup, lo, hi))
+        within = advise_claim(f"advise_within_1_5x_{claim_ids[case]}", case, a.speedup, lo, hi)
+        words = advise_words_claim(f"advise_words_{claim_ids[case]}", case, a.speedup, lo, hi)
+        case_claims += [within, words]
         rows.append({"source": "05 (this run)", "prediction": "before capture", "case": case,
                      "nodes": a.kernels_per_call, "eager_us": a.eager_us, "floor_us": a.floor_us,
                      "graph_gpu_us": a.graph_gpu_us, "predicted_graph_us": a.graph_us,
-                     "predicted_speedup": a.speedup, "measured_graph_us": graph_row.median_us,
+                     "predicted_speedup": a.speedup, "advise_says": expected_effect(a.speedup),
+                     "measured_graph_us": graph_row.median_us,
                      "measured_speedup": graph_row.speedup, "measured_lo": lo, "measured_hi": hi,
-                     "graph_executed_as": graph_row.executed_as, "verdict": case_claims[-1].verdict})
+                     "graph_executed_as": graph_row.executed_as, "verdict": within.verdict,
+                     "words_verdict": words.verdict})
     return pd.DataFrame(rows), case_claims
 
 
@@ -233,8 +245,56 @@ def advise_claim(claim_id, case, predicted, lo, hi, within=WITHIN, eager_fallbac
                  unclear=f"{case}: {said}, partly within {within:g}x of the prediction and partly beyond")
 
 
+def advise_words_claim(claim_id, case, predicted, lo, hi, about=None, eager_fallback=False) -> Claim:
+    """The claim "the measured speedup went the way advise's words said": advise calls a predicted speedup above
+    ``about`` (``advise.ABOUT``, 1.1) "faster", below ``1 / about`` "slower" and in between "about as fast"
+    (``advise.expected_effect``). The claim holds when the whole measured 90% interval ``lo``-``hi`` lies in the band
+    the words named, fails when none of it does, and is unclear when it straddles the band's edge. So, unlike the
+    within-1.5x claim, it fails when advise says "about as fast" and a graph is measured clearly faster.
+
+    Its interval, on one scale per kind of words so that it is checked against ``above`` like any claim: "faster":
+    the measured speedup itself (above ``about``); "slower": how many times slower, 1/hi to 1/lo (above ``about``);
+    "about as fast": the range of ``min(m, 1/m)`` for m in lo..hi (above ``1 / about``: within the band).
+
+    Example::
+
+        advise_words_claim("advise_words_gelu_large", "GELU large", 1.06, 1.15, 1.20).verdict  # 'fails'
+    """
+    from ..advise import ABOUT, expected_effect
+
+    about = ABOUT if about is None else about
+    effect = expected_effect(predicted, about)
+    subject = f"{case}: advise's words"
+    known = lo == lo and hi == hi and 0 < lo <= hi and effect != "unknown"
+    if not known:
+        return Claim(claim_id, lo=float("nan"), hi=float("nan"), above=about, holds="", fails="",
+                     eager_fallback=eager_fallback, subject=subject)
+    told = {"faster": "faster than eager", "slower": "slower than eager", "about as fast": "about as fast as eager"}
+    band = {"faster": f"more than {about:g}x faster", "slower": f"more than {about:g}x slower",
+            "about as fast": f"within {about:g}x of eager either way"}[effect]
+    said = (f"{case}: advise predicted {predicted:.2f}x and said a graph would be {told[effect]} (its words for "
+            f"{band}); the measured speedup is {lo:.2f}-{hi:.2f}x")
+    said = said.replace("{", "{{").replace("}", "}}")
+    if effect == "faster":
+        c_lo, c_hi, above = lo, hi, about
+        outside = f"none of it {band}"
+    elif effect == "slower":
+        c_lo, c_hi, above = 1 / hi, 1 / lo, about
+        outside = f"none of it {band}"
+    else:
+        ends = (closeness(1.0, lo), closeness(1.0, hi))
+        c_lo, c_hi, above = min(ends), (1.0 if lo <= 1.0 <= hi else max(ends)), 1 / about
+        outside = f"all of it more than {about:g}x " + ("faster" if lo > 1.0 else "slower")
+    return Claim(claim_id, lo=c_lo, hi=c_hi, above=above, eager_fallback=eager_fallback, subject=subject,
+                 holds=f"{said}, all of it {band}, as the words said",
+                 fails=f"{said}, {outside}: the words were wrong",
+                 unclear=f"{said}, partly {band} and partly not: too close to the edge to call")
+
+
 def advise_overall_claim(case_claims, within=WITHIN) -> Claim:
-    """All cases together: holds when every case's claim holds, fails when any fails (the lowest interval)."""
+    """All cases together: holds when every case's claim holds, fails when any fails (the lowest interval). Reads
+    the within-``within`` claims of ``case_claims`` (``advise_vs_measured`` also returns the words' claims)."""
+    case_claims = [c for c in case_claims if not c.claim.startswith("advise_words_")]
     n = len(case_claims)
     known = all(c.measured for c in case_claims)
     verdicts = [c.verdict for c in case_claims]

@@ -293,14 +293,14 @@ def _matmul_kernel(name: str) -> str:
 
 
 def kernel_table(folder):
-    """The recorded batch-16 study (``scripts/probe_decode_kernels.py``) in ``folder``: each batch's and variant's top
+    """The recorded batch-16 study (``scripts/probes/probe_decode_kernels.py``) in ``folder``: each batch's and variant's top
     matmul kernel with its time per step and the step's GPU-busy time, and one sentence; ``(None, why)`` if absent."""
     import pandas as pd
 
     folder = Path(folder)
     if not (folder / "decode_kernels.csv").is_file():
         return None, (f"not recorded ({folder / 'decode_kernels.csv'} is missing): on a GPU, run\n"
-                      "    python scripts/probe_decode_kernels.py --out figures/08_decode_kernels")
+                      "    python scripts/probes/probe_decode_kernels.py --out figures/08_decode_kernels")
     kernels, steps = pd.read_csv(folder / "decode_kernels.csv"), pd.read_csv(folder / "decode_steps.csv")
     gemm = kernels[kernels.name.str.contains("gemm|gemv", case=False)].copy()
     gemm["kernel"] = gemm.name.map(_matmul_kernel)

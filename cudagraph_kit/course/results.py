@@ -214,7 +214,7 @@ def beside_recorded(stem: str, table, root=None):
 
 
 def drift_summary(folder) -> dict | None:
-    """The recorded drift study (``scripts/probe_drift.py``) in ``folder`` (e.g. ``figures/drift``), read once for
+    """The recorded drift study (``scripts/probes/probe_drift.py``) in ``folder`` (e.g. ``figures/drift``), read once for
     the notebook and the README alike: ``{"table", "gpu", "processes", "sentence"}``, or None if not recorded.
     ``sentence`` states the eager and graph spreads across fresh processes without a profiler before, and how
     much slower a profiler session earlier in the process made both, all from ``drift_summary.csv``."""

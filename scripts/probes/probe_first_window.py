@@ -11,8 +11,8 @@ each called twice first, as the notebook does, so the capture lands in window 1'
 ``compare`` in ``--windows`` windows a pause apart and records, per window, each variant's median, its calls per
 sample and the speedup. It also times, on a second step, the call that captures. Run it once per kit copy::
 
-    python scripts/probe_first_window.py --out build/first_window --label fixed
-    python scripts/probe_first_window.py --out build/first_window --label before --kit build/kit-before
+    python scripts/probes/probe_first_window.py --out build/first_window --label fixed
+    python scripts/probes/probe_first_window.py --out build/first_window --label before --kit build/kit-before
 
 ``--kit`` is a folder holding another ``cudagraph_kit`` (e.g. ``git archive <commit> cudagraph_kit | tar -x -C
 build/kit-before``). Rows are appended to ``first_window.csv`` in ``--out``. Needs CUDA (without it the "graph" runs
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: scripts/probes/ -> root
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 For each setting (allocator config, attention backend) a fresh process captures the block for the default ladder
 (max 64 rows) into one shared pool, and for the largest bucket alone; it prints the pool's growth per capture and
-its segments (size, in use, free blocks). Run on a GPU: ``python scripts/probe_pool.py``.
+its segments (size, in use, free blocks). Run on a GPU: ``python scripts/probes/probe_pool.py``.
 """
 import json
 import os
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: scripts/probes/ -> root
 CHILD = r'''
 import json, sys, torch, torch.nn as nn, torch.nn.functional as F
 from cudagraph_kit import capture_buckets, ladder, pool_usage

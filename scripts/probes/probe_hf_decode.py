@@ -18,7 +18,7 @@ tokens. Writes ``hf_decode.csv`` (one row per variant, with the prediction inter
 ``hf_decode_ratios.csv`` (kit / hand graph and compiled+kit vs HF generate, window by window, with intervals) and
 ``env.json`` under ``--out``::
 
-    python scripts/probe_hf_decode.py --out figures/08_hf_decode
+    python scripts/probes/probe_hf_decode.py --out figures/08_hf_decode
 """
 import argparse
 import json
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
 
 import torch  # noqa: E402
 
@@ -170,7 +170,7 @@ def main():
     pd.DataFrame(ratios).to_csv(out / "hf_decode_ratios.csv", index=False)
     env = describe()
     env.update(vars(args), transformers=version, write_position=dec.behaviour.describe(), checks=checks,
-               script="scripts/probe_hf_decode.py")
+               script="scripts/probes/probe_hf_decode.py")
     (out / "env.json").write_text(json.dumps(env, indent=2, default=str))
     print("wrote", out)
 

@@ -1,7 +1,7 @@
 """Experiments behind timing.py's floor (issue 8): profiler sessions with CUPTI teardown, kernels queued behind a
 spin kernel, and the SM clock while eager code leaves the GPU mostly idle. Each case in its own process.
 
-    python scripts/probe_queue.py
+    python scripts/probes/probe_queue.py
 """
 import os, subprocess, sys, time, statistics
 import torch

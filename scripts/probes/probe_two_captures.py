@@ -4,13 +4,15 @@ allocator's cache (still mapped)?
 Runs the "drop" variants of ``two_captures`` again, each try in a fresh process, and classifies each tensor graph 1
 reads by its **whole span**, first and last byte, against ``torch.cuda.memory_snapshot()``: allocated, free in cache,
 or returned to the driver, and whether the span now crosses the end of the segment that holds its first byte.
-Run on a GPU: ``python scripts/probe_two_captures.py TRIES > OUT.jsonl``.
+Run on a GPU: ``python scripts/probes/probe_two_captures.py TRIES > OUT.jsonl``.
 """
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from cudagraph_kit.course.pitfall_scripts import docs_recipe_capture, emit, run_isolated
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
+from cudagraph_kit.course.pitfall_scripts import docs_recipe_capture, emit, run_isolated  # noqa: E402
 
 VARIANTS = ("keep everything", "drop", "drop, replay right after capture")
 

@@ -2,14 +2,14 @@
 
 Times, round-robin with the order rotated every round, the raw copy+replay, the kit call, and the raw call plus
 each of the kit's hot-path checks alone. Prints per-variant medians and the paired median difference to raw.
-Run on a GPU: ``python scripts/probe_overhead.py``.
+Run on a GPU: ``python scripts/probes/probe_overhead.py``.
 """
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
 
 import torch  # noqa: E402
 

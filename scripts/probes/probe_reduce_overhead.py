@@ -12,7 +12,7 @@ import pstats
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
 
 import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402

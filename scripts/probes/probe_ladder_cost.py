@@ -13,8 +13,8 @@ process per checkout.
 It imports ``cudagraph_kit`` from wherever PYTHONPATH points, so the same script measures the old and the new code:
 
     git worktree add /tmp/kit-old 99b433f
-    PYTHONPATH=/tmp/kit-old python scripts/probe_ladder_cost.py --out figures/ladder_cost/<gpu>/old
-    PYTHONPATH=$PWD         python scripts/probe_ladder_cost.py --out figures/ladder_cost/<gpu>/new
+    PYTHONPATH=/tmp/kit-old python scripts/probes/probe_ladder_cost.py --out figures/ladder_cost/<gpu>/old
+    PYTHONPATH=$PWD         python scripts/probes/probe_ladder_cost.py --out figures/ladder_cost/<gpu>/new
 
 Writes runs.csv (one row per capture of the ladder) and env.json (GPU, versions, the checkout's path and commit).
 """

@@ -2,7 +2,7 @@
 
 Repeats the test's setup; for each repetition prints, per size and round, device_time's (µs, queued) with the
 host time that sized the spin, and the profiler's GPU-busy time per call (``gpu_time``) as a reference.
-Run on a GPU: ``python scripts/probe_device_time.py``.
+Run on a GPU: ``python scripts/probes/probe_device_time.py``.
 """
 import json
 import sys
@@ -10,10 +10,12 @@ from pathlib import Path
 
 import torch
 
-from cudagraph_kit import capture_buckets, timing
-from cudagraph_kit.bucket_plan import measure_bucket_costs
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: scripts/probes/ -> root
+sys.path.insert(0, str(ROOT))
+from cudagraph_kit import capture_buckets, timing  # noqa: E402
+from cudagraph_kit.bucket_plan import measure_bucket_costs  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(ROOT / "tests"))
 from test_buckets import Block  # noqa: E402  (the transformer block the GPU test used when it failed)
 
 

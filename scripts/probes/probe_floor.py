@@ -3,7 +3,7 @@
 Plain PyTorch only (no kit), so the kit's own choices can be checked against it. Each part runs in its own
 process so a crash or a profiler residue in one cannot leak into another:
 
-    python scripts/probe_floor.py            # all parts, prints one table per part
+    python scripts/probes/probe_floor.py            # all parts, prints one table per part
 
 Parts:
 - residue: eager and copy+replay times before/after one profiler session, with TEARDOWN_CUPTI unset and with it

@@ -10,7 +10,7 @@ cache of 64 rows x 65 positions) eagerly and as the kit's graph at each batch si
 
 Notebook 08, section 14, reads ``figures/08_decode_kernels/decode_kernels.csv``::
 
-    python scripts/probe_decode_kernels.py --out figures/08_decode_kernels
+    python scripts/probes/probe_decode_kernels.py --out figures/08_decode_kernels
 """
 import argparse
 import json
@@ -19,7 +19,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
 
 import torch  # noqa: E402
 
@@ -119,7 +119,7 @@ def main():
     pd.DataFrame(step_rows).to_csv(out / "decode_steps.csv", index=False)
     env = describe()
     env.update(config=vars(CFG), dtype=args.dtype, batches=batches, prompt_len=PROMPT_LEN, max_len=MAX_LEN,
-               calls=args.calls, script="scripts/probe_decode_kernels.py")
+               calls=args.calls, script="scripts/probes/probe_decode_kernels.py")
     (out / "env.json").write_text(json.dumps(env, indent=2, default=str))
     print("wrote", out / "decode_kernels.csv", out / "decode_steps.csv", out / "env.json")
 

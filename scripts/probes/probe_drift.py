@@ -18,8 +18,8 @@ prediction interval of one more process's eager time and speedup (``cudagraph_ki
 
 Run on a GPU machine from the project root (about 6 minutes with the defaults)::
 
-    python scripts/probe_drift.py --out build/drift
-    python scripts/probe_drift.py --processes 4 --controls baseline gc_off   # shorter
+    python scripts/probes/probe_drift.py --out build/drift
+    python scripts/probes/probe_drift.py --processes 4 --controls baseline gc_off   # shorter
 
 Without CUDA the "graph" runs eagerly (the kit's eager fallback): that checks the plumbing only, no result.
 """
@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: scripts/probes/ -> root
 sys.path.insert(0, str(ROOT))
 
 CONTROLS = ["baseline", "gc_off", "threads_1", "warm_20s", "after_profiler", "nice"]

@@ -5,7 +5,7 @@ requests, MAX_ROWS 64) and history (5000 sizes), captures one graph per size, an
 of each size two ways: the notebook's old probes (pow2 and multiples of 16, ``timeit``, 3 samples, interpolated)
 and every size timed round-robin (``compare``). It plans 18 buckets from each cost model, captures the plans,
 and times them on the stream against the ladder in steps of 4 and exact sizes, round-robin.
-Run on a GPU: ``python scripts/probe_bucket_costs.py OUT_DIR``.
+Run on a GPU: ``python scripts/probes/probe_bucket_costs.py OUT_DIR``.
 """
 import json
 import sys
@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cudagraph_kit import capture_buckets, evaluate_buckets, ladder, plan_buckets
-from cudagraph_kit.bucket_plan import interpolate, measure_bucket_costs
-from cudagraph_kit.timing import compare, timeit
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
+from cudagraph_kit import capture_buckets, evaluate_buckets, ladder, plan_buckets  # noqa: E402
+from cudagraph_kit.bucket_plan import interpolate, measure_bucket_costs  # noqa: E402
+from cudagraph_kit.timing import compare, timeit  # noqa: E402
 
 MAX_ROWS, REQUESTS, HISTORY, SEED, OVERFLOW_SHARE = 64, 200, 5000, 0, 0.01
 

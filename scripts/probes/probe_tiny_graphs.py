@@ -4,7 +4,7 @@ launched eagerly? The data behind ``advise.measure_replay_cost`` and ``advise``'
 For k = 1 .. 33 kernels (a chain of multiplies on a 150k-element tensor, and one-element adds) it times, round-robin
 in one ``compare`` window: eager, the raw ``CUDAGraph.replay`` and the kit's ``g.replay()``; then the GPU time of
 the same calls queued behind a spin kernel (``device_time``) for eager and graph. Writes a CSV and a JSON.
-Run on a GPU: ``python scripts/probe_tiny_graphs.py OUT_DIR``.
+Run on a GPU: ``python scripts/probes/probe_tiny_graphs.py OUT_DIR``.
 """
 import dataclasses
 import json
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import torch
 
-from cudagraph_kit.capture import capture
-from cudagraph_kit.advise import advise, measure_replay_cost
-from cudagraph_kit.timing import compare, device_time
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
+from cudagraph_kit.capture import capture  # noqa: E402
+from cudagraph_kit.advise import advise, measure_replay_cost  # noqa: E402
+from cudagraph_kit.timing import compare, device_time  # noqa: E402
 
 KS = (1, 2, 3, 5, 9, 17, 33)
 
