@@ -37,7 +37,7 @@
 # **How long**: 56 s on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under a
 # minute on a CPU (small sizes).
 
-# %%
+# %% tags=["nbval-check-output"]
 # Setup. In Colab, install the kit of REPO_REF; `setup` then clones that ref, with its recorded GPU results.
 import importlib.util, os, subprocess, sys
 from pathlib import Path
@@ -49,7 +49,7 @@ if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") i
 from cudagraph_kit.course.setup_notebook import setup
 checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently; a failure says why and what to do
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "nbval-check-output"]
 SMOKE = None           # tiny run (CI / tests): few sizes and calls; None reads $CGK_SMOKE (1 means on)
 SAMPLES = 2            # timing rounds per window (one sample of every variant per round)
 CALLS = None           # calls per sample; None: the kit picks the count from a time budget per sample
@@ -297,7 +297,7 @@ claims.append(stops_paying("graph_stops_paying", points, 1.10, "the graph replay
                            eager_fallback=sweep_ran_eagerly))
 ms.short()
 
-# %%
+# %% tags=["nbval-check-output"]
 eager_s = sweep[sweep.variant == "eager"].set_index("numel")
 fig_sweep, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
 ax1.loglog(eager_s.index, eager_s.median_us, "o-", label="eager")
@@ -355,7 +355,7 @@ claims += [versus(mk, "more_calls_per_graph_faster", (K_CASE, f"graph, {K_MANY} 
                         subject=f"small: {K_MANY} calls per graph")]
 mk.short()
 
-# %%
+# %% tags=["nbval-check-output"]
 graphed_k = per_graph[per_graph.calls_per_graph.notna()]
 fig_k, ax = plt.subplots(figsize=(6, 3.6))
 ax.bar([str(int(k)) for k in graphed_k.calls_per_graph], graphed_k.median_us, color="C1", label="time per call")
@@ -540,7 +540,7 @@ findings = summary(claims)
 # so (⏸); on a CPU a check verifies what it can there, such as correctness against eager and honest labels.
 # Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb01_gelu.py` (try first).
 
-# %%
+# %% tags=["nbval-check-output"]
 from cudagraph_kit.course.exercises_01 import HOST_COPY_WHY, check_fp16_sweep, check_fused_gelu, check_host_copies
 
 # %% [markdown]
@@ -552,14 +552,14 @@ from cudagraph_kit.course.exercises_01 import HOST_COPY_WHY, check_fp16_sweep, c
 # hand-written GELU in section 4, and why? (Going further: run the size sweep of section 5 with it. Where is the
 # crossover now?)
 
-# %%
+# %% tags=["nbval-check-output"]
 def fused_gelu(x):
     ...  # your code: one call
 
 
 fused_table = ...  # compare({"eager": ..., "graph replay": ...}, case="small", samples=SAMPLES, calls=CALLS)
 
-# %%
+# %% tags=["nbval-check-output"]
 check_fused_gelu(fused_gelu, fused_table, reference=main_table)
 
 # %% [markdown]
@@ -571,12 +571,12 @@ check_fused_gelu(fused_gelu, fused_table, reference=main_table)
 # intervals instead). Did the crossover move to `"larger"` or `"smaller"` tensors, or stay the `"same"`? Think
 # about which cost float16 changes: the time the GPU needs per call, or the time the CPU needs to launch it?
 
-# %%
+# %% tags=["nbval-check-output"]
 sweep16 = ...      # pd.concat of one compare() per size, each with "numel" and "dtype" columns
 crossover16 = ...  # the smallest numel whose graph row has speedup < 1.10, or None if there is none
 answer = ...       # "larger", "smaller" or "same"
 
-# %%
+# %% tags=["nbval-check-output"]
 check_fp16_sweep(sweep16, crossover16, answer, reference_sweep=sweep)
 
 # %% [markdown]
@@ -595,7 +595,7 @@ check_fp16_sweep(sweep16, crossover16, answer, reference_sweep=sweep)
 #
 # **(c)** Why can a graph safely read pinned host memory at replay time? Pick one of the options printed below.
 
-# %%
+# %% tags=["nbval-check-output"]
 kit_message = ...  # try: graphs["small"](bad) / except ValueError as exc: kit_message = str(exc)
 
 
@@ -619,7 +619,7 @@ check_host_copies(kit_message, host_copy_capture, why)
 # scheduling priority. The cell below shows its recorded run (one dot per process) and reads the verdict off
 # its table.
 
-# %%
+# %% tags=["nbval-check-output"]
 drift_dir = (results.recorded_root() or Path("figures")) / "drift"
 drift = results.drift_summary(drift_dir)
 if drift is not None:

@@ -45,7 +45,7 @@
 # **How long**: 63 s on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under a
 # minute on a CPU (small sizes).
 
-# %%
+# %% tags=["nbval-check-output"]
 # Setup. In Colab, install the kit of REPO_REF; `setup` then clones that ref, with its recorded GPU results.
 import importlib.util, os, subprocess, sys
 from pathlib import Path
@@ -58,7 +58,7 @@ from cudagraph_kit.course.setup_notebook import setup
 checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently; a failure says why and what to do
 
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "nbval-check-output"]
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
 SAMPLES = 2           # timing rounds per case in each window (one sample of every variant per round)
 WINDOWS = 8           # timing windows, a pause apart, each timing every case: the intervals come from them
@@ -326,7 +326,7 @@ else:
 # eager loop passes a Python number. Where Adam's parameters differ in the last bit (the output above says whether
 # they do), that is the explanation Appendix B tests.
 
-# %%
+# %% tags=["nbval-check-output"]
 fig_loss, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), sharey=True)
 for ax, (case, (ref_l, l, mode)) in zip(axes, curves.items()):
     ax.plot(ref_l.numpy(), lw=2.5, alpha=0.5, label="eager")
@@ -537,7 +537,7 @@ fig_time.tight_layout()
 # Each case: parity with the eager AMP loop built the same way (same seed, same batches, short batches
 # included, no dropout), then eager vs whole-step graph timed like section 5.
 
-# %%
+# %% tags=["nbval-check-output"]
 def eager_amp_step(model, opt, dtype, scaler):
     def run(x, y):
         opt.zero_grad(set_to_none=True)
@@ -726,7 +726,7 @@ summary(claims, ["graph_beats_eager_small_sgd", "graph_beats_model_only_small_sg
 # Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb02_train_step.py` (try
 # first).
 
-# %%
+# %% tags=["nbval-check-output"]
 from cudagraph_kit.course.exercises_02 import STEP_PARTS, check_amp_adam, check_lr_schedule, check_short_batches
 
 # %% [markdown]
@@ -739,7 +739,7 @@ from cudagraph_kit.course.exercises_02 import STEP_PARTS, check_amp_adam, check_
 # parts of the step (names from `STEP_PARTS`, printed below) still run eagerly after each replay? *The parity
 # run and the timing need an NVIDIA GPU; the question does not.*
 
-# %%
+# %% tags=["nbval-check-output"]
 still_eager = ...     # a set of names from STEP_PARTS
 max_param_diff = ...  # graph vs eager AMP Adam after the same steps (GPU)
 amp_adam_table = ...  # compare({"eager": ..., GRAPH: ...}, x, y, case=..., samples=SAMPLES, calls=CALLS) (GPU)
@@ -765,13 +765,13 @@ check_amp_adam(still_eager, amp_adam_table, max_param_diff, reference=amp_timing
 # fix it. On a CPU both runs are eager, so they agree
 # whatever the lr; the check tells you what only a GPU run can show.
 
-# %%
+# %% tags=["nbval-check-output"]
 graphed_model = ...  # trained through capture_train_step(..., eager_fallback=True), with the scheduler
 eager_model = ...    # the same network, seed and schedule, trained by an eager loop
 optimizer = ...      # the graphed run's optimizer
 lrs = ...            # float(optimizer.param_groups[0]["lr"]) after each step of the graphed run
 
-# %%
+# %% tags=["nbval-check-output"]
 check_lr_schedule(graphed_model, eager_model, optimizer, lrs)
 
 # %% [markdown]
@@ -783,13 +783,13 @@ check_lr_schedule(graphed_model, eager_model, optimizer, lrs)
 # replays? Use the `eager` and `whole-step graph` rows of `timing` (section 5, case "MLP 32x128x256x16, SGD"):
 # eager steps × (eager µs − graph µs). How would you avoid that cost?
 
-# %%
+# %% tags=["nbval-check-output"]
 short_batches = ...          # a list of (x, y) batches of several sizes
 predicted_eager_steps = ...  # counted from the sizes, before running
 short_step = ...             # the capture_train_step that all of short_batches ran through
 extra_us = ...               # eager steps x (eager median_us - whole-step graph median_us)
 
-# %%
+# %% tags=["nbval-check-output"]
 check_short_batches(short_batches, predicted_eager_steps, short_step, extra_us, timing)
 
 # %% [markdown]

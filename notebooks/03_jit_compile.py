@@ -36,7 +36,7 @@
 # **How long**: 68 s on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; about 1
 # minute on a CPU (small sizes).
 
-# %%
+# %% tags=["nbval-check-output"]
 # Setup. In Colab, install the kit of REPO_REF; `setup` then clones that ref, with its recorded GPU results.
 import importlib.util, os, subprocess, sys
 from pathlib import Path
@@ -48,7 +48,7 @@ if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") i
 from cudagraph_kit.course.setup_notebook import setup
 checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently; a failure says why and what to do
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "nbval-check-output"]
 SMOKE = None       # tiny run (CI / tests): fewer calls, one small compile on a CPU; None: read $CGK_SMOKE ("1" = on)
 CALLS = None       # calls per timing sample (None: the kit picks the count from SAMPLE_MS; fixed on a CPU)
 SAMPLES = 2        # timing rounds per window (one sample of every variant per round)
@@ -117,7 +117,7 @@ if not CUDA:
 # Every variant below goes through `add`, which runs it once on *new* data (not the tensor a graph was captured
 # with) and stops the notebook if it disagrees with eager: correct first, then fast.
 
-# %%
+# %% tags=["nbval-check-output"]
 def gelu(x):
     return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
 
@@ -737,7 +737,7 @@ summary(claims, ["graph_beats_eager_small", "fusion_beats_graph_small", "fusion_
 # say so (⏸); on a CPU a check verifies what it can there, such as correctness against eager. Worked solutions,
 # run by the test suite against these checks: `notebooks/solutions/nb03_jit_compile.py` (try first).
 
-# %%
+# %% tags=["nbval-check-output"]
 from cudagraph_kit import compare  # noqa: F401 (the exercises time with it)
 from cudagraph_kit.course.exercises_03 import check_clone_cost, check_compiled_calls_per_graph, check_max_autotune, check_mlp_depth
 
@@ -749,11 +749,11 @@ from cudagraph_kit.course.exercises_03 import check_clone_cost, check_compiled_c
 # and `"compiled graph, 10 calls"`. Pass the bound method `g10.replay` itself: `compare` then divides its time by
 # `g10.calls_per_graph`. How close to the floor does each get? (Notebook 01, section 6, does this for eager GELU.)
 
-# %%
+# %% tags=["nbval-check-output"]
 g10 = ...     # capture(compiled, inputs["small"], calls_per_graph=10, eager_fallback=True)
 table1 = ...  # compare({"eager": ..., "compiled graph, 1 call": ..., "compiled graph, 10 calls": ...}, case="small", ...)
 
-# %%
+# %% tags=["nbval-check-output"]
 check_compiled_calls_per_graph(g10, table1)
 
 # %% [markdown]
@@ -768,7 +768,7 @@ check_compiled_calls_per_graph(g10, table1)
 # From how many layers does `reduce-overhead` beat both? Going further: vary `MLP_BATCH` from 8 to 4096. From what
 # batch does the graph stop mattering?
 
-# %%
+# %% tags=["nbval-check-output"]
 def make_mlp(layers, width):
     ...  # your code
 
@@ -787,7 +787,7 @@ check_mlp_depth(make_mlp, depth_table, ro_wins_from)
 # `y = f(x).clone()` in one `compare` on the small tensor, rows `"eager"`, `"reduce-overhead, y = f(x)"` and
 # `"reduce-overhead, y = f(x).clone()"`, and read what keeping the output costs per call. Try the large tensor too.
 
-# %%
+# %% tags=["nbval-check-output"]
 keep_output = ...    # a function x -> an output that survives the next call
 clone_table = ...    # compare({"eager": ..., "reduce-overhead, y = f(x)": ..., ...}, inputs["small"], ...) (GPU)
 clone_cost_us = ...  # median_us of the clone row minus that of the plain row (GPU)
@@ -805,7 +805,7 @@ check_clone_cost(keep_output, clone_table, clone_cost_us, x=inputs["small"])
 # `"torch.compile + graph, input in place"` and `"max-autotune + graph, input in place"`. Does the search find a
 # faster kernel for one elementwise function? Compare the floors.
 
-# %%
+# %% tags=["nbval-check-output"]
 autotuned = ...       # torch.compile(fresh(gelu), mode="max-autotune-no-cudagraphs", dynamic=False)
 autotune_table = ...  # compare({"eager": ..., ...: g_default.replay, ...: g_auto.replay}, case="small", ...) (GPU)
 

@@ -39,7 +39,7 @@
 # **How long**: 149 s on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; about
 # a minute on a CPU (tiny sizes).
 
-# %%
+# %% tags=["nbval-check-output"]
 # Setup. In Colab, install the kit of REPO_REF; `setup` then clones that ref, with its recorded GPU results.
 import importlib.util, os, subprocess, sys
 from pathlib import Path
@@ -51,7 +51,7 @@ if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") i
 from cudagraph_kit.course.setup_notebook import setup
 checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently; a failure says why and what to do
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "nbval-check-output"]
 SMOKE = None            # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
 WINDOWS = 8             # timing windows, a pause apart: every interval and verdict comes from them
 SAMPLES = 2             # timing rounds per window (one sample of every variant per round)
@@ -111,7 +111,7 @@ if not CUDA:
     print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run executes every experiment eagerly on\n"
           ">>> the CPU at tiny sizes (everything is labelled 'eager'); the recorded GPU results are shown at the end.")
 
-# %%
+# %% tags=["nbval-check-output"]
 def tag(name):
     """A name as part of a claim id: 'fp16+GradScaler' -> 'fp16gradscaler', 'SGD momentum' -> 'sgdmomentum'."""
     return re.sub(r"[^a-z0-9]+", "", name.lower())
@@ -219,7 +219,7 @@ m_infer.short()
 #
 # The verdicts are in the summary at the end of the lesson.
 
-# %%
+# %% tags=["nbval-check-output"]
 curve, infer_claims = {}, []
 for dname in INFER_DTYPES:
     rows = inference[inference.dtype == dname].sort_values("batch")
@@ -338,7 +338,7 @@ fig_infer = parts.plot_inference(curve, INFER_BATCHES, PAYS, cuda=CUDA,
 # weights on the same batch and their losses are compared. On a bf16 GPU the smallest batch also runs the
 # fp16 + `GradScaler` path.
 
-# %%
+# %% tags=["nbval-check-output"]
 GRAPH_TRAIN = "whole-step graph"
 MAIN_AMP = ("bf16" if BF16 else "fp16+GradScaler") if CUDA else "fp32 (CPU)"
 CHECK_STEPS = 6 if CUDA else 2  # with a GPU: 3 warm-up steps, the capture, 2 replays
@@ -349,7 +349,7 @@ def amps_at(bs):  # on a bf16 GPU the smallest batch also runs fp16 + GradScaler
     return [MAIN_AMP, "fp16+GradScaler"] if BF16 and bs == TRAIN_BATCHES[0] else [MAIN_AMP]
 
 
-# %%
+# %% tags=["nbval-check-output"]
 def train_case(amp, bs, opt_name, x, y):
     """An eager step and a whole-step graph from the same weights; their losses compared before any timing."""
     m_eager, m_graph = parts.copies(parts.build_train_model(ARCH, DEVICE, SEED))
@@ -427,7 +427,7 @@ fig_train = parts.plot_training(
 # skipped on a CPU) and graphed, with cuDNN's deterministic convolutions, so a difference between runs is a real
 # one. After every epoch, validation accuracy on the 20% held out.
 
-# %%
+# %% tags=["nbval-check-output"]
 X_train, X_val, Y_train, Y_val = parts.digits_split(DEVICE)
 DIGITS_BATCH, MAX_NORM = 32, 1.0
 steps_per_epoch = math.ceil(len(X_train) / DIGITS_BATCH)
@@ -442,7 +442,7 @@ def digits_loader(seed):
     return parts.digits_loader(X_train, Y_train, DIGITS_BATCH, seed, pin_memory=CUDA)
 
 
-# %%
+# %% tags=["nbval-check-output"]
 def train_digits(graphed, epochs=PARITY_EPOCHS, accumulate=1):
     """The training loop; `graphed` switches the three lines shown in section 2."""
     model = small_cnn()
@@ -650,7 +650,7 @@ summary(claims, [c.claim for c in infer_claims if any(e in c.claim for e in ends
 # Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb04_resnet50.py` (try
 # first).
 
-# %%
+# %% tags=["nbval-check-output"]
 import numpy as np
 
 from cudagraph_kit import compare
@@ -670,14 +670,14 @@ from cudagraph_kit.course.exercises_04 import check_batch_prediction, check_clip
 # GPU-bound? How far does the model land from the measurement, and why? (One `compare` is one window: its
 # speedup is no verdict, and a rerun may land elsewhere.)
 
-# %%
+# %% tags=["nbval-check-output"]
 new_batch = ...          # an int between two of INFER_BATCHES, not one of them
 predicted_speedup = ...  # from the sweep, before measuring
 new_graph = ...          # capture(infer, image_batch(new_batch, dtype), eager_fallback=True)
 new_table = ...          # compare({"eager": infer, GRAPH_INFER: new_graph}, x, case=..., samples=SAMPLES, calls=CALLS)
 bound = ...              # "launch-bound" or "GPU-bound", from new_table
 
-# %%
+# %% tags=["nbval-check-output"]
 check_batch_prediction(new_batch, predicted_speedup, new_graph, new_table, bound,
                        sweep=curve[next(iter(INFER_DTYPES))], sweep_batches=INFER_BATCHES)
 
@@ -690,12 +690,12 @@ check_batch_prediction(new_batch, predicted_speedup, new_graph, new_table, bound
 # On what share of the steps did clipping act (norm above `MAX_NORM`)? Careful: a graph writes the norm of every
 # replay into the same tensor, as it does with every output (notebook 01, section 2).
 
-# %%
+# %% tags=["nbval-check-output"]
 norms_eager = ...       # one norm per step of the eager epoch
 norms_graphed = ...     # one norm per step of the graphed epoch
 clipped_fraction = ...  # the share of graphed steps whose norm is above MAX_NORM
 
-# %%
+# %% tags=["nbval-check-output"]
 check_clip_norms(norms_eager, norms_graphed, clipped_fraction, max_norm=MAX_NORM, steps=steps_per_epoch)
 
 # %% [markdown]

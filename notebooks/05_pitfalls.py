@@ -42,7 +42,7 @@
 # **How long**: 3.7 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under
 # a minute on a CPU.
 
-# %%
+# %% tags=["nbval-check-output"]
 # Setup. In Colab, install the kit of REPO_REF; `setup` then clones that ref, with its recorded GPU results.
 import importlib.util, os, subprocess, sys
 from pathlib import Path
@@ -54,7 +54,7 @@ if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") i
 from cudagraph_kit.course.setup_notebook import setup
 checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently; a failure says why and what to do
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "nbval-check-output"]
 SMOKE = None                 # tiny run (CI / tests); None reads $CGK_SMOKE (1 means on)
 SAMPLES = 2                  # timing samples per window in section 12; each window's median is kept
 WINDOWS = 8                  # timing windows of section 12, a pause apart: its intervals come from them
@@ -109,7 +109,7 @@ if not CUDA:
 # section 12) are claims: plain sentences (one for the memory, one per `advise` case and one overall), computed
 # from the data and collected in the summary at the end.
 
-# %%
+# %% tags=["nbval-check-output"]
 import inspect
 
 from cudagraph_kit.course.nb05_parts import PitfallTable, first_line, show_figure, still_works
@@ -309,12 +309,12 @@ print(report_lr)
 # (`Adam` accepts a tensor `lr` with `capturable=True`). The eager reference starts from the same state. The
 # recipe (the two-captures experiment of section 11 uses it too):
 
-# %%
+# %% tags=["nbval-check-output"]
 from cudagraph_kit.course.pitfall_scripts import docs_recipe_capture
 
 print(inspect.getsource(docs_recipe_capture))
 
-# %%
+# %% tags=["nbval-check-output"]
 def make_mlp(seed=0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8)).to(DEVICE)
@@ -436,7 +436,7 @@ pitfalls.record("random numbers: reseeding or another generator in the graph", "
 # process: warm-up on the default stream with the last loss kept, on a side stream with it kept, on a side
 # stream with `del loss` before capture. The experiment, a function that `run_isolated` runs in a fresh process:
 
-# %%
+# %% tags=["nbval-check-output"]
 from cudagraph_kit.course.nb05_parts import short_cause, show_isolated
 from cudagraph_kit.course.pitfall_scripts import WARMUP_VARIANTS, warmup_stream
 
@@ -464,7 +464,7 @@ pitfalls.record("warm-up not on a side stream", "warns; the capture can fail", "
 # documentation.) The background thread below allocates a new 300 MiB tensor while the main thread captures,
 # once in each mode, each in a fresh process.
 
-# %%
+# %% tags=["nbval-check-output"]
 from cudagraph_kit.course.pitfall_scripts import CAPTURE_ERROR_MODES, background_thread_allocates
 
 print(inspect.getsource(background_thread_allocates))
@@ -551,7 +551,7 @@ pitfalls.record("memory held by one private pool per graph", "wastes memory (can
 # PyTorch did, then the same with a `.clone()`. Compiling runs in a separate process with a time limit, so a slow
 # or stuck compile cannot stall the notebook.
 
-# %%
+# %% tags=["nbval-check-output"]
 from cudagraph_kit.course.pitfall_scripts import reduce_overhead_pitfalls
 
 print(inspect.getsource(reduce_overhead_pitfalls))
@@ -592,7 +592,7 @@ pitfalls.record("reduce-overhead: skipped graphs, overwritten outputs",
 # Before replaying, the experiment looks up where each tensor the first graph reads now lies, with
 # `torch.cuda.memory_snapshot()`: still allocated, free in the allocator's cache, or returned to the driver.
 
-# %%
+# %% tags=["nbval-check-output"]
 from cudagraph_kit.course.pitfall_scripts import TWO_CAPTURE_VARIANTS, two_captures
 
 print(inspect.getsource(two_captures))
@@ -820,7 +820,7 @@ else:
 # Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb05_pitfalls.py` (try
 # first).
 
-# %%
+# %% tags=["nbval-check-output"]
 import copy
 
 from cudagraph_kit.course.exercises_05 import check_clip_without_sync, check_step_counter
@@ -836,7 +836,7 @@ from cudagraph_kit.course.exercises_05 import check_clip_without_sync, check_ste
 # against an eager copy: `reference = copy.deepcopy(model)` before the capture, and
 # `verify(g, reference, x, state=[(model, reference)])`. Why must the reference be a copy, not `model` itself?
 
-# %%
+# %% tags=["nbval-check-output"]
 class ScaledByStepFixed(torch.nn.Module):
     ...  # your code: __init__ (self.lin and the counter) and forward
 
@@ -884,7 +884,7 @@ check_clip_without_sync(clip_to_norm_fixed, clip_verify)
 # "depends on state that the graph freezes" instead of a mismatch. Tensor state updated in place (BatchNorm's
 # running statistics, an optimizer's moments) is not Python state, and neither is a local accumulator.
 
-# %%
+# %% tags=["nbval-check-output"]
 class Box:
     calls = 0                      # a class attribute
 

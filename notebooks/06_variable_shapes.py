@@ -37,7 +37,7 @@
 # **How long**: 3.5 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; one to
 # two minutes on a CPU (small sizes).
 
-# %%
+# %% tags=["nbval-check-output"]
 # Setup. In Colab, install the kit of REPO_REF; `setup` then clones that ref, with its recorded GPU results.
 import importlib.util, os, subprocess, sys
 from pathlib import Path
@@ -49,7 +49,7 @@ if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") i
 from cudagraph_kit.course.setup_notebook import setup
 checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently; a failure says why and what to do
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "nbval-check-output"]
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
 MAX_ROWS = None       # largest request the buckets serve (None: 64 on a GPU; 16 in SMOKE or on a CPU)
 REQUESTS = None       # requests in the timed stream (None: 200 on a GPU; 40 in SMOKE; 24 on a CPU)
@@ -274,7 +274,7 @@ del mixes_rows
 # comes first, and each strategy is built between two `empty_cache()` calls: its delta starts from a clean
 # cache and keeps only what the strategy still holds.
 
-# %%
+# %% tags=["nbval-check-output"]
 ledger = MemoryLedger()
 built = {name: {} for name in MODELS}    # model -> {strategy: BucketedGraphs}
 info = {name: {} for name in MODELS}     # model -> {strategy: facts about it}
@@ -558,7 +558,7 @@ assert (err_table < 1e-3).all().all(), "a variant disagrees with eager: do not t
 # time of a pass). The profiler's GPU-busy time per pass (`floor (µs)`, saved as `floor_us`) shows padding as
 # extra GPU work.
 
-# %%
+# %% tags=["nbval-check-output"]
 def request_latencies(fns, requests):
     lat = {label: [] for label in fns}
     labels = list(fns)
@@ -600,7 +600,7 @@ timing.short()
 # graph per request except for the overflow requests; `reduce-overhead` launches one wherever it recorded a
 # graph for that size. Section 10's table shows the count (`graph_launches_per_request`).
 
-# %%
+# %% tags=["nbval-check-output"]
 launches = {}
 for name in MODELS:
     for label, fn in variants_of(name).items():
@@ -678,7 +678,7 @@ print("\n".join(c.statement for c in stream_claims))
 # the history). Right: memory held and setup time (capture, or compile + record); `reduce-overhead`'s variants
 # share the graph trees' one pool, shown as one bar of its own (section 7).
 
-# %%
+# %% tags=["nbval-check-output"]
 fig = plot_tradeoff(results_df, info, curve, TREES_POOL_MIB, MODELS, ["exact sizes", *FIXED, "planned"], CUDA)
 plt.show()
 
@@ -795,7 +795,7 @@ summary(claims, ["mlp_default_ladder_beats_eager", "mlp_reduce_overhead_beats_ea
 # Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb06_variable_shapes.py`
 # (try first).
 
-# %%
+# %% tags=["nbval-check-output"]
 from cudagraph_kit.course.exercises_06 import MIXING_WHY, check_batch_mixing, check_uniform_plan
 
 # %% [markdown]
@@ -810,13 +810,13 @@ from cudagraph_kit.course.exercises_06 import MIXING_WHY, check_batch_mixing, ch
 # Then capture the plan for the MLP (`capture_buckets(mlp, sample, sizes=..., eager_fallback=True)`) and
 # `verify` it on padded requests before anything else.
 
-# %%
+# %% tags=["nbval-check-output"]
 uniform_sizes = ...  # HISTORY request sizes, uniform over 1..MAX_ROWS
 uniform_plan = ...   # plan_buckets(uniform_sizes, max_graphs=len(ladder(MAX_ROWS)), max_size=MAX_ROWS)
 moved = ...          # "larger", "smaller" or "same"
 serve_uniform = ...  # capture_buckets(mlp, sample, sizes=uniform_plan.sizes, eager_fallback=True)
 
-# %%
+# %% tags=["nbval-check-output"]
 check_uniform_plan(uniform_sizes, uniform_plan, moved, serve_uniform, max_rows=MAX_ROWS, skewed_sizes=history_sizes,
                    reference=built["MLP"][DEFAULT])
 
@@ -829,7 +829,7 @@ check_uniform_plan(uniform_sizes, uniform_plan, moved, serve_uniform, max_rows=M
 # `verify` a request whose size is not a bucket. What does it report, and why must such a model never be padded?
 # Pick one of the options printed below.
 
-# %%
+# %% tags=["nbval-check-output"]
 class BatchMixingBlock(Block):
     ...  # your code: forward(self, x) with attention across dim 0
 
@@ -838,7 +838,7 @@ mixing_leak = ...  # serve.verify(x) for a padded request x
 why = ...          # "a", "b" or "c"
 print("\n".join(f"{key}) {text}" for key, text in MIXING_WHY.items()))
 
-# %%
+# %% tags=["nbval-check-output"]
 check_batch_mixing(BatchMixingBlock, mixing_leak, why, d_block=D_BLOCK, heads=HEADS,
                    sample=data["transformer block"][:MAX_ROWS])
 

@@ -43,7 +43,7 @@
 # `torchrun` jobs of a small MLP, one process per GPU (one process on a one-GPU machine). Under a minute on a CPU
 # (two gloo processes, eager, small).
 
-# %%
+# %% tags=["nbval-check-output"]
 # Setup. In Colab, install the kit of REPO_REF; `setup` then clones that ref, with its recorded GPU results.
 import importlib.util, os, subprocess, sys
 from pathlib import Path
@@ -55,7 +55,7 @@ if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") i
 from cudagraph_kit.course.setup_notebook import setup
 checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently; a failure says why and what to do
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "nbval-check-output"]
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
 LOCAL_STEPS = 300     # timed steps per rank in the local torchrun run
 DEMO_STEPS = 30       # steps of the single-process eager-vs-graph DDP check
@@ -314,7 +314,7 @@ else:
 # across ranks changed from eager to graph. (The runs with a synchronize per step wait from the first step on,
 # so they have no issue time.)
 
-# %%
+# %% tags=["nbval-check-output"]
 def compare_sentence(label, e, g, ie, ig):
     def change(a, b):
         return "smaller" if b < a else "larger" if b > a else "the same"
@@ -371,7 +371,7 @@ print(PUBLISHED.to_string(index=False))
 print()
 print(TALK.to_string(index=False))
 
-# %%
+# %% tags=["nbval-check-output"]
 if rec is not None:
     r50 = rec.df[rec.df.model == "resnet50"]
     ranks = rec.env.get("world_size") or 1
@@ -416,7 +416,7 @@ else:
 # Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb07_data_parallel.py`
 # (try first).
 
-# %%
+# %% tags=["nbval-check-output"]
 from cudagraph_kit.course.exercises_07 import check_item_per_step, check_rank_spread
 
 # %% [markdown]
@@ -428,10 +428,10 @@ from cudagraph_kit.course.exercises_07 import check_item_per_step, check_rank_sp
 # They must agree with the `rank_median_spread_us` and `step_rank_diff_p99_us` columns of `local`. Which of
 # the two says more about what an all-reduce waits for at each step?
 
-# %%
+# %% tags=["nbval-check-output"]
 rank_spread = ...  # {variant: (median spread in µs, per-step p99 spread in µs)}
 
-# %%
+# %% tags=["nbval-check-output"]
 check_rank_spread(rank_spread, local_steps)
 
 # %% [markdown]
@@ -444,10 +444,10 @@ check_rank_spread(rank_spread, local_steps)
 # loss, as a loop that logs the loss every step does). What does the `.item()` cost per step, and is the graph
 # still ahead of eager with it? Delete the step, the models and the optimizers, then destroy the process group.
 
-# %%
+# %% tags=["nbval-check-output"]
 item_table = ...    # compare({"eager": ..., "whole-step graph": ..., "whole-step graph + loss.item()": ...}, x, y, ...)
 item_cost_us = ...  # median µs of the "+ loss.item()" row minus that of the "whole-step graph" row
 keeps_lead = ...    # True if the "+ loss.item()" row is still faster than eager (speedup > 1)
 
-# %%
+# %% tags=["nbval-check-output"]
 check_item_per_step(item_table, item_cost_us, keeps_lead)

@@ -60,7 +60,7 @@
 # compiled variants take a good part of it (section 6's `first_call_s` column and section 10's setup table give
 # them). A T4 has not been timed yet; under a minute on a CPU (small sizes).
 
-# %%
+# %% tags=["nbval-check-output"]
 # Setup. In Colab, install the kit of REPO_REF; `setup` then clones that ref, with its recorded GPU results.
 import importlib.util, os, subprocess, sys
 from pathlib import Path
@@ -73,7 +73,7 @@ from cudagraph_kit.course.setup_notebook import setup
 checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently; a failure says why and what to do
 
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "nbval-check-output"]
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
 BATCHES = None        # decode batch sizes timed (None: 1, 4, 16, 64 on a GPU; 1, 4 in SMOKE or on a CPU)
 PROMPT_LEN = 16       # prompt tokens per sequence
@@ -90,7 +90,7 @@ TIME_BUDGET_S = 300   # once the notebook has run this long, variants that still
 K_STEPS = (1, 2, 4, 8)  # decode steps per graph replay (section 11)
 SEED = 0
 
-# %%
+# %% tags=["nbval-check-output"]
 import time
 from functools import partial
 from pathlib import Path
@@ -298,7 +298,7 @@ assert padded_err < 1e-3
 #
 # Each variant is tried on its own; one that fails becomes a row with its error, and the others go on.
 
-# %%
+# %% tags=["nbval-check-output"]
 variant_errors = {}
 attempt = partial(attempt, errors=variant_errors)   # a variant that fails is reported in the tables; the rest go on
 
@@ -453,7 +453,7 @@ m_step.short()
 # the graph saves more than 10% on prefill; and whether it buys a decode step more than it buys prefill (the decode
 # step's speedup over prefill's, window by window).
 
-# %%
+# %% tags=["nbval-check-output"]
 claims = []   # every comparison this notebook states; the summary table and claims.csv at the end
 for b in BATCHES:
     case, timed = STEP_CASE[b], step_cases[STEP_CASE[b]][0]
@@ -794,7 +794,7 @@ if len(hf_timed) > 1:
 # Left: time per decode step against the batch size, with the floor. Middle: tokens per second of whole
 # generations, every variant. Right: the serving loop, time per step of each strategy, with its number of graphs.
 
-# %%
+# %% tags=["nbval-check-output"]
 where = torch.cuda.get_device_name(0) if CUDA else "CPU (eager only: not a GPU result)"
 fig = plot_decode(step_df, gen_df, serve_df, f"LLM decoding with a static KV cache: {where}, PyTorch "
                                              f"{torch.__version__}, {DT}")
@@ -885,7 +885,7 @@ if set(HEADLINES) - {c.claim for c in claims}:
 # Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb08_llm_decode.py` (try
 # first).
 
-# %%
+# %% tags=["nbval-check-output"]
 from cudagraph_kit.course.exercises_08 import TIE_WHY, check_decode_buckets, check_k_step_decode, check_low_precision_ties
 
 # %% [markdown]
@@ -896,13 +896,13 @@ from cudagraph_kit.course.exercises_08 import TIE_WHY, check_decode_buckets, che
 # exactly as eager (`served["eager"]`)? Then give `pad_fraction`, the share of the computed rows that are padding
 # on this stream (`evaluate_buckets`).
 
-# %%
+# %% tags=["nbval-check-output"]
 few_buckets = ...     # plan_buckets(history, max_graphs=4, max_size=MAX_BATCH)
 serve_few = ...       # capture_buckets(graph_step, sample_tokens, sample_pos, sizes=few_buckets.sizes, eager_fallback=True)
 few_tokens = ...      # {request id: tokens}: the record of serve(serve_few, stream, record=...)
 pad_fraction = ...    # evaluate_buckets(observed, few_buckets.sizes)["pad_fraction"]
 
-# %%
+# %% tags=["nbval-check-output"]
 check_decode_buckets(few_buckets, serve_few, few_tokens, pad_fraction, history=history, observed=observed,
                      max_batch=MAX_BATCH, eager_tokens=served["eager"])
 
@@ -914,14 +914,14 @@ check_decode_buckets(few_buckets, serve_few, few_tokens, pad_fraction, history=h
 # `greedy_generate_no_cache(..., logits_out=...)`), and compare the tokens with `first_divergence`. If they
 # differ, why? Pick one of the options printed below.
 
-# %%
+# %% tags=["nbval-check-output"]
 bf16_tokens = ...        # greedy_generate on the bfloat16 model, static cache
 bf16_reference = ...     # greedy_generate_no_cache on the bfloat16 model
 bf16_divergence = ...    # first_divergence(bf16_tokens, bf16_reference, its logits, the reference's logits)
 tie_why = ...            # "a", "b" or "c"
 print("\n".join(f"{key}) {text}" for key, text in TIE_WHY.items()))
 
-# %%
+# %% tags=["nbval-check-output"]
 check_low_precision_ties(bf16_tokens, bf16_reference, bf16_divergence, tie_why, prompt=prompts[MAX_BATCH],
                          cfg=CFG, seed=SEED, new_tokens=NEW_TOKENS)
 
@@ -935,14 +935,14 @@ check_low_precision_ties(bf16_tokens, bf16_reference, bf16_divergence, tie_why, 
 # EX3_STOP))`, `generate_blocks(k4_graph.replay, k4_graph.static_inputs, first, NEW_TOKENS, 4, PAD)`. Why must the
 # updates be in place?
 
-# %%
+# %% tags=["nbval-check-output"]
 ex3_prompt = kx[:K_BATCHES[-1]]
 EX3_STOP = mid_block_stop(greedy_generate(model, cache, ex3_prompt, NEW_TOKENS), 4)[0]   # stops inside a block
 k4_block = ...     # def k4_block(tokens, pos, done, stop): ... four steps of decode_step, in place
 k4_graph = ...     # capture(fresh_cublas_workspace(k4_block), *decode_state(...zeros..., 0), warmup=2, eager_fallback=True)
 k4_tokens = ...    # generate_blocks(k4_graph.replay, k4_graph.static_inputs, first, NEW_TOKENS, 4, PAD)
 
-# %%
+# %% tags=["nbval-check-output"]
 check_k_step_decode(k4_block, k4_graph, k4_tokens, model=model, cache=cache, prompt=ex3_prompt, stop_token=EX3_STOP,
                     new_tokens=NEW_TOKENS, pad_token=PAD)
 
@@ -958,7 +958,7 @@ check_k_step_decode(k4_block, k4_graph, k4_tokens, model=model, cache=cache, pro
 # this is cuBLAS's heuristic for these shapes, not the kit. Padding a batch of 16 up to a bucket of 32 is one way
 # around it, which `plan_buckets` (notebook 06) can find from measured costs.
 
-# %%
+# %% tags=["nbval-check-output"]
 kernels, sentence = kernel_table((results.recorded_root() or Path("figures")) / "08_decode_kernels")
 if kernels is not None:
     print(kernels.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
