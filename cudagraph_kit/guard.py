@@ -422,10 +422,7 @@ def _describe(t) -> str:
 
 
 def _read_entry(kind, container, key):
-    if kind == "dict":
-        return dict.get(container, key)
-    if kind == "item":
-        return container[key] if key < len(container) else None
+    """What a cell, attribute or tensor-keyed dict entry holds now (the kinds read one by one)."""
     if kind == "cell":
         try:
             return container.cell_contents
@@ -501,9 +498,10 @@ class Guard:
         self._list_ids = [list(map(id, lst)) for lst in self._lists]
         self._other = [e for e in every_call if e[0] in ("cell", "values")]
 
-    def _fast_check_fails(self) -> bool:
-        """The per-call check, without events: True when something may have changed (``changes`` says what)."""
-        return (list(map(_data_ptr, self._hot)) != self._hot_ptrs
+    def _may_have_changed(self) -> bool:
+        """The per-call check: True after an event or when something may have changed (``changes`` says what)."""
+        return (_EVENTS[0] != self._events or not self._hooked
+                or list(map(_data_ptr, self._hot)) != self._hot_ptrs
                 or list(map(_is_contiguous, self._hot_2d)) != self._hot_contiguous
                 or list(map(id, map(dict.get, self._dict_owners, self._dict_keys))) != self._dict_ids
                 or self._rest_fails())
@@ -527,11 +525,7 @@ class Guard:
         compares shapes and dtypes."""
         if self._held and not full:
             return
-        if (full or _EVENTS[0] != self._events or not self._hooked
-                or list(map(_data_ptr, self._hot)) != self._hot_ptrs
-                or list(map(_is_contiguous, self._hot_2d)) != self._hot_contiguous
-                or list(map(id, map(dict.get, self._dict_owners, self._dict_keys))) != self._dict_ids
-                or ((self._attr_objects or self._lists or self._other) and self._rest_fails())):
+        if full or self._may_have_changed():
             found = self.changes()
             if found:
                 raise self.error(found)
@@ -656,7 +650,7 @@ def weights_fixed(*graphed):
             g._held -= 1
         if not failed:
             for g in guards:
-                if _EVENTS[0] == g._events and g._hooked and not g._fast_check_fails():
+                if not g._may_have_changed():
                     continue
                 found = g.changes()
                 if found:

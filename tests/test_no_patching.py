@@ -142,14 +142,6 @@ def test_the_guards_hooks_live_with_a_guarded_graph_and_go_with_the_last():
     watch = Inspector()
     assert guard.hooks_installed() == 0
 
-    def stand_in_capture(work, pool, device):
-        out = work()
-
-        class Graph:
-            def replay(self):
-                work()
-        return Graph(), out
-
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(4, 8), torch.randn(4, 2)
@@ -190,6 +182,16 @@ def test_capture_buckets_with_eager_fallback_patches_nothing():
     watch.assert_clean(min_calls=1)
 
 
+def stand_in_capture(work, pool, device):
+    """A CPU stand-in for the train step's capture: runs the work, and again on each replay."""
+    out = work()
+
+    class Graph:
+        def replay(self):
+            work()
+    return Graph(), out
+
+
 def _watched_loss(watch, where):
     def loss_fn(out, target):
         watch.inspect(where)
@@ -212,14 +214,6 @@ def test_train_step_warm_up_capture_and_replay_patch_nothing():
     """Graph mode on the CPU with a stand-in capture: the kit's reseed watch runs around each warm-up step, the
     capture and the replays run the step again; none of it rebinds anything."""
     watch = Inspector()
-
-    def stand_in_capture(work, pool, device):
-        out = work()
-
-        class Graph:
-            def replay(self):
-                work()
-        return Graph(), out
 
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
