@@ -311,3 +311,37 @@ def test_after_setup_the_notebook_imports_the_checkouts_kit(tmp_path):
     first, then, root = done.stdout.splitlines()
     assert first == str(tmp_path / "copy" / "cudagraph_kit" / "course" / "setup_notebook.py")
     assert then == str(PROJECT_ROOT / "cudagraph_kit" / "course" / "setup_notebook.py") and root == str(PROJECT_ROOT)
+
+
+# ------------------------------------------------------------------------------------------------ figures
+def test_a_kernel_under_mplbackend_agg_still_draws_figures_into_the_notebook(tmp_path):
+    """CI sets MPLBACKEND=Agg; a kernel started under it shows no figure, and nbval then misses the figure layouts
+    it compares. ``show_figures_inline`` (which ``setup`` calls) switches such a kernel to inline drawing."""
+    import nbformat
+    from nbclient import NotebookClient
+    figure = "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2])\nplt.show()"
+    outputs = {}
+    for switched in (False, True):
+        first = "from cudagraph_kit.course.setup_notebook import show_figures_inline\n" + (
+            "print(show_figures_inline())" if switched else "print('left as it is')")
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(first), nbformat.v4.new_code_cell(figure)])
+        old = os.environ.get("MPLBACKEND")
+        os.environ["MPLBACKEND"] = "Agg"
+        try:
+            NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}},
+                           ).execute()
+        finally:
+            os.environ.pop("MPLBACKEND") if old is None else os.environ.__setitem__("MPLBACKEND", old)
+        outputs[switched] = nb.cells
+    assert outputs[False][1].outputs == []  # the trouble: Agg draws nothing into the notebook
+    assert outputs[True][0].outputs[0]["text"].strip() == "True"
+    drawn = [o for o in outputs[True][1].outputs if o["output_type"] == "display_data"]
+    assert len(drawn) == 1 and "image/png" in drawn[0]["data"]
+    assert drawn[0]["data"]["text/plain"].startswith("<Figure size")
+
+
+def test_outside_a_kernel_or_without_mplbackend_nothing_is_switched(monkeypatch):
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    assert sn.show_figures_inline() is False
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    assert sn.show_figures_inline() is False  # pytest is no Jupyter kernel

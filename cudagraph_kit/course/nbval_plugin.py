@@ -30,16 +30,16 @@ Once loaded, and where nbval is installed, it sets:
 Options given anywhere count as given: on the command line, in ``addopts`` or in ``PYTEST_ADDOPTS``.
 
 **Which cells are compared.** In lax mode nbval compares only the cells marked for it: the cell tag
-``nbval-check-output`` or the comment ``# NBVAL_CHECK_OUTPUT`` (nbval's ``nbval-ignore-output``,
-``nbval-skip`` and ``raises-exception`` work as nbval documents); every other cell runs and must not raise. Mark
-a cell when what it shows is the same on every device, at every size and in every run (the rule this project
-follows): published reference tables, tables and sentences read from committed results that another script
-recorded, source listings, exercise prompts, the check of an exercise left undone where it says the same with
-and without a GPU, a figure's layout (nbval compares ``<Figure size 1200x420 with 2 Axes>``, never the PNG),
-and cells that print nothing (they must stay silent: a new warning fails). Never mark a cell that shows a
-timing, a size, the device, a path or a count of what ran. At the end of a run the plugin says how many cells
-were compared; ``python -m cudagraph_kit.course.nbval_plugin --list notebooks/*.ipynb`` counts and names them
-without running anything.
+``nbval-check-output`` or the comment ``# NBVAL_CHECK_OUTPUT`` (nbval's ``nbval-ignore-output``, ``nbval-skip`` and
+``raises-exception`` work as nbval documents); every other cell runs and must not raise. Mark a cell when what it
+shows is the same on every device, at every size and in every run (the rule this project follows): published
+reference tables, tables and sentences read from committed results that another script recorded, source listings,
+exercise prompts, the check of an exercise left undone where it says the same with and without a GPU, a figure's
+layout (nbval compares ``<Figure size 1200x420 with 2 Axes>``, never the PNG; a kernel draws nothing under
+``MPLBACKEND=Agg``, so run ``%matplotlib inline`` first, as the kit's setup cell does), and cells that print nothing
+(they must stay silent: a new warning fails). Never mark a cell that shows a timing, a size, the device, a path or a
+count of what ran. At the end of a run the plugin says how many cells were compared; ``python -m
+cudagraph_kit.course.nbval_plugin --list notebooks/*.ipynb`` counts and names them without running anything.
 """
 from __future__ import annotations
 

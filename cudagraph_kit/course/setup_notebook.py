@@ -17,7 +17,8 @@ In Colab (``google.colab`` loaded), :func:`setup`
   the installed kit, and makes the rest of the notebook import the kit from the clone;
 - moves into the clone's ``notebooks/`` folder and prints one line saying what it did.
 
-Anywhere else (a checkout, CI, papermill, nbval) it finds the checkout the working folder is in, checks PyTorch,
+In a Jupyter kernel it also draws figures inline where ``MPLBACKEND`` names another backend
+(:func:`show_figures_inline`). Anywhere else (a checkout, CI, papermill, nbval) it finds the checkout the working folder is in, checks PyTorch,
 makes the notebook import that checkout's kit, and prints nothing; it runs no git, no pip, no network. Run twice
 (a re-run cell, a restarted kernel) it reuses the clone and the install. Example (the notebooks' setup cell)::
 
@@ -186,11 +187,28 @@ def use_kit_from(checkout: Path) -> None:
         importlib.invalidate_caches()
 
 
+def show_figures_inline() -> bool:
+    """In a Jupyter kernel, draw matplotlib figures into the notebook (as ``%matplotlib inline`` does) where the
+    environment's ``MPLBACKEND`` names another backend: CI often sets ``Agg``, under which a notebook shows no
+    figure and nbval finds none to compare. Elsewhere, or with ``MPLBACKEND`` unset or inline, it does nothing.
+    Returns whether it switched. Example: ``show_figures_inline()`` in a notebook's first cell."""
+    backend = os.environ.get("MPLBACKEND", "")
+    if not backend or "inline" in backend.lower():
+        return False
+    ipython = sys.modules.get("IPython")  # a kernel has it loaded already; a plain script has not
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return False
+    shell.run_line_magic("matplotlib", "inline")
+    return True
+
+
 def setup(repo_url: str, ref: str, *, colab: bool | None = None, cwd: Path | None = None) -> Path | None:
     """Get the notebook ready: in Colab clone ``ref`` of ``repo_url`` and install it; elsewhere use the checkout the
     working folder is in, silently. Returns the checkout (None outside one, outside Colab). ``colab`` (default: is
     ``google.colab`` loaded?) and ``cwd`` (default: the working folder) are there for tests."""
     colab = in_colab() if colab is None else colab
+    show_figures_inline()
     try:
         here = Path(cwd or Path.cwd()).resolve()
     except FileNotFoundError:  # the folder the notebook worked in was deleted (an old clone, removed)
