@@ -219,7 +219,7 @@ def timeline(trace, ax=None, title: str | None = None, xmax: float | None = None
         ax.broken_barh([(g["start"], max(g["end"] - g["start"], end * 0.001))], (rows["gpu"] - 0.35, 0.7),
                        facecolors=GPU_COLORS.get(g["cat"], "#31a354"), edgecolor="white", linewidth=0.3)
     span = min(_end_of(ev), end)  # this trace's own span: from its first launch to its last activity
-    busy = _union(ev["gpu"], span)
+    busy = _capture.busy_time([(g["start"], g["end"]) for g in ev["gpu"]], end=span)
     n_kernel = sum(h["kind"] == "kernel" for h in ev["host"] if h["start"] < end)
     n_graph = sum(h["kind"] == "graph" for h in ev["host"] if h["start"] < end)
     ax.set_yticks([rows["gpu"], rows["host"]], ["GPU", "host (CUDA API)"])
@@ -236,18 +236,6 @@ def timeline(trace, ax=None, title: str | None = None, xmax: float | None = None
                        Patch(color=GPU_COLORS["gpu_memcpy"], label="copy / memset")],
               fontsize=7, loc="upper center", ncol=5, frameon=False, bbox_to_anchor=(0.5, -0.32))
     return ax
-
-
-def _union(items, end) -> float:
-    total, cur = 0.0, None
-    for s, e in sorted((i["start"], min(i["end"], end)) for i in items if i["start"] < end):
-        if cur is None or s > cur[1]:
-            if cur:
-                total += cur[1] - cur[0]
-            cur = [s, e]
-        else:
-            cur[1] = max(cur[1], e)
-    return total + (cur[1] - cur[0] if cur else 0.0)
 
 
 def timelines(traces: dict, title: str | None = None):

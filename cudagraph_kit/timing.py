@@ -198,20 +198,6 @@ def timeit(fn, *args, calls: int | None = None, samples: int = 7, warmup: int | 
     return sampler.timing()
 
 
-def _busy_union(intervals):
-    total, cur_start, cur_end = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_end is None or s > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = s, e
-        else:
-            cur_end = max(cur_end, e)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
-
-
 def _profile(fn, args, calls):
     from torch.profiler import ProfilerActivity, profile
 
@@ -275,7 +261,7 @@ def gpu_time(fn, *args, calls: int = 20, warmup: int = 3, units_per_call: int | 
             eager += 1
     n = calls * units
     top = sorted(((k, v / n) for k, v in per_name.items()), key=lambda kv: -kv[1])[:5]
-    return GpuTime(busy_us=_busy_union(intervals) / n, kernels=kernels / n, copies=copies / n,
+    return GpuTime(busy_us=_capture.busy_time(intervals) / n, kernels=kernels / n, copies=copies / n,
                    graph_launches=launches / calls, eager_launches=eager / n, top=top)
 
 

@@ -69,11 +69,9 @@ def pytest_report_header(config):
 
 
 def figures_snapshot(folder: Path = FIGURES_DIR) -> dict:
-    """{relative path: sha1} of every file under the recorded results folder."""
-    if not folder.is_dir():
-        return {}
-    return {str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    """{relative path: SHA-256} of every file under the recorded results folder (the course's ``file_digests``)."""
+    from cudagraph_kit.course.runs import file_digests
+    return file_digests(folder)
 
 
 def figures_changes(before: dict, after: dict) -> list:

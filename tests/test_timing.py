@@ -8,7 +8,8 @@ import torch
 
 from cudagraph_kit import compare, gpu_time, timeit
 from cudagraph_kit.capture import capture
-from cudagraph_kit.timing import _busy_union, _calls_for
+from cudagraph_kit.capture import busy_time
+from cudagraph_kit.timing import _calls_for
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -41,9 +42,11 @@ def test_timeit_rejects_bad_counts():
 
 
 def test_busy_union_merges_overlaps():
-    assert _busy_union([(0, 10), (5, 15), (20, 30)]) == 25
-    assert _busy_union([(3, 4), (0, 10)]) == 10
-    assert _busy_union([]) == 0
+    assert busy_time([(0, 10), (5, 15), (20, 30)]) == 25
+    assert busy_time([(3, 4), (0, 10)]) == 10
+    assert busy_time([]) == 0
+    assert busy_time([(0, 10), (5, 15), (20, 30)], end=12) == 12   # clipped at the end, as a timeline is
+    assert busy_time([(0, 4), (8, 30)], end=8) == 4                 # an interval that starts at the end is out
 
 
 def test_compare_interleaves_variants_round_robin_with_rotation():

@@ -650,7 +650,8 @@ def run_benchmarks(results_dir, run: dict | None = None, resume_hint: str = "") 
         for folder in results_dir.iterdir() if results_dir.is_dir() else []:
             if folder.is_dir() and not folder.name.startswith("."):  # what the cross-check compares with
                 shutil.copytree(folder, staged_results / folder.name)
-        seeded = {p.name: _tree_digest(p) for p in staged_results.iterdir()}
+        from .runs import tree_digest
+        seeded = {p.name: tree_digest(p) for p in staged_results.iterdir()}
         env = dict(os.environ, CGK_RESULTS_DIR=str(staged_results), PYTHONUNBUFFERED="1")
         if run is not None:
             env["CGK_RUN"] = json.dumps(run)
@@ -664,7 +665,7 @@ def run_benchmarks(results_dir, run: dict | None = None, resume_hint: str = "") 
                   f"reproduce: go on with: {resume_hint}", file=sys.stderr, flush=True)
             raise RunStopped(130 if isinstance(exc, KeyboardInterrupt) else 1) from exc
         for name, digest in seeded.items():  # publish only what the benchmark wrote
-            if _tree_digest(staged_results / name) == digest:
+            if tree_digest(staged_results / name) == digest:
                 shutil.rmtree(staged_results / name)
         seconds = round(time.perf_counter() - t0, 1)
         if run is not None:
@@ -676,15 +677,6 @@ def run_benchmarks(results_dir, run: dict | None = None, resume_hint: str = "") 
                     replace_folder(folder, results_dir / folder.name)
         shutil.rmtree(stage, ignore_errors=True)
         print(f"[bench] scripts/{script} done in {seconds:.0f} s", flush=True)
-
-
-def _tree_digest(folder: Path) -> str:
-    import hashlib
-    digest = hashlib.sha256()
-    for p in sorted(Path(folder).rglob("*")):
-        if p.is_file():
-            digest.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes())
-    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------ JupyterLab
