@@ -2,7 +2,6 @@
 sizes and a results folder of the session's own), the GPU-test stamp, a guard that no test run changes the
 recorded results in figures/, and the benchmark tests (run only when asked for, they report a figure instead of
 gating the suite)."""
-import hashlib
 import json
 import os
 import platform
