@@ -1,9 +1,13 @@
-"""A notebook's code budget, read from its py:percent source: code lines in the lesson (outside the setup cell,
-the parameters cell, the exercises and the appendix), in the appendix and in the exercises, and the longest code
-cell of the lesson. The budget (docs in DESIGN): about 400 lesson code lines, no code cell over about 40 lines.
+"""A notebook's budget, read from its py:percent source: the prose words and code lines of its *core* (everything
+before "Going further" and the exercises, the setup and parameters cells aside), of its "Going further" part
+(an "## Appendix" heading counts as one too) and of its exercises, and the core's longest code cell.
 
-A code line is a non-blank line that is not a comment. The exercises start at the heading "## Exercises"; the
-appendix at a heading starting "## Appendix".
+The budget (DESIGN.md): a careful learner reads a core in 45 minutes at most: about 1,500 prose words and 200 code
+lines (01: 1,200 and 150), no code cell over about 40 lines. A core over budget is flagged with "over".
+
+A code line is a non-blank line that is not a comment. A prose word is a whitespace-separated token of a markdown
+cell, link addresses left out. The core ends at the first heading that starts "## Going further", "## Exercises"
+or "## Appendix".
 
 Usage::
 
@@ -42,37 +46,56 @@ def code_lines(lines) -> int:
     return sum(1 for s in lines if s.strip() and not s.strip().startswith("#"))
 
 
+LIMITS = {"01_gelu": (1200, 150)}   # (prose words, code lines) of a core; others: DEFAULT_LIMIT
+DEFAULT_LIMIT = (1500, 200)
+LONGEST_CELL = 40
+LINK = re.compile(r"\]\([^)]*\)")
+
+
+def prose_words(lines) -> int:
+    text = "\n".join(re.sub(r"^#+\s*", "", s[2:] if s.startswith("# ") else s.lstrip("#")) for s in lines)
+    return len(LINK.sub("]", text).split())   # heading marks and link addresses are no words
+
+
 def budget(path: Path) -> dict:
-    part, setup_seen = "lesson", False
-    counts = {"lesson": 0, "appendix": 0, "exercises": 0, "setup": 0}
+    part, setup_seen = "core", False
+    code = {"core": 0, "further": 0, "exercises": 0, "setup": 0}
+    words = {"core": 0, "further": 0, "exercises": 0}
     longest = (0, "")
     for kind, lines in cells(path):
         if kind == "markdown":
             text = "\n".join(lines)
             if re.search(r"^# ## Exercises", text, re.M):
                 part = "exercises"
-            elif re.search(r"^# ## Appendix", text, re.M):
-                part = "appendix"
+            elif re.search(r"^# ## (Going further|Appendix)", text, re.M):
+                part = "further"
+            words[part] += prose_words(lines)
             continue
         n = code_lines(lines)
         if kind == "parameters" or not setup_seen:
             setup_seen = True
-            counts["setup"] += n
+            code["setup"] += n
             continue
-        counts[part] += n
-        if part == "lesson" and n > longest[0]:
+        code[part] += n
+        if part == "core" and n > longest[0]:
             first = next((s for s in lines if s.strip() and not s.startswith("#")), "")
             longest = (n, first.strip()[:60])
-    return {"notebook": path.stem, **counts, "longest_cell": longest[0], "longest_starts": longest[1]}
+    max_words, max_code = LIMITS.get(path.stem, DEFAULT_LIMIT)
+    over = words["core"] > max_words * 1.05 or code["core"] > max_code * 1.05 or longest[0] > LONGEST_CELL
+    return {"notebook": path.stem, "core_words": words["core"], "core_code": code["core"],
+            "further_words": words["further"], "further_code": code["further"], "exercise_words": words["exercises"],
+            "exercise_code": code["exercises"], "longest_cell": longest[0], "longest_starts": longest[1],
+            "limit": f"{max_words}/{max_code}", "over": over}
 
 
 def main(argv=None) -> int:
     paths = [Path(a) for a in (argv or sys.argv[1:])] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
-    print(f"{'notebook':22} {'lesson':>6} {'appendix':>8} {'exercises':>9} {'longest':>7}  longest cell starts")
+    print(f"{'notebook':20} {'core words/code':>16} {'limit':>9} {'further':>12} {'exercises':>12} {'longest':>7}")
     for p in paths:
         b = budget(p)
-        print(f"{b['notebook']:22} {b['lesson']:>6} {b['appendix']:>8} {b['exercises']:>9} {b['longest_cell']:>7}  "
-              f"{b['longest_starts']}")
+        print(f"{b['notebook']:20} {b['core_words']:>9}/{b['core_code']:<6} {b['limit']:>9} "
+              f"{b['further_words']:>6}/{b['further_code']:<5} {b['exercise_words']:>6}/{b['exercise_code']:<5} "
+              f"{b['longest_cell']:>7}{'  over' if b['over'] else ''}")
     return 0
 
 

@@ -139,3 +139,38 @@ def test_an_interval_whose_ends_read_alike_is_one_number_and_sizes_read_with_sep
     assert faster("a", 1.2, 1.25, "the graph").statement == "the graph is 1.20-1.25x faster than eager"
     c = stops_paying("g", [(2 ** 20, 1.5, 2.0), (2 ** 24, 1.0, 1.05)], 1.10, "the graph", " elements")
     assert c.statement == "the graph stops paying (at most 1.1x) from 16,777,216 elements on"
+
+
+# ------------------------------------------------------------------------------------------------ takeaways
+def test_takeaways_render_numbers_from_the_claims_and_never_say_more_than_they_found():
+    from cudagraph_kit.course.claims import faster, takeaways
+    holds = faster("graph_beats_eager", 6.8, 9.14, "small: graph replay")
+    unclear = faster("graph_saves_10pct", 1.01, 1.19, "large: graph replay", above=1.10)
+    lines = ["A graph made the small GELU {graph_beats_eager} faster.",
+             "It said: {graph_beats_eager:statement}.",
+             "The large one saved at least 10%: {graph_saves_10pct}.",
+             "Correct before fast."]
+    shown = takeaways(lines, [holds, unclear])
+    assert shown[0] == "A graph made the small GELU 6.80-9.14x faster."
+    assert shown[1] == "It said: small: graph replay is 6.80-9.14x faster than eager."
+    assert shown[2] == f"Measured instead: {unclear.statement}."      # unclear: the line's claim is not made
+    assert shown[3] == "Correct before fast."
+    with pytest.raises(KeyError, match="never_made"):
+        takeaways(["{never_made}"], [holds])
+
+
+def test_a_cpu_learner_reads_the_recorded_runs_takeaways_labelled_with_its_gpu(capsys):
+    """Without a GPU the claims are eager fallbacks: the takeaways come from the recorded claims.csv of figures/,
+    under a line naming the recorded run's GPU and date."""
+    import json
+    from cudagraph_kit.course.claims import faster, show_takeaways
+    from cudagraph_kit.course.paths import FIGURES_DIR
+    here = [faster("replay_beats_eager_small", 1.0, 1.1, "small: graph replay", eager_fallback=True)]
+    shown = show_takeaways("01_gelu", here, ["A graph made the small GELU {replay_beats_eager_small} faster."])
+    recorded = pd.read_csv(FIGURES_DIR / "01_gelu" / "claims.csv").set_index("claim").loc["replay_beats_eager_small"]
+    assert recorded.verdict == "holds"
+    assert shown == [f"A graph made the small GELU {recorded.lo:.2f}-{recorded.hi:.2f}x faster."]
+    printed = capsys.readouterr().out
+    env = json.loads((FIGURES_DIR / "01_gelu" / "env.json").read_text())
+    assert "No graph ran here; the recorded run's takeaways." in printed and env["gpu"] in printed
+    assert env["date"] in printed

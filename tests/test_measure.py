@@ -45,9 +45,12 @@ def test_measure_times_every_case_in_every_window_and_combines_them(cpu_clock, m
     assert lo < 5 * min(drift) and hi > 5 * max(drift) * 0.95
     assert m.interval("large", "graph") == pytest.approx((1 / 0.9, 1 / 0.9))
     short = m.short()
-    assert list(short.columns) == ["case", "variant", "ran as", "time (µs)", "speedup", "90% interval", "floor (µs)"]
+    # no column that is empty in every row: without a GPU no floor was measured
+    assert list(short.columns) == ["case", "variant", "ran as", "time (µs)", "speedup", "90% interval"]
     assert (short.loc[1, "speedup"], short.loc[1, "90% interval"]) == ("-", "ran eagerly")   # no GPU: eager vs eager
-    assert (short.loc[0, "speedup"], short.loc[0, "90% interval"]) == ("1.00x", "1.00-1.00x")  # the baseline
+    assert (short.loc[0, "speedup"], short.loc[0, "90% interval"]) == ("baseline", "")      # not "1.00-1.00x"
+    m.table["floor_us"] = [float("nan"), 12.0, float("nan"), 30.0]    # a floor in some rows: the column stays
+    assert list(m.short().columns)[-1] == "floor (µs)"
     r = m.ratio(("large", "eager"), ("small", "graph"))     # any two rows, window by window
     assert r["windows"] == 8 and r["ratio"] == pytest.approx(50.0)
     # on a machine without CUDA the graph rows are eager: the claim about the graph says so
@@ -90,3 +93,33 @@ def test_beside_recorded_puts_this_run_next_to_the_recorded_one(tmp_path, capsys
     assert row["speedup (90% interval) recorded"] == "5.00x (4.50-5.50)"
     assert "Recorded on" in capsys.readouterr().out
     assert results.beside_recorded("02_train_step", fresh, root=tmp_path) is None
+
+
+def test_one_call_per_experiment_gives_the_table_and_its_verdicts(cpu_clock, capsys):
+    """``measure(..., verdicts=...)`` builds the experiment's claims; ``show`` prints the table, then one sentence
+    per verdict, under a caption that says CPU times are not GPU results."""
+    from cudagraph_kit.course import verdicts
+
+    def spend(us):
+        cpu_clock.t += us * 1e-6
+    m = measure({"small": {"eager": lambda: spend(100), "graph replay": lambda: spend(20),
+                           "graph copy+replay": lambda: spend(30)},
+                 "large": {"eager": lambda: spend(1000), "graph replay": lambda: spend(900),
+                           "graph copy+replay": lambda: spend(950)}},
+                windows=3, samples=2, calls=4, pause_s=0, sleep=lambda s: None, progress=None,
+                verdicts=verdicts.gelu_headline)
+    assert [c.claim for c in m.claims] == ["replay_beats_eager_small", "copy_replay_beats_eager_small",
+                                           "replay_beats_eager_large", "replay_saves_10pct_large"]
+    m.show()
+    out = capsys.readouterr().out
+    assert out.startswith("Timed on this CPU, eager only: not GPU results")
+    assert all(f"- {c.statement}" in out for c in m.claims) and "compares eager with eager" in out
+
+
+def test_show_figure_names_the_recorded_run_or_says_where_it_looked(capsys, tmp_path):
+    from cudagraph_kit.course.results import show_figure
+    from cudagraph_kit.course.paths import FIGURES_DIR
+    assert show_figure("01_gelu", "timeline") == FIGURES_DIR / "01_gelu" / "timeline.png"
+    assert "Recorded on NVIDIA" in capsys.readouterr().out
+    assert show_figure("01_gelu", "no_such_picture") is None
+    assert "No recorded figure 'no_such_picture' of 01_gelu" in capsys.readouterr().out

@@ -5,6 +5,8 @@ import pandas as pd
 import pytest
 import torch
 
+from cudagraph_kit.course.paths import FIGURES_DIR
+
 pytestmark = pytest.mark.notebook
 
 
@@ -12,6 +14,17 @@ def test_gelu_notebook_records_correct_and_honest_results(run_notebook):
     folder = run_notebook("01_gelu", SMOKE=True)
     df = pd.read_csv(folder / "results.csv")
     env = json.loads((folder / "env.json").read_text())
+    # the takeaways it showed: this run's on a GPU, else the recorded run's, under a line naming that run's GPU
+    executed = json.loads((folder.parent.parent / "01_gelu.ipynb").read_text())
+    shown = [o for c in executed["cells"] if "show_takeaways(" in "".join(c["source"]) and c["cell_type"] == "code"
+             for o in c["outputs"]]
+    text = "".join("".join(o.get("data", {}).get("text/markdown", o.get("text", ""))) for o in shown)
+    recorded = json.loads((FIGURES_DIR / "01_gelu" / "env.json").read_text())
+    if torch.cuda.is_available():
+        assert f"This run, on {torch.cuda.get_device_name(0)}" in text
+    else:
+        assert "No graph ran here; the recorded run's takeaways." in text and recorded["gpu"] in text
+    assert text.count("\n1. ") == 1 and "\n5. " in text and "\n6. " not in text   # five takeaways
     assert {"case", "variant", "executed_as", "median_us", "speedup", "floor_us", "kernels_per_call",
             "copies_per_call"} <= set(df.columns)
     assert {"small", "large"} <= set(df.case)

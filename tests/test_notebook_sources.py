@@ -110,7 +110,10 @@ PUBLISHED_SOURCES = {("shu65", "blog-pytorch-notebooks"),  # the 2021 K80 blog's
 
 # Notebooks whose GPU execution is still owed, with the reason. The test below is an expected failure for them
 # (strict: once the executed notebook is committed it passes, the xfail turns into a failure, and the entry must go).
-AWAITING_GPU_RUN: dict = {}
+AWAITING_GPU_RUN: dict = {
+    "01_gelu": "rewritten to its budget (picture first, one call per experiment, takeaways, Going further); "
+               "the committed notebook is the 2026-11-25 H100 run of the old text until reproduce runs it on a GPU",
+}
 
 
 @pytest.mark.parametrize("source", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=AWAITING_GPU_RUN[s.stem]))

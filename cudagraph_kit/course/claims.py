@@ -34,13 +34,14 @@ from pathlib import Path
 from ..intervals import verdict
 
 __all__ = ["Claim", "faster", "speedup", "versus", "within_floor", "stops_paying", "best_of", "summary", "summary_table",
-           "save_claims",
-           "load_claims", "quoted_claims", "CLAIMS_FILE", "CLAIM_COLUMNS", "EAGER_FALLBACK"]
+           "statements", "takeaways", "show_takeaways", "save_claims", "load_claims", "quoted_claims", "CLAIMS_FILE",
+           "CLAIM_COLUMNS", "EAGER_FALLBACK"]
 
 CLAIMS_FILE = "claims.csv"
 CLAIM_COLUMNS = ["claim", "statement", "verdict", "lo", "hi", "above"]
 _ID = re.compile(r"^[a-z0-9_]+$")
 _QUOTE = re.compile(r"\{claim:([a-z0-9_]+)\}")
+_TAKEAWAY_QUOTE = re.compile(r"\{([a-z0-9_]+)(:statement)?\}")   # {id}: its interval; {id:statement}: its sentence
 _SAME_ENDS = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)-\1(?![\d.])")   # an interval whose two ends read alike
 EAGER_FALLBACK = "eager fallback"  # the verdict of a claim about a graph that ran eagerly (no GPU)
 
@@ -245,6 +246,81 @@ def best_of(m, claim_id: str, case: str, variants=None, above: float = 1.0) -> C
     best, runner = ranked[0], ranked[1]
     return versus(m, claim_id, (case, best), (case, runner), subject=f"{case}: {best} (fastest)", than=runner,
                   above=above)
+
+
+def statements(claims) -> list[str]:
+    """One plain sentence per claim, in order (what ``measure(..., verdicts=...).show()`` prints)."""
+    return [c.statement for c in claims]
+
+
+def _rows(claims) -> dict:
+    """``{claim id: row}`` from Claims or from a ``claims.csv`` DataFrame (``load_claims``)."""
+    if hasattr(claims, "to_dict"):
+        return {r["claim"]: r for r in claims.to_dict("records")}
+    return {c.claim: c.row() for c in claims}
+
+
+def takeaways(lines, claims) -> list[str]:
+    """A notebook's closing takeaways, with their numbers rendered from ``claims`` (Claims, or the DataFrame of a
+    recorded ``claims.csv``). Each line is plain words that quote claims by id: ``{id}`` becomes the claim's
+    interval ("6.80-9.14x"), ``{id:statement}`` its sentence. A line whose quoted claims do not all hold is
+    replaced by what was measured ("Measured instead: ..."), so a takeaway never says more than its run found.
+
+    Example::
+
+        takeaways(["A graph made the small GELU {replay_beats_eager_small} faster than eager."], claims)
+        # ['A graph made the small GELU 6.80-9.14x faster than eager.']
+    """
+    rows = _rows(claims)
+    out = []
+    for line in lines:
+        ids = [m.group(1) for m in _TAKEAWAY_QUOTE.finditer(line)]
+        missing = [i for i in ids if i not in rows]
+        if missing:
+            raise KeyError(f"takeaway quotes claim(s) {missing} that this run has not made; it has {sorted(rows)}.")
+        if all(rows[i]["verdict"] == "holds" for i in ids):
+            span = lambda r: _SAME_ENDS.sub(r"\1", f"{_x(r['lo'])}-{_x(r['hi'])}x")  # noqa: E731
+            out.append(_TAKEAWAY_QUOTE.sub(lambda m: str(rows[m.group(1)]["statement"]) if m.group(2)
+                                           else span(rows[m.group(1)]), line))
+        else:
+            out.append("Measured instead: " + "; ".join(str(rows[i]["statement"]) for i in dict.fromkeys(ids)) + ".")
+    return out
+
+
+def show_takeaways(stem: str, claims, lines, root=None) -> list[str]:
+    """Show a notebook's takeaways (:func:`takeaways`) as a Markdown list under a line that names the run they come
+    from: this run where a graph ran, else the recorded GPU run of ``stem`` (its GPU and date), so a CPU learner
+    reads the recorded findings. Returns the lines shown.
+
+    Example::
+
+        show_takeaways("01_gelu", claims, ["A graph made the small GELU {replay_beats_eager_small} faster."])
+    """
+    from .results import load
+
+    ran_graphs = any(c.verdict != EAGER_FALLBACK for c in claims)
+    if ran_graphs:
+        import torch
+        source, label = claims, f"**This run, on {torch.cuda.get_device_name(0)}:**"
+    else:
+        rec = load(stem, root)
+        recorded = load_claims(rec.dir) if rec is not None else None
+        if recorded is None:
+            print(f"No graph ran here and no recorded run of {stem} was found: the takeaways need one of the two.")
+            return []
+        source, label = recorded, f"**No graph ran here; the recorded run's takeaways.** {rec.caption}:"
+    shown = takeaways(lines, source)
+    text = label + "\n\n" + "\n".join(f"{i}. {line}" for i, line in enumerate(shown, 1))
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+        if get_ipython() is not None:
+            display(Markdown(text))
+            return shown
+    except ImportError:
+        pass
+    print(text.replace("**", ""))
+    return shown
 
 
 def summary_table(claims):

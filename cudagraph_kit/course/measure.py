@@ -1,5 +1,6 @@
 """Time a notebook's variants one way everywhere: ``measure`` runs them over timing windows and returns a short
-table with intervals; the claims of ``claims`` are built from what it returns.
+table with intervals and, given ``verdicts``, the experiment's verdict sentences (``course.verdicts``), so a
+notebook makes one call per experiment and shows both with ``m.show()``.
 
 One policy for every notebook:
 
@@ -17,6 +18,7 @@ Example::
 
     from cudagraph_kit.course.measure import measure
     m = measure({"small": {"eager": lambda: f(x), "graph": g.replay}}, windows=8)
+    m.show()                                    # the short table, then the verdicts (given ``verdicts=``)
     m.short()                                   # variant, time, speedup with its interval, floor
     lo, hi = m.interval("small", "graph")       # the graph's speedup over eager, 90% prediction interval
     m.ratio(("small", "graph"), ("small", "eager"))   # any two rows, window by window
@@ -58,9 +60,10 @@ def ran_eagerly(table) -> list:
 @dataclass
 class Measured:
     """What ``measure`` returns: the combined ``table`` (one row per case and variant, every column of
-    ``combine_windows``) and the per-window ``windows`` tables it came from."""
+    ``combine_windows``), the per-window ``windows`` tables it came from and the ``claims`` its ``verdicts`` built."""
     table: object
     windows: list = field(default_factory=list)
+    claims: list = field(default_factory=list)
 
     def row(self, case: str, variant: str):
         """The combined row of ``variant`` in ``case``; the variant may be named without its "(eager fallback)"
@@ -90,20 +93,48 @@ class Measured:
 
     def short(self, cases=None):
         """The table a reader needs: case, variant, what it ran as, median time, speedup, its interval and the
-        GPU-busy floor (graph rows on a GPU), rounded for display. A graph that ran eagerly (no GPU, or its capture
-        fell back) shows no speedup: it would compare eager with eager."""
+        GPU-busy floor (graph rows on a GPU), rounded for display. The baseline row says "baseline"; a graph that
+        ran eagerly (no GPU, or its capture fell back) shows no speedup: it would compare eager with eager. A
+        column with nothing to show in any row (the floor on a CPU) is left out."""
         import pandas as pd
 
         t = self.table if cases is None else self.table[self.table.case.isin(list(cases))]
         eager = ran_eagerly(t)
+        first = ~t.case.duplicated()   # each case's first row is its baseline
         values = [t.case, t.variant, t.get("executed_as", pd.Series(["-"] * len(t), index=t.index)),
                   t.median_us.round(1),
-                  ["-" if e else f"{s:.2f}x" for s, e in zip(t.speedup, eager)],
-                  ["ran eagerly" if e else f"{lo:.2f}-{hi:.2f}x" if lo == lo and hi == hi else "-"
-                   for lo, hi, e in zip(t.speedup_pi_lo, t.speedup_pi_hi, eager)],
+                  ["baseline" if b else "-" if e else f"{s:.2f}x" for s, e, b in zip(t.speedup, eager, first)],
+                  ["" if b else "ran eagerly" if e else f"{lo:.2f}-{hi:.2f}x" if lo == lo and hi == hi else "-"
+                   for lo, hi, e, b in zip(t.speedup_pi_lo, t.speedup_pi_hi, eager, first)],
                   t.floor_us.round(1) if "floor_us" in t else float("nan")]
-        out = pd.DataFrame(dict(zip(SHORT_COLUMNS, values)))
-        return out.reset_index(drop=True)
+        out = pd.DataFrame(dict(zip(SHORT_COLUMNS, values))).reset_index(drop=True)
+        empty = [c for c in out.columns if out[c].isna().all() or out[c].astype(str).isin(["-", "", "nan"]).all()]
+        return out.drop(columns=empty)
+
+    def show(self, cases=None) -> None:
+        """Show the experiment's result in a notebook: the short table, then one sentence per verdict (on a CPU a
+        caption first says the times are the CPU's, eager only)."""
+        table = self.short(cases)
+        sentences = [c.statement for c in self.claims]
+        cpu = not _cuda()
+        caption = "Timed on this CPU, eager only: not GPU results (the recorded GPU run is shown further down)."
+        try:
+            from IPython import get_ipython
+            from IPython.display import Markdown, display
+            if get_ipython() is not None:
+                if cpu:
+                    display(Markdown(f"*{caption}*"))
+                display(table)
+                if sentences:
+                    display(Markdown("\n".join(f"- {s}" for s in sentences)))
+                return
+        except ImportError:
+            pass
+        if cpu:
+            print(caption)
+        print(table.to_string(index=False))
+        for s in sentences:
+            print(f"- {s}")
 
 
 def _case_parts(spec):
@@ -118,7 +149,7 @@ def _case_parts(spec):
 
 def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | None = None, pause_s: float = 1.0,
             sample_ms: float = 20.0, warmup: int | None = None, floor: bool = True, before_window=None, progress="line",
-            sleep=time.sleep) -> Measured:
+            verdicts=None, sleep=time.sleep) -> Measured:
     """Time ``cases`` (``{case: {variant: fn}}``; the first variant of a case is its baseline) in ``windows``
     windows, ``pause_s`` apart, and return a ``Measured``.
 
@@ -128,11 +159,13 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
     ``before_window(w)``: called before window ``w`` (0-based), e.g. to reset a cache. ``progress``: ``"line"`` prints
     one short line that grows as the windows finish ("timing 8 windows: 1 2 3 4 5 6 7 8, 41 s"); a callable is
     called once per window with that window's speedups ("window 3/8: bs1 graph 5.10x, ..."); ``None``: silent.
+    ``verdicts(m)``: builds the experiment's claims from the result (a function of ``course.verdicts``); they land
+    in ``m.claims`` and ``m.show()`` prints their sentences under the table.
 
     Example::
 
         m = measure({"bs1": {"eager": step, "graph": g.replay}}, windows=8, samples=2)
-        m.short()
+        m.show()
     """
     if windows < 1:
         raise ValueError(f"measure needs at least one window, got windows={windows}; use 2 or more for intervals.")
@@ -165,4 +198,7 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
                            if r.variant != baselines[r.case]]
             shown = ", ".join(parts_shown[:4]) + (f" (+{len(parts_shown) - 4} more)" if len(parts_shown) > 4 else "")
             progress(f"window {w + 1}/{windows}: {shown}")
-    return Measured(combine_windows(frames), frames)
+    m = Measured(combine_windows(frames), frames)
+    if verdicts is not None:
+        m.claims = list(verdicts(m))
+    return m

@@ -26,7 +26,7 @@ from pathlib import Path
 from ..env import describe, has_cuda
 from .files import interrupts_deferred, replace_folder
 
-__all__ = ["save", "load", "show_recorded", "beside_recorded", "results_root", "recorded_root", "checkout_root", "Recorded",
+__all__ = ["save", "load", "show_recorded", "show_figure", "beside_recorded", "results_root", "recorded_root", "checkout_root", "Recorded",
            "REQUIRED_COLUMNS"]
 
 REQUIRED_COLUMNS = ("case", "variant", "median_us", "speedup")
@@ -165,6 +165,34 @@ def show_recorded(stem: str, root=None, columns=None) -> Recorded | None:
     for png in rec.pngs:
         display(Image(filename=str(png)))
     return rec
+
+
+def show_figure(stem: str, name: str, root=None) -> Path | None:
+    """Show one recorded figure of ``stem`` (``figures/<stem>/<name>.png``) under a caption naming the run that
+    drew it (GPU, date, run id); say where it should be when it is missing. Returns its path (None if missing).
+
+    Example::
+
+        show_figure("01_gelu", "timeline")   # the eager-versus-graph timeline of the recorded GPU run
+    """
+    rec = load(stem, root)
+    png = rec.dir / f"{name}.png" if rec is not None else None
+    if png is None or not png.is_file():
+        where = png if png is not None else f"{_where_recorded_results_live()}, {stem}/{name}.png"
+        print(f"No recorded figure {name!r} of {stem}: looked for {where}. Run the notebook from a clone of the "
+              "repository (in Colab the notebook's first cell makes one).")
+        return None
+    try:
+        from IPython import get_ipython
+        from IPython.display import Image, Markdown, display
+        if get_ipython() is not None:
+            display(Markdown(f"*{rec.caption}*"))
+            display(Image(filename=str(png)))
+            return png
+    except ImportError:
+        pass
+    print(f"{rec.caption}\nfigure: {png}")
+    return png
 
 
 def _speedups(df, now: bool = False):

@@ -1,0 +1,47 @@
+"""scripts/notebook_budget.py: what it counts, and notebook 01 inside its budget (DESIGN.md: 1,200 prose words and
+150 code lines in its core, no code cell over about 40 lines)."""
+import sys
+import textwrap
+
+from cudagraph_kit.course.paths import PROJECT_ROOT
+
+sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+import notebook_budget  # noqa: E402
+
+
+def test_it_counts_the_core_going_further_and_exercises_apart(tmp_path):
+    source = tmp_path / "99_demo.py"
+    source.write_text(textwrap.dedent('''\
+        # %% [markdown]
+        # # Title with [a link](https://example.com/very/long/address) in it
+        # %%
+        import setup_stuff
+        # %% tags=["parameters"]
+        SMOKE = None
+        # %% [markdown]
+        # ## 1. Core words here
+        # %%
+        a = 1  # a line
+        # a comment is no code line
+
+        b = 2
+        # %% [markdown]
+        # ## Going further (optional)
+        # %%
+        c = 3
+        # %% [markdown]
+        # ## Exercises
+        # %%
+        d = 4
+        e = 5
+        '''))
+    b = notebook_budget.budget(source)
+    assert (b["core_words"], b["core_code"]) == (6 + 4, 2)   # "Title with [a link] in it" + "1. Core words here"
+    assert (b["further_words"], b["further_code"]) == (3, 1)
+    assert (b["exercise_words"], b["exercise_code"]) == (1, 2)
+    assert b["longest_cell"] == 2 and b["longest_starts"] == "a = 1  # a line" and not b["over"]
+
+
+def test_notebook_01s_core_fits_its_budget():
+    b = notebook_budget.budget(PROJECT_ROOT / "notebooks" / "01_gelu.py")
+    assert b["core_words"] <= 1200 and b["core_code"] <= 150 and b["longest_cell"] <= 40, b
