@@ -15,29 +15,19 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/02_train_step.ipynb)
 #
-# A training step of a small network is a few dozen small kernels: forward, loss, backward and the
-# optimizer update (section 5 counts them with the profiler). On a modern GPU each of them finishes faster
-# than the CPU can get the next one launched through Python, the autograd engine and the optimizer's
-# bookkeeping, so the step is *CPU-bound* (Appendix A measures where that time goes). Capturing the
-# **whole step** (forward + loss + backward + `optimizer.step()`) into one CUDA graph replaces all those
-# launches with one.
+# **What this adds to the picture of notebook 01:** a training step is a few dozen small kernels (forward, loss,
+# backward, optimizer update), each launched by the CPU through Python and the autograd engine. Capturing the
+# **whole step** into one [CUDA graph](../docs/GLOSSARY.md) replaces all those launches with one.
 #
 # This notebook reproduces the training-step experiment of a 2021 blog post (PyTorch 1.10 on a Colab K80):
 # `Sequential(Linear(128, 256), Dropout(0.2), Linear(256, 16), Dropout(0.1))`, `MSELoss`, SGD with lr 0.1,
 # batch 32, and the larger size of the PyTorch documentation's example (640 × 4096 → 2048 → 1024).
 #
 # **What you'll learn**
-# - How to capture a whole training step by hand: side-stream warm-up, static batch tensors,
-#   `zero_grad(set_to_none=True)` before capture, `torch.cuda.graph`, then `copy_` + `replay()` per batch.
-# - How to do the same with two or three changed lines using `cudagraph_kit.capture_train_step`, including the
-#   short last batch of an epoch, Adam (`capturable=True`) and AMP (bf16 on GPUs of compute capability 8.0 or
-#   newer, fp16 with a `GradScaler` elsewhere).
-# - How to check that a graphed loop trains like the eager loop (the parameters after the same steps, bit for
-#   bit where the arithmetic is the same), where Adam's last bits can differ and why, and what happens to
-#   dropout's random masks inside a graph.
-# - How graphing only the model (`make_graphed_callables`) compares with the whole step while the optimizer
-#   stays eager, with verdicts computed from timing windows and prediction intervals (as in notebook 01).
-# - In Appendix A: where the time of an eager step goes (forward, backward, optimizer), part by part.
+# - How to capture a whole training step by hand, and with two or three changed lines through
+#   `cudagraph_kit.capture_train_step` (short last batches, Adam, AMP included).
+# - How to check that a graphed loop trains like the eager loop.
+# - How graphing only the model (`make_graphed_callables`) compares with graphing the whole step.
 #
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs the eager part small on the CPU, says so, and shows the recorded GPU results.
@@ -70,19 +60,19 @@ AMP_STEPS = 100       # steps of each eager-vs-graph AMP training run
 
 # %%
 import copy
-import math
-import os
 import warnings
 
-import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
 from cudagraph_kit import bf16_supported, capture_train_step, env_table, graph_modules, has_cuda
-from cudagraph_kit.course import results
-from cudagraph_kit.course.claims import save_claims, speedup, summary, versus, within_floor
+from cudagraph_kit.course import figures, results, verdicts
+from cudagraph_kit.course.claims import save_claims, show_takeaways, summary
 from cudagraph_kit.course.measure import measure
+from cudagraph_kit.course.models import SEED, amp_pair, eager_amp_step, eager_step, loss_fn, make_batches, \
+    make_model, make_opt
 from cudagraph_kit.course.nb02_train import param_diff, parity_row
+from cudagraph_kit.course.verdicts import ADAM_DEFAULT, GRAPH, GRAPH_FUSED, MODEL_ONLY
 
 STEM = "02_train_step"
 CUDA = has_cuda()
@@ -90,84 +80,48 @@ if SMOKE is None:
     SMOKE = os.environ.get("CGK_SMOKE", "0") == "1"
 SMOKE = SMOKE or not CUDA  # without a GPU only the small CPU part runs
 if SMOKE:
-    SAMPLES, CALLS, PARITY_STEPS, AMP_STEPS = 2, 5, 44, 22
-    WINDOWS, WINDOW_PAUSE_S = 2, 0.0
+    SAMPLES, CALLS, PARITY_STEPS, AMP_STEPS, WINDOWS, WINDOW_PAUSE_S = 2, 5, 44, 22, 2, 0.0
 TIMING = dict(windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S, sample_ms=SAMPLE_MS)
 WARM = {"warmup": 2}  # every variant is run before it is timed: 2 warm-up calls per window, not 50 ms of them
 DEVICE = "cuda" if CUDA else "cpu"
-SEED = 0
+WHERE = torch.cuda.get_device_name(0) if CUDA else "CPU (eager only, no graphs)"
 torch.manual_seed(SEED)
 print(env_table())
 if not CUDA:
     print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run trains the small MLP eagerly on the\n"
-          ">>> CPU (the kit's eager_fallback, labelled 'eager'); the GPU results recorded in figures/ are shown\n"
-          ">>> at the end.")
+          ">>> CPU (the kit's eager_fallback, labelled 'eager'); the findings shown are the recorded GPU run's.")
 
 # %% [markdown]
 # ## 1. The workload
-# Two sizes of the same two-layer network with dropout: the blog's (batch 32, 128 → 256 → 16) and the
-# PyTorch docs' (batch 640, 4096 → 2048 → 1024). The data is a learnable regression task (a fixed random
-# "teacher" plus noise), cut into epochs of 10 full batches and one **short last batch** of 8, as a real
-# data loader without `drop_last` would produce.
+# Two sizes of the same two-layer network with dropout: the blog's (batch 32, 128 → 256 → 16) and the PyTorch
+# docs' (batch 640, 4096 → 2048 → 1024). The data is a learnable regression task, cut into epochs of 10 full
+# batches and one **short last batch** of 8, as a data loader without `drop_last` produces. The builders
+# (`make_model`, `make_opt`, `make_batches`) are in
+# [`cudagraph_kit/course/models.py`](../cudagraph_kit/course/models.py).
 
 # %%
 SIZES = {"32x128x256x16": (32, 128, 256, 16), "640x4096x2048x1024": (640, 4096, 2048, 1024)}
 if not CUDA:
     SIZES = {"32x128x256x16": SIZES["32x128x256x16"]}  # the big one is minutes of CPU time per run
-loss_fn = torch.nn.MSELoss()
-
-
-def make_model(d_in, h, d_out, dropout=True, seed=SEED):
-    torch.manual_seed(seed)
-    layers = [torch.nn.Linear(d_in, h), torch.nn.Dropout(0.2), torch.nn.Linear(h, d_out), torch.nn.Dropout(0.1)]
-    if not dropout:
-        layers = [m for m in layers if not isinstance(m, torch.nn.Dropout)]
-    return torch.nn.Sequential(*layers).to(DEVICE)
-
-
-def make_opt(name, params):
-    if name == "SGD":
-        return torch.optim.SGD(params, lr=0.1)
-    if name == "SGD(fused=True)":  # one fused kernel per step; with a GradScaler it checks for inf on the GPU
-        return torch.optim.SGD(params, lr=0.1, fused=True)
-    # capturable=True keeps Adam's step count on the GPU so the update can be captured (it is GPU-only); the
-    # implementation is PyTorch's default for CUDA tensors, foreach (not fused)
-    return torch.optim.Adam(params, lr=1e-3, capturable=CUDA)
-
-
-def make_batches(n_steps, n, d_in, d_out, seed=1, per_epoch=10, short=8):
-    """n_steps batches: epochs of `per_epoch` full batches of n and one short batch of `short` rows."""
-    g = torch.Generator().manual_seed(seed)
-    teacher = torch.randn(d_in, d_out, generator=g) / math.sqrt(d_in)
-    batches = []
-    while len(batches) < n_steps:
-        rows = n if (len(batches) + 1) % (per_epoch + 1) else short
-        x = torch.randn(rows, d_in, generator=g)
-        y = x @ teacher + 0.1 * torch.randn(rows, d_out, generator=g)
-        batches.append((x.to(DEVICE), y.to(DEVICE)))
-    return batches
-
-
 N, D_IN, H, D_OUT = SIZES["32x128x256x16"]
 batches = make_batches(PARITY_STEPS, N, D_IN, D_OUT)
+print(make_model(D_IN, H, D_OUT))
 print(f"{len(batches)} batches, sizes: {sorted({len(x) for x, _ in batches}, reverse=True)}")
 
 # %% [markdown]
 # ## 2. Capture a whole training step by hand
 # Everything the graph touches must live at fixed addresses, so the recipe is:
 # 1. **Static batch tensors** `static_x`, `static_y`: every batch is *copied into* them.
-# 2. **Warm up on a side stream**: a few real training steps create the optimizer state (momentum, Adam's
-#    moments) and initialize cuBLAS outside the graph.
+# 2. **Warm up on a side stream**: a few real steps create the optimizer state and initialize cuBLAS outside
+#    the graph.
 # 3. **`zero_grad(set_to_none=True)` right before capture**, so the captured backward *allocates* the `.grad`
-#    tensors from the graph's private memory. Every replay then writes fresh gradients into them: no
-#    `zero_grad` is needed inside the loop.
-# 4. **Capture** forward, loss, backward and `optimizer.step()` under `torch.cuda.graph`. Capturing records
-#    the kernels; it does not run them.
+#    tensors from the graph's private memory. Every replay writes fresh gradients into them: no `zero_grad` is
+#    needed in the loop.
+# 4. **Capture** forward, loss, backward and `optimizer.step()` under `torch.cuda.graph`.
 # 5. **Train**: per batch, `copy_` into the static tensors and `replay()`.
 #
-# Correct before fast: we train a copy of the network eagerly on the same batches and compare the
-# parameters. This check uses the network *without dropout* so that the comparison is exact; dropout comes
-# in section 4.
+# Correct before fast: a copy of the network trains eagerly on the same batches, and the parameters are
+# compared. The check uses the network *without dropout*, so that the comparison is exact.
 
 # %%
 full_batches = [b for b in batches if len(b[0]) == N][:20]
@@ -204,12 +158,9 @@ if CUDA:
 
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)  # the same 20 steps, eagerly
     for x, y in full_batches:
-        ref_opt.zero_grad(set_to_none=True)
-        loss_fn(reference(x), y).backward()
-        ref_opt.step()
-    hand_diff = max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
-    print(f"hand-written graph vs eager after {len(full_batches)} steps: max |param diff| = {hand_diff:.3g}, "
-          f"last loss {static_loss.item():.4f}")
+        eager_step(reference, ref_opt)(x, y)
+    hand_diff = param_diff(model, reference)
+    print(f"hand-written graph vs eager after {len(full_batches)} steps: max |param diff| = {hand_diff:.3g}")
     assert hand_diff < 1e-5
     del model, reference, opt, ref_opt, graph, static_loss
 else:
@@ -217,31 +168,19 @@ else:
 
 # %% [markdown]
 # ## 3. The same with the kit
-# In an ordinary training loop only two or three lines change:
+# In an ordinary training loop two or three lines change:
 #
 # ```python
-# # before: eager
-# opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-# for x, y in loader:
-#     opt.zero_grad(set_to_none=True)
-#     loss = loss_fn(model(x), y)
-#     loss.backward()
-#     opt.step()
-#
-# # after: one CUDA graph per step
 # opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)      # (1) capturable optimizer
 # step = capture_train_step(model, opt, loss_fn, sample_batch=(x0, y0))      # (2) build the step once
 # for x, y in loader:
 #     loss = step(x, y)                                                      # (3) one call = one step
 # ```
 #
-# `capture_train_step` is a small state machine: the first 3 calls are eager warm-up steps on a side stream,
-# the 4th captures and replays, later calls copy the batch in and replay. A batch of another shape (the short
-# last batch) runs an **eager** step on the same parameters; it zeroes the graph's gradient tensors in place
-# rather than setting them to `None`, which would orphan the buffers the graph writes. The returned loss is
-# a GPU tensor (a copy per step, so a list of losses is not the same tensor N times); read it with `.item()`
-# only when you log, since every `.item()` waits for the GPU. Without CUDA, `eager_fallback=True` runs plain
-# eager steps and labels itself `mode == "eager"`.
+# The first 3 calls are eager warm-up steps on a side stream, the 4th captures and replays, later calls copy the
+# batch in and replay. A batch of another shape (the short last batch) runs an **eager** step on the same
+# parameters. The returned loss is a GPU tensor: read it with `.item()` only when you log, since every `.item()`
+# waits for the GPU. Without CUDA, `eager_fallback=True` runs plain eager steps (`mode == "eager"`).
 
 # %%
 model = make_model(D_IN, H, D_OUT)
@@ -255,41 +194,21 @@ del model, opt, step
 
 # %% [markdown]
 # ## 4. Training parity: eager vs whole-step graph
-# Same seed, same batches (with their short last batches), `PARITY_STEPS` steps, trained once eagerly and
-# once with `capture_train_step`. Without dropout, the graph replays the very same kernels on the very same
-# numbers, so with SGD the parameters should match **exactly**; Adam's case is explained below the cell. We
-# record the largest parameter difference (the cell asserts it is below 1e-5 without dropout).
-#
-# **Dropout inside a graph.** Dropout kernels draw their masks from PyTorch's Philox generator, addressed by
-# a seed and an *offset*. An eager kernel launch reads the generator's offset on the CPU and advances it. A
-# replayed kernel cannot receive a new CPU value, so during capture PyTorch records each kernel's offset
-# *relative to a per-graph base* and the total the graph consumes; before every replay it writes the
-# generator's current offset into the graph's base-offset tensor on the GPU and advances the generator by
-# that total. So the masks are **not frozen**: each replay draws new ones, and the generator advances by
-# what an eager step would consume. Whether the masks then coincide with the eager run's, bit for bit,
-# depends on every random draw happening in the same order and amounts in both runs; where they do not,
-# the masks differ from eager but come from the same distribution, so the loss *statistics* match while the
-# individual losses do not. The run below shows which of the two happens here.
+# Same seed, same batches (short ones included), `PARITY_STEPS` steps, trained once eagerly and once with
+# `capture_train_step`. Without dropout the graph replays the same kernels on the same numbers, so with SGD the
+# parameters match exactly (the cell asserts a difference below 1e-5). With dropout, each replay draws new
+# masks from the same generator ("Going further" D explains how), so the loss statistics match.
 
 # %%
 def train_eager(model, opt, batches):
-    losses = []
-    for x, y in batches:
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
-    return torch.stack(losses).float().cpu()
+    return torch.stack([eager_step(model, opt)(x, y).detach() for x, y in batches]).float().cpu()
 
 
 def train_kit(model, opt, batches):
     step = capture_train_step(model, opt, loss_fn, batches[0], eager_fallback=True)
-    losses = [step(x, y) for x, y in batches]
-    return torch.stack(losses).float().cpu(), step
+    return torch.stack([step(x, y) for x, y in batches]).float().cpu(), step
 
 
-GRAPH = "whole-step graph"
 parity_rows, curves, adam_runs = [], {}, None
 for opt_name, dropout in [("SGD", False), ("Adam(capturable)", False), ("SGD", True)]:
     base = make_model(D_IN, H, D_OUT, dropout=dropout)
@@ -302,279 +221,98 @@ for opt_name, dropout in [("SGD", False), ("Adam(capturable)", False), ("SGD", T
     parity_rows.append(parity_row(case, ref, test, base, ref_losses, losses, step, dropout))
     curves[case] = (ref_losses, losses, step.mode)
     print(f"{case}: max |param diff| = {parity_rows[-1]['max_abs_param_diff']:.3g} (bitwise equal: "
-          f"{parity_rows[-1]['params_bitwise_equal']}); {step.eager_steps} short batches ran eagerly; mode={step.mode}")
+          f"{parity_rows[-1]['params_bitwise_equal']}); {step.eager_steps} short batches ran eagerly")
     if opt_name.startswith("Adam"):
-        adam_runs = (base, ref, test, step)  # the appendix looks at Adam's last bits
+        adam_runs = (base, ref, test, step)  # "Going further" looks at Adam's last bits
+    if not dropout:  # correct before fast: without dropout the graph must train like eager
+        assert parity_rows[-1]["max_abs_param_diff"] < 1e-5, parity_rows[-1]
 parity = pd.DataFrame(parity_rows)
-for r in parity_rows:
-    if not r["dropout"]:  # correct before fast: without dropout the graph must train like eager
-        assert r["max_abs_param_diff"] < 1e-5, r
 drop = parity_rows[-1]
-if drop["params_bitwise_equal"]:
-    print("With dropout the graphed run reproduced the eager run bit for bit: both consumed the Philox offsets in "
-          "the same order and amounts, so every replay drew exactly the eager step's masks.")
-else:
-    print(f"With dropout the masks differ from eager ({drop['steps_with_different_loss']} of {drop['steps']} step "
-          f"losses differ), but the statistics match: mean loss over the last quarter "
-          f"{drop['mean_loss_last_quarter_eager']:.4f} (eager) vs "
-          f"{drop['mean_loss_last_quarter_variant']:.4f} (graph).")
+print(f"With dropout: {drop['steps_with_different_loss']} of {drop['steps']} step losses differ from eager; mean "
+      f"loss over the last quarter {drop['mean_loss_last_quarter_eager']:.4f} (eager) vs "
+      f"{drop['mean_loss_last_quarter_variant']:.4f} (graph).")
+
+# %% tags=["nbval-check-output"]
+fig_loss = figures.loss_curves(curves, f"Same seed, same batches: eager vs graphed training on {WHERE}")
 
 # %% [markdown]
-# Without dropout both runs use the same optimizer with the same options (for Adam: `capturable=True`, PyTorch's
-# default `foreach` implementation on CUDA tensors), so they do the same arithmetic, with one exception: the
+# Where Adam's parameters differ in the last bit (the output above says whether they do), the cause is that the
 # graphed step reads its learning rate from a GPU tensor (so a scheduler can change it between replays) while the
-# eager loop passes a Python number. Where Adam's parameters differ in the last bit (the output above says whether
-# they do), that is the explanation Appendix B tests.
-
-# %% tags=["nbval-check-output"]
-fig_loss, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), sharey=True)
-for ax, (case, (ref_l, l, mode)) in zip(axes, curves.items()):
-    ax.plot(ref_l.numpy(), lw=2.5, alpha=0.5, label="eager")
-    ax.plot(l.numpy(), lw=1, ls="--", label="whole-step graph" if mode == "graph" else "kit, eager fallback")
-    ax.set(title=case.replace("parity ", "").replace(", ", "\n", 1), xlabel="step", yscale="log")
-    ax.legend()
-axes[0].set_ylabel("training loss (MSE)")
-where = torch.cuda.get_device_name(0) if CUDA else "CPU (eager only, no graphs)"
-fig_loss.suptitle(f"Same seed, same batches: eager vs graphed training on {where}")
-fig_loss.tight_layout()
-
-# %% [markdown]
-# ## 5. Time per step: eager vs whole-step graph vs `make_graphed_callables`
+# eager loop passes a Python number; "Going further" F tests that.
+#
+# ## 5. Time per step: eager vs whole-step graph vs graphing the model only
 # Three ways to run the same step, each on its own copy of the network:
-# - **eager**: the loop from section 3, before;
-# - **whole-step graph**: `capture_train_step` (forward + loss + backward + optimizer in one graph; the time
-#   includes copying the batch in and copying the loss out);
-# - **make_graphed_callables (model only)**: `cudagraph_kit.partial.graph_modules(model, (x,))` graphs the
-#   model's forward and its backward; the loss, `zero_grad` and the optimizer step stay eager.
+# - **eager**: the loop of section 3, before;
+# - **whole-step graph**: `capture_train_step` (the time includes copying the batch in and the loss out);
+# - **make_graphed_callables (model only)**: `cudagraph_kit.partial.graph_modules(model, (x,))` calls
+#   `torch.cuda.make_graphed_callables`, which captures the model's forward and backward as two graphs; the
+#   loss, `zero_grad` and the optimizer step stay eager. ("Going further" A shows the plain PyTorch call.)
 #
-# **First, the plain PyTorch call.** `torch.cuda.make_graphed_callables(module, sample_args)` warms the module
-# up, captures its forward and its backward as two graphs, and returns the module with its forward replaced by
-# the graphed one: a drop-in part of an ordinary autograd training loop. Its rules (from its docstring): each
-# sample tensor's `requires_grad` must match the real input's (a data batch: `False`); real inputs must come in
-# the sample's order and format (same shape: the graph reads fixed addresses); under autocast it needs
-# `cache_enabled=False`; no module hooks when it is passed; several modules graphed in one call share a memory
-# pool. The kit's `graph_modules`, used below, calls the same function and turns those rules into checks.
-# The cell graphs a copy of the small network (without dropout, so the two can be compared exactly) and checks
-# its output and gradients against eager on a new batch. (It may raise autograd's `AccumulateGrad` stream
-# warning; Appendix C says why.)
+# In the Adam cases every variant uses `Adam(capturable=True)`, so both sides run the same math; one more row
+# times the default eager `Adam()` ("Going further" B says why). As in notebook 01, `measure` times
+# [windows](../docs/GLOSSARY.md) a pause apart and quotes each speedup with its 90% prediction interval; the
+# last window reads the [floor](../docs/GLOSSARY.md).
 
 # %%
-STREAM_WARNING = "AccumulateGrad node's stream does not match"
-stream_warning_from = None
-if CUDA:
-    eager_model = make_model(D_IN, H, D_OUT, dropout=False)
-    plain_model = copy.deepcopy(eager_model)
-    sample_x = torch.randn(N, D_IN, device="cuda")             # a data batch: requires_grad=False, as in training
-    with warnings.catch_warnings(record=True) as caught:       # autograd warns once per process: note it here
-        warnings.simplefilter("always")
-        plain_model = torch.cuda.make_graphed_callables(plain_model, (sample_x,))
-        x_new, y_new = torch.randn(N, D_IN, device="cuda"), torch.randn(N, D_OUT, device="cuda")
-        outputs = {}
-        for name, module in {"eager": eager_model, "make_graphed_callables": plain_model}.items():
-            out = module(x_new)
-            loss_fn(out, y_new).backward()                    # autograd runs the captured backward graph
-            outputs[name] = out.detach().clone()
-    for w in caught:
-        if STREAM_WARNING in str(w.message):
-            stream_warning_from = ["make_graphed_callables' warm-up and capture", f"MLP {N}x{D_IN}x{H}x{D_OUT}, SGD"]
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    torch.testing.assert_close(outputs["make_graphed_callables"], outputs["eager"])
-    for a, b in zip(plain_model.parameters(), eager_model.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
-    plain_grad_err = max((a.grad - b.grad).abs().max().item()
-                         for a, b in zip(plain_model.parameters(), eager_model.parameters()))
-    print(f"plain make_graphed_callables == eager on a new batch: output and gradients (largest gradient "
-          f"difference {plain_grad_err:.1e}); AccumulateGrad stream warning: {bool(stream_warning_from)}")
-    del eager_model, plain_model, sample_x, outputs
-else:
-    plain_grad_err = None
-    print("skipped: torch.cuda.make_graphed_callables needs an NVIDIA GPU")
-
-# %% [markdown]
-# **Which eager Adam is the baseline.** In the Adam cases every variant, the `eager` row included, uses
-# `Adam(capturable=True)` (foreach): the graph needs `capturable=True`, and with the same option on both sides
-# the eager loop and the graph run the same math (section 4), so the speedup measures what the launches cost
-# and nothing else. An ordinary eager loop would use the default `Adam()` (foreach, `capturable=False`), which
-# computes the bias corrections on the host instead of in GPU kernels; PyTorch's documentation warns that
-# `capturable=True` can impair ungraphed performance. So on a GPU the Adam cases time one more row,
-# `default eager Adam (capturable=False)`, whose speedup is over the capturable eager row.
-# (Notebook 04 uses the default AdamW as its eager baseline.)
-#
-# The cell below builds the variants of each case and runs each four times: the whole-step graph captures on
-# its fourth call, so every variant is warm before the timing starts.
-
-# %%
-def eager_step(model, opt):
-    def run(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-    return run
-
-
-MODEL_ONLY = "make_graphed_callables (model only)"
-ADAM_DEFAULT = "default eager Adam (capturable=False)"
+STREAM_WARNING = "AccumulateGrad node's stream does not match"  # autograd's warning: "Going further" H
 step_cases = {}  # case -> (variants, (x, y), options), as measure() takes them
-for size, (n, d_in, h, d_out) in SIZES.items():
-    x, y = torch.randn(n, d_in, device=DEVICE), torch.randn(n, d_out, device=DEVICE)
-    for opt_name in ["SGD", "Adam(capturable)"]:
-        base = make_model(d_in, h, d_out)
-        copies = [copy.deepcopy(base) for _ in range(4)]
-        variants = {"eager": eager_step(copies[0], make_opt(opt_name, copies[0].parameters())),
-                    GRAPH: capture_train_step(copies[1], make_opt(opt_name, copies[1].parameters()), loss_fn,
-                                              (x, y), eager_fallback=True)}
-        if CUDA:
-            partial = graph_modules(copies[2], (x,))  # warms up and captures on its own side streams
-            variants[MODEL_ONLY] = eager_step(partial, make_opt(opt_name, partial.parameters()))
-            if opt_name.startswith("Adam"):  # what an ordinary eager loop would use: Adam's defaults
-                variants[ADAM_DEFAULT] = eager_step(copies[3], torch.optim.Adam(copies[3].parameters(), lr=1e-3))
-        for fn in variants.values():
-            for _ in range(4):
-                fn(x, y)
-        step_cases[f"MLP {size}, {opt_name}"] = (variants, (x, y), WARM)
-if not CUDA:
-    print("make_graphed_callables skipped: it needs an NVIDIA GPU. The CPU times below are eager, not results.")
-
-# %% [markdown]
-# `measure` times every case in `WINDOWS` windows a pause apart; inside a window the variants of a case run
-# round-robin (one sample of each per round). As in notebook 01, one window is not enough to quote a number:
-# eager (host-bound) step times drift with the host's state from minute to minute while graph replays barely
-# move. So the table reports the median of the windows with a 90% **prediction interval**: where one more
-# window, taken the same way, should land. Only the last window runs `torch.profiler`, after its timings, for
-# the **floor** (the GPU-busy time per step of a row that ran as graph replays), the kernels and the copies per
-# step.
-
-# %%
-m = measure(step_cases, **TIMING)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for size, (n, d_in, h, d_out) in SIZES.items():
+        x, y = torch.randn(n, d_in, device=DEVICE), torch.randn(n, d_out, device=DEVICE)
+        for opt_name in ["SGD", "Adam(capturable)"]:
+            copies = [make_model(d_in, h, d_out) for _ in range(4)]   # the same seed: the same start
+            variants = {"eager": eager_step(copies[0], make_opt(opt_name, copies[0].parameters())),
+                        GRAPH: capture_train_step(copies[1], make_opt(opt_name, copies[1].parameters()), loss_fn,
+                                                  (x, y), eager_fallback=True)}
+            if CUDA:
+                partial = graph_modules(copies[2], (x,))  # warms up and captures on its own side streams
+                variants[MODEL_ONLY] = eager_step(partial, make_opt(opt_name, partial.parameters()))
+                if opt_name.startswith("Adam"):  # what an ordinary eager loop would use: Adam's defaults
+                    variants[ADAM_DEFAULT] = eager_step(copies[3], torch.optim.Adam(copies[3].parameters(), lr=1e-3))
+            for fn in variants.values():  # the whole-step graph captures on its 4th call: all warm before timing
+                for _ in range(4):
+                    fn(x, y)
+            step_cases[f"MLP {size}, {opt_name}"] = (variants, (x, y), WARM)
+stream_warning_from = next((["section 5's make_graphed_callables rows", next(iter(step_cases))] for w in caught
+                            if STREAM_WARNING in str(w.message)), None)
+for w in caught:  # any other warning is shown as usual
+    if STREAM_WARNING not in str(w.message):
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+m = measure(step_cases, **TIMING, verdicts=verdicts.train_step)
 timing = m.table  # every column (the exercises read it)
-m.short()
-
-# %% [markdown]
-# **Reading the floor.** The floor of a whole-step graph row is the GPU-busy time of the very kernels the graph
-# replays. A graph time near its floor means the GPU is busy for nearly the whole graphed step: the step is
-# GPU-bound there, and no launch trick can make it much faster. The most a graph can save is then eager − floor:
-# the gaps between the eager kernels. The verdict on graph / floor uses the graph time's prediction interval
-# over the windows against a floor profiled once (in the last window), so it leaves out the floor's own
-# run-to-run spread.
-#
-# **The verdicts**, computed from the intervals of the table and listed in the summary at the end (on a CPU the
-# "graph" rows are eager fallbacks, and their claims say so): whole-step graph and `make_graphed_callables` each
-# against eager; the whole-step graph against `make_graphed_callables` (the ratio of their times, window by
-# window); the whole-step graph against 1.1× its floor; the default eager Adam against eager
-# `Adam(capturable=True)`. The headline, the small MLP with SGD, is the first finding of the summary.
-
-# %%
-SIZE_KEY = {"32x128x256x16": "small", "640x4096x2048x1024": "docs"}
-OPT_KEY = {"SGD": "sgd", "Adam(capturable)": "adam"}
-claims = []
-for case in step_cases:
-    size, opt_name = case.removeprefix("MLP ").split(", ")
-    key = f"{SIZE_KEY[size]}_{OPT_KEY[opt_name]}"
-    than = "eager" if opt_name == "SGD" else "eager Adam(capturable=True)"
-    claims.append(speedup(m, f"graph_beats_eager_{key}", case, GRAPH, than=than))
-    if not CUDA:
-        continue
-    claims += [speedup(m, f"model_only_beats_eager_{key}", case, MODEL_ONLY, than=than),
-               versus(m, f"graph_beats_model_only_{key}", (case, GRAPH), (case, MODEL_ONLY))]
-    if m.row(case, GRAPH).floor_us > 0:  # a floor was measured (the graph ran as replays alone)
-        claims.append(within_floor(m, f"graph_within_floor_{key}", case, GRAPH, 1.1))
-    if opt_name != "SGD":
-        claims.append(speedup(m, f"default_adam_beats_capturable_{SIZE_KEY[size]}", case, ADAM_DEFAULT, than=than))
-headline = next(c for c in claims if c.claim == "graph_beats_eager_small_sgd")
-print("Headline (graph_beats_eager_small_sgd):", headline.statement)
-timing[["case", "variant", "kernels_per_call", "copies_per_call", "vs_floor"]].round(2)
-
-# %%
-fig_time, ax = plt.subplots(figsize=(10, max(4, 0.32 * len(timing))))
-colors = {"eager": "C0", GRAPH: "C1", MODEL_ONLY: "C2", ADAM_DEFAULT: "C4"}
-for i, r in timing.reset_index(drop=True).iterrows():
-    ax.barh(i, r.median_us, color=colors.get(r.variant.replace(" (eager fallback)", ""), "grey"))
-    ax.plot([r.median_pi_lo, r.median_pi_hi], [i, i], color="0.3", lw=1)  # where one more window should land
-    if r.get("floor_us") == r.get("floor_us"):
-        ax.plot([r.floor_us, r.floor_us], [i - 0.4, i + 0.4], "k-", lw=2)
-    ax.text(r.median_us, i, f" {r.median_us:.0f} µs" + ("" if r.variant == "eager" else f" ({r.speedup:.2f}×)"),
-            va="center", fontsize=8)
-ax.set_yticks(range(len(timing)), [f"{r.case} · {r.variant}" for r in timing.itertuples()], fontsize=8)
-ax.invert_yaxis()
-ax.set_xscale("log")
-ax.set(xlabel="time per training step (µs, log scale); grey line = 90% prediction interval of the median; "
-              "black tick = floor (GPU busy)", title=f"Training step time on {where}")
-fig_time.tight_layout()
-
-# %% [markdown]
-# **What graphing only the model can save.** `make_graphed_callables` removes the launches of the model's
-# forward and backward kernels, but a training step is more than that: the loss and its backward, the autograd
-# engine's bookkeeping around the graphed function, `zero_grad`, and the optimizer step still run eagerly, one
-# CPU launch at a time. The partial graph can save only the part it covers, while the whole-step graph replaces
-# every launch with one; the verdicts in the summary at the end say how the two compare here, and Appendix A
-# times the parts of an eager step one by one.
-
-# %% [markdown]
-# ## 6. Mixed precision (AMP) through `capture_train_step`
-# `capture_train_step(..., amp_dtype=...)` runs the forward under `torch.autocast(cache_enabled=False)` (the
-# setting `torch.cuda.make_graphed_callables` insists on): with the cache on, a weight cast cached before the
-# capture would be read by the graph instead of being recast, and every replay would use that stale copy of
-# the weights.
-# - **bf16** only on GPUs of compute capability 8.0 or newer (Ampere and later), the first with bf16 tensor
-#   cores; the kit's `bf16_supported()` checks exactly that. Not `torch.cuda.is_bf16_supported()`: by default
-#   (`including_emulation=True`) it also returns True on an older GPU that can merely create bf16 tensors, such
-#   as the T4 (7.5), where bf16 matrix multiplies get no tensor-core support. bf16 has float32's range, so no
-#   loss scaling is needed.
-# - **fp16 + `torch.amp.GradScaler("cuda")`** everywhere else (the T4 path): the graph captures forward and
-#   `scaler.scale(loss).backward()`; `scaler.step(optimizer)` and `scaler.update()` run eagerly after each
-#   replay (the kit's design). What `scaler.step` then costs depends on the optimizer. With a plain (foreach or
-#   for-loop) optimizer such as the `SGD` used here, it unscales the gradients and reads on the CPU whether any
-#   was inf/NaN (`.item()`, a host-GPU synchronization every step) before it calls `optimizer.step()`. With an
-#   optimizer built with `fused=True` (on CUDA: `SGD`, `Adam`, `AdamW`), it checks for inf/NaN in a GPU
-#   kernel and passes the scale and the found-inf flag to the fused kernel as GPU tensors; that kernel unscales
-#   and skips the update on the GPU: no synchronization (`GradScaler.step` in `torch/amp/grad_scaler.py`).
-#   `scaler.update()` updates the scale on the GPU either way. So the fp16 case is timed with both, `SGD` and
-#   `SGD(fused=True)`, in the same rounds.
-#
-# Each case: parity with the eager AMP loop built the same way (same seed, same batches, short batches
-# included, no dropout), then eager vs whole-step graph timed like section 5.
+m.show()
 
 # %% tags=["nbval-check-output"]
-def eager_amp_step(model, opt, dtype, scaler):
-    def run(x, y):
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=dtype):
-            loss = loss_fn(model(x), y)
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        return loss.detach()
-    return run
+fig_time = figures.step_times(timing, f"Training step time on {WHERE}",
+                              {"eager": "C0", GRAPH: "C1", MODEL_ONLY: "C2", ADAM_DEFAULT: "C4"})
 
-
-def amp_pair(base, opt_name, dtype, use_scaler, sample):
-    """The eager AMP step and the graphed one, each on its own copy of ``base`` with its own optimizer and scaler."""
-    ref, test = copy.deepcopy(base), copy.deepcopy(base)
-    scaler = (lambda: torch.amp.GradScaler("cuda")) if use_scaler else (lambda: None)
-    return (ref, eager_amp_step(ref, make_opt(opt_name, ref.parameters()), dtype, scaler()), test,
-            capture_train_step(test, make_opt(opt_name, test.parameters()), loss_fn, sample, amp_dtype=dtype,
-                               scaler=scaler()))
-
+# %% [markdown]
+# **What graphing only the model can save.** `make_graphed_callables` removes the launches of the model's forward
+# and backward, but the loss, autograd's bookkeeping, `zero_grad` and the optimizer step still launch one kernel
+# at a time. The whole-step graph replaces every launch with one. A graph time near its floor means the GPU is
+# busy for nearly the whole step: no launch trick can make it much faster.
+#
+# ## 6. Mixed precision (AMP) through `capture_train_step`
+# `capture_train_step(..., amp_dtype=...)` runs the forward under `torch.autocast(cache_enabled=False)`: with the
+# cache on, a weight cast cached before the capture would be read by every replay instead of being recast.
+# - **bf16** needs compute capability 8.0 or newer (bf16 tensor cores); the kit's `bf16_supported()` checks that.
+#   (`torch.cuda.is_bf16_supported()` also says True on a T4, which only emulates bf16.)
+# - **fp16 + `torch.amp.GradScaler("cuda")`** everywhere else (the T4 path): the graph captures the forward and
+#   the scaled backward; `scaler.step` and `scaler.update` run eagerly after each replay. With a plain optimizer
+#   `scaler.step` reads on the CPU whether a gradient was inf (a synchronization every step); with
+#   `fused=True` that check stays on the GPU. So fp16 is timed with `SGD` and with `SGD(fused=True)`.
+#
+# Each case: parity with the eager AMP loop first, then eager vs whole-step graph timed as in section 5.
 
 # %%
-GRAPH_FUSED = "whole-step graph, SGD(fused=True)"
 AMP_CASES = []
 if not CUDA:
     print("skipped: AMP through a CUDA graph needs an NVIDIA GPU.")
 elif bf16_supported():  # compute capability >= 8.0: bf16 tensor cores
     AMP_CASES.append(("bf16", torch.bfloat16, False))
 else:
-    print(f"bf16 skipped: bf16_supported() is False ({torch.cuda.get_device_name(0)}, compute capability "
-          f"{'.'.join(map(str, torch.cuda.get_device_capability()))}; bf16 tensor cores need 8.0 or newer, and "
-          "CUDAGRAPH_KIT_NO_BF16=1 turns them off for a T4 rehearsal; "
-          f"torch.cuda.is_bf16_supported() says {torch.cuda.is_bf16_supported()}: it counts emulated bf16 too).")
+    print(f"bf16 skipped: bf16_supported() is False on {WHERE} (or CUDAGRAPH_KIT_NO_BF16=1 is set)")
 if CUDA:
     AMP_CASES.append(("fp16 + GradScaler", torch.float16, True))
 
@@ -599,33 +337,150 @@ for label, dtype, use_scaler in AMP_CASES:
             fn(x, y)
     amp_cases[f"MLP {N}x{D_IN}x{H}x{D_OUT}, SGD, AMP {label}"] = (variants, (x, y), WARM)
 amp_parity = pd.DataFrame(amp_parity_rows)
+amp = measure(amp_cases, **TIMING, verdicts=verdicts.amp_step) if amp_cases else None
+amp_timing = amp.table if amp else timing.iloc[0:0]  # the exercises read it
+amp.show() if amp else None
 
 # %% [markdown]
-# The verdicts: graph against eager for each AMP case, and, for fp16 with the `GradScaler`, the graph with
-# `SGD(fused=True)` against the graph with plain `SGD` (the ratio of their times, window by window). The fp16
-# rows get no floor: the scaler's part runs eagerly after each replay, so those steps launch kernels outside
-# their graph (column `eager_kernels_per_call` of `amp_timing` and `results.csv`). Skipping the synchronization
-# does not by itself make a step faster: where the host takes longer than the GPU, the GPU has usually finished
-# by the time the host waits for it. The verdict says whether either of the two graphs is faster here.
+# The fp16 rows get no floor: the scaler's part runs eagerly after each replay, outside the graph. Skipping the
+# synchronization does not by itself make a step faster: where the host takes longer than the GPU, the GPU has
+# usually finished by the time the host waits for it.
+#
+# ## 7. Side by side with the published K80 figure and a reference run
+# The published figure comes from a 2021 blog post in Japanese by the GitHub user shu65 ("Measuring the
+# performance of CUDA Graphs, new in PyTorch 1.10") and its notebook,
+# [shu65/blog-pytorch-notebooks: pytorch_CUDA_Graphs.ipynb](https://github.com/shu65/blog-pytorch-notebooks/blob/main/pytorch_CUDA_Graphs.ipynb):
+# 10 iterations timed with `time.time()` on a Tesla K80 (PyTorch 1.10, CUDA 11.1); its eager loop never zeroed
+# the gradients and its warm-up was not on a side stream (this notebook fixes both). The reference columns are
+# this project's own run of plain PyTorch (no kit code) on an NVIDIA H100 80GB HBM3 with PyTorch 2.11
+# (2026-11-22), median of 5 repeats.
 
 # %%
-amp = measure(amp_cases, **TIMING) if amp_cases else None
-amp_timing = amp.table if amp else timing.iloc[0:0]  # the exercises read it
-for case in amp_cases:
-    key = "bf16" if "bf16" in case else "fp16"
-    claims.append(speedup(amp, f"amp_graph_beats_eager_{key}", case, GRAPH, than="the eager AMP loop"))
-    if GRAPH_FUSED in amp_cases[case][0]:
-        claims.append(versus(amp, f"fused_sgd_graph_beats_plain_sgd_graph_{key}", (case, GRAPH_FUSED),
-                             (case, GRAPH)))
-amp.short() if amp else print("No AMP rows: AMP through a CUDA graph needs an NVIDIA GPU.")
+# NBVAL_CHECK_OUTPUT
+REFERENCE = pd.DataFrame([  # (case, variant, K80 eager, K80 graph, H100 eager, H100 graph, H100 floor), µs
+    ("MLP 32x128x256x16, SGD", GRAPH, 1110, 471, 911, 70.9, 63.6),
+    ("MLP 32x128x256x16, Adam(capturable)", GRAPH, None, None, 1376, 126, 117),
+    ("MLP 32x128x256x16, SGD", MODEL_ONLY, None, None, 911, 522, None),
+    ("MLP 640x4096x2048x1024, SGD", GRAPH, None, None, 976, 922, 910),
+    ("MLP 640x4096x2048x1024, Adam(capturable)", GRAPH, None, None, 1407, 1221, 1205),
+], columns=["case", "variant", "K80 eager µs", "K80 graph µs", "H100 ref eager µs", "H100 ref graph µs",
+            "H100 ref floor µs"]).astype({c: float for c in ["K80 eager µs", "K80 graph µs"]})
+REFERENCE["K80 speedup"] = REFERENCE["K80 eager µs"] / REFERENCE["K80 graph µs"]
+REFERENCE["H100 ref speedup"] = REFERENCE["H100 ref eager µs"] / REFERENCE["H100 ref graph µs"]
+print(REFERENCE.round(2).to_string(index=False))
+
+# %%
+if CUDA:
+    now = m.short()[["case", "variant", "time (µs)", "speedup", "90% interval"]]
+    side_by_side = REFERENCE[["case", "variant", "K80 speedup", "H100 ref speedup"]].merge(
+        now.rename(columns=lambda c: c if c in ("case", "variant") else f"this run: {c}"), on=["case", "variant"],
+        how="left").round(2)
+else:
+    side_by_side = results.beside_recorded(STEM, pd.concat([timing, amp_timing], ignore_index=True))
+side_by_side
 
 # %% [markdown]
-# ## 7. Save the results
-# One row per timed variant and one per parity run in `results.csv` (parity rows have no timings; their columns
-# `max_abs_param_diff`, `params_bitwise_equal` etc. hold the comparison with eager), the machine in `env.json`,
-# the verdicts in `claims.csv`, and the figures as PNG, in the folder printed below: `build/figures/02_train_step/`
-# by default (`python -m cudagraph_kit reproduce` stages its run under `build/reproduce/` and, on a GPU, then
-# publishes it as the recorded copy in `figures/`). Appendix A adds its own rows and verdicts to the same folder.
+# **Why the numbers differ.** An eager step of the small network is mostly the CPU's cost of launching its
+# kernels, and CPUs did not get much faster per launch, while GPUs did. On the K80 the small step kept the GPU
+# busy for much of the eager step, so the graph could only remove the gaps; on an H100 the same kernels take tens
+# of microseconds, so the graph removes most of the step. At the docs size the step is GPU-bound, and a graph
+# can only remove the launch gaps.
+#
+# ## 8. Takeaways
+# Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).
+
+# %%
+TAKEAWAYS = [
+    "A whole training step, optimizer included, can be one CUDA graph: static batch tensors, side-stream warm-up, "
+    "`zero_grad(set_to_none=True)` before capture, then `copy_` + `replay()` per batch.",
+    "It trains like the eager loop: the same parameters where the arithmetic is the same; dropout draws fresh "
+    "masks on every replay.",
+    "On the small network the whole-step graph was {graph_beats_eager_small_sgd} faster than eager with SGD, and "
+    "{graph_beats_model_only_small_sgd} faster than graphing the model only, whose loss and optimizer stay eager.",
+    "Where the step is GPU-bound (the docs size) a graph can only remove the launch gaps: "
+    "{graph_beats_eager_docs_sgd:statement}.",
+    "AMP works the same way: bf16 on compute capability 8.0 or newer, else fp16 with the scaler's step after "
+    "each replay.",
+]
+claims = m.claims + (amp.claims if amp else [])
+show_takeaways(STEM, claims, TAKEAWAYS);
+
+# %% [markdown]
+# ## Going further (optional)
+# The plain `make_graphed_callables` call, the baseline for Adam, dropout inside a graph, Adam's last bits,
+# every verdict of this run, where the time of an eager step goes, and the `AccumulateGrad` warning. The
+# exercises follow.
+#
+# ### A. The plain `make_graphed_callables` call
+# `torch.cuda.make_graphed_callables(module, sample_args)` warms the module up, captures its forward and backward
+# as two graphs, and returns the module with its forward replaced: a drop-in part of an autograd training loop.
+# Its rules (from its docstring): each sample tensor's `requires_grad` must match the real input's; real inputs
+# come in the sample's order and shape; under autocast it needs `cache_enabled=False`; no module hooks. The
+# kit's `graph_modules` calls the same function and turns those rules into checks. The cell graphs a copy of
+# the small network and checks its output and gradients against eager on a new batch.
+
+# %%
+if CUDA:
+    eager_model = make_model(D_IN, H, D_OUT, dropout=False)
+    plain_model = copy.deepcopy(eager_model)
+    sample_x = torch.randn(N, D_IN, device="cuda")             # a data batch: requires_grad=False, as in training
+    with warnings.catch_warnings(record=True) as caught:       # autograd warns once per process: note it here
+        warnings.simplefilter("always")
+        plain_model = torch.cuda.make_graphed_callables(plain_model, (sample_x,))
+        x_new, y_new = torch.randn(N, D_IN, device="cuda"), torch.randn(N, D_OUT, device="cuda")
+        outputs = {}
+        for name, module in {"eager": eager_model, "make_graphed_callables": plain_model}.items():
+            out = module(x_new)
+            loss_fn(out, y_new).backward()                    # autograd runs the captured backward graph
+            outputs[name] = out.detach().clone()
+    for w in caught:
+        if STREAM_WARNING in str(w.message):  # autograd warns once per process: section 5 may have had it
+            stream_warning_from = stream_warning_from or ["the plain make_graphed_callables cell",
+                                                          f"MLP {N}x{D_IN}x{H}x{D_OUT}, SGD"]
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    torch.testing.assert_close(outputs["make_graphed_callables"], outputs["eager"])
+    for a, b in zip(plain_model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+    plain_grad_err = max((a.grad - b.grad).abs().max().item()
+                         for a, b in zip(plain_model.parameters(), eager_model.parameters()))
+    print(f"plain make_graphed_callables == eager on a new batch: output and gradients (largest gradient "
+          f"difference {plain_grad_err:.1e})")
+    del eager_model, plain_model, sample_x, outputs
+else:
+    plain_grad_err = None
+    print("skipped: torch.cuda.make_graphed_callables needs an NVIDIA GPU")
+
+# %% [markdown]
+# ### B. Which eager Adam is the baseline
+# In the Adam cases every variant, the `eager` row included, uses `Adam(capturable=True)` (foreach): the graph
+# needs it, and with the same option on both sides the speedup measures what the launches cost and nothing else.
+# An ordinary eager loop would use the default `Adam()` (`capturable=False`), which computes the bias corrections
+# on the host instead of in GPU kernels; PyTorch's documentation warns that `capturable=True` can impair
+# ungraphed performance. So the Adam cases time one more row, `default eager Adam (capturable=False)`, whose
+# speedup is over the capturable eager row. (Notebook 04 uses the default AdamW as its eager baseline.)
+#
+# ### C. Every verdict of this run, and the recorded run beside it
+
+# %%
+summary(claims)
+recorded = results.beside_recorded(STEM, pd.concat([timing, amp_timing], ignore_index=True))
+
+# %% [markdown]
+# ### D. Dropout inside a graph
+# Dropout kernels draw their masks from PyTorch's Philox generator, addressed by a seed and an *offset*. An eager
+# launch reads the generator's offset on the CPU and advances it. A replayed kernel cannot receive a new CPU
+# value, so during capture PyTorch records each kernel's offset *relative to a per-graph base* and the total the
+# graph consumes; before every replay it writes the generator's current offset into the graph's base-offset
+# tensor on the GPU and advances the generator by that total. So the masks are **not frozen**: each replay draws
+# new ones. Whether they coincide with the eager run's bit for bit depends on every random draw happening in the
+# same order and amounts in both runs; where they do not, the masks come from the same distribution, so the loss
+# *statistics* match while the individual losses do not. Section 4 printed which of the two happened here.
+#
+# ### E. Save the results
+# One row per timed variant and one per parity run in `results.csv` (parity rows have no timings), the machine in
+# `env.json`, the verdicts in `claims.csv`, and the figures as PNG, in `build/figures/02_train_step/` by default:
+# running this notebook never overwrites the recorded GPU run in `figures/`. Section H saves again with G's rows.
 
 # %%
 FIGURES = {"loss_curves": fig_loss, "step_time": fig_time}
@@ -644,196 +499,7 @@ folder = save_run([timing, amp_timing, parity, amp_parity], claims)
 print("saved to", folder, f"(results.csv, env.json, claims.csv with {len(claims)} verdicts, figures)")
 
 # %% [markdown]
-# ## 8. Side by side with the published K80 figure and our reference run
-# The published figure comes from a 2021 blog post in Japanese by the GitHub user shu65,
-# "PyTorch 1.10の新機能「CUDA Graphs」のパフォーマンスを測定してみる" ("Measuring the performance of CUDA Graphs,
-# new in PyTorch 1.10"), and its measurement notebook,
-# [shu65/blog-pytorch-notebooks: pytorch_CUDA_Graphs.ipynb](https://github.com/shu65/blog-pytorch-notebooks/blob/main/pytorch_CUDA_Graphs.ipynb).
-# The blog timed 10 iterations with `time.time()` on a Tesla K80 (PyTorch 1.10, CUDA 11.1); its eager loop never
-# zeroed the gradients and its warm-up was not on a side stream (this notebook fixes both). The reference columns
-# are this project's own run of plain PyTorch (no kit code) on an NVIDIA H100 80GB HBM3 with PyTorch 2.11
-# (2026-11-22), median of 5 repeats, in a process whose timings no profiler session had slowed down.
-
-# %%
-# NBVAL_CHECK_OUTPUT
-REFERENCE = pd.DataFrame([  # (case, variant, K80 eager, K80 graph, H100 eager, H100 graph, H100 floor), µs
-    ("MLP 32x128x256x16, SGD", GRAPH, 1110, 471, 911, 70.9, 63.6),
-    ("MLP 32x128x256x16, Adam(capturable)", GRAPH, None, None, 1376, 126, 117),
-    ("MLP 32x128x256x16, SGD", MODEL_ONLY, None, None, 911, 522, None),
-    ("MLP 640x4096x2048x1024, SGD", GRAPH, None, None, 976, 922, 910),
-    ("MLP 640x4096x2048x1024, Adam(capturable)", GRAPH, None, None, 1407, 1221, 1205),
-], columns=["case", "variant", "K80 eager µs", "K80 graph µs", "H100 ref eager µs", "H100 ref graph µs",
-            "H100 ref floor µs"]).astype({c: float for c in ["K80 eager µs", "K80 graph µs"]})
-REFERENCE["K80 speedup"] = REFERENCE["K80 eager µs"] / REFERENCE["K80 graph µs"]
-REFERENCE["H100 ref speedup"] = REFERENCE["H100 ref eager µs"] / REFERENCE["H100 ref graph µs"]
-print(REFERENCE.round(2).to_string(index=False))
-
-# %%
-now = m.short().assign(variant=lambda t: t.variant.str.replace(" (eager fallback)", "", regex=False))
-now = now[["case", "variant", "time (µs)", "speedup", "90% interval"]]
-REFERENCE[["case", "variant", "K80 speedup", "H100 ref graph µs", "H100 ref speedup", "H100 ref floor µs"]].merge(
-    now.rename(columns=lambda c: c if c in ("case", "variant") else f"this run: {c}"), on=["case", "variant"],
-    how="left").round(2)
-
-# %% [markdown]
-# **Why the numbers differ.** An eager step of the small network is mostly the CPU's cost of launching its
-# kernels through Python and the autograd engine, and CPUs did not get much faster per launch, while GPUs did.
-# On the K80 the small step kept the GPU busy for a good part of the eager step's millisecond, so the graph
-# could only remove the gaps. On an H100 the same kernels take tens of microseconds, so the graph removes most
-# of the step (the reference's graph column sits close to its floor). At the docs size the GPU work per step is
-# far larger, the step is GPU-bound, and a graph can only remove the launch gaps. Eager times drift between runs
-# and processes on a shared host, and the reference ran in another process on another day: read the reference
-# for orders of magnitude, and this run's verdicts for comparisons.
-
-# %% [markdown]
-# ## 9. Recorded GPU results
-# This run's times and speedups beside those of the GPU run recorded in `figures/` before it (what a reader
-# without a GPU sees), with that run's GPU, date and id in the caption.
-
-# %%
-recorded = results.beside_recorded(STEM, pd.concat([timing, amp_timing], ignore_index=True))
-
-# %% [markdown]
-# ## Summary
-# - A whole training step, optimizer included, can be one CUDA graph: static batch tensors, side-stream
-#   warm-up, `zero_grad(set_to_none=True)` before capture, then `copy_` + `replay()` per batch.
-# - It trains like the eager loop: with the same arithmetic on both sides the parameters are identical, and
-#   where the graph reads a hyper-parameter from a GPU tensor (Adam's learning rate) the last bits may differ
-#   (Appendix B tests why); dropout still draws fresh masks on every replay. AMP works the same way (bf16
-#   on compute capability 8.0 or newer, else fp16 with the scaler's step kept eager).
-# - What a graph can save is what an eager step spends beyond its GPU work: where the step is CPU-bound, nearly
-#   all of it; where it is GPU-bound (graph ≈ floor), only the launch gaps. Graphing only the model leaves the
-#   loss, `zero_grad` and the optimizer's launches in place.
-# - Not captured by the kit: anything that needs the CPU during the step (`.item()`, data-dependent shapes),
-#   and the `GradScaler`'s part: `scaler.step`/`scaler.update` run eagerly after each replay. With a plain
-#   optimizer `scaler.step` also synchronizes with the host each step to read the inf check; with a `fused=True`
-#   optimizer it does not (the check stays on the GPU). Short batches run eagerly.
-#
-# This run's headline verdicts so far, one sentence each. The appendices run after this table: their verdicts, one
-# of the headlines listed here among them (what the optimizer step adds), go to `claims.csv` only.
-
-# %%
-summary(claims, ["graph_beats_eager_small_sgd", "graph_beats_model_only_small_sgd", "graph_within_floor_small_sgd",
-                 "graph_beats_eager_small_adam", "default_adam_beats_capturable_small", "graph_beats_eager_docs_sgd",
-                 "amp_graph_beats_eager_bf16", "amp_graph_beats_eager_fp16", "fused_sgd_graph_beats_plain_sgd_graph_fp16",
-                 "optimizer_step_adds_time_adam"]);
-
-# %% [markdown]
-# ## Exercises
-# Each exercise extends the experiment above. Fill in its cell (every `...` is a placeholder that runs as it is),
-# then run the check below it: ✔ right, ✘ off (with a hint), … not done yet. Parts that need an NVIDIA GPU say
-# so (⏸); on a CPU a check verifies what it can there, such as your reasoning, counts and honest labels.
-# Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb02_train_step.py` (try
-# first).
-
-# %% tags=["nbval-check-output"]
-from cudagraph_kit.course.exercises_02 import STEP_PARTS, check_amp_adam, check_lr_schedule, check_short_batches
-
-# %% [markdown]
-# ### Exercise 1: Adam with fp16 and a `GradScaler`
-# Repeat the fp16 + `GradScaler` case of section 6 with `make_opt("Adam(capturable)", ...)` instead of SGD. First
-# the parity run: one copy of a network without dropout trained by `eager_amp_step`, another by
-# `capture_train_step(..., amp_dtype=torch.float16, scaler=torch.amp.GradScaler("cuda"))`, on
-# `batches[:AMP_STEPS]`; record the largest parameter difference. Then eager against the whole-step graph in one
-# `compare` (import it first: `from cudagraph_kit import compare`). How much of the speedup remains, and which
-# parts of the step (names from `STEP_PARTS`, printed below) still run eagerly after each replay? *The parity
-# run and the timing need an NVIDIA GPU; the question does not.*
-
-# %% tags=["nbval-check-output"]
-still_eager = ...     # a set of names from STEP_PARTS
-max_param_diff = ...  # graph vs eager AMP Adam after the same steps (GPU)
-amp_adam_table = ...  # compare({"eager": ..., GRAPH: ...}, x, y, case=..., samples=SAMPLES, calls=CALLS) (GPU)
-print("STEP_PARTS:", STEP_PARTS)
-
-# %%
-check_amp_adam(still_eager, amp_adam_table, max_param_diff, reference=amp_timing)
-
-# %% [markdown]
-# ### Exercise 2: a learning-rate schedule in a graphed loop
-# Train the network without dropout twice on `batches`, once through `capture_train_step(...,
-# eager_fallback=True)` and once with an eager loop, each with `torch.optim.lr_scheduler.StepLR(opt,
-# step_size=10, gamma=0.5)` stepped after every training step; record the graphed run's learning rate after each
-# step. Do the two runs end with the same parameters? Start with Adam and a Python-number lr; then try a tensor lr,
-# and plain SGD.
-#
-# Hint: a hand-written graph replays its kernels with the arguments they were captured with, and a Python-number lr
-# is such an argument: the scheduler changes `group["lr"]`, the replays never see it. `capture_train_step` handles
-# this for optimizers that can read the lr from GPU memory (`Adam`/`AdamW` with `capturable=True`, `SGD` with
-# `fused=True`): it keeps the lr in a GPU tensor and copies each new value in before a replay. You can also pass
-# `lr=torch.tensor(..., device="cuda")` yourself; the schedulers update a tensor lr in place. Plain SGD reads the lr
-# as a Python number inside its step, so `capture_train_step` refuses a schedule that changes it, and says how to
-# fix it. On a CPU both runs are eager, so they agree
-# whatever the lr; the check tells you what only a GPU run can show.
-
-# %% tags=["nbval-check-output"]
-graphed_model = ...  # trained through capture_train_step(..., eager_fallback=True), with the scheduler
-eager_model = ...    # the same network, seed and schedule, trained by an eager loop
-optimizer = ...      # the graphed run's optimizer
-lrs = ...            # float(optimizer.param_groups[0]["lr"]) after each step of the graphed run
-
-# %% tags=["nbval-check-output"]
-check_lr_schedule(graphed_model, eager_model, optimizer, lrs)
-
-# %% [markdown]
-# ### Exercise 3: short batches, and what they cost
-# A loader with `drop_last=False` ends each epoch with a short batch, and datasets of different sizes end with
-# different ones. Build three epochs of batches of `N` rows from datasets of, say, 1000, 1010 and 990 rows. Before
-# running: how many steps will run eagerly? Then run all of them through a new `capture_train_step(...,
-# eager_fallback=True)` and read `short_step.eager_steps`. What do those eager steps cost, compared with graph
-# replays? Use the `eager` and `whole-step graph` rows of `timing` (section 5, case "MLP 32x128x256x16, SGD"):
-# eager steps × (eager µs − graph µs). How would you avoid that cost?
-
-# %% tags=["nbval-check-output"]
-short_batches = ...          # a list of (x, y) batches of several sizes
-predicted_eager_steps = ...  # counted from the sizes, before running
-short_step = ...             # the capture_train_step that all of short_batches ran through
-extra_us = ...               # eager steps x (eager median_us - whole-step graph median_us)
-
-# %% tags=["nbval-check-output"]
-check_short_batches(short_batches, predicted_eager_steps, short_step, extra_us, timing)
-
-# %% [markdown]
-# ## Appendix A: where the time of an eager step goes
-# How much of an eager step of the small network is GPU work? The rest is CPU work: Python (the module calls, the
-# optimizer's loops), the dispatcher and the autograd engine, and the driver's launches. The GPU-busy time of the
-# same kernels is the floor of the whole-step graph in section 5 (an eager row gets no floor of its own: the
-# profiler records kernels launched one by one from Python as running longer than they do). To see where the rest
-# goes, the parts of the step are timed separately (`cudagraph_kit.course.nb02_train.step_parts`), each on its own
-# copy of the network and optimizer: the whole eager step; `zero_grad` alone (`set_to_none=True`: no kernel, pure
-# Python); forward + loss; `zero_grad` + forward + loss + backward; `optimizer.step()` alone. Backward and the
-# optimizer follow by difference. Parts timed separately do not add up exactly (caches, allocator state): read them
-# as a breakdown, not as an exact sum. A part obtained by difference is the difference of two noisy medians: when
-# the part is small next to that noise it can come out larger or smaller than the same part timed alone, or even
-# negative, which means "within the noise", not a negative cost. So the breakdown is the median of the windows'
-# differences, and the two verdicts per optimizer say, from the ratio of the two timings window by window, whether
-# each part stands out of the noise.
-
-# %%
-from IPython.display import display  # noqa: E402
-
-from cudagraph_kit.course.nb02_train import breakdown, part_claims, step_parts  # noqa: E402
-
-xp, yp = torch.randn(N, D_IN, device=DEVICE), torch.randn(N, D_OUT, device=DEVICE)
-OPT_LABEL = {"SGD": "SGD", "Adam(capturable)": "Adam (capturable=True)" if CUDA else "Adam (capturable=False)"}
-part_cases = {f"eager step parts, MLP {N}x{D_IN}x{H}x{D_OUT}, {o}":
-              (step_parts(make_model(D_IN, H, D_OUT), lambda ps, o=o: make_opt(o, ps), loss_fn, xp, yp),
-               (xp, yp), WARM) for o in OPT_LABEL}
-parts_m = measure(part_cases, **TIMING, progress=None)
-appendix_claims = []
-for opt_name, label in OPT_LABEL.items():
-    case = f"eager step parts, MLP {N}x{D_IN}x{H}x{D_OUT}, {opt_name}"
-    appendix_claims += part_claims(parts_m, case, OPT_KEY[opt_name], f"{label} step")
-    b = breakdown(parts_m, case)
-    whole, g = b.set_index("part").loc["whole eager step"], m.row(f"MLP {N}x{D_IN}x{H}x{D_OUT}, {opt_name}", GRAPH)
-    print(f"\n{label}: whole eager step {whole['µs']:.0f} µs" + (
-        f"; the GPU needs about {g.floor_us:.0f} µs for the same work (the whole-step graph's floor), so about "
-        f"{1 - g.floor_us / whole['µs']:.0%} of the eager step is host work the GPU waits for"
-        if CUDA and g.floor_us == g.floor_us and g.floor_us > 0 else " (no GPU floor in this run)"))
-    display(b.round(2))
-_ = summary(appendix_claims)
-
-# %% [markdown]
-# ## Appendix B: Adam's last bits
+# ### F. Adam's last bits
 # Different implementations of one optimizer (the for-loop, `foreach` and `fused` ones, each with `capturable`
 # on or off) order and round their arithmetic differently, so a graph compared with an eager optimizer built
 # with other options differs for that reason alone. That is not the case in section 4: both runs use
@@ -897,7 +563,49 @@ else:
           "eager code)")
 
 # %% [markdown]
-# ## Appendix C: the `AccumulateGrad` stream warning
+# ### G. Where the time of an eager step goes
+# How much of an eager step of the small network is GPU work? The rest is CPU work: Python (the module calls, the
+# optimizer's loops), the dispatcher and the autograd engine, and the driver's launches. The GPU-busy time of the
+# same kernels is the floor of the whole-step graph in section 5 (an eager row gets no floor of its own: the
+# profiler records kernels launched one by one from Python as running longer than they do). To see where the rest
+# goes, the parts of the step are timed separately (`cudagraph_kit.course.nb02_train.step_parts`), each on its own
+# copy of the network and optimizer: the whole eager step; `zero_grad` alone (`set_to_none=True`: no kernel, pure
+# Python); forward + loss; `zero_grad` + forward + loss + backward; `optimizer.step()` alone. Backward and the
+# optimizer follow by difference. Parts timed separately do not add up exactly (caches, allocator state): read them
+# as a breakdown, not as an exact sum. A part obtained by difference is the difference of two noisy medians: when
+# the part is small next to that noise it can come out larger or smaller than the same part timed alone, or even
+# negative, which means "within the noise", not a negative cost. So the breakdown is the median of the windows'
+# differences, and the two verdicts per optimizer say, from the ratio of the two timings window by window, whether
+# each part stands out of the noise.
+
+# %%
+from IPython.display import display  # noqa: E402
+
+from cudagraph_kit.course.nb02_train import breakdown, part_claims, step_parts  # noqa: E402
+
+OPT_KEY = {"SGD": "sgd", "Adam(capturable)": "adam"}
+
+xp, yp = torch.randn(N, D_IN, device=DEVICE), torch.randn(N, D_OUT, device=DEVICE)
+OPT_LABEL = {"SGD": "SGD", "Adam(capturable)": "Adam (capturable=True)" if CUDA else "Adam (capturable=False)"}
+part_cases = {f"eager step parts, MLP {N}x{D_IN}x{H}x{D_OUT}, {o}":
+              (step_parts(make_model(D_IN, H, D_OUT), lambda ps, o=o: make_opt(o, ps), loss_fn, xp, yp),
+               (xp, yp), WARM) for o in OPT_LABEL}
+parts_m = measure(part_cases, **TIMING, progress=None)
+appendix_claims = []
+for opt_name, label in OPT_LABEL.items():
+    case = f"eager step parts, MLP {N}x{D_IN}x{H}x{D_OUT}, {opt_name}"
+    appendix_claims += part_claims(parts_m, case, OPT_KEY[opt_name], f"{label} step")
+    b = breakdown(parts_m, case)
+    whole, g = b.set_index("part").loc["whole eager step"], m.row(f"MLP {N}x{D_IN}x{H}x{D_OUT}, {opt_name}", GRAPH)
+    print(f"\n{label}: whole eager step {whole['µs']:.0f} µs" + (
+        f"; the GPU needs about {g.floor_us:.0f} µs for the same work (the whole-step graph's floor), so about "
+        f"{1 - g.floor_us / whole['µs']:.0%} of the eager step is host work the GPU waits for"
+        if CUDA and g.floor_us == g.floor_us and g.floor_us > 0 else " (no GPU floor in this run)"))
+    display(b.round(2))
+_ = summary(appendix_claims)
+
+# %% [markdown]
+# ### H. The `AccumulateGrad` stream warning
 # Autograd creates one `AccumulateGrad` node per parameter (the node that adds a gradient into `.grad`), on the
 # stream that is current when it is created, and reuses that node for as long as something keeps it alive. When
 # a backward produces a gradient on another stream than the node's, the engine synchronizes the two streams for
@@ -909,11 +617,87 @@ else:
 # detached), and the eager loop stays on one stream. The cost is a few cross-stream event waits per step in the
 # `make_graphed_callables` rows; results are unaffected. Silence it with
 # `torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)` once you know where it comes from.
-# Section 5's first cell records whether it came from the plain `make_graphed_callables` call (the first
-# to make one in this process).
+# Section 5's timing cell records whether it came from its `make_graphed_callables` rows (the first in this
+# process to make one), and shows any other warning as usual.
 
 # %%
 print("AccumulateGrad stream warning:", f"raised by {stream_warning_from[0]}" if stream_warning_from else
-      "not raised by the plain make_graphed_callables cell in this run")
+      "not raised in this run")
 folder = save_run([timing, amp_timing, parts_m.table, parity, amp_parity], claims + appendix_claims)
 print("saved again with the appendix:", folder, f"({len(claims) + len(appendix_claims)} verdicts)")
+
+
+# %% [markdown]
+# ## Exercises
+# Each exercise extends the experiment above. Fill in its cell (every `...` is a placeholder that runs as it is),
+# then run the check below it: ✔ right, ✘ off (with a hint), … not done yet. Parts that need an NVIDIA GPU say
+# so (⏸); on a CPU a check verifies what it can there, such as your reasoning, counts and honest labels.
+# Worked solutions, run by the test suite against these checks: `notebooks/solutions/nb02_train_step.py` (try
+# first).
+
+# %% tags=["nbval-check-output"]
+from cudagraph_kit import compare
+from cudagraph_kit.course.exercises_02 import STEP_PARTS, check_amp_adam, check_lr_schedule, check_short_batches
+
+# %% [markdown]
+# ### Exercise 1: Adam with fp16 and a `GradScaler`
+# Repeat the fp16 + `GradScaler` case of section 6 with `make_opt("Adam(capturable)", ...)` instead of SGD. First
+# the parity run: one copy of a network without dropout trained by `eager_amp_step`, another by
+# `capture_train_step(..., amp_dtype=torch.float16, scaler=torch.amp.GradScaler("cuda"))`, on
+# `batches[:AMP_STEPS]`; record the largest parameter difference. Then eager against the whole-step graph in one
+# `compare` (imported above). How much of the speedup remains, and which
+# parts of the step (names from `STEP_PARTS`, printed below) still run eagerly after each replay? *The parity
+# run and the timing need an NVIDIA GPU; the question does not.*
+
+# %% tags=["nbval-check-output"]
+still_eager = ...     # a set of names from STEP_PARTS
+max_param_diff = ...  # graph vs eager AMP Adam after the same steps (GPU)
+amp_adam_table = ...  # compare({"eager": ..., GRAPH: ...}, x, y, case=..., samples=SAMPLES, calls=CALLS) (GPU)
+print("STEP_PARTS:", STEP_PARTS)
+
+# %%
+check_amp_adam(still_eager, amp_adam_table, max_param_diff, reference=amp_timing)
+
+# %% [markdown]
+# ### Exercise 2: a learning-rate schedule in a graphed loop
+# Train the network without dropout twice on `batches`, once through `capture_train_step(...,
+# eager_fallback=True)` and once with an eager loop, each with `torch.optim.lr_scheduler.StepLR(opt,
+# step_size=10, gamma=0.5)` stepped after every training step; record the graphed run's learning rate after each
+# step. Do the two runs end with the same parameters? Start with Adam and a Python-number lr; then try a tensor lr,
+# and plain SGD.
+#
+# Hint: a hand-written graph replays its kernels with the arguments they were captured with, and a Python-number lr
+# is such an argument: the scheduler changes `group["lr"]`, the replays never see it. `capture_train_step` handles
+# this for optimizers that can read the lr from GPU memory (`Adam`/`AdamW` with `capturable=True`, `SGD` with
+# `fused=True`): it keeps the lr in a GPU tensor and copies each new value in before a replay. You can also pass
+# `lr=torch.tensor(..., device="cuda")` yourself; the schedulers update a tensor lr in place. Plain SGD reads the lr
+# as a Python number inside its step, so `capture_train_step` refuses a schedule that changes it, and says how to
+# fix it. On a CPU both runs are eager, so they agree
+# whatever the lr; the check tells you what only a GPU run can show.
+
+# %% tags=["nbval-check-output"]
+graphed_model = ...  # trained through capture_train_step(..., eager_fallback=True), with the scheduler
+eager_model = ...    # the same network, seed and schedule, trained by an eager loop
+optimizer = ...      # the graphed run's optimizer
+lrs = ...            # float(optimizer.param_groups[0]["lr"]) after each step of the graphed run
+
+# %% tags=["nbval-check-output"]
+check_lr_schedule(graphed_model, eager_model, optimizer, lrs)
+
+# %% [markdown]
+# ### Exercise 3: short batches, and what they cost
+# A loader with `drop_last=False` ends each epoch with a short batch, and datasets of different sizes end with
+# different ones. Build three epochs of batches of `N` rows from datasets of, say, 1000, 1010 and 990 rows. Before
+# running: how many steps will run eagerly? Then run all of them through a new `capture_train_step(...,
+# eager_fallback=True)` and read `short_step.eager_steps`. What do those eager steps cost, compared with graph
+# replays? Use the `eager` and `whole-step graph` rows of `timing` (section 5, case "MLP 32x128x256x16, SGD"):
+# eager steps × (eager µs − graph µs). How would you avoid that cost?
+
+# %% tags=["nbval-check-output"]
+short_batches = ...          # a list of (x, y) batches of several sizes
+predicted_eager_steps = ...  # counted from the sizes, before running
+short_step = ...             # the capture_train_step that all of short_batches ran through
+extra_us = ...               # eager steps x (eager median_us - whole-step graph median_us)
+
+# %% tags=["nbval-check-output"]
+check_short_batches(short_batches, predicted_eager_steps, short_step, extra_us, timing)

@@ -67,34 +67,8 @@ def nb01():
                                  crossover=exercises.crossover_of(sweep), exps=exps, sol=solutions("01_gelu"))
 
 
-def make_model(d_in, h, d_out, dropout=True, seed=0):
-    torch.manual_seed(seed)
-    layers = [torch.nn.Linear(d_in, h), torch.nn.Dropout(0.2), torch.nn.Linear(h, d_out), torch.nn.Dropout(0.1)]
-    if not dropout:
-        layers = [m for m in layers if not isinstance(m, torch.nn.Dropout)]
-    return torch.nn.Sequential(*layers).to(DEVICE)
-
-
-def make_opt(name, params):
-    if name == "SGD":
-        return torch.optim.SGD(params, lr=0.1)
-    return torch.optim.Adam(params, lr=1e-3, capturable=CUDA)
-
-
-def eager_amp_step(model, opt, dtype, scaler):
-    def run(x, y):
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=dtype):
-            loss = torch.nn.functional.mse_loss(model(x), y)
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        return loss.detach()
-    return run
+# notebook 02's workload, as the notebook imports it
+from cudagraph_kit.course.models import eager_amp_step, make_model, make_opt  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -100,11 +100,11 @@ def test_train_step_notebook_records_parity_and_honest_labels(run_notebook):
         assert parts.kernels_per_call.notna().all()
         whole = parts[parts.variant == "whole eager step"]
         assert (whole.kernels_per_call > parts[parts.variant == "forward + loss"].kernels_per_call.values).all()
-        # if autograd's AccumulateGrad stream warning was raised by the plain make_graphed_callables cell (the first
-        # in the process to make one; autograd warns once per process), the notebook recorded it
+        # if autograd's AccumulateGrad stream warning was raised (once per process) by section 5's
+        # make_graphed_callables rows, the first to make one, or else by the plain call, the notebook recorded where
         warned = env["accumulate_grad_stream_warning"]
-        assert warned is None or (warned[0] == "make_graphed_callables' warm-up and capture"
-                                  and warned[1] in set(df.case))
+        assert warned is None or (warned[0] in ("section 5's make_graphed_callables rows",
+                                                "the plain make_graphed_callables cell") and warned[1] in set(df.case))
     else:
         # eager fallback runs the same code as the eager loop: identical, dropout included
         assert (parity.max_abs_param_diff == 0).all() and parity.params_bitwise_equal.all()

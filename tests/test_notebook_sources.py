@@ -113,6 +113,8 @@ PUBLISHED_SOURCES = {("shu65", "blog-pytorch-notebooks"),  # the 2021 K80 blog's
 AWAITING_GPU_RUN: dict = {
     "01_gelu": "rewritten to its budget (picture first, one call per experiment, takeaways, Going further); "
                "the committed notebook is the 2026-11-25 H100 run of the old text until reproduce runs it on a GPU",
+    "02_train_step": "rewritten to its budget (one call per experiment, takeaways, Going further); the committed "
+                     "notebook is the 2026-11-25 H100 run of the old text until reproduce runs it on a GPU",
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .measure import ran_eagerly
 
-__all__ = ["size_sweep", "calls_per_graph"]
+__all__ = ["size_sweep", "calls_per_graph", "loss_curves", "step_times"]
 
 
 def size_sweep(sweep, crossover, title: str, threshold: float = 1.10):
@@ -64,5 +64,44 @@ def calls_per_graph(table, title: str, factor: float = 1.3):
         ax.axhline(factor * graphed.floor_us.median(), color="grey", ls=":", lw=1, label=f"{factor:g} × floor")
     ax.set(xlabel="GELU calls captured per graph", ylabel="µs per call", title=title)
     ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def loss_curves(curves: dict, title: str):
+    """One panel per training run: the eager loss and the graphed (or eager-fallback) loss per step, log scale.
+    ``curves``: ``{case: (eager_losses, losses, mode)}``."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), sharey=True, squeeze=False)
+    for ax, (case, (ref_l, l, mode)) in zip(axes[0], curves.items()):
+        ax.plot(ref_l.numpy(), lw=2.5, alpha=0.5, label="eager")
+        ax.plot(l.numpy(), lw=1, ls="--", label="whole-step graph" if mode == "graph" else "kit, eager fallback")
+        ax.set(title=case.replace("parity ", "").replace(", ", "\n", 1), xlabel="step", yscale="log")
+        ax.legend()
+    axes[0][0].set_ylabel("training loss (MSE)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def step_times(timing, title: str, colors: dict | None = None):
+    """One bar per case and variant: time per step (log scale) with its 90% prediction interval (grey line) and
+    the floor (black tick) where the profiler measured one; each graph row names its speedup."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, max(4, 0.32 * len(timing))))
+    for i, r in timing.reset_index(drop=True).iterrows():
+        ax.barh(i, r.median_us, color=(colors or {}).get(r.variant.replace(" (eager fallback)", ""), "grey"))
+        ax.plot([r.median_pi_lo, r.median_pi_hi], [i, i], color="0.3", lw=1)  # where one more window should land
+        if r.get("floor_us") == r.get("floor_us"):
+            ax.plot([r.floor_us, r.floor_us], [i - 0.4, i + 0.4], "k-", lw=2)
+        ax.text(r.median_us, i, f" {r.median_us:.0f} µs" + ("" if r.variant == "eager" else f" ({r.speedup:.2f}×)"),
+                va="center", fontsize=8)
+    ax.set_yticks(range(len(timing)), [f"{r.case} · {r.variant}" for r in timing.itertuples()], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set(xlabel="time per training step (µs, log scale); grey line = 90% prediction interval of the median; "
+                  "black tick = floor (GPU busy)", title=title)
     fig.tight_layout()
     return fig

@@ -17,11 +17,19 @@ import re
 from .claims import speedup, stops_paying, versus, within_floor
 from .measure import ran_eagerly
 
-__all__ = ["gelu_headline", "gelu_sweep", "sweep_points", "gelu_calls_per_graph", "SWEEP_THRESHOLD",
-           "FLOOR_FACTOR"]
+__all__ = ["gelu_headline", "gelu_sweep", "sweep_points", "gelu_calls_per_graph", "train_step", "amp_step",
+           "SWEEP_THRESHOLD", "FLOOR_FACTOR", "GRAPH", "GRAPH_FUSED", "MODEL_ONLY", "ADAM_DEFAULT"]
 
 SWEEP_THRESHOLD = 1.10   # "stops paying": the graph saves at most 10%
 FLOOR_FACTOR = 1.3       # "near the floor": within 1.3x of the GPU-busy time
+
+# notebook 02's variants
+GRAPH = "whole-step graph"
+GRAPH_FUSED = "whole-step graph, SGD(fused=True)"
+MODEL_ONLY = "make_graphed_callables (model only)"
+ADAM_DEFAULT = "default eager Adam (capturable=False)"
+_SIZE_KEY = {"32x128x256x16": "small", "640x4096x2048x1024": "docs"}
+_OPT_KEY = {"SGD": "sgd", "Adam(capturable)": "adam"}
 
 
 def gelu_headline(m) -> list:
@@ -67,3 +75,39 @@ def gelu_calls_per_graph(m) -> list:
                    than=f"{few} per graph"),
             within_floor(m, "many_calls_near_floor", case, f"graph, {many} calls/graph", FLOOR_FACTOR,
                          subject=f"small: {many} calls per graph")]
+
+
+def train_step(m) -> list:
+    """Notebook 02, section 5, per case ``"MLP <size>, <optimizer>"``: the whole-step graph against eager; on a GPU
+    also graphing the model only against eager, the whole-step graph against it, the whole-step graph against
+    1.1x its floor (where one was measured), and the default eager Adam against the capturable one."""
+    claims = []
+    for case in dict.fromkeys(m.table.case):
+        size, opt_name = case.removeprefix("MLP ").split(", ")
+        key = f"{_SIZE_KEY[size]}_{_OPT_KEY[opt_name]}"
+        than = "eager" if opt_name == "SGD" else "eager Adam(capturable=True)"
+        claims.append(speedup(m, f"graph_beats_eager_{key}", case, GRAPH, than=than))
+        variants = set(m.table[m.table.case == case].variant)
+        if MODEL_ONLY not in variants:   # without a GPU: no make_graphed_callables row
+            continue
+        claims += [speedup(m, f"model_only_beats_eager_{key}", case, MODEL_ONLY, than=than),
+                   versus(m, f"graph_beats_model_only_{key}", (case, GRAPH), (case, MODEL_ONLY))]
+        if m.row(case, GRAPH).floor_us > 0:  # a floor was measured (the graph ran as replays alone)
+            claims.append(within_floor(m, f"graph_within_floor_{key}", case, GRAPH, 1.1))
+        if ADAM_DEFAULT in variants:
+            claims.append(speedup(m, f"default_adam_beats_capturable_{_SIZE_KEY[size]}", case, ADAM_DEFAULT,
+                                  than=than))
+    return claims
+
+
+def amp_step(m) -> list:
+    """Notebook 02, section 6, per AMP case: the graph against the eager AMP loop; for fp16 with a GradScaler,
+    the graph with ``SGD(fused=True)`` against the graph with plain SGD."""
+    claims = []
+    for case in dict.fromkeys(m.table.case):
+        key = "bf16" if "bf16" in case else "fp16"
+        claims.append(speedup(m, f"amp_graph_beats_eager_{key}", case, GRAPH, than="the eager AMP loop"))
+        if GRAPH_FUSED in set(m.table[m.table.case == case].variant):
+            claims.append(versus(m, f"fused_sgd_graph_beats_plain_sgd_graph_{key}", (case, GRAPH_FUSED),
+                                 (case, GRAPH)))
+    return claims
