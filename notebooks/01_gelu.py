@@ -62,6 +62,7 @@ import math
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
+from IPython.display import display
 
 from cudagraph_kit import env_table, has_cuda, timeit
 from cudagraph_kit.capture import capture
@@ -91,8 +92,9 @@ if not CUDA:
 # a `torch.profiler` trace of the recorded run. The host row shows the CPU's calls into CUDA; the GPU row shows
 # the kernels. Eagerly, each blue `cudaLaunchKernel` is followed by one short green kernel, and between kernels
 # the GPU waits for the host. With a graph, one orange `cudaGraphLaunch` per call sends all five kernels, and they
-# run back to back. The GPU work is the same; the graph removes the launches and the gaps they leave. The rest of
-# this notebook measures how much that is worth, and when it stops mattering.
+# run back to back. The GPU work is the same; the graph removes the launches and the gaps they leave. Read the
+# picture for its shape, not its times: the profiler itself slows the host's launches, which widens the eager
+# gaps. The rest of this notebook measures how much a graph is worth, and when it stops mattering.
 
 # %%
 results.show_figure(STEM, "timeline");   # the recorded run's; "Going further" draws this run's own
@@ -174,7 +176,7 @@ m = measure({case: {"eager": lambda x=x: gelu(x),
             windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S, verdicts=verdicts.gelu_headline)
 main_table = m.table
 main_table["max_abs_err"] = [0.0 if v == "eager" else max_err[c] for c, v in zip(main_table.case, main_table.variant)]
-m.show()
+m.show(STEM)   # without a GPU: the recorded GPU run's rows and verdicts
 
 # %% [markdown]
 # On a fast GPU the small tensor is [**launch-bound**](../docs/GLOSSARY.md): its five kernels finish long
@@ -198,15 +200,17 @@ for e in exps:  # capture every size first (and check it against eager), then ti
 ms = measure(sweep_cases, windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S,
              verdicts=verdicts.gelu_sweep, progress=lambda line: print(line.split(":")[0], f"of {len(exps)} sizes"))
 sweep, crossover = verdicts.sweep_points(ms)
-ms.show()
+ms.show(STEM)
 
-# %% tags=["nbval-check-output"]
-fig_sweep = figures.size_sweep(sweep, crossover, f"GELU eager vs CUDA graph on {WHERE}")
+# %%
+fig_sweep = figures.shown(figures.size_sweep(sweep, crossover, f"GELU eager vs CUDA graph on {WHERE}"), STEM,
+                          "size_sweep")   # without a GPU: the recorded run's figure
 
 # %% [markdown]
-# Size is one part of it; the L2 cache is the other. While the tensors the kernels read and write fit in L2, the
-# kernels work on-chip; once they stop fitting, every kernel goes to DRAM and the floor jumps. Where that jump
-# sits at the crossover, a GPU with a smaller L2 reaches the crossover at a smaller tensor.
+# Size is one part of it; the L2 cache is the other. While the tensors the kernels read and write fit in the L2
+# cache, the kernels work on-chip; once they no longer fit, every kernel reads from DRAM and the floor jumps. If
+# that jump comes at the crossover, the crossover depends on the L2's size: a GPU with a smaller L2 reaches it
+# at a smaller tensor.
 #
 # ## 6. Several calls per graph
 # A graph has a launch cost too: the gap between a replay and its floor. For tiny work that gap is a visible
@@ -224,10 +228,10 @@ mk = measure({"small, calls per graph": k_variants}, windows=WINDOWS, samples=SA
              pause_s=WINDOW_PAUSE_S, verdicts=verdicts.gelu_calls_per_graph)
 per_graph = mk.table
 per_graph["calls_per_graph"] = [float("nan")] + [float(k) for k in CALLS_PER_GRAPH]
-mk.show()
+mk.show(STEM)
 
-# %% tags=["nbval-check-output"]
-fig_k = figures.calls_per_graph(per_graph, f"Small GELU on {WHERE}")
+# %%
+fig_k = figures.shown(figures.calls_per_graph(per_graph, f"Small GELU on {WHERE}"), STEM, "calls_per_graph")
 
 # %% [markdown]
 # ## 7. Side by side with the published K80 figures
@@ -249,22 +253,23 @@ print(PUBLISHED_K80.to_string(index=False))
 
 # %%
 cases = ["small", "large"]
-if CUDA:
+shown = main_table if CUDA else getattr(results.load(STEM), "df", None)   # no GPU: the recorded GPU run's rows
+if shown is not None:
+    row = lambda c, v: shown[(shown.case == c) & (shown.variant == v)].iloc[0]  # noqa: E731
     side_by_side = pd.DataFrame({
         "case": cases, "K80 speedup": PUBLISHED_K80.speedup,
-        "eager µs": [m.row(c, "eager").median_us for c in cases],
-        "replay µs": [m.row(c, "graph replay").median_us for c in cases],
-        "speedup (replay)": [m.row(c, "graph replay").speedup for c in cases],
-        "floor µs": [m.row(c, "graph replay").floor_us for c in cases]}).round(2)
-else:
-    side_by_side = results.beside_recorded(STEM, main_table)   # no graph ran here: the recorded GPU run beside
-side_by_side
+        "eager µs": [row(c, "eager").median_us for c in cases],
+        "replay µs": [row(c, "graph replay").median_us for c in cases],
+        "speedup (replay)": [row(c, "graph replay").speedup for c in cases],
+        "floor µs": [row(c, "graph replay").floor_us for c in cases]}).round(2)
+    print("This run:" if CUDA else results.load(STEM).caption + ":")
+    display(side_by_side)
 
 # %% [markdown]
-# **Why the ratios differ.** On the K80 the GPU itself was slow: even the small GELU kept it busy about as long
-# as launching it took, so removing launches saved little, and the large tensor was entirely GPU-bound. A modern
-# GPU runs the same five kernels in a few microseconds while the CPU still spends several microseconds per
-# launch: the small case becomes launch-bound, and removing the launches pays.
+# **Why the ratios differ.** On the K80 a graph saved 9% on the small tensor and nothing on the large one: the GPU
+# itself was slow, so the launches were a small part of each call. A modern GPU runs the same five kernels in a
+# few microseconds while the CPU still spends several microseconds per launch: the small case becomes
+# launch-bound, and removing the launches pays.
 #
 # ## 8. Takeaways
 # Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).
@@ -275,9 +280,9 @@ TAKEAWAYS = [
     "faster than eager, because its launches, not the GPU, were the bottleneck.",
     "Feeding the graph new data costs a copy into its static input: `g(x)` was {copy_replay_beats_eager_small} "
     "faster than eager, less than the replay alone.",
-    "Once the GPU work dominates, a graph stops paying: {graph_stops_paying:statement}.",
-    "A graph has a launch cost too: capturing several calls per graph brought the small GELU to "
-    "{many_calls_near_floor} its GPU floor.",
+    "Large work gains little, since the GPU's work dominates: {graph_stops_paying:statement}.",
+    "A graph has a launch cost too, and capturing several calls per graph spreads it: "
+    "{many_calls_near_floor:statement}.",
     "Time honestly: variants round-robin, several windows, each speedup with its interval; correct before fast.",
 ]
 show_takeaways(STEM, m.claims + ms.claims + mk.claims, TAKEAWAYS);
@@ -293,8 +298,9 @@ show_takeaways(STEM, m.claims + ms.claims + mk.claims, TAKEAWAYS);
 # under `torch.profiler`, eagerly and as graph replays, and `show.timelines` draws both traces on one time
 # scale, as in section 1. Then `show.graph_nodes` captures the GELU once more and reads its nodes from the
 # graph's DOT dump (`CUDAGraph.enable_debug_mode()`, then `debug_dump(path)`), or, where this PyTorch cannot
-# write one, the kernels of one profiled replay in the order they ran. Read the timeline for its shape, not its
-# times: the profiler itself slows the host's launches.
+# write one, the kernels of one profiled replay in the order they ran. It shows no division node:
+# PyTorch runs the division by a constant, `x / 1.41421`, as a multiply by its reciprocal
+# (`div_true_kernel_cuda` in `aten/src/ATen/native/cuda/BinaryDivTrueKernel.cu`).
 
 # %%
 from cudagraph_kit import show
@@ -365,8 +371,11 @@ else:
 # run recorded in `figures/` (its caption names that run's GPU, date and id).
 
 # %%
-summary(m.claims + ms.claims + mk.claims)
-recorded = results.beside_recorded(STEM, main_table)
+if CUDA:
+    summary(m.claims + ms.claims + mk.claims)
+    recorded = results.beside_recorded(STEM, main_table)
+else:
+    print("No GPU here: sections 4-6 showed the recorded run's rows and verdicts (all in figures/01_gelu).")
 
 # %% [markdown]
 # ### D. Save the results
@@ -390,7 +399,7 @@ print("saved to", folder, "(results.csv, env.json, claims.csv, figures)")
 # another, and each times eager against the graph replay under one *control*: nothing changed (`baseline`),
 # the garbage collector off, one CPU thread, 20 s of launches first, a `torch.profiler` session first, a higher
 # scheduling priority. The cell below shows its recorded run (one dot per process) and reads the verdict off
-# its table.
+# its table. It names the GPU it ran on, which can differ from the GPU of this notebook's recorded run.
 
 # %% tags=["nbval-check-output"]
 drift_dir = (results.recorded_root() or Path("figures")) / "drift"
@@ -464,7 +473,7 @@ from cudagraph_kit.course.exercises_01 import HOST_COPY_WHY, check_fp16_sweep, c
 # `torch.nn.functional.gelu` computes the same function in **one** kernel (its default, `approximate="none"`, is
 # the erf form used here). Define `fused_gelu`, capture it with `capture(..., eager_fallback=True)`, check it
 # against eager, and time eager against `g.replay` on the small tensor in one `compare` (imported
-# below). Predict first: is the graph's speedup larger or smaller than for the
+# above). Predict first: is the graph's speedup larger or smaller than for the
 # hand-written GELU in section 4, and why? (Going further: run the size sweep of section 5 with it. Where is the
 # crossover now?)
 

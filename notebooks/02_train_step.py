@@ -64,11 +64,12 @@ import warnings
 
 import pandas as pd
 import torch
+from IPython.display import display
 
 from cudagraph_kit import bf16_supported, capture_train_step, env_table, graph_modules, has_cuda
 from cudagraph_kit.course import figures, results, verdicts
 from cudagraph_kit.course.claims import save_claims, show_takeaways, summary
-from cudagraph_kit.course.measure import measure
+from cudagraph_kit.course.measure import Measured, measure
 from cudagraph_kit.course.models import SEED, amp_pair, eager_amp_step, eager_step, loss_fn, make_batches, \
     make_model, make_opt
 from cudagraph_kit.course.nb02_train import param_diff, parity_row
@@ -281,11 +282,12 @@ for w in caught:  # any other warning is shown as usual
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 m = measure(step_cases, **TIMING, verdicts=verdicts.train_step)
 timing = m.table  # every column (the exercises read it)
-m.show()
+m.show(STEM)   # without a GPU: the recorded GPU run's rows and verdicts
 
-# %% tags=["nbval-check-output"]
-fig_time = figures.step_times(timing, f"Training step time on {WHERE}",
-                              {"eager": "C0", GRAPH: "C1", MODEL_ONLY: "C2", ADAM_DEFAULT: "C4"})
+# %%
+fig_time = figures.shown(figures.step_times(timing, f"Training step time on {WHERE}",
+                                            {"eager": "C0", GRAPH: "C1", MODEL_ONLY: "C2", ADAM_DEFAULT: "C4"}),
+                         STEM, "step_time")   # without a GPU: the recorded run's figure
 
 # %% [markdown]
 # **What graphing only the model can save.** `make_graphed_callables` removes the launches of the model's forward
@@ -339,7 +341,7 @@ for label, dtype, use_scaler in AMP_CASES:
 amp_parity = pd.DataFrame(amp_parity_rows)
 amp = measure(amp_cases, **TIMING, verdicts=verdicts.amp_step) if amp_cases else None
 amp_timing = amp.table if amp else timing.iloc[0:0]  # the exercises read it
-amp.show() if amp else None
+amp.show(STEM) if amp else None
 
 # %% [markdown]
 # The fp16 rows get no floor: the scaler's part runs eagerly after each replay, outside the graph. Skipping the
@@ -370,14 +372,12 @@ REFERENCE["H100 ref speedup"] = REFERENCE["H100 ref eager µs"] / REFERENCE["H10
 print(REFERENCE.round(2).to_string(index=False))
 
 # %%
-if CUDA:
-    now = m.short()[["case", "variant", "time (µs)", "speedup", "90% interval"]]
-    side_by_side = REFERENCE[["case", "variant", "K80 speedup", "H100 ref speedup"]].merge(
-        now.rename(columns=lambda c: c if c in ("case", "variant") else f"this run: {c}"), on=["case", "variant"],
-        how="left").round(2)
-else:
-    side_by_side = results.beside_recorded(STEM, pd.concat([timing, amp_timing], ignore_index=True))
-side_by_side
+rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's rows
+now = m.short() if CUDA else Measured(rec.df).short(cuda=True) if rec else None
+if now is not None:
+    print("This run:" if CUDA else f"{rec.caption}:")
+    display(REFERENCE[["case", "variant", "K80 speedup", "H100 ref speedup"]].merge(
+        now[["case", "variant", "time (µs)", "speedup", "90% interval"]], on=["case", "variant"]).round(2))
 
 # %% [markdown]
 # **Why the numbers differ.** An eager step of the small network is mostly the CPU's cost of launching its
@@ -463,8 +463,11 @@ else:
 # ### C. Every verdict of this run, and the recorded run beside it
 
 # %%
-summary(claims)
-recorded = results.beside_recorded(STEM, pd.concat([timing, amp_timing], ignore_index=True))
+if CUDA:
+    summary(claims)
+    recorded = results.beside_recorded(STEM, pd.concat([timing, amp_timing], ignore_index=True))
+else:
+    print("No GPU here: sections 5-6 showed the recorded run's rows and verdicts (all in figures/02_train_step).")
 
 # %% [markdown]
 # ### D. Dropout inside a graph

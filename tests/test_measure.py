@@ -1,4 +1,5 @@
 """course/measure.py on a fake clock: the window loop, its single profiler policy, the short table and claims."""
+import pandas as pd
 import pytest
 
 import cudagraph_kit.timing as timing
@@ -96,9 +97,13 @@ def test_beside_recorded_puts_this_run_next_to_the_recorded_one(tmp_path, capsys
 
 
 def test_one_call_per_experiment_gives_the_table_and_its_verdicts(cpu_clock, capsys):
-    """``measure(..., verdicts=...)`` builds the experiment's claims; ``show`` prints the table, then one sentence
-    per verdict, under a caption that says CPU times are not GPU results."""
+    """``measure(..., verdicts=...)`` builds the experiment's claims. Without a GPU ``show`` prints no CPU time (they
+    say nothing about graphs): with the notebook's stem, the recorded GPU run's rows for the same cases and its
+    verdicts for the same claims, under a caption naming that run; without one, it says so."""
+    import json
+
     from cudagraph_kit.course import verdicts
+    from cudagraph_kit.course.paths import FIGURES_DIR
 
     def spend(us):
         cpu_clock.t += us * 1e-6
@@ -112,8 +117,17 @@ def test_one_call_per_experiment_gives_the_table_and_its_verdicts(cpu_clock, cap
                                            "replay_beats_eager_large", "replay_saves_10pct_large"]
     m.show()
     out = capsys.readouterr().out
-    assert out.startswith("Timed on this CPU, eager only: not GPU results")
-    assert all(f"- {c.statement}" in out for c in m.claims) and "compares eager with eager" in out
+    assert out.startswith("No GPU here: every variant ran eagerly, so no times are shown") and "µs" not in out
+    m.show("01_gelu")
+    out = capsys.readouterr().out
+    env = json.loads((FIGURES_DIR / "01_gelu" / "env.json").read_text())
+    assert out.startswith("No GPU here") and env["gpu"] in out and env["date"] in out
+    recorded = pd.read_csv(FIGURES_DIR / "01_gelu" / "claims.csv").set_index("claim")
+    assert all(f"- {recorded.loc[c.claim, 'statement']}" in out for c in m.claims)
+    rows = pd.read_csv(FIGURES_DIR / "01_gelu" / "results.csv")
+    replay = rows[(rows.case == "small") & (rows.variant == "graph replay")].iloc[0]
+    assert f"{replay.speedup_pi_lo:.2f}-{replay.speedup_pi_hi:.2f}x" in out   # the recorded row, its interval
+    assert "sweep" not in out                                                  # only the cases of this measurement
 
 
 def test_show_figure_names_the_recorded_run_or_says_where_it_looked(capsys, tmp_path):

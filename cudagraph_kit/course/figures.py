@@ -11,7 +11,29 @@ from __future__ import annotations
 
 from .measure import ran_eagerly
 
-__all__ = ["size_sweep", "calls_per_graph", "loss_curves", "step_times"]
+__all__ = ["shown", "size_sweep", "calls_per_graph", "loss_curves", "step_times"]
+
+
+def shown(fig, stem: str, name: str):
+    """Return ``fig`` to be shown where a graph ran. Where none ran (no GPU) this run's figure only shows CPU times,
+    which say nothing about graphs: it is closed (``results.save`` still writes it) and the recorded GPU run's
+    figure ``name`` of ``stem`` is shown instead, under a caption naming that run.
+
+    Example::
+
+        fig_sweep = shown(size_sweep(sweep, crossover, "GELU"), "01_gelu", "size_sweep")
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return fig
+    import matplotlib.pyplot as plt
+
+    from .results import show_figure
+
+    plt.close(fig)
+    show_figure(stem, name)
+    return fig
 
 
 def size_sweep(sweep, crossover, title: str, threshold: float = 1.10):

@@ -50,11 +50,12 @@ def is_eager_fallback(label: str, cuda: bool | None = None) -> bool:
     return "(eager fallback)" in label or (not cuda and ("graph" in label.lower() or "reduce-overhead" in label))
 
 
-def ran_eagerly(table) -> list:
+def ran_eagerly(table, cuda: bool | None = None) -> list:
     """Per row of a timing table: True for a graph that ran eagerly (its variant or its ``executed_as`` says so),
-    a row whose speedup would compare eager with eager, so tables show none."""
+    a row whose speedup would compare eager with eager, so tables show none. ``cuda``: whether the table was
+    measured with CUDA (default: whether this process has it; a recorded GPU run's table: True)."""
     ran_as = table["executed_as"] if "executed_as" in table else table.variant
-    return [is_eager_fallback(v) or is_eager_fallback(r) for v, r in zip(table.variant, ran_as)]
+    return [is_eager_fallback(v, cuda) or is_eager_fallback(r, cuda) for v, r in zip(table.variant, ran_as)]
 
 
 @dataclass
@@ -91,50 +92,78 @@ class Measured:
         fast = (fast[0], self.label(*fast))
         return ratio_across_windows(self.windows, slow, fast)
 
-    def short(self, cases=None):
+    def short(self, cases=None, cuda: bool | None = None):
         """The table a reader needs: case, variant, what it ran as, median time, speedup, its interval and the
         GPU-busy floor (graph rows on a GPU), rounded for display. The baseline row says "baseline"; a graph that
         ran eagerly (no GPU, or its capture fell back) shows no speedup: it would compare eager with eager. A
-        column with nothing to show in any row (the floor on a CPU) is left out."""
+        column with nothing to show in any row (the floor on a CPU) is left out. ``cuda``: as in ``ran_eagerly``."""
         import pandas as pd
 
         t = self.table if cases is None else self.table[self.table.case.isin(list(cases))]
-        eager = ran_eagerly(t)
+        eager = ran_eagerly(t, cuda)
         first = ~t.case.duplicated()   # each case's first row is its baseline
         values = [t.case, t.variant, t.get("executed_as", pd.Series(["-"] * len(t), index=t.index)),
                   t.median_us.round(1),
                   ["baseline" if b else "-" if e else f"{s:.2f}x" for s, e, b in zip(t.speedup, eager, first)],
                   ["" if b else "ran eagerly" if e else f"{lo:.2f}-{hi:.2f}x" if lo == lo and hi == hi else "-"
                    for lo, hi, e, b in zip(t.speedup_pi_lo, t.speedup_pi_hi, eager, first)],
-                  t.floor_us.round(1) if "floor_us" in t else float("nan")]
+                  [f"{v:.1f}" if v == v else "-" for v in t.floor_us] if "floor_us" in t else "-"]
         out = pd.DataFrame(dict(zip(SHORT_COLUMNS, values))).reset_index(drop=True)
         empty = [c for c in out.columns if out[c].isna().all() or out[c].astype(str).isin(["-", "", "nan"]).all()]
         return out.drop(columns=empty)
 
-    def show(self, cases=None) -> None:
-        """Show the experiment's result in a notebook: the short table, then one sentence per verdict (on a CPU a
-        caption first says the times are the CPU's, eager only)."""
-        table = self.short(cases)
-        sentences = [c.statement for c in self.claims]
-        cpu = not _cuda()
-        caption = "Timed on this CPU, eager only: not GPU results (the recorded GPU run is shown further down)."
-        try:
-            from IPython import get_ipython
-            from IPython.display import Markdown, display
-            if get_ipython() is not None:
-                if cpu:
-                    display(Markdown(f"*{caption}*"))
+    def show(self, stem: str | None = None, cases=None) -> None:
+        """Show the experiment's result in a notebook: the short table, then one sentence per verdict. Where no
+        graph ran (no GPU) CPU times say nothing about graphs, so none are shown: with ``stem``, the recorded GPU
+        run's rows for the same cases and its verdicts follow instead, under a caption naming that run.
+
+        Example::
+
+            m = measure(cases, verdicts=verdicts.gelu_headline)
+            m.show("01_gelu")
+        """
+        if _cuda():
+            _display(self.short(cases), [c.statement for c in self.claims])
+            return
+        from .claims import load_claims
+        from .results import load
+
+        rec = load(stem) if stem else None
+        if rec is None:
+            _display(None, [], f"No GPU here: every variant ran eagerly, so no times are shown (CPU times say nothing "
+                               f"about graphs), and no recorded GPU run of {stem or 'this notebook'} was found.")
+            return
+        ours = set(self.table.case) if cases is None else set(cases)
+        recorded = Measured(rec.df[rec.df.case.isin(ours)].reset_index(drop=True))
+        said = load_claims(rec.dir)
+        ids = [c.claim for c in self.claims]
+        sentences = [] if said is None else [s for i in ids for s in said[said.claim == i].statement]
+        _display(recorded.short(cuda=True), sentences,
+                 f"No GPU here: every variant ran eagerly, so this run's CPU times are not shown (they say nothing "
+                 f"about graphs). The recorded GPU run's rows and verdicts: {rec.caption}.")
+
+
+def _display(table, sentences, caption: str | None = None) -> None:
+    """A caption, a table and a list of sentences: as Markdown and a DataFrame in a notebook, as text elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+        if get_ipython() is not None:
+            if caption:
+                display(Markdown(f"*{caption}*"))
+            if table is not None:
                 display(table)
-                if sentences:
-                    display(Markdown("\n".join(f"- {s}" for s in sentences)))
-                return
-        except ImportError:
-            pass
-        if cpu:
-            print(caption)
+            if sentences:
+                display(Markdown("\n".join(f"- {s}" for s in sentences)))
+            return
+    except ImportError:
+        pass
+    if caption:
+        print(caption)
+    if table is not None:
         print(table.to_string(index=False))
-        for s in sentences:
-            print(f"- {s}")
+    for s in sentences:
+        print(f"- {s}")
 
 
 def _case_parts(spec):
