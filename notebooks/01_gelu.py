@@ -67,7 +67,7 @@ from IPython.display import display
 from cudagraph_kit import env_table, has_cuda, timeit
 from cudagraph_kit.capture import capture
 from cudagraph_kit.course import figures, results, verdicts
-from cudagraph_kit.course.claims import save_claims, show_takeaways, summary
+from cudagraph_kit.course.claims import save_claims, summary
 from cudagraph_kit.course.measure import measure
 
 STEM = "01_gelu"
@@ -176,7 +176,7 @@ m = measure({case: {"eager": lambda x=x: gelu(x),
             windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S, verdicts=verdicts.gelu_headline)
 main_table = m.table
 main_table["max_abs_err"] = [0.0 if v == "eager" else max_err[c] for c, v in zip(main_table.case, main_table.variant)]
-m.show(STEM)   # without a GPU: the recorded GPU run's rows and verdicts
+results.show(m, STEM)   # without a GPU: the recorded GPU run's rows and verdicts
 
 # %% [markdown]
 # On a fast GPU the small tensor is [**launch-bound**](../docs/GLOSSARY.md): its five kernels finish long
@@ -200,7 +200,7 @@ for e in exps:  # capture every size first (and check it against eager), then ti
 ms = measure(sweep_cases, windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S,
              verdicts=verdicts.gelu_sweep, progress=lambda line: print(line.split(":")[0], f"of {len(exps)} sizes"))
 sweep, crossover = verdicts.sweep_points(ms)
-ms.show(STEM)
+results.show(ms, STEM)
 
 # %%
 fig_sweep = figures.shown(figures.size_sweep(sweep, crossover, f"GELU eager vs CUDA graph on {WHERE}"), STEM,
@@ -228,7 +228,7 @@ mk = measure({"small, calls per graph": k_variants}, windows=WINDOWS, samples=SA
              pause_s=WINDOW_PAUSE_S, verdicts=verdicts.gelu_calls_per_graph)
 per_graph = mk.table
 per_graph["calls_per_graph"] = [float("nan")] + [float(k) for k in CALLS_PER_GRAPH]
-mk.show(STEM)
+results.show(mk, STEM)
 
 # %%
 fig_k = figures.shown(figures.calls_per_graph(per_graph, f"Small GELU on {WHERE}"), STEM, "calls_per_graph")
@@ -285,7 +285,7 @@ TAKEAWAYS = [
     "{many_calls_near_floor:statement}.",
     "Time honestly: variants round-robin, several windows, each speedup with its interval; correct before fast.",
 ]
-show_takeaways(STEM, m.claims + ms.claims + mk.claims, TAKEAWAYS);
+results.show_takeaways(STEM, m.claims + ms.claims + mk.claims, TAKEAWAYS);
 
 # %% [markdown]
 # ## Going further (optional)

@@ -68,7 +68,7 @@ from IPython.display import display
 
 from cudagraph_kit import bf16_supported, capture_train_step, env_table, graph_modules, has_cuda
 from cudagraph_kit.course import figures, results, verdicts
-from cudagraph_kit.course.claims import save_claims, show_takeaways, summary
+from cudagraph_kit.course.claims import save_claims, summary
 from cudagraph_kit.course.measure import Measured, measure
 from cudagraph_kit.course.models import SEED, amp_pair, eager_amp_step, eager_step, loss_fn, make_batches, \
     make_model, make_opt
@@ -282,7 +282,7 @@ for w in caught:  # any other warning is shown as usual
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 m = measure(step_cases, **TIMING, verdicts=verdicts.train_step)
 timing = m.table  # every column (the exercises read it)
-m.show(STEM)   # without a GPU: the recorded GPU run's rows and verdicts
+results.show(m, STEM)   # without a GPU: the recorded GPU run's rows and verdicts
 
 # %%
 fig_time = figures.shown(figures.step_times(timing, f"Training step time on {WHERE}",
@@ -341,7 +341,7 @@ for label, dtype, use_scaler in AMP_CASES:
 amp_parity = pd.DataFrame(amp_parity_rows)
 amp = measure(amp_cases, **TIMING, verdicts=verdicts.amp_step) if amp_cases else None
 amp_timing = amp.table if amp else timing.iloc[0:0]  # the exercises read it
-amp.show(STEM) if amp else None
+results.show(amp, STEM) if amp else None
 
 # %% [markdown]
 # The fp16 rows get no floor: the scaler's part runs eagerly after each replay, outside the graph. Skipping the
@@ -403,7 +403,7 @@ TAKEAWAYS = [
     "each replay.",
 ]
 claims = m.claims + (amp.claims if amp else [])
-show_takeaways(STEM, claims, TAKEAWAYS);
+results.show_takeaways(STEM, claims, TAKEAWAYS);
 
 # %% [markdown]
 # ## Going further (optional)

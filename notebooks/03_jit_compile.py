@@ -673,7 +673,7 @@ if CUDA:
         columns={"median_us": "this run (µs)", "speedup": "this run speedup"}).to_string(
         index=False, na_rep="-", float_format="%.2f"))
 K80_BANDWIDTH = 240e9  # bytes/s per GPU of a Tesla K80 (data sheet)
-large_bytes = 11 * 4 * 32 * 3 * 224 * 224  # 11 tensor passes of float32 (notebook 01, section 1)
+large_bytes = 11 * 4 * 32 * 3 * 224 * 224  # 11 tensor passes of float32 (notebook 01, "Going further" B)
 print(f"K80, large GELU: {large_bytes / 1e6:.0f} MB per call / {K80_BANDWIDTH / 1e9:.0f} GB/s = "
       f"{large_bytes / K80_BANDWIDTH * 1e3:.2f} ms of memory traffic at the data-sheet bandwidth; one fused pass in "
       f"and one out: {2 * 4 * 32 * 3 * 224 * 224 / K80_BANDWIDTH * 1e3:.2f} ms.")

@@ -507,7 +507,7 @@ parity_acc
 # %% [markdown]
 # The output above says whether the graphed run matched the eager one bit for bit. Where it does not while the
 # two eager runs do, look first at the one thing the two loops do differently: the eager fused step receives the
-# LR as a Python float, the graph reads it from a float32 tensor (notebook 02's Appendix B tests the same
+# LR as a Python float, the graph reads it from a float32 tensor (notebook 02's "Going further" F tests the same
 # explanation for Adam).
 #
 # **Gradient accumulation.** The same loop with `accumulate=4` (one optimizer step per 4 batches; the short batch

@@ -32,12 +32,12 @@ TOTAL_MINUTES = 180
 # (minutes, what, notebooks whose full run the block includes). Sections are those of the notebook sources.
 PLAN = [
     (10, "Welcome; open Colab (T4) or the lab machines; `python -m cudagraph_kit env`; run 01's setup cell", []),
-    (25, "**01**, sections 1-4: the workload, capture and replay by hand, the kit's `capture`, honest timing and "
-         "the floor", ["01_gelu"]),
-    (20, "**01**, sections 5-7: the size sweep and its crossover, several calls per graph, the picture (eager vs "
-         "graph on one timeline, the graph's nodes); exercise 1", []),
+    (25, "**01**, sections 1-4: the picture of what a graph removes, capture and replay by hand, the kit's "
+         "`capture`, honest timing and the floor", ["01_gelu"]),
+    (20, "**01**, sections 5-8: the size sweep and its crossover, several calls per graph, the K80 beside today's "
+         "GPU, the takeaways; exercise 1", []),
     (25, "**02**, sections 1-5: a whole training step by hand and with `capture_train_step`, parity with eager, "
-         "plain `make_graphed_callables` vs the whole step", ["02_train_step"]),
+         "graphing the model only vs the whole step", ["02_train_step"]),
     (10, "Break", []),
     (20, "**03**, sections 4-6: `torch.compile(mode=\"reduce-overhead\")`, `cudagraph_mark_step_begin`, where it "
          "loses and where it wins", ["03_jit_compile"]),

@@ -163,7 +163,8 @@ def test_a_cpu_learner_reads_the_recorded_runs_takeaways_labelled_with_its_gpu(c
     """Without a GPU the claims are eager fallbacks: the takeaways come from the recorded claims.csv of figures/,
     under a line naming the recorded run's GPU and date."""
     import json
-    from cudagraph_kit.course.claims import faster, show_takeaways
+    from cudagraph_kit.course.claims import faster
+    from cudagraph_kit.course.results import show_takeaways
     from cudagraph_kit.course.paths import FIGURES_DIR
     here = [faster("replay_beats_eager_small", 1.0, 1.1, "small: graph replay", eager_fallback=True)]
     shown = show_takeaways("01_gelu", here, ["A graph made the small GELU {replay_beats_eager_small} faster."])

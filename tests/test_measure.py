@@ -104,6 +104,7 @@ def test_one_call_per_experiment_gives_the_table_and_its_verdicts(cpu_clock, cap
 
     from cudagraph_kit.course import verdicts
     from cudagraph_kit.course.paths import FIGURES_DIR
+    from cudagraph_kit.course.results import show
 
     def spend(us):
         cpu_clock.t += us * 1e-6
@@ -115,10 +116,10 @@ def test_one_call_per_experiment_gives_the_table_and_its_verdicts(cpu_clock, cap
                 verdicts=verdicts.gelu_headline)
     assert [c.claim for c in m.claims] == ["replay_beats_eager_small", "copy_replay_beats_eager_small",
                                            "replay_beats_eager_large", "replay_saves_10pct_large"]
-    m.show()
+    show(m)
     out = capsys.readouterr().out
     assert out.startswith("No GPU here: every variant ran eagerly, so no times are shown") and "µs" not in out
-    m.show("01_gelu")
+    show(m, "01_gelu")
     out = capsys.readouterr().out
     env = json.loads((FIGURES_DIR / "01_gelu" / "env.json").read_text())
     assert out.startswith("No GPU here") and env["gpu"] in out and env["date"] in out

@@ -34,7 +34,7 @@ from pathlib import Path
 from ..intervals import verdict
 
 __all__ = ["Claim", "faster", "speedup", "versus", "within_floor", "stops_paying", "best_of", "summary", "summary_table",
-           "statements", "takeaways", "show_takeaways", "save_claims", "load_claims", "quoted_claims", "CLAIMS_FILE",
+           "statements", "takeaways", "save_claims", "load_claims", "quoted_claims", "CLAIMS_FILE",
            "CLAIM_COLUMNS", "EAGER_FALLBACK"]
 
 CLAIMS_FILE = "claims.csv"
@@ -285,42 +285,6 @@ def takeaways(lines, claims) -> list[str]:
         else:
             out.append("Measured instead: " + "; ".join(str(rows[i]["statement"]) for i in dict.fromkeys(ids)) + ".")
     return out
-
-
-def show_takeaways(stem: str, claims, lines, root=None) -> list[str]:
-    """Show a notebook's takeaways (:func:`takeaways`) as a Markdown list under a line that names the run they come
-    from: this run where a graph ran, else the recorded GPU run of ``stem`` (its GPU and date), so a CPU learner
-    reads the recorded findings. Returns the lines shown.
-
-    Example::
-
-        show_takeaways("01_gelu", claims, ["A graph made the small GELU {replay_beats_eager_small} faster."])
-    """
-    from .results import load
-
-    ran_graphs = any(c.verdict != EAGER_FALLBACK for c in claims)
-    if ran_graphs:
-        import torch
-        source, label = claims, f"**This run, on {torch.cuda.get_device_name(0)}:**"
-    else:
-        rec = load(stem, root)
-        recorded = load_claims(rec.dir) if rec is not None else None
-        if recorded is None:
-            print(f"No graph ran here and no recorded run of {stem} was found: the takeaways need one of the two.")
-            return []
-        source, label = recorded, f"**No graph ran here; the recorded run's takeaways.** {rec.caption}:"
-    shown = takeaways(lines, source)
-    text = label + "\n\n" + "\n".join(f"{i}. {line}" for i, line in enumerate(shown, 1))
-    try:
-        from IPython import get_ipython
-        from IPython.display import Markdown, display
-        if get_ipython() is not None:
-            display(Markdown(text))
-            return shown
-    except ImportError:
-        pass
-    print(text.replace("**", ""))
-    return shown
 
 
 def summary_table(claims):

@@ -1,6 +1,6 @@
 """Time a notebook's variants one way everywhere: ``measure`` runs them over timing windows and returns a short
 table with intervals and, given ``verdicts``, the experiment's verdict sentences (``course.verdicts``), so a
-notebook makes one call per experiment and shows both with ``m.show()``.
+notebook makes one call per experiment and shows both with ``results.show(m, stem)``.
 
 One policy for every notebook:
 
@@ -18,7 +18,7 @@ Example::
 
     from cudagraph_kit.course.measure import measure
     m = measure({"small": {"eager": lambda: f(x), "graph": g.replay}}, windows=8)
-    m.show()                                    # the short table, then the verdicts (given ``verdicts=``)
+    results.show(m, "01_gelu")                  # the short table, then the verdicts (given ``verdicts=``)
     m.short()                                   # variant, time, speedup with its interval, floor
     lo, hi = m.interval("small", "graph")       # the graph's speedup over eager, 90% prediction interval
     m.ratio(("small", "graph"), ("small", "eager"))   # any two rows, window by window
@@ -112,59 +112,6 @@ class Measured:
         empty = [c for c in out.columns if out[c].isna().all() or out[c].astype(str).isin(["-", "", "nan"]).all()]
         return out.drop(columns=empty)
 
-    def show(self, stem: str | None = None, cases=None) -> None:
-        """Show the experiment's result in a notebook: the short table, then one sentence per verdict. Where no
-        graph ran (no GPU) CPU times say nothing about graphs, so none are shown: with ``stem``, the recorded GPU
-        run's rows for the same cases and its verdicts follow instead, under a caption naming that run.
-
-        Example::
-
-            m = measure(cases, verdicts=verdicts.gelu_headline)
-            m.show("01_gelu")
-        """
-        if _cuda():
-            _display(self.short(cases), [c.statement for c in self.claims])
-            return
-        from .claims import load_claims
-        from .results import load
-
-        rec = load(stem) if stem else None
-        if rec is None:
-            _display(None, [], f"No GPU here: every variant ran eagerly, so no times are shown (CPU times say nothing "
-                               f"about graphs), and no recorded GPU run of {stem or 'this notebook'} was found.")
-            return
-        ours = set(self.table.case) if cases is None else set(cases)
-        recorded = Measured(rec.df[rec.df.case.isin(ours)].reset_index(drop=True))
-        said = load_claims(rec.dir)
-        ids = [c.claim for c in self.claims]
-        sentences = [] if said is None else [s for i in ids for s in said[said.claim == i].statement]
-        _display(recorded.short(cuda=True), sentences,
-                 f"No GPU here: every variant ran eagerly, so this run's CPU times are not shown (they say nothing "
-                 f"about graphs). The recorded GPU run's rows and verdicts: {rec.caption}.")
-
-
-def _display(table, sentences, caption: str | None = None) -> None:
-    """A caption, a table and a list of sentences: as Markdown and a DataFrame in a notebook, as text elsewhere."""
-    try:
-        from IPython import get_ipython
-        from IPython.display import Markdown, display
-        if get_ipython() is not None:
-            if caption:
-                display(Markdown(f"*{caption}*"))
-            if table is not None:
-                display(table)
-            if sentences:
-                display(Markdown("\n".join(f"- {s}" for s in sentences)))
-            return
-    except ImportError:
-        pass
-    if caption:
-        print(caption)
-    if table is not None:
-        print(table.to_string(index=False))
-    for s in sentences:
-        print(f"- {s}")
-
 
 def _case_parts(spec):
     """``{name: fn}`` or ``(variants, args)`` or ``(variants, args, options)`` → (variants, args, options)."""
@@ -189,12 +136,12 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
     one short line that grows as the windows finish ("timing 8 windows: 1 2 3 4 5 6 7 8, 41 s"); a callable is
     called once per window with that window's speedups ("window 3/8: bs1 graph 5.10x, ..."); ``None``: silent.
     ``verdicts(m)``: builds the experiment's claims from the result (a function of ``course.verdicts``); they land
-    in ``m.claims`` and ``m.show()`` prints their sentences under the table.
+    in ``m.claims`` and ``results.show(m, stem)`` prints their sentences under the table.
 
     Example::
 
         m = measure({"bs1": {"eager": step, "graph": g.replay}}, windows=8, samples=2)
-        m.show()
+        m.short()
     """
     if windows < 1:
         raise ValueError(f"measure needs at least one window, got windows={windows}; use 2 or more for intervals.")

@@ -26,7 +26,8 @@ from pathlib import Path
 from ..env import describe, has_cuda
 from .files import interrupts_deferred, replace_folder
 
-__all__ = ["save", "load", "show_recorded", "show_figure", "beside_recorded", "results_root", "recorded_root", "checkout_root", "Recorded",
+__all__ = ["save", "load", "show_recorded", "show_figure", "show", "show_takeaways", "beside_recorded", "results_root",
+           "recorded_root", "checkout_root", "Recorded",
            "REQUIRED_COLUMNS"]
 
 REQUIRED_COLUMNS = ("case", "variant", "median_us", "speedup")
@@ -193,6 +194,96 @@ def show_figure(stem: str, name: str, root=None) -> Path | None:
         pass
     print(f"{rec.caption}\nfigure: {png}")
     return png
+
+
+def show(m, stem: str | None = None, cases=None) -> None:
+    """Show an experiment's result (``m``, from ``measure``) in a notebook: the short table, then one sentence per
+    verdict. Where no graph ran (no GPU) CPU times say nothing about graphs, so none are shown: with ``stem``, the
+    recorded GPU run's rows for the same cases and its verdicts follow instead, under a caption naming that run.
+
+    Example::
+
+        m = measure(cases, verdicts=verdicts.gelu_headline)
+        show(m, "01_gelu")
+    """
+    from .claims import load_claims
+    from .measure import Measured, _cuda
+
+    if _cuda():
+        _display(m.short(cases), [c.statement for c in m.claims])
+        return
+    rec = load(stem) if stem else None
+    if rec is None:
+        _display(None, [], f"No GPU here: every variant ran eagerly, so no times are shown (CPU times say nothing "
+                           f"about graphs), and no recorded GPU run of {stem or 'this notebook'} was found.")
+        return
+    ours = set(m.table.case) if cases is None else set(cases)
+    recorded = Measured(rec.df[rec.df.case.isin(ours)].reset_index(drop=True))
+    said = load_claims(rec.dir)
+    ids = [c.claim for c in m.claims]
+    sentences = [] if said is None else [s for i in ids for s in said[said.claim == i].statement]
+    _display(recorded.short(cuda=True), sentences,
+             f"No GPU here: every variant ran eagerly, so this run's CPU times are not shown (they say nothing "
+             f"about graphs). The recorded GPU run's rows and verdicts: {rec.caption}.")
+
+
+def show_takeaways(stem: str, claims, lines, root=None) -> list[str]:
+    """Show a notebook's takeaways (``claims.takeaways``) as a Markdown list under a line that names the run they come
+    from: this run where a graph ran, else the recorded GPU run of ``stem`` (its GPU and date), so a CPU learner
+    reads the recorded findings. Returns the lines shown.
+
+    Example::
+
+        show_takeaways("01_gelu", claims, ["A graph made the small GELU {replay_beats_eager_small} faster."])
+    """
+    from .claims import EAGER_FALLBACK, load_claims, takeaways
+
+    ran_graphs = any(c.verdict != EAGER_FALLBACK for c in claims)
+    if ran_graphs:
+        import torch
+        source, label = claims, f"**This run, on {torch.cuda.get_device_name(0)}:**"
+    else:
+        rec = load(stem, root)
+        recorded = load_claims(rec.dir) if rec is not None else None
+        if recorded is None:
+            print(f"No graph ran here and no recorded run of {stem} was found: the takeaways need one of the two.")
+            return []
+        source, label = recorded, f"**No graph ran here; the recorded run's takeaways.** {rec.caption}:"
+    shown = takeaways(lines, source)
+    text = label + "\n\n" + "\n".join(f"{i}. {line}" for i, line in enumerate(shown, 1))
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+        if get_ipython() is not None:
+            display(Markdown(text))
+            return shown
+    except ImportError:
+        pass
+    print(text.replace("**", ""))
+    return shown
+
+
+def _display(table, sentences, caption: str | None = None) -> None:
+    """A caption, a table and a list of sentences: as Markdown and a DataFrame in a notebook, as text elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+        if get_ipython() is not None:
+            if caption:
+                display(Markdown(f"*{caption}*"))
+            if table is not None:
+                display(table)
+            if sentences:
+                display(Markdown("\n".join(f"- {s}" for s in sentences)))
+            return
+    except ImportError:
+        pass
+    if caption:
+        print(caption)
+    if table is not None:
+        print(table.to_string(index=False))
+    for s in sentences:
+        print(f"- {s}")
 
 
 def _speedups(df, now: bool = False):

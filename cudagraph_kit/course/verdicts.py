@@ -1,14 +1,14 @@
 """Each experiment's verdicts: the claims a notebook states about one measurement, built from what ``measure``
 returned. A notebook passes one of these functions to ``measure(..., verdicts=...)`` and shows the table and its
-sentences with ``m.show()``; it builds no claim list of its own. The sentences and their rules are in
+sentences with ``results.show(m, stem)``; it builds no claim list of its own. The sentences and their rules are in
 ``claims.py``; this module says which comparisons each experiment makes.
 
 Example::
 
-    from cudagraph_kit.course import verdicts
+    from cudagraph_kit.course import results, verdicts
     from cudagraph_kit.course.measure import measure
     m = measure({"small": {...}, "large": {...}}, verdicts=verdicts.gelu_headline)
-    m.show()          # the short table, then "small: graph replay is 6.80-9.14x faster than eager", ...
+    results.show(m, "01_gelu")   # the short table, then "small: graph replay is 6.80-9.14x faster than eager", ...
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ _OPT_KEY = {"SGD": "sgd", "Adam(capturable)": "adam"}
 
 
 def gelu_headline(m) -> list:
-    """Notebook 01, section 5: the graph against eager on the small and the large tensor, replay and ``g(x)``."""
+    """Notebook 01, section 4: the graph against eager on the small and the large tensor, replay and ``g(x)``."""
     return [speedup(m, "replay_beats_eager_small", "small", "graph replay"),
             speedup(m, "copy_replay_beats_eager_small", "small", "graph copy+replay"),
             speedup(m, "replay_beats_eager_large", "large", "graph replay"),
@@ -56,7 +56,7 @@ def sweep_points(m):
 
 
 def gelu_sweep(m) -> list:
-    """Notebook 01, section 6: from which tensor size the graph replay stops paying."""
+    """Notebook 01, section 5: from which tensor size the graph replay stops paying."""
     table, _ = sweep_points(m)
     graph = table[table.variant != "eager"]
     return [stops_paying("graph_stops_paying", list(zip(graph.numel, graph.speedup_lo, graph.speedup_hi)),
@@ -65,7 +65,7 @@ def gelu_sweep(m) -> list:
 
 
 def gelu_calls_per_graph(m) -> list:
-    """Notebook 01, section 7: more calls per graph against fewer, and the most calls against the floor. The case
+    """Notebook 01, section 6: more calls per graph against fewer, and the most calls against the floor. The case
     is the table's first; its graph variants are named ``"graph, K calls/graph"``."""
     case = str(m.table.case.iloc[0])
     ks = sorted(int(re.search(r"(\d+) calls/graph", v).group(1)) for v in m.table.variant if "calls/graph" in v)
