@@ -452,6 +452,11 @@ m_step.short()
 # (section 10 says where the time goes); whether eager is host-bound, i.e. takes more than twice the floor; whether
 # the graph saves more than 10% on prefill; and whether it buys a decode step more than it buys prefill (the decode
 # step's speedup over prefill's, window by window).
+#
+# **Why batch 16 can take longer than batch 64.** Where a step at batch 16 keeps the GPU busier than one at batch 64
+# (compare their floors), the matrix multiplies are the cause: cuBLAS picks its kernel by shape, and the one it picks
+# at batch 16 is slower for this model than the one at 64. Eager and the graph run the same kernel, so this is
+# cuBLAS's choice, not the graph's; the appendix lists the kernels at each batch size from a recorded profile.
 
 # %% tags=["nbval-check-output"]
 claims = []   # every comparison this notebook states; the summary table and claims.csv at the end
@@ -564,6 +569,12 @@ serve_df[["variant", "executed_as", "us_per_step", "speedup", "speedup_lo", "spe
           "held_mib", "pad_fraction", "same_tokens_as_eager"]].round(3)
 
 # %% [markdown]
+# **What `held_mib` shows.** Each set of buckets shares one memory pool, captured largest bucket first
+# (`capture_buckets(..., pool="shared")`, in `cudagraph_kit/bucket_graphs.py`): every smaller graph reuses the
+# blocks of the largest one, and the static input and output buffers are sized for the largest bucket too. So a
+# set's memory is set by its largest bucket alone. All three sets end at the same largest batch size, so they hold
+# the same memory, whatever their number of graphs; what grows with that number is the capture time (`setup_s`).
+#
 # ## 10. Fusion and graphs are separate tools
 #
 # Sections 7 and 8 put four ways of running the same decode step side by side. The columns of this section's last
@@ -838,10 +849,11 @@ recorded = results.beside_recorded(STEM, step_df)   # the decode steps; every ta
 
 # %%
 B1, KB = BATCHES[0], K_BATCHES[-1]
-HEADLINES = [f"step_graph_beats_eager_b{B1}", f"step_eager_host_bound_b{B1}", f"step_reduce_overhead_beats_graph_b{B1}",
-             f"step_fused_graph_beats_reduce_overhead_b{B1}", "decode_gains_more_than_prefill",
-             f"generate_graphs_beat_eager_b{MAX_BATCH}", f"generate_graphs_beat_hf_static_b{B1}",
-             "serving_ladder_beats_eager", "serving_planned_beats_ladder", f"kstep_k{max(K_STEPS)}_beats_one_graph_per_token_b{B1}",
+HEADLINES = [f"step_graph_beats_eager_b{B1}", f"step_eager_host_bound_b{B1}",
+             f"step_reduce_overhead_beats_graph_b{B1}", f"step_fused_graph_beats_reduce_overhead_b{B1}",
+             "decode_gains_more_than_prefill", f"generate_graphs_beat_eager_b{MAX_BATCH}",
+             f"generate_graphs_beat_hf_static_b{B1}", "serving_ladder_beats_eager", "serving_planned_beats_ladder",
+             f"kstep_k{max(K_STEPS)}_beats_one_graph_per_token_b{B1}",
              f"kstep_k{max(K_STEPS)}_beats_one_graph_per_token_b{KB}", "hf_kit_graph_beats_eager",
              "hf_fused_graph_beats_hf_static_generate"]
 summary(claims, HEADLINES)
