@@ -620,11 +620,11 @@ pitfalls.record("a graph replayed after what it reads was freed", "silently wron
 # model's objects were dropped, graph 1 reads tensors it does not own (optimizer state, inputs), whose memory the
 # allocator has taken back: the last column says where each now lies (free in its cache, handed to new tensors, or,
 # after an `empty_cache()`, returned to the driver), and graph 1's replay can fault on it (the `crashed` column).
-# The table places each tensor by its first byte, so a "drop" replay can crash where no row says "returned to the
-# driver". A probe that places each tensor's whole span (`scripts/probes/probe_two_captures.py`, output in
-# `figures/05_two_captures_spans/`, run on an H100) found what the replay reads that is no longer mapped: in every
-# crashing try, one optimizer-state tensor starts in cached memory and runs past the end of its segment into memory
-# returned to the driver (the second capture's start empties the cache). Under compute-sanitizer's memcheck (on an
+# The table places each tensor by its whole span, first byte to last: a tensor that starts in cached memory and
+# runs past the end of its segment into memory returned to the driver shows as "partly free in cache and partly
+# returned to the driver". A probe that first found it (`scripts/probes/probe_two_captures.py`, output in
+# `figures/05_two_captures_spans/`, run on an H100) saw it in every crashing try: one optimizer-state tensor, whose
+# end the second capture's start had handed back to the driver by emptying the cache. Under compute-sanitizer's memcheck (on an
 # H100) the same variant replayed without an error: there every tracked tensor lay in memory allocated again, which
 # memcheck counts as valid, so graph 1 silently read memory that other tensors now own. Whichever way the memory
 # went, a replay after a drop is undefined. A graph does not own what it reads: keep the model, optimizer and static

@@ -86,3 +86,18 @@ def test_a_gpu_experiment_without_cuda_fails_as_data():
     r = run_isolated(two_captures, TWO_CAPTURE_VARIANTS[0], timeout=300)
     assert r["exit code"] not in (0, None) and "graph 1 memory" not in r
     assert r["stderr"] and "ModuleNotFoundError" not in r["stderr"], r
+
+
+def test_two_captures_places_each_tensor_by_its_whole_span():
+    """A tensor is "allocated" or "free in cache" only if every byte is; one that runs past its segment's end into
+    memory handed back to the driver says so, which a first-byte reading missed (notebook 05, section 11)."""
+    from cudagraph_kit.course.pitfall_scripts import span_state
+    segments = [{"address": 1000, "total_size": 300, "blocks": [{"size": 100, "state": "active_allocated"},
+                                                                 {"size": 200, "state": "inactive"}]},
+                {"address": 2000, "total_size": 100, "blocks": [{"size": 100, "state": "active_allocated"}]}]
+    assert span_state(segments, 1000, 100) == "allocated"
+    assert span_state(segments, 1100, 200) == "free in cache"
+    assert span_state(segments, 1050, 100) == "partly allocated and partly free in cache"
+    assert span_state(segments, 1200, 200) == "partly free in cache and partly returned to the driver"  # past the end
+    assert span_state(segments, 1500, 10) == "returned to the driver"
+    assert span_state(segments, 1950, 100) == "partly allocated and partly returned to the driver"

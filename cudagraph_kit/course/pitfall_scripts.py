@@ -357,15 +357,44 @@ TWO_CAPTURE_VARIANTS = ("keep everything", "drop", "drop, replay right after cap
                         "drop, empty_cache, no second capture", "same model and optimizer twice")
 
 
+def span_state(segments, ptr: int, size: int) -> str:
+    """Where every byte of ``[ptr, ptr + size)`` lies now, from ``torch.cuda.memory_snapshot()``'s ``segments``:
+    "allocated", "free in cache", "returned to the driver" (in no segment), or, where the span crosses blocks of
+    different states, "partly X and partly Y" (in address order, bytes outside every segment last). A tensor placed by
+    its first byte alone can look cached while its end already lies in memory handed back to the driver.
+
+    Example::
+
+        span_state([{"address": 0, "total_size": 8, "blocks": [{"size": 8, "state": "inactive"}]}], 4, 8)
+        # 'partly free in cache and partly returned to the driver'
+    """
+    states, covered, end = [], 0, ptr + size
+    for seg in sorted(segments, key=lambda seg: seg["address"]):
+        addr = seg["address"]
+        if addr >= end or addr + seg["total_size"] <= ptr:
+            continue
+        for block in seg["blocks"]:
+            lo, hi = max(addr, ptr), min(addr + block["size"], end)
+            if lo < hi:
+                covered += hi - lo
+                state = "allocated" if block["state"] == "active_allocated" else "free in cache"
+                states += [] if states and states[-1] == state else [state]
+            addr += block["size"]
+    if covered < size:
+        states.append("returned to the driver")
+    states = list(dict.fromkeys(states))
+    return states[0] if len(states) == 1 else "partly " + " and partly ".join(states)
+
+
 def two_captures(variant: str) -> None:
     """The docs recipe for a training step (``docs_recipe_capture``; a 640x4096->2048->1024 MLP with dropout,
     ``Adam(capturable=True)``) captured twice, then the first graph replayed; ``variant`` (one of
     ``TWO_CAPTURE_VARIANTS``) says what happens to the first model, optimizer and inputs in between.
 
     Emits ``variant`` and ``graph 1 memory``: counts of "<kind>: <state>", where each tensor the first graph reads
-    lies just before its replay (kind: inputs, parameters, gradients, optimizer state; state: allocated, free in
-    cache, returned to the driver, from ``torch.cuda.memory_snapshot()``), emitted before the replay so that it
-    survives a crash; then ``replay of graph 1`` ("ok" or the error) and ``loss finite``.
+    lies just before its replay, its whole span (kind: inputs, parameters, gradients, optimizer state; state:
+    :func:`span_state`), emitted before the replay so that it survives a crash; then ``replay of graph 1`` ("ok" or
+    the error) and ``loss finite``.
     """
     import torch
 
@@ -392,16 +421,7 @@ def two_captures(variant: str) -> None:
         counts = {}
         for kind, items in spans.items():
             for ptr, size in items:
-                state = "returned to the driver"
-                for seg in segments:
-                    if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
-                        addr = seg["address"]
-                        for block in seg["blocks"]:
-                            if addr <= ptr < addr + block["size"]:
-                                state = "allocated" if block["state"] == "active_allocated" else "free in cache"
-                                break
-                            addr += block["size"]
-                        break
+                state = span_state(segments, ptr, size)
                 counts[f"{kind}: {state}"] = counts.get(f"{kind}: {state}", 0) + 1
         return counts
 
