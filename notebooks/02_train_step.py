@@ -181,7 +181,8 @@ else:
 # The first 3 calls are eager warm-up steps on a side stream, the 4th captures and replays, later calls copy the
 # batch in and replay. A batch of another shape (the short last batch) runs an **eager** step on the same
 # parameters. The returned loss is a GPU tensor: read it with `.item()` only when you log, since every `.item()`
-# waits for the GPU. Without CUDA, `eager_fallback=True` runs plain eager steps (`mode == "eager"`).
+# waits for the GPU. `capturable=True` keeps Adam's step count on the GPU, so that its update can be captured.
+# Without CUDA, `eager_fallback=True` runs plain eager steps (`mode == "eager"`; the state stays `warmup`).
 
 # %%
 model = make_model(D_IN, H, D_OUT)
@@ -196,9 +197,10 @@ del model, opt, step
 # %% [markdown]
 # ## 4. Training parity: eager vs whole-step graph
 # Same seed, same batches (short ones included), `PARITY_STEPS` steps, trained once eagerly and once with
-# `capture_train_step`. Without dropout the graph replays the same kernels on the same numbers, so with SGD the
-# parameters match exactly (the cell asserts a difference below 1e-5). With dropout, each replay draws new
-# masks from the same generator ("Going further" D explains how), so the loss statistics match.
+# `capture_train_step`. Without dropout the graph replays the same kernels on the same numbers, so the parameters
+# should match (the cell asserts a difference below 1e-5). With dropout, each replay draws new masks from the
+# same generator ("Going further" D explains how), so the loss statistics match. Without a GPU the kit ran every
+# step eagerly: these runs then compare eager with eager, and the recorded GPU run's parity rows follow.
 
 # %%
 def train_eager(model, opt, batches):
@@ -222,16 +224,17 @@ for opt_name, dropout in [("SGD", False), ("Adam(capturable)", False), ("SGD", T
     parity_rows.append(parity_row(case, ref, test, base, ref_losses, losses, step, dropout))
     curves[case] = (ref_losses, losses, step.mode)
     print(f"{case}: max |param diff| = {parity_rows[-1]['max_abs_param_diff']:.3g} (bitwise equal: "
-          f"{parity_rows[-1]['params_bitwise_equal']}); {step.eager_steps} short batches ran eagerly")
+          f"{parity_rows[-1]['params_bitwise_equal']}); {step.eager_steps} steps ran eagerly"
+          + ("" if CUDA else " (no GPU: all of them, so this compares eager with eager)"))
     if opt_name.startswith("Adam"):
         adam_runs = (base, ref, test, step)  # "Going further" looks at Adam's last bits
     if not dropout:  # correct before fast: without dropout the graph must train like eager
         assert parity_rows[-1]["max_abs_param_diff"] < 1e-5, parity_rows[-1]
 parity = pd.DataFrame(parity_rows)
-drop = parity_rows[-1]
-print(f"With dropout: {drop['steps_with_different_loss']} of {drop['steps']} step losses differ from eager; mean "
-      f"loss over the last quarter {drop['mean_loss_last_quarter_eager']:.4f} (eager) vs "
-      f"{drop['mean_loss_last_quarter_variant']:.4f} (graph).")
+rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's parity rows
+shown = parity if CUDA else rec.df[rec.df.case.isin(parity.case)] if rec else parity.iloc[0:0]
+display(shown[["case", "max_abs_param_diff", "params_bitwise_equal", "steps_with_different_loss",
+               "mean_loss_last_quarter_eager", "mean_loss_last_quarter_variant"]])
 
 # %% tags=["nbval-check-output"]
 fig_loss = figures.loss_curves(curves, f"Same seed, same batches: eager vs graphed training on {WHERE}")
@@ -243,7 +246,7 @@ fig_loss = figures.loss_curves(curves, f"Same seed, same batches: eager vs graph
 #
 # ## 5. Time per step: eager vs whole-step graph vs graphing the model only
 # Three ways to run the same step, each on its own copy of the network:
-# - **eager**: the loop of section 3, before;
+# - **eager**: the ordinary loop (`zero_grad`, forward, loss, `backward`, `step`);
 # - **whole-step graph**: `capture_train_step` (the time includes copying the batch in and the loss out);
 # - **make_graphed_callables (model only)**: `cudagraph_kit.partial.graph_modules(model, (x,))` calls
 #   `torch.cuda.make_graphed_callables`, which captures the model's forward and backward as two graphs; the
@@ -341,7 +344,7 @@ for label, dtype, use_scaler in AMP_CASES:
 amp_parity = pd.DataFrame(amp_parity_rows)
 amp = measure(amp_cases, **TIMING, verdicts=verdicts.amp_step) if amp_cases else None
 amp_timing = amp.table if amp else timing.iloc[0:0]  # the exercises read it
-results.show(amp, STEM) if amp else None
+results.show(amp, STEM, verdicts.amp_step)   # without a GPU: the recorded AMP rows and verdicts
 
 # %% [markdown]
 # The fp16 rows get no floor: the scaler's part runs eagerly after each replay, outside the graph. Skipping the
@@ -407,9 +410,9 @@ results.show_takeaways(STEM, claims, TAKEAWAYS);
 
 # %% [markdown]
 # ## Going further (optional)
-# The plain `make_graphed_callables` call, the baseline for Adam, dropout inside a graph, Adam's last bits,
-# every verdict of this run, where the time of an eager step goes, and the `AccumulateGrad` warning. The
-# exercises follow.
+# A. the plain `make_graphed_callables` call; B. the baseline for Adam; C. every verdict of this run; D. dropout
+# inside a graph; E. saving the results; F. Adam's last bits; G. where the time of an eager step goes; H. the
+# `AccumulateGrad` warning. The exercises follow.
 #
 # ### A. The plain `make_graphed_callables` call
 # `torch.cuda.make_graphed_callables(module, sample_args)` warms the module up, captures its forward and backward
@@ -467,7 +470,7 @@ if CUDA:
     summary(claims)
     recorded = results.beside_recorded(STEM, pd.concat([timing, amp_timing], ignore_index=True))
 else:
-    print("No GPU here: sections 5-6 showed the recorded run's rows and verdicts (all in figures/02_train_step).")
+    print("No GPU here: sections 4-6 showed the recorded run's rows and verdicts (all in figures/02_train_step).")
 
 # %% [markdown]
 # ### D. Dropout inside a graph
@@ -483,7 +486,7 @@ else:
 # ### E. Save the results
 # One row per timed variant and one per parity run in `results.csv` (parity rows have no timings), the machine in
 # `env.json`, the verdicts in `claims.csv`, and the figures as PNG, in `build/figures/02_train_step/` by default:
-# running this notebook never overwrites the recorded GPU run in `figures/`. Section H saves again with G's rows.
+# running this notebook never overwrites the recorded GPU run in `figures/`. The cell of H saves again with G's rows.
 
 # %%
 FIGURES = {"loss_curves": fig_loss, "step_time": fig_time}
@@ -600,12 +603,17 @@ for opt_name, label in OPT_LABEL.items():
     appendix_claims += part_claims(parts_m, case, OPT_KEY[opt_name], f"{label} step")
     b = breakdown(parts_m, case)
     whole, g = b.set_index("part").loc["whole eager step"], m.row(f"MLP {N}x{D_IN}x{H}x{D_OUT}, {opt_name}", GRAPH)
-    print(f"\n{label}: whole eager step {whole['µs']:.0f} µs" + (
-        f"; the GPU needs about {g.floor_us:.0f} µs for the same work (the whole-step graph's floor), so about "
-        f"{1 - g.floor_us / whole['µs']:.0%} of the eager step is host work the GPU waits for"
-        if CUDA and g.floor_us == g.floor_us and g.floor_us > 0 else " (no GPU floor in this run)"))
-    display(b.round(2))
-_ = summary(appendix_claims)
+    if CUDA:
+        print(f"\n{label}: whole eager step {whole['µs']:.0f} µs" + (
+            f"; the GPU needs about {g.floor_us:.0f} µs for the same work (the whole-step graph's floor), so about "
+            f"{1 - g.floor_us / whole['µs']:.0%} of the eager step is host work the GPU waits for"
+            if g.floor_us == g.floor_us and g.floor_us > 0 else " (no GPU floor in this run)"))
+        display(b.round(2))
+if CUDA:
+    _ = summary(appendix_claims)
+else:
+    print("No GPU here: the parts were timed on this CPU, which says nothing about a GPU step; the recorded GPU "
+          "run's breakdown and verdicts are in figures/02_train_step (results.csv, claims.csv).")
 
 # %% [markdown]
 # ### H. The `AccumulateGrad` stream warning

@@ -102,11 +102,7 @@ def fresh(fn):
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
-def with_mark_step(fn):
-    def call(x):
-        torch.compiler.cudagraph_mark_step_begin()
-        return fn(x)
-    return call
+from cudagraph_kit.course.compilers import with_mark_step  # noqa: E402  (notebook 03's)
 
 
 @pytest.fixture(scope="module")

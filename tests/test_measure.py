@@ -118,7 +118,7 @@ def test_one_call_per_experiment_gives_the_table_and_its_verdicts(cpu_clock, cap
                                            "replay_beats_eager_large", "replay_saves_10pct_large"]
     show(m)
     out = capsys.readouterr().out
-    assert out.startswith("No GPU here: every variant ran eagerly, so no times are shown") and "µs" not in out
+    assert out.startswith("No GPU here: no graph ran, so no times are shown") and "µs" not in out
     show(m, "01_gelu")
     out = capsys.readouterr().out
     env = json.loads((FIGURES_DIR / "01_gelu" / "env.json").read_text())
@@ -128,7 +128,18 @@ def test_one_call_per_experiment_gives_the_table_and_its_verdicts(cpu_clock, cap
     rows = pd.read_csv(FIGURES_DIR / "01_gelu" / "results.csv")
     replay = rows[(rows.case == "small") & (rows.variant == "graph replay")].iloc[0]
     assert f"{replay.speedup_pi_lo:.2f}-{replay.speedup_pi_hi:.2f}x" in out   # the recorded row, its interval
-    assert "sweep" not in out                                                  # only the cases of this measurement
+    assert "sweep" not in out                                                  # only the cases of this experiment
+    # a CPU run that timed fewer cases still shows the whole recorded experiment (the cases and claims it covers)
+    small_only = measure({"small": {"eager": lambda: spend(100), "graph replay": lambda: spend(20)}},
+                         windows=2, samples=2, calls=4, pause_s=0, sleep=lambda s: None, progress=None,
+                         verdicts=lambda m: [])
+    small_only.verdicts = verdicts.gelu_headline   # what the experiment covers, as a notebook passes it
+    show(small_only, "01_gelu")
+    out = capsys.readouterr().out
+    assert "large" in out and all(f"- {s}" in out for s in recorded.statement[recorded.index.str.contains("_large")])
+    show(None, "01_gelu", verdicts.gelu_calls_per_graph)    # an experiment this machine could not run at all
+    out = capsys.readouterr().out
+    assert "calls per graph" in out and f"- {recorded.loc['many_calls_near_floor', 'statement']}" in out
 
 
 def test_show_figure_names_the_recorded_run_or_says_where_it_looked(capsys, tmp_path):

@@ -115,6 +115,8 @@ AWAITING_GPU_RUN: dict = {
                "the committed notebook is the 2026-11-25 H100 run of the old text until reproduce runs it on a GPU",
     "02_train_step": "rewritten to its budget (one call per experiment, takeaways, Going further); the committed "
                      "notebook is the 2026-11-25 H100 run of the old text until reproduce runs it on a GPU",
+    "03_jit_compile": "rewritten to its budget (one call per phase, takeaways, Going further); the committed "
+                      "notebook is the 2026-11-25 H100 run of the old text until reproduce runs it on a GPU",
     "05_pitfalls": "section 11's table now places each tensor by its whole span (pitfall_scripts.span_state) and its "
                    "prose says so; the committed notebook shows the first-byte table of 2026-11-25 until a GPU run",
 }

@@ -61,10 +61,12 @@ def ran_eagerly(table, cuda: bool | None = None) -> list:
 @dataclass
 class Measured:
     """What ``measure`` returns: the combined ``table`` (one row per case and variant, every column of
-    ``combine_windows``), the per-window ``windows`` tables it came from and the ``claims`` its ``verdicts`` built."""
+    ``combine_windows``), the per-window ``windows`` tables it came from, and the ``claims`` its ``verdicts``
+    function built (kept as ``verdicts``: it names the experiment's cases and claims, ``course.verdicts.covers``)."""
     table: object
     windows: list = field(default_factory=list)
     claims: list = field(default_factory=list)
+    verdicts: object = None
 
     def row(self, case: str, variant: str):
         """The combined row of ``variant`` in ``case``; the variant may be named without its "(eager fallback)"
@@ -174,7 +176,7 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
                            if r.variant != baselines[r.case]]
             shown = ", ".join(parts_shown[:4]) + (f" (+{len(parts_shown) - 4} more)" if len(parts_shown) > 4 else "")
             progress(f"window {w + 1}/{windows}: {shown}")
-    m = Measured(combine_windows(frames), frames)
+    m = Measured(combine_windows(frames), frames, verdicts=verdicts)
     if verdicts is not None:
         m.claims = list(verdicts(m))
     return m

@@ -1,6 +1,6 @@
 """The models, data and eager baselines the lessons train, kept out of the lessons' cells: notebook 02's
 two-layer network with dropout, its optimizers, its regression batches (with a short last batch per epoch) and
-the eager steps a graph is compared with. Everything lands on the GPU where there is one.
+the eager steps a graph is compared with; notebook 03's deeper MLP. Everything lands on the GPU where there is one.
 
 Example::
 
@@ -17,7 +17,7 @@ import math
 import torch
 
 __all__ = ["SEED", "loss_fn", "default_device", "make_model", "make_opt", "make_batches", "eager_step",
-           "eager_amp_step", "amp_pair"]
+           "eager_amp_step", "amp_pair", "mlp_stack"]
 
 SEED = 0
 loss_fn = torch.nn.MSELoss()
@@ -64,11 +64,15 @@ def make_batches(n_steps, n, d_in, d_out, seed=1, per_epoch=10, short=8, device=
     return batches
 
 
-def eager_step(model, opt):
-    """The ordinary eager training step, as a function of a batch: zero_grad, forward, loss, backward, step."""
+def eager_step(model, opt, forward=None):
+    """The ordinary eager training step, as a function of a batch: zero_grad, forward, loss, backward, step.
+    ``forward``: what runs the model, if not ``model`` itself (e.g. ``torch.compile(model, mode="reduce-overhead")``;
+    each step then starts with ``torch.compiler.cudagraph_mark_step_begin()``, a new iteration for its graphs)."""
     def run(x, y):
+        if forward is not None:
+            torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        loss = loss_fn((forward or model)(x), y)
         loss.backward()
         opt.step()
         return loss
@@ -103,3 +107,13 @@ def amp_pair(base, opt_name, dtype, use_scaler, sample):
     return (ref, eager_amp_step(ref, make_opt(opt_name, ref.parameters()), dtype, scaler()), test,
             capture_train_step(test, make_opt(opt_name, test.parameters()), loss_fn, sample, amp_dtype=dtype,
                                scaler=scaler()))
+
+
+def mlp_stack(layers: int, width: int, seed: int, device=None):
+    """``layers`` x (``Linear(width, width)`` + ``ReLU``), weights drawn after ``torch.manual_seed(seed)``: many
+    short kernels per call, so a small batch is launch-bound (notebook 03, section 6)."""
+    torch.manual_seed(seed)
+    blocks = []
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*blocks).to(device or default_device())

@@ -196,10 +196,12 @@ def show_figure(stem: str, name: str, root=None) -> Path | None:
     return png
 
 
-def show(m, stem: str | None = None, cases=None) -> None:
+def show(m, stem: str | None = None, verdicts=None) -> None:
     """Show an experiment's result (``m``, from ``measure``) in a notebook: the short table, then one sentence per
-    verdict. Where no graph ran (no GPU) CPU times say nothing about graphs, so none are shown: with ``stem``, the
-    recorded GPU run's rows for the same cases and its verdicts follow instead, under a caption naming that run.
+    verdict. Where no graph ran (no GPU, or ``m`` is None: the experiment needs one) CPU times say nothing about
+    graphs, so none are shown: with ``stem``, the recorded GPU run's rows and verdicts of the whole experiment
+    follow instead (the cases and claims its ``verdicts`` function covers, ``course.verdicts.covers``), under a
+    caption naming that run.
 
     Example::
 
@@ -209,22 +211,30 @@ def show(m, stem: str | None = None, cases=None) -> None:
     from .claims import load_claims
     from .measure import Measured, _cuda
 
-    if _cuda():
-        _display(m.short(cases), [c.statement for c in m.claims])
+    if m is not None and _cuda():
+        _display(m.short(), [c.statement for c in m.claims])
         return
     rec = load(stem) if stem else None
     if rec is None:
-        _display(None, [], f"No GPU here: every variant ran eagerly, so no times are shown (CPU times say nothing "
-                           f"about graphs), and no recorded GPU run of {stem or 'this notebook'} was found.")
+        _display(None, [], f"No GPU here: no graph ran, so no times are shown (CPU times say nothing about graphs), "
+                           f"and no recorded GPU run of {stem or 'this notebook'} was found.")
         return
-    ours = set(m.table.case) if cases is None else set(cases)
-    recorded = Measured(rec.df[rec.df.case.isin(ours)].reset_index(drop=True))
+    builder = verdicts or getattr(m, "verdicts", None)
+    cases = getattr(builder, "cases", None)
+    ours = rec.df.case.map(lambda c: bool(cases.search(str(c)))) if cases is not None else rec.df.case.isin(
+        set(m.table.case) if m is not None else set())
+    recorded = Measured(rec.df[ours].reset_index(drop=True))
     said = load_claims(rec.dir)
-    ids = [c.claim for c in m.claims]
-    sentences = [] if said is None else [s for i in ids for s in said[said.claim == i].statement]
+    ids = getattr(builder, "claims", None)
+    if said is None:
+        sentences = []
+    elif ids is not None:
+        sentences = [s for c, s in zip(said.claim, said.statement) if ids.search(str(c))]
+    else:
+        sentences = [s for c in (m.claims if m is not None else []) for s in said[said.claim == c.claim].statement]
     _display(recorded.short(cuda=True), sentences,
-             f"No GPU here: every variant ran eagerly, so this run's CPU times are not shown (they say nothing "
-             f"about graphs). The recorded GPU run's rows and verdicts: {rec.caption}.")
+             f"No GPU here: no graph ran, so this run's CPU times are not shown (they say nothing about graphs). "
+             f"The recorded GPU run's rows and verdicts: {rec.caption}.")
 
 
 def show_takeaways(stem: str, claims, lines, root=None) -> list[str]:

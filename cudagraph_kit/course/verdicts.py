@@ -17,8 +17,20 @@ import re
 from .claims import speedup, stops_paying, versus, within_floor
 from .measure import ran_eagerly
 
-__all__ = ["gelu_headline", "gelu_sweep", "sweep_points", "gelu_calls_per_graph", "train_step", "amp_step",
-           "SWEEP_THRESHOLD", "FLOOR_FACTOR", "GRAPH", "GRAPH_FUSED", "MODEL_ONLY", "ADAM_DEFAULT"]
+__all__ = ["covers", "gelu_headline", "gelu_sweep", "sweep_points", "gelu_calls_per_graph", "train_step", "amp_step",
+           "fusion_and_graphs", "reduce_overhead_in_use", "SWEEP_THRESHOLD", "FLOOR_FACTOR", "GRAPH", "GRAPH_FUSED",
+           "MODEL_ONLY", "ADAM_DEFAULT", "IP", "RO_MARK", "TRAIN_RO", "TRAIN_KIT"]
+
+def covers(cases: str, claims: str):
+    """Mark a verdicts function with what its experiment covers, as regular expressions: the ``cases`` of its
+    table and the ids of its ``claims``. Where no graph ran, ``results.show`` shows the recorded GPU run's rows and
+    verdicts of the whole experiment with them, also those a CPU run does not make (a size or a variant that
+    needs a GPU)."""
+    def mark(fn):
+        fn.cases, fn.claims = re.compile(cases), re.compile(claims)
+        return fn
+    return mark
+
 
 SWEEP_THRESHOLD = 1.10   # "stops paying": the graph saves at most 10%
 FLOOR_FACTOR = 1.3       # "near the floor": within 1.3x of the GPU-busy time
@@ -32,6 +44,7 @@ _SIZE_KEY = {"32x128x256x16": "small", "640x4096x2048x1024": "docs"}
 _OPT_KEY = {"SGD": "sgd", "Adam(capturable)": "adam"}
 
 
+@covers(r"^(small|large)$", r"^(replay|copy_replay)_(beats_eager|saves_10pct)_")
 def gelu_headline(m) -> list:
     """Notebook 01, section 4: the graph against eager on the small and the large tensor, replay and ``g(x)``."""
     return [speedup(m, "replay_beats_eager_small", "small", "graph replay"),
@@ -55,6 +68,7 @@ def sweep_points(m):
     return table, stops_clearing(points, above=SWEEP_THRESHOLD)["from"]
 
 
+@covers(r"^sweep 2\^\d+$", r"^graph_stops_paying$")
 def gelu_sweep(m) -> list:
     """Notebook 01, section 5: from which tensor size the graph replay stops paying."""
     table, _ = sweep_points(m)
@@ -64,6 +78,7 @@ def gelu_sweep(m) -> list:
                          eager_fallback=any(ran_eagerly(graph)))]
 
 
+@covers(r"^small, calls per graph$", r"^(more_calls_per_graph_faster|many_calls_near_floor)$")
 def gelu_calls_per_graph(m) -> list:
     """Notebook 01, section 6: more calls per graph against fewer, and the most calls against the floor. The case
     is the table's first; its graph variants are named ``"graph, K calls/graph"``."""
@@ -77,6 +92,8 @@ def gelu_calls_per_graph(m) -> list:
                          subject=f"small: {many} calls per graph")]
 
 
+@covers(r"^MLP [^,]+, (SGD|Adam\(capturable\))$", r"^(graph_beats_eager|model_only_beats_eager|graph_beats_model_only|"
+        r"graph_within_floor|default_adam_beats_capturable)_")
 def train_step(m) -> list:
     """Notebook 02, section 5, per case ``"MLP <size>, <optimizer>"``: the whole-step graph against eager; on a GPU
     also graphing the model only against eager, the whole-step graph against it, the whole-step graph against
@@ -100,6 +117,7 @@ def train_step(m) -> list:
     return claims
 
 
+@covers(r"^MLP .*, AMP ", r"^(amp_graph_beats_eager|fused_sgd_graph_beats_plain_sgd_graph)_")
 def amp_step(m) -> list:
     """Notebook 02, section 6, per AMP case: the graph against the eager AMP loop; for fp16 with a GradScaler,
     the graph with ``SGD(fused=True)`` against the graph with plain SGD."""
@@ -110,4 +128,81 @@ def amp_step(m) -> list:
         if GRAPH_FUSED in set(m.table[m.table.case == case].variant):
             claims.append(versus(m, f"fused_sgd_graph_beats_plain_sgd_graph_{key}", (case, GRAPH_FUSED),
                                  (case, GRAPH)))
+    return claims
+
+
+# notebook 03's variants and cases
+IP = ", input in place"
+RO_MARK = "reduce-overhead + mark_step_begin"
+TRAIN_RO, TRAIN_KIT = "reduce-overhead forward+backward", "kit whole-step graph"
+
+
+def _if_timed(build, *args, **kwargs) -> list:
+    """The claim, or none where the run did not time one of its variants (no torch.compile, no GPU)."""
+    try:
+        return [build(*args, **kwargs)]
+    except KeyError:
+        return []
+
+
+def fusion_and_graphs(fused: str):
+    """Notebook 03, phase 1, per GELU case: a graph against eager, fusion alone (``fused``: "jit.script" where
+    TorchScript works, else "torch.compile") against a graph, whether they stack, torch.compile's kernel against
+    TorchScript's in a graph, and ``reduce-overhead`` called as ``y = f(x)`` against eager. Returns the verdicts
+    function ``measure`` takes."""
+    @covers(r"^(small|large)$", r"^(graph_beats_eager|fusion_beats_graph|fusion_adds_to_graph|graph_adds_to_fusion|"
+            r"compile_beats_script_graph|ro_naive_beats_eager)_")
+    def build(m) -> list:
+        claims = []
+        for case in dict.fromkeys(m.table.case):
+            g, eager5 = f"{case} GELU", "a graph of eager's five kernels"
+            claims += _if_timed(speedup, m, f"graph_beats_eager_{case}", case, "cuda graph" + IP,
+                                subject=f"{g}: {eager5} (input in place)")
+            claims += _if_timed(versus, m, f"fusion_beats_graph_{case}", (case, fused), (case, "cuda graph" + IP),
+                                subject=f"{g}: fusion alone ({fused})", than=eager5)
+            claims += _if_timed(versus, m, f"fusion_adds_to_graph_{case}", (case, "torch.compile + graph" + IP),
+                                (case, "cuda graph" + IP), subject=f"{g}: a graph of torch.compile's one fused kernel",
+                                than=eager5)
+            claims += _if_timed(versus, m, f"graph_adds_to_fusion_{case}", (case, f"{fused} + graph" + IP),
+                                (case, fused), subject=f"{g}: {fused} in a graph (input in place)", than=f"{fused} alone")
+            claims += _if_timed(versus, m, f"compile_beats_script_graph_{case}", (case, "torch.compile + graph" + IP),
+                                (case, "jit.script + graph" + IP), subject=f"{g}: torch.compile's kernel in a graph",
+                                than="TorchScript's")
+            claims += _if_timed(speedup, m, f"ro_naive_beats_eager_{case}", case, "reduce-overhead, naive (y = f(x))",
+                                subject=f"{g}: reduce-overhead, called as y = f(x)")
+        return claims
+    return build
+
+
+@covers(r"(, phase 2$|^MLP )", r"^(ro_static_beats_eager|compiled_graph_slower_mlp|ro_beats_eager_mlp|ro_beats_compile_mlp|"
+        r"ro_beats_eager_training|kit_beats_ro_training)")
+def reduce_overhead_in_use(m) -> list:
+    """Notebook 03, phase 2: ``reduce-overhead`` as documented (marks, a static input) on each GELU case; on the
+    deeper MLP a graph of eager's kernels against one of the compiled forward's, ``reduce-overhead`` against eager
+    and against default ``torch.compile``; on its training step ``reduce-overhead`` against eager and the kit's
+    whole-step graph against ``reduce-overhead``."""
+    cases = list(dict.fromkeys(m.table.case))
+    claims = []
+    for case in [c for c in cases if c.endswith(", phase 2")]:
+        base = case.split(",")[0]
+        claims += _if_timed(speedup, m, f"ro_static_beats_eager_{base}", case, "reduce-overhead, static input",
+                            subject=f"{base} GELU: reduce-overhead with mark_step_begin and a static input")
+    mlp = next((c for c in cases if c.startswith("MLP") and not c.endswith("training step")), None)
+    train = next((c for c in cases if c.endswith("training step")), None)
+    if mlp is not None:
+        layers = re.match(r"MLP (\d+)x", mlp).group(1) + "-layer MLP"
+        claims += _if_timed(versus, m, "compiled_graph_slower_mlp", (mlp, "cuda graph" + IP),
+                            (mlp, "torch.compile + graph" + IP), subject=f"{layers}: a graph of eager's kernels",
+                            than="a graph of the compiled forward's kernels", above=1.25)
+        claims += _if_timed(speedup, m, "ro_beats_eager_mlp", mlp, RO_MARK,
+                            subject=f"{layers} forward: reduce-overhead (with marks)")
+        claims += _if_timed(versus, m, "ro_beats_compile_mlp", (mlp, RO_MARK), (mlp, "torch.compile"),
+                            subject=f"{layers} forward: reduce-overhead", than="default torch.compile")
+        if train is not None:
+            claims += _if_timed(speedup, m, "ro_beats_eager_training", train, TRAIN_RO,
+                                subject=f"{layers} SGD training step: reduce-overhead (forward and backward graphs, "
+                                        "optimizer eager)")
+            claims += _if_timed(versus, m, "kit_beats_ro_training", (train, TRAIN_KIT), (train, TRAIN_RO),
+                                subject=f"{layers} SGD training step: the kit's whole-step graph (optimizer included)",
+                                than="reduce-overhead")
     return claims
