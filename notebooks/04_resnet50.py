@@ -15,26 +15,21 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/04_resnet50.ipynb)
 #
-# Three published CUDA-graph experiments use ResNet-50: the
-# [MXNet pull request #19142](https://github.com/apache/mxnet/pull/19142) (fp16 inference on a V100), the
-# [timm pull request #1271](https://github.com/huggingface/pytorch-image-models/pull/1271) (AMP training, with
-# accuracy parity as the point) and Alibaba's TorchAcc ResNet-50 guide (synthetic-data training on an A100). This
-# notebook runs them on torchvision's `resnet50` with random weights (nothing is downloaded), and trains a small
-# CNN on a real data set to check that a graphed loop with an LR schedule and gradient clipping learns like the
-# eager one.
+# **What this adds to the picture:** notebooks 01-03 graphed small functions. A real network has hundreds of
+# kernels per call, and a real training loop has an LR schedule, clipping and mixed precision. Three published
+# experiments use ResNet-50: [MXNet PR #19142](https://github.com/apache/mxnet/pull/19142) (fp16 inference),
+# [timm PR #1271](https://github.com/huggingface/pytorch-image-models/pull/1271) (AMP training, with accuracy
+# parity as the point) and Alibaba's TorchAcc guide (synthetic-data training). This notebook runs them on
+# torchvision's `resnet50` with random weights (nothing is downloaded), and trains a small CNN on a real data set.
 #
 # **What you'll learn**
-# - How much a CUDA graph saves for ResNet-50 inference from batch 1 to 128, and why the gain shrinks as the batch
-#   grows: the host time an eager forward spends per kernel against the time the GPU is busy (its floor).
-# - How to graph a whole AMP training step the way a real loop runs it: warm-up + cosine LR schedule, gradient
-#   clipping, bf16, or fp16 with a `GradScaler`, gradient accumulation and the short last batch, with the graph
-#   logic in a wrapper (`capture_train_step`) so the loop changes by three lines.
-# - How to check that the graphed run reaches the same validation accuracy, epoch by epoch, as the eager run.
+# - How much a graph saves for ResNet-50 inference from batch 1 to 128, and why the gain shrinks as the batch grows.
+# - How to graph a whole AMP training step the way a real loop runs it, with the loop changed by three lines.
+# - How to check that the graphed run reaches the same validation accuracy as the eager one.
 #
-# **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU; a T4, compute capability 7.5,
-# has no bf16 tensor cores, so the notebook trains in fp16 + `GradScaler` there). Without a GPU the notebook runs
-# a tiny eager version on the CPU (ResNet-18 at 32×32, clearly labelled), says so, and shows the recorded GPU
-# results.
+# **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU; a T4 has no bf16 tensor
+# cores, so the notebook trains in fp16 + `GradScaler` there). Without a GPU the notebook runs a tiny eager version
+# on the CPU (ResNet-18 at 32×32, clearly labelled), says so, and shows the recorded GPU results.
 #
 # **How long**: 149 s on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; about
 # a minute on a CPU (tiny sizes).
@@ -68,8 +63,6 @@ LOADER_WORKERS = 6      # DataLoader worker processes
 
 # %%
 import math
-import os
-import re
 
 import pandas as pd
 import torch
@@ -77,10 +70,11 @@ from IPython.display import display
 
 from cudagraph_kit import bf16_supported, capture_train_step, env_table, has_cuda, usable_gpu_memory
 from cudagraph_kit.capture import capture
+from cudagraph_kit.course import figures, results, verdicts
 from cudagraph_kit.course import nb04_resnet as parts
-from cudagraph_kit.course import results
-from cudagraph_kit.course.claims import save_claims, speedup, stops_paying, summary, versus
-from cudagraph_kit.course.measure import Measured, is_eager_fallback, measure
+from cudagraph_kit.course.claims import save_claims, summary, versus
+from cudagraph_kit.course.measure import Measured, measure
+from cudagraph_kit.course.verdicts import GRAPH_INFER, GRAPH_TRAIN
 
 STEM = "04_resnet50"
 CUDA = has_cuda()
@@ -97,24 +91,15 @@ if SMOKE:  # tiny and clearly labelled: ResNet-50 at 224x224 takes seconds per s
     PARITY_EPOCHS, ACCUMULATE_EPOCHS = 2, 1
     LOADER_BATCH, LOADER_STEPS, LOADER_WORKERS = 2, 3, 2
 DEVICE = "cuda" if CUDA else "cpu"
-# bf16 only where the GPU has bf16 tensor cores (compute capability 8.0+). Not torch.cuda.is_bf16_supported(): by
-# default (including_emulation=True) it also answers True where bf16 is only emulated, e.g. on a T4 (7.5).
-BF16 = CUDA and bf16_supported()
+BF16 = CUDA and bf16_supported()   # bf16 tensor cores: compute capability 8.0+ (a T4 only emulates bf16)
+WHERE = torch.cuda.get_device_name(0) if CUDA else "CPU (eager only)"
 SEED = 0
 torch.manual_seed(SEED)
 print(env_table())
-print(f"\nmodel: torchvision {ARCH}, random weights, {IMAGE}x{IMAGE} images"
-      + ("  (SMOKE: a tiny stand-in for ResNet-50 at 224x224)" if SMOKE else ""))
-print(f"timing: {WINDOWS} windows of {SAMPLES} rounds, {WINDOW_PAUSE_S:g} s apart; 'the graph pays' means a "
-      f"speedup above {PAYS:.2f}x")
+print(f"\nmodel: torchvision {ARCH}, random weights, {IMAGE}x{IMAGE} images{' (a tiny stand-in)' * SMOKE}")
 if not CUDA:
     print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run executes every experiment eagerly on\n"
-          ">>> the CPU at tiny sizes (everything is labelled 'eager'); the recorded GPU results are shown at the end.")
-
-# %% tags=["nbval-check-output"]
-def tag(name):
-    """A name as part of a claim id: 'fp16+GradScaler' -> 'fp16gradscaler', 'SGD momentum' -> 'sgdmomentum'."""
-    return re.sub(r"[^a-z0-9]+", "", name.lower())
+          ">>> the CPU at tiny sizes (everything is labelled 'eager'); the findings shown are the recorded GPU run's.")
 
 
 def build_model(dtype):
@@ -125,57 +110,16 @@ def image_batch(n, dtype, seed=1):
     return parts.image_batch(n, IMAGE, dtype, DEVICE, seed)
 
 
-def cuda_cleanup():
-    if CUDA:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-
 # %% [markdown]
 # ## 1. Inference: the MXNet experiment, batch 1 to 128
-# The model in eval mode, `channels_last` memory format (the layout cuDNN's tensor-core convolutions prefer) and
-# fp16 weights and inputs, as in the MXNet experiment. A real caller has its input in some other tensor, so the
-# graph's time includes the copy into its static input: the graph variant is `static_x.copy_(x)` + `replay()`.
-#
-# First the graph by hand, once, at batch 1: the recipe of notebook 01 (side-stream warm-up, static input,
-# capture, copy + replay) applied to a 50-layer network.
+# The model in eval mode, `channels_last` memory format and fp16 weights and inputs, as in the MXNet experiment.
+# The sweep uses the kit: `g = capture(infer, x)`, and `g(x)` copies and replays (a real caller has its input in
+# some other tensor, so the graph's time includes that copy). Every graph is first checked against eager on a
+# fresh input. Then `measure` times eager and graph at every batch size in `WINDOWS`
+# [windows](../docs/GLOSSARY.md); the verdicts say at which batches the graph **pays** (its speedup interval lies
+# above `PAYS`, more than 10% faster) and from which batch on it stops paying.
 
 # %%
-if CUDA:
-    model = build_model(torch.float16)
-    static_x = image_batch(1, torch.float16)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.no_grad():   # 1. warm-up on a side stream (cuDNN picks its kernels)
-        for _ in range(3):
-            model(static_x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.no_grad():   # 2. capture: the kernels are recorded, not run
-        static_out = model(static_x)
-    new_x = image_batch(1, torch.float16, seed=7)
-    static_x.copy_(new_x)                            # 3. new input into the static input, one replay
-    graph.replay()
-    with torch.no_grad():
-        expected = model(new_x)
-    torch.testing.assert_close(static_out, expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())
-    print(f"hand-written ResNet-50 graph == eager on a new input (max |diff| "
-          f"{(static_out - expected).abs().max().item():.3g}): OK")
-    del model, static_x, static_out, graph, new_x, expected
-    cuda_cleanup()
-else:
-    print("skipped: capturing a CUDA graph needs an NVIDIA GPU")
-
-# %% [markdown]
-# The sweep uses the kit: `g = capture(infer, x)` does those three steps, and `g(x)` copies and replays. Every
-# graph is first checked against eager on a fresh input (correct before fast). Then `measure` times eager and
-# graph at every batch size in `WINDOWS` windows a pause apart and reports, per batch, the median of the windows
-# with a 90% **prediction interval**: where one more window, taken the same way, should land. Eager host time
-# drifts between windows and runs (notebook 01, section 4), a replay hardly moves; the verdicts below come from
-# the intervals, not from one window's medians. The profiler (floor: the GPU-busy time per call; kernels per
-# call) runs in the last window only, after its timings, because a profiler session slows later launches.
-
-# %%
-GRAPH_INFER = "cuda graph (with input copy)"
 INFER_DTYPES = {"fp16": torch.float16} if CUDA else {"fp32 (CPU)": torch.float32}  # fp16 convolutions: GPU only
 
 
@@ -199,94 +143,29 @@ for bs in INFER_BATCHES:  # capture and check every case first, then time them a
         case = f"inference {dname} bs{bs}"
         infer_cases[case] = ({"eager": infer, GRAPH_INFER: g}, (fresh,))
         checks.append({"case": case, "dtype": dname, "batch": bs, "max_abs_diff": diff, "tolerance": tol})
-print(f"{len(infer_cases)} graphs captured, each equal to eager on a fresh input within its tolerance")
 
-m_infer = measure(infer_cases, windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S)
+m_infer = measure(infer_cases, windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S,
+                  verdicts=verdicts.resnet_inference(PAYS))
 del infer_cases, infer_fns, g, fresh, infer, out, ref
-cuda_cleanup()
+parts.cuda_cleanup()
 inference = m_infer.table.merge(pd.DataFrame(checks), on="case")
 inference.loc[inference.variant == "eager", "max_abs_diff"] = 0.0  # the reference itself
 inference["section"], inference["images_per_s"] = "inference", inference.batch / (inference.median_us * 1e-6)
-m_infer.short()
+results.show(m_infer, STEM)   # without a GPU: the recorded GPU run's rows and verdicts
+curve = parts.inference_curves(inference, PAYS)
+fig_infer = figures.shown(parts.plot_inference(
+    curve, INFER_BATCHES, PAYS, cuda=CUDA, title=f"{ARCH} inference, {IMAGE}x{IMAGE}, channels_last, eager vs CUDA "
+                                                 f"graph on {WHERE}"), STEM, "inference_sweep")
 
 # %% [markdown]
-# ### Where does the graph pay, and where does it stop?
-# - **pays at batch b**: the graph's speedup interval at b lies above `PAYS` (more than 10% faster than eager).
-# - **stops paying**: the smallest batch from which every interval lies at or below `PAYS`; if the largest
-#   batch's interval still lies above it, the graph pays across the whole sweep; if it straddles `PAYS`, the
-#   sweep gives no verdict on where the graph stops paying, and the claim reports the largest batch as too close
-#   to call.
+# An eager forward costs about `max(kernels × host time per kernel, floor)`: while the first term is the larger,
+# the GPU waits for the CPU ([launch-bound](../docs/GLOSSARY.md)); once the [floor](../docs/GLOSSARY.md) is the
+# larger, the CPU waits for the GPU. A graph launches all its kernels with one call, so it costs close to the
+# floor at every batch, and its gain shrinks as the batch grows. ("Going further" A fits that model.)
 #
-# The verdicts are in the summary at the end of the lesson.
-
-# %% tags=["nbval-check-output"]
-curve, infer_claims = {}, []
-for dname in INFER_DTYPES:
-    rows = inference[inference.dtype == dname].sort_values("batch")
-    e, g = (rows[rows.variant == "eager"].set_index("batch"), rows[rows.variant != "eager"].set_index("batch"))
-    fallback = any(is_eager_fallback(v) for v in g.variant)
-    for b in g.index:
-        infer_claims.append(speedup(m_infer, f"infer_{tag(dname)}_bs{b}_graph_pays", f"inference {dname} bs{b}",
-                                    GRAPH_INFER, subject=f"{dname} batch {b}: the graph", above=PAYS))
-    stop = stops_paying(f"infer_{tag(dname)}_pays_at_large_batches",
-                        [(b, g.speedup_lo[b], g.speedup_hi[b]) for b in g.index], PAYS,
-                        f"the {dname} inference graph", " images per batch", eager_fallback=fallback)
-    infer_claims.append(stop)
-    host_us, host_span, host_table = parts.host_time_model(e, g)
-    stop_at = next((b for b in g.index if (g.speedup_hi.loc[b:] <= PAYS).all()), None)
-    # "launch_us" is the name exercise 1 reads: the eager host time per kernel, not the launch alone
-    curve[dname] = {"eager": e, "graph": g, "host_us": host_us, "launch_us": host_us, "span": host_span,
-                    "model": host_table, "stop": stop_at}
-
-# %% [markdown]
-# ### Why the curve has this shape
-# An eager forward runs one op after another from Python. For each op the CPU runs Python, PyTorch's dispatcher
-# and ATen's operator code and launches the kernel: host time that does not grow with the batch. The GPU's work
-# does grow with the batch. So an eager call costs about `max(kernels × host time per kernel, floor)`: while the
-# first term is the larger, the GPU waits for the CPU (launch-bound); once the floor is the larger, the CPU waits
-# for the GPU (GPU-bound). A graph launches all its kernels with one call, so it costs close to the floor at every
-# batch.
-#
-# The table estimates the eager host time per kernel where eager is most host-bound, at the smallest batch (eager
-# time / kernels per call; everything the host spends per op, not the bare `cudaLaunchKernel`), and compares that
-# model with the measured eager time at every batch. Host and GPU work overlap only in part, so the measurement
-# need not follow the model exactly; the model is exact at the smallest batch by construction.
-
-# %%
-for dname, c in curve.items():
-    if not CUDA:
-        print(f"{dname} on the CPU: eager only, no floor and no kernel counts, so no host-time model")
-        continue
-    print(f"{dname}: eager host time per kernel {c['host_us']:.1f} µs (90% prediction interval "
-          f"{c['span'][0]:.1f}-{c['span'][1]:.1f} µs), estimated at batch {c['eager'].index.min()}")
-    display(c["model"])
-
-fig_infer = parts.plot_inference(curve, INFER_BATCHES, PAYS, cuda=CUDA,
-                                 title=f"{ARCH} inference, {IMAGE}x{IMAGE}, channels_last, eager vs CUDA graph on "
-                                       f"{torch.cuda.get_device_name(0) if CUDA else 'CPU (eager only)'}")
-
-# %% [markdown]
 # ## 2. Training: the timm and TorchAcc experiments, the way a real loop runs them
-# ### The loop, before and after
-# An eager AMP training loop with the pieces real loops have (warm-up + cosine LR schedule, gradient clipping,
-# mixed precision):
-#
-# ```python
-# opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-# sched = warmup_cosine(opt)                       # LinearLR then CosineAnnealingLR, in SequentialLR
-# for x, y in loader:
-#     x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
-#     opt.zero_grad(set_to_none=True)
-#     with torch.autocast("cuda", dtype=torch.bfloat16):
-#         loss = loss_fn(model(x), y)
-#     loss.backward()
-#     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-#     opt.step()
-#     sched.step()
-# ```
-#
-# The same loop with the whole step as one CUDA graph. The lines that change are marked; everything else, the
-# scheduler included, stays as it was:
+# An eager AMP training loop with the pieces real loops have, and the same loop with the whole step as one graph.
+# The lines that change are marked; the scheduler stays as it was:
 #
 # ```python
 # opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)        # (1) fused: reads a GPU LR
@@ -295,51 +174,18 @@ fig_infer = parts.plot_inference(curve, INFER_BATCHES, PAYS, cuda=CUDA,
 #                           amp_dtype=torch.bfloat16, max_grad_norm=1.0)
 # for x, y in loader:
 #     x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
-#     loss = step(x, y)                                                              # (3) zero_grad ... step
+#     loss = step(x, y)                      # (3) replaces zero_grad, autocast forward, backward, clip, opt.step
 #     sched.step()
 # ```
 #
 # TorchAcc advertised a 3-line change; the timm maintainer turned down the CUDA-graph pull request because the
-# graph logic made "a mess of the train loop" and asked for it in a wrapper around the optimizer step.
-# `capture_train_step` is that wrapper: the first calls run eagerly (warm-up), one call captures, the rest copy
-# the batch into static tensors and replay. Inside it:
-#
-# - **LR schedule.** A graph bakes Python numbers into its kernels, so an LR kept as a float would be frozen at
-#   capture. The step keeps each group's LR in a GPU tensor that the captured optimizer reads and copies
-#   `group["lr"]` into it before each replay; the scheduler keeps writing plain floats. That needs an optimizer
-#   that reads a *tensor* LR on the GPU: `SGD(fused=True)` and `Adam`/`AdamW(capturable=True)` do. Plain `SGD`
-#   passes the LR to its kernels as a host number, so the kit refuses a scheduler on it with an error naming the
-#   fix, instead of training silently at a constant LR.
-# - **Clipping.** `clip_grad_norm_(..., error_if_nonfinite=False)` computes the norm and scales the gradients on
-#   the GPU (only the non-finite check would read the norm on the CPU), so it is captured.
-# - **bf16** needs no loss scaling: forward, backward, clipping and the optimizer step are one graph.
-# - **fp16 + `GradScaler`** (the T4 path). What reads the GPU from the CPU, in PyTorch's `torch/amp/grad_scaler.py`:
-#   `scaler.scale` and `scaler.unscale_` do not (the inf check writes a GPU flag), nor does `scaler.update` (its
-#   `_amp_update_scale_` reads the flags on the GPU). `scaler.step` depends on the optimizer. One without fused
-#   scale handling (plain or `foreach` SGD and AdamW, the ones timed below) goes through `_maybe_opt_step`, which
-#   reads the found-inf flags with `.item()`: a host synchronization every step, which a capture cannot contain.
-#   One built with `fused=True` sets `_step_supports_amp_scaling`: `scaler.step` hands it the scale and the
-#   found-inf flag as GPU tensors and the fused kernel unscales and skips the update on the GPU, with no CPU read
-#   (PyTorch's test `test_graph_scaling_fused_optimizers` captures `scaler.step` and `scaler.update` this way).
-#   The kit keeps one design for every optimizer: its graph holds forward and `scaler.scale(loss).backward()`;
-#   `scaler.unscale_` (before clipping, so the clip sees true gradients), the clipping, `scaler.step` and
-#   `scaler.update` run eagerly after each replay. With the non-fused optimizers below that eager tail includes
-#   the one synchronization of `_maybe_opt_step`; with a fused optimizer it is launches only.
-# - **Gradient accumulation**: with `accumulate=k` each call is one micro-batch and every k-th call steps, one
-#   graph per position in the window, in one memory pool. Section 3 checks it.
-# - **The short last batch** of an epoch has another shape: it runs as an eager step on the same parameters and
-#   gradient buffers, and the graph continues afterwards.
-#
-# ### Time per training step
-# Synthetic data as TorchAcc used: random `uint8` images converted to float on the GPU inside the model, random
-# labels, 1000 classes. Two optimizers, with the settings of both sides in every label: SGD momentum (the default
-# implementation, eagerly and in the graph) and AdamW foreach (eagerly the default `capturable=False`, in the graph
-# `capturable=True`, which a graph needs). Before timing, eager and graphed steps train a few steps from the same
-# weights on the same batch and their losses are compared. On a bf16 GPU the smallest batch also runs the
-# fp16 + `GradScaler` path.
+# graph logic made "a mess of the train loop" and asked for a wrapper. `capture_train_step` is that wrapper. The
+# LR schedule works because the step keeps each group's LR in a GPU tensor that the captured optimizer reads;
+# "Going further" B says how each piece (schedule, clipping, bf16, fp16 with a `GradScaler`, accumulation, the
+# short last batch) fits into a graph. Timed here: synthetic data as TorchAcc used, SGD momentum and AdamW, each
+# eager against the whole-step graph, their losses compared first.
 
 # %% tags=["nbval-check-output"]
-GRAPH_TRAIN = "whole-step graph"
 MAIN_AMP = ("bf16" if BF16 else "fp16+GradScaler") if CUDA else "fp32 (CPU)"
 CHECK_STEPS = 6 if CUDA else 2  # with a GPU: 3 warm-up steps, the capture, 2 replays
 loss_fn = torch.nn.CrossEntropyLoss()
@@ -381,51 +227,29 @@ for group in ([TRAIN_CASES] if roomy else [[c] for c in TRAIN_CASES]):
             train_checks.append(check)
             print(f"{case}: eager and graphed losses agree within {100 * check['max_rel_loss_diff']:.2f}% over "
                   f"{CHECK_STEPS} steps (the first step to 1e-3)")
-    # a step takes milliseconds: one call per sample, no calibration
-    measured.append(measure(cases, windows=WINDOWS, samples=SAMPLES, pause_s=WINDOW_PAUSE_S))
-    del cases, x, y
-    cuda_cleanup()
-m_train = Measured(pd.concat([m.table for m in measured], ignore_index=True),
-                   [pd.concat(ws, ignore_index=True) for ws in zip(*(m.windows for m in measured))])
+    measured.append(measure(cases, windows=WINDOWS, samples=SAMPLES, pause_s=WINDOW_PAUSE_S))  # one call a sample
+    del cases, x, y   # a smaller GPU frees this group's models before the next group's are built
+    parts.cuda_cleanup()
+m_train = parts.joined(measured, verdicts.resnet_training(PAYS, parts.OPTIMIZERS))   # one table, its verdicts
 training = m_train.table.merge(pd.DataFrame(train_checks), on="case")
 training.loc[training.variant == "eager", "max_rel_loss_diff"] = float("nan")  # compared on the graph's row
 training["section"], training["ms_per_step"] = "training", training.median_us / 1e3
 training["images_per_s"] = training.batch / (training.median_us * 1e-6)
-m_train.short()
-
-# %% [markdown]
-# Each graphed step against eager: its speedup and whether it pays, and on a bf16 GPU whether the bf16 graph is
-# faster than the fp16 + `GradScaler` graph (their time ratio, window by window). The fp16 + `GradScaler` graph rows
-# have no floor: the scaler's tail runs eagerly after the replay, so the profiler sees kernels launched outside the
-# graph.
-
-# %%
-train_claims = []
-for r in training[training.variant != "eager"].itertuples():
-    train_claims.append(speedup(m_train, f"train_{tag(r.dtype)}_bs{r.batch}_{tag(r.optimizer)}_graph_pays", r.case,
-                                GRAPH_TRAIN, subject=f"training {r.dtype} batch {r.batch}, {r.optimizer}: the graph",
-                                above=PAYS))
-for opt in parts.OPTIMIZERS if BF16 else []:
-    bs = TRAIN_BATCHES[0]
-    bf16, fp16 = (f"train {amp} bs{bs}, {parts.OPTIMIZERS[opt]}" for amp in ("bf16", "fp16+GradScaler"))
-    train_claims.append(versus(m_train, f"train_bs{bs}_{tag(opt)}_graph_bf16_faster", (bf16, GRAPH_TRAIN),
-                               (fp16, GRAPH_TRAIN), subject=f"training batch {bs}, {opt}: the bf16 graph",
-                               than="the fp16 + GradScaler graph"))
-fig_train = parts.plot_training(
+results.show(m_train, STEM)
+fig_train = figures.shown(parts.plot_training(
     training, GRAPH_TRAIN, footnote="Optimizers: " + "; ".join(parts.OPTIMIZERS.values()),
-    title=f"{ARCH} training step, eager vs whole-step graph, on "
-          f"{torch.cuda.get_device_name(0) if CUDA else 'CPU (eager only)'}\n(graph rows: speedup, 90% interval)")
+    title=f"{ARCH} training step, eager vs whole-step graph, on {WHERE}\n(graph rows: speedup, 90% interval)"),
+    STEM, "training_throughput")
 
 # %% [markdown]
 # ## 3. Accuracy parity: the same training, eager and graphed
 # The point of the timm table was that graphs change the speed, not the result. Here on a real data set that
 # ships with scikit-learn (8×8 handwritten digits, 1,797 images; nothing is downloaded): a small CNN trained with
-# `SGD(momentum=0.9, fused=True)` in fp32, a warm-up + cosine LR schedule stepped every batch, gradient clipping at
-# norm 1.0, batch 32 and a `DataLoader` that reshuffles every epoch (the last batch of each epoch is short, so it
-# runs eagerly inside the graphed run). The graph holds the whole step: forward, backward, clipping and the fused
-# optimizer step. Three runs from the same seed: eager, eager again (what run-to-run equality looks like here;
-# skipped on a CPU) and graphed, with cuDNN's deterministic convolutions, so a difference between runs is a real
-# one. After every epoch, validation accuracy on the 20% held out.
+# `SGD(momentum=0.9, fused=True)`, a warm-up + cosine LR schedule stepped every batch, gradient clipping at norm
+# 1.0, batch 32, a `DataLoader` that reshuffles every epoch (its short last batch runs eagerly in the graphed run).
+# Three runs from the same seed, with cuDNN's deterministic convolutions: eager, eager again (what run-to-run
+# equality looks like here; skipped on a CPU) and graphed. After every epoch, validation accuracy on the 20%
+# held out.
 
 # %% tags=["nbval-check-output"]
 X_train, X_val, Y_train, Y_val = parts.digits_split(DEVICE)
@@ -479,24 +303,14 @@ def train_digits(graphed, epochs=PARITY_EPOCHS, accumulate=1):
 
 
 # %%
-def deterministic_runs(runs, **kw):
-    before, torch.backends.cudnn.deterministic = torch.backends.cudnn.deterministic, True
-    try:
-        return {name: train_digits(graphed, **kw) for name, graphed in runs}
-    finally:
-        torch.backends.cudnn.deterministic = before
-
-
-runs = deterministic_runs([("eager", False)] + ([("eager, again", False)] if CUDA else []) + [("graphed", True)])
+runs = parts.deterministic_runs(train_digits, [("eager", False)] + ([("eager, again", False)] if CUDA else [])
+                                + [("graphed", True)])
 g_step = runs["graphed"]["step"]
 graph_label = "graphed" if g_step.mode == "graph" else "kit, eager fallback (no CUDA)"
 assert runs["eager"]["lrs"] == runs["graphed"]["lrs"], "the LR schedules differ"
 diff, bitwise = parts.compare_params(runs["eager"]["model"], runs["graphed"]["model"])
-print(f"graphed run: {g_step}\nLR schedule identical in both runs ({len(runs['eager']['lrs'])} scheduler steps)")
-print(f"final parameters, graphed vs eager: max |diff| {diff:.3g}, bitwise equal: {bitwise}")
-if "eager, again" in runs:
-    d2, b2 = parts.compare_params(runs["eager"]["model"], runs["eager, again"]["model"])
-    print(f"final parameters, eager vs eager again: max |diff| {d2:.3g}, bitwise equal: {b2}")
+print(f"graphed run: {g_step}\nLR schedule identical in both runs; final parameters, graphed vs eager: max |diff| "
+      f"{diff:.3g}, bitwise equal: {bitwise}" + ("" if CUDA else " (no GPU: both runs were eager)"))
 labels = {name: graph_label if name == "graphed" else name for name in runs}
 parity_acc = pd.DataFrame({"epoch": range(1, PARITY_EPOCHS + 1), **{labels[k]: r["accs"] for k, r in runs.items()}})
 fig_parity = parts.plot_parity({labels[k]: runs[k]["losses"].numpy() for k in ("eager", "graphed")},
@@ -505,88 +319,17 @@ fig_parity = parts.plot_parity({labels[k]: runs[k]["losses"].numpy() for k in ("
 parity_acc
 
 # %% [markdown]
-# The output above says whether the graphed run matched the eager one bit for bit. Where it does not while the
-# two eager runs do, look first at the one thing the two loops do differently: the eager fused step receives the
-# LR as a Python float, the graph reads it from a float32 tensor (notebook 02's "Going further" F tests the same
-# explanation for Adam).
+# Where the graphed run differs from the eager one in the last bits while the two eager runs agree, look first at
+# the one thing the two loops do differently: the eager fused step receives the LR as a Python float, the graph
+# reads it from a float32 tensor (notebook 02's "Going further" F tests the same explanation for Adam).
 #
-# **Gradient accumulation.** The same loop with `accumulate=4` (one optimizer step per 4 batches; the short batch
-# of each epoch lands somewhere inside a window and runs eagerly), for `ACCUMULATE_EPOCHS` epochs, against the
-# eager loop that divides each loss by 4 and steps every 4th batch.
-
-# %%
-acc_runs = deterministic_runs([("eager", False), ("graphed", True)], epochs=ACCUMULATE_EPOCHS, accumulate=4)
-acc_step = acc_runs["graphed"]["step"]
-acc_diff, acc_bitwise = parts.compare_params(acc_runs["eager"]["model"], acc_runs["graphed"]["model"])
-acc_loss_diff = (acc_runs["eager"]["losses"] - acc_runs["graphed"]["losses"]).abs().max().item()
-print(f"{acc_step}\ngraphs by window position: {sorted(acc_step.graphs)}; optimizer steps {acc_step.optimizer_steps}")
-print(f"accumulate=4, graphed vs eager after {ACCUMULATE_EPOCHS} epoch(s): max |param diff| {acc_diff:.3g} "
-      f"(bitwise equal: {acc_bitwise}), max |loss diff| {acc_loss_diff:.3g}")
-
-
-def final(step, d, b, loss_diff):
-    """One final-parameter comparison row of results.csv."""
-    return {"variant": graph_label if step is not None else "eager", "max_abs_param_diff": d,
-            "params_bitwise_equal": b, "max_abs_loss_diff": loss_diff,
-            "executed_as": "cuda graph" if step is not None and step.mode == "graph" else "eager",
-            "eager_steps": step.eager_steps if step is not None else float("nan"),
-            "replays": step.replays if step is not None else float("nan")}
-
-
-for r in runs.values():
-    r["executed_as"] = "cuda graph" if r["step"] is not None and r["step"].mode == "graph" else "eager"
-finals = {"graphed vs eager": final(g_step, diff, bitwise,
-                                    (runs["eager"]["losses"] - runs["graphed"]["losses"]).abs().max().item())}
-if "eager, again" in runs:
-    finals["eager again vs eager"] = final(None, d2, b2, (
-        runs["eager"]["losses"] - runs["eager, again"]["losses"]).abs().max().item())
-finals["accumulate=4, graphed vs eager"] = final(acc_step, acc_diff, acc_bitwise, acc_loss_diff)
-parity = parts.parity_rows(runs, labels, steps_per_epoch, finals)
-
-# %% [markdown]
-# ## 4. Save, and the recorded GPU run beside this one
-# One table in `results.csv`, in the folder printed below (`build/figures/04_resnet50/` by default, with or without
-# a GPU; only `python -m cudagraph_kit reproduce` on a GPU publishes to the recorded `figures/`, after staging its
-# run under `build/reproduce/`): the inference sweep (`section == "inference"`), the training steps (`"training"`,
-# with the loss comparison before timing) and the accuracy-parity runs (`"accuracy parity"`); the appendix adds its
-# data-feeding rows and saves again. Every timed row carries `windows`, the median of the windows with its 90%
-# prediction interval and the profiler's floor where there is one. The verdicts go to `claims.csv`. Below, this
-# run's times and speedups beside the recorded GPU run's.
-
-# %%
-FIGURES = {"inference_sweep": fig_infer, "training_throughput": fig_train, "accuracy_parity": fig_parity}
-all_rows = pd.concat([inference, training, parity], ignore_index=True).assign(arch=ARCH, image=IMAGE)
-claims = infer_claims + train_claims
-folder = results.save(STEM, all_rows, figures=FIGURES)
-save_claims(folder, claims)
-print("saved to", folder)
-if CUDA:  # this GPU's times beside the recorded run's, case by case
-    recorded = results.beside_recorded(STEM, pd.concat([m_infer.table, m_train.table], ignore_index=True))
-else:  # this run's tiny CPU cases have no recorded twin: the recorded GPU table as it is
-    recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as", "median_us", "speedup",
-                                                    "speedup_lo", "speedup_hi", "floor_us", "val_acc"])
-
-# %% [markdown]
-# ## 5. Side by side with the published figures
-# - **[MXNet PR #19142](https://github.com/apache/mxnet/pull/19142)** (V100 16 GB, GluonCV ResNet50_v2, fp16
-#   inference, 1,000 calls after 10 warm-up): batch 1: 2.815 → 2.323 ms per call (about 17% less time); batch 128:
-#   47.32 → 47.15 ms (0.4% less).
-# - **[pytorch/benchmark issue #706](https://github.com/pytorch/benchmark/issues/706)** (V100, torchvision
-#   ResNet-50, fp32 training): batch 1: 89.0 → 50.2 ms per step (1.77×); batch 4: 1.31×; no gain from batch 8.
-# - **TorchAcc** (Alibaba's ResNet-50 guide; A100 80 GB, a 100-class head, synthetic 224×224 images, batch 64,
-#   AdamW lr 1e-3, fp32): about 930 images/s natively and about 1,150 with TorchAcc (compiler and graphs).
-# - **[timm PR #1271](https://github.com/huggingface/pytorch-image-models/pull/1271)** (8 GPUs, AMP +
-#   channels_last, 10 epochs): A100 batch 32: 5,665 → 6,630 images/s (1.17×), eval top-1 59.30 → 59.20; V100
-#   batch 128: 4,184 → 4,141 images/s (0.99×), top-1 43.13 → 42.66.
-# - **Plain PyTorch on an H100** (the project's own reference run of plain PyTorch, without the kit,
-#   2026-11-22): inference fp16 batch 1 / 8 / 32 / 128: 5.19 / 4.97 / 4.10 / 9.73 ms eager, 0.86 / 1.13 /
-#   2.57 / 9.41 ms graph; bf16 training SGD batch 32: 24.1 → 10.0 ms (2.4×), batch 128: 34.1 → 33.0 ms (1.03×).
-#
-# Why they differ: the gain is the host time a graph removes, over the time the GPU needs anyway. On the V100 of
-# the MXNet run the graph still took 2.32 of the eager 2.82 ms at batch 1, so launches were at most 17% of the
-# eager time; a Hopper GPU finishes the same kernels several times faster while the host time per op stays, so
-# the eager forward is host-bound up to larger batches and the graph gains far more. The shape is the same
-# everywhere: the gain shrinks as the batch grows and fades once the GPU is busy.
+# ## 4. Side by side with the published figures
+# [MXNet PR #19142](https://github.com/apache/mxnet/pull/19142) (V100 16 GB, GluonCV ResNet50_v2, fp16
+# inference); [pytorch/benchmark issue #706](https://github.com/pytorch/benchmark/issues/706) (V100, torchvision
+# ResNet-50, fp32 training); TorchAcc (Alibaba's ResNet-50 guide; A100 80 GB, synthetic images, batch 64, AdamW);
+# [timm PR #1271](https://github.com/huggingface/pytorch-image-models/pull/1271) (8 GPUs, AMP + channels_last; on
+# an A100 eval top-1 59.30 eager and 59.20 graphed, on a V100 43.13 and 42.66); and the project's own plain
+# PyTorch run on an H100 (no kit code, 2026-11-22). Per batch or per step, as published:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -608,39 +351,248 @@ PUBLISHED["published speedup"] = PUBLISHED["published eager ms"] / PUBLISHED["pu
 print(PUBLISHED.round(2).to_string(index=False))
 
 # %%
+rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's rows
+table = pd.concat([m_infer.table, m_train.table]) if CUDA else rec.df if rec is not None else m_infer.table.iloc[0:0]
+inf = table.case.str.extract(r"^inference (.+) bs(\d+)$").dropna()    # the dtype and batches of the sweep
+trn = table.case.str.extract(r"^train (.+?) bs(\d+), ").dropna()       # the main AMP path first, and its batches
+
+
 def this_run(experiment, batch):
-    """This run's graph speedup with its interval at the same batch (fp16 inference; the main AMP path's SGD)."""
-    m, case, variant = ((m_infer, f"inference {next(iter(INFER_DTYPES))} bs{batch}", GRAPH_INFER)
-                        if experiment == "inference" else
-                        (m_train, f"train {MAIN_AMP} bs{batch}, {parts.OPTIMIZERS['SGD momentum']}", GRAPH_TRAIN))
-    try:
-        r = m.row(case, variant)
-    except KeyError:
-        return "not measured"
-    ran = "" if r.executed_as == "cuda graph" else " (eager fallback)"
-    return f"{r.speedup:.2f}x ({r.speedup_pi_lo:.2f}-{r.speedup_pi_hi:.2f}){ran}"
+    """The graph speedup with its interval at the same batch (the sweep's dtype; the main AMP path's SGD)."""
+    case, variant = ((f"inference {inf[0].iloc[0]} bs{batch}", GRAPH_INFER) if experiment == "inference" else
+                     (f"train {trn[0].iloc[0]} bs{batch}, {parts.OPTIMIZERS['SGD momentum']}", GRAPH_TRAIN))
+    rows = table[(table.case == case) & (table.variant == variant)]
+    return ("not measured" if rows.empty else
+            f"{rows.speedup.iloc[0]:.2f}x ({rows.speedup_pi_lo.iloc[0]:.2f}-{rows.speedup_pi_hi.iloc[0]:.2f})")
 
 
+print("This run:" if CUDA else f"{rec.caption}:" if rec is not None else "No recorded GPU run found.")
 PUBLISHED[["experiment", "published setup", "batch", "published speedup"]].round(2).assign(
-    **{"this run: speedup (90% interval)": [this_run(e, b) for e, b in zip(PUBLISHED.experiment, PUBLISHED.batch)]})
+    **{"speedup (90% interval)": [this_run(e, b) for e, b in zip(PUBLISHED.experiment, PUBLISHED.batch)]})
 
 # %% [markdown]
-# ## Summary
-# - An eager ResNet-50 forward costs about its kernel count times the host time per op, or the GPU-busy floor,
-#   whichever is larger; a CUDA graph brings it close to the floor, so the gain shrinks as the batch grows.
-# - A whole AMP training step, optimizer included, is one graph with `capture_train_step`, and the loop keeps its
-#   shape: the LR scheduler (through a GPU LR tensor), clipping inside the graph, gradient accumulation, the short
-#   last batch. With fp16 + `GradScaler` the scaler's unscale, clip, step and update run eagerly after the replay;
-#   only a non-fused optimizer makes `scaler.step` read the inf flag on the CPU.
-# - The graphed digits run follows the eager one: same LR schedule, same validation accuracy per epoch (section 3).
+# **Why they differ.** The gain is the host time a graph removes, over the time the GPU needs anyway. On the V100
+# of the MXNet run the graph still took 2.32 of the eager 2.82 ms at batch 1, so launches were at most 17% of the
+# eager time; a Hopper GPU finishes the same kernels several times faster while the host time per op stays, so the
+# eager forward is host-bound up to larger batches and the graph gains far more. The shape is the same everywhere:
+# the gain shrinks as the batch grows and fades once the GPU is busy.
 #
-# The headline verdicts of this run (the smallest and largest inference batch, the smallest training batch), one
-# sentence each, computed from the intervals (the appendix's data-feeding verdicts follow in the appendix):
+# ## 5. Takeaways
+# Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).
 
 # %%
-ends = (f"_bs{INFER_BATCHES[0]}_", f"_bs{INFER_BATCHES[-1]}_", "_pays_at_")   # the smallest and largest batch
-summary(claims, [c.claim for c in infer_claims if any(e in c.claim for e in ends)]
-        + [c.claim for c in train_claims if f"_bs{TRAIN_BATCHES[0]}_" in c.claim]);
+DT, B0 = verdicts.tag(inf[0].iloc[0]), inf[1].astype(int).min()     # from this run, or the recorded one
+AMP0, T0 = verdicts.tag(trn[0].iloc[0]), trn[1].astype(int).min()
+TAKEAWAYS = [
+    f"At batch {B0} a CUDA graph made ResNet-50 inference {{infer_{DT}_bs{B0}_graph_pays}} faster than eager: "
+    "an eager forward of hundreds of small kernels is bound by the host's launches.",
+    f"The gain shrinks as the batch grows, because the GPU's work grows and the host's does not: "
+    f"{{infer_{DT}_pays_at_large_batches:statement}}.",
+    f"A whole training step, optimizer, clipping and LR schedule included, is one graph with `capture_train_step`: "
+    f"at batch {T0} with SGD momentum it was {{train_{AMP0}_bs{T0}_sgdmomentum_graph_pays}} faster than eager, "
+    "and the loop changed by three lines.",
+    "The graphed digits run follows the eager one: the same LR schedule and the validation accuracy of section 3.",
+]
+claims = m_infer.claims + m_train.claims
+results.show_takeaways(STEM, claims, TAKEAWAYS);
+
+# %% [markdown]
+# ## Going further (optional)
+# 0. the graph by hand, at batch 1; A. the host-time model of the inference curve; B. how each piece of a training loop fits into a graph; C.
+# gradient accumulation, and every parity row; D. saving the results, every verdict, and the recorded run beside
+# this one; E. whether the input pipeline keeps up with the graph. The exercises follow.
+#
+# ### 0. The graph by hand, at batch 1
+# The recipe of notebook 01 (side-stream warm-up, static input, capture, copy + replay) applied to a 50-layer
+# network; the kit's `capture` does the same steps.
+
+# %%
+if CUDA:
+    model = build_model(torch.float16)
+    static_x = image_batch(1, torch.float16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():   # 1. warm-up on a side stream (cuDNN picks its kernels)
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():   # 2. capture: the kernels are recorded, not run
+        static_out = model(static_x)
+    new_x = image_batch(1, torch.float16, seed=7)
+    static_x.copy_(new_x)                            # 3. new input into the static input, one replay
+    graph.replay()
+    with torch.no_grad():
+        expected = model(new_x)
+    torch.testing.assert_close(static_out, expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())
+    print(f"hand-written ResNet-50 graph == eager on a new input (max |diff| "
+          f"{(static_out - expected).abs().max().item():.3g}): OK")
+    del model, static_x, static_out, graph, new_x, expected
+    parts.cuda_cleanup()
+else:
+    print("skipped: capturing a CUDA graph needs an NVIDIA GPU")
+
+# %% [markdown]
+# ### A. Why the curve has this shape
+# An eager forward runs one op after another from Python. For each op the CPU runs Python, PyTorch's dispatcher
+# and ATen's operator code and launches the kernel: host time that does not grow with the batch. The GPU's work
+# does grow with the batch. So an eager call costs about `max(kernels × host time per kernel, floor)`: while the
+# first term is the larger, the GPU waits for the CPU (launch-bound); once the floor is the larger, the CPU waits
+# for the GPU (GPU-bound). A graph launches all its kernels with one call, so it costs close to the floor at every
+# batch.
+#
+# The table estimates the eager host time per kernel where eager is most host-bound, at the smallest batch (eager
+# time / kernels per call; everything the host spends per op, not the bare `cudaLaunchKernel`), and compares that
+# model with the measured eager time at every batch. Host and GPU work overlap only in part, so the measurement
+# need not follow the model exactly; the model is exact at the smallest batch by construction.
+
+# %%
+for dname, c in curve.items():
+    if not CUDA:
+        print(f"{dname} on the CPU: eager only, no floor and no kernel counts, so no host-time model")
+        continue
+    print(f"{dname}: eager host time per kernel {c['host_us']:.1f} µs (90% prediction interval "
+          f"{c['span'][0]:.1f}-{c['span'][1]:.1f} µs), estimated at batch {c['eager'].index.min()}")
+    display(c["model"])
+
+# %% [markdown]
+# ### B. How each piece of a training loop fits into a graph
+# - **LR schedule.** A graph bakes Python numbers into its kernels, so an LR kept as a float would be frozen at
+#   capture. The step keeps each group's LR in a GPU tensor that the captured optimizer reads and copies
+#   `group["lr"]` into it before each replay; the scheduler keeps writing plain floats. That needs an optimizer
+#   that reads a *tensor* LR on the GPU: `SGD(fused=True)` and `Adam`/`AdamW(capturable=True)` do. Plain `SGD`
+#   passes the LR to its kernels as a host number, so the kit refuses a scheduler on it with an error naming the
+#   fix, instead of training silently at a constant LR.
+# - **Clipping.** `clip_grad_norm_(..., error_if_nonfinite=False)` computes the norm and scales the gradients on
+#   the GPU (only the non-finite check would read the norm on the CPU), so it is captured.
+# - **bf16** needs no loss scaling: forward, backward, clipping and the optimizer step are one graph.
+# - **fp16 + `GradScaler`** (the T4 path). What reads the GPU from the CPU, in PyTorch's `torch/amp/grad_scaler.py`:
+#   `scaler.scale` and `scaler.unscale_` do not (the inf check writes a GPU flag), nor does `scaler.update` (its
+#   `_amp_update_scale_` reads the flags on the GPU). `scaler.step` depends on the optimizer. One without fused
+#   scale handling (plain or `foreach` SGD and AdamW, the ones timed below) goes through `_maybe_opt_step`, which
+#   reads the found-inf flags with `.item()`: a host synchronization every step, which a capture cannot contain.
+#   One built with `fused=True` sets `_step_supports_amp_scaling`: `scaler.step` hands it the scale and the
+#   found-inf flag as GPU tensors and the fused kernel unscales and skips the update on the GPU, with no CPU read
+#   (PyTorch's test `test_graph_scaling_fused_optimizers` captures `scaler.step` and `scaler.update` this way).
+#   The kit keeps one design for every optimizer: its graph holds forward and `scaler.scale(loss).backward()`;
+#   `scaler.unscale_` (before clipping, so the clip sees true gradients), the clipping, `scaler.step` and
+#   `scaler.update` run eagerly after each replay. With the non-fused optimizers below that eager tail includes
+#   the one synchronization of `_maybe_opt_step`; with a fused optimizer it is launches only.
+# - **Gradient accumulation**: with `accumulate=k` each call is one micro-batch and every k-th call steps, one
+#   graph per position in the window, in one memory pool. Section 3 checks it.
+# - **The short last batch** of an epoch has another shape: it runs as an eager step on the same parameters and
+#   gradient buffers, and the graph continues afterwards.
+#
+#
+# ### C. Gradient accumulation, and every parity row
+# The same loop with `accumulate=4` (one optimizer step per 4 batches; the short batch
+# of each epoch lands somewhere inside a window and runs eagerly), for `ACCUMULATE_EPOCHS` epochs, against the
+# eager loop that divides each loss by 4 and steps every 4th batch.
+
+# %%
+acc_runs = parts.deterministic_runs(train_digits, [("eager", False), ("graphed", True)], epochs=ACCUMULATE_EPOCHS,
+                                    accumulate=4)
+acc_step = acc_runs["graphed"]["step"]
+acc_diff, acc_bitwise = parts.compare_params(acc_runs["eager"]["model"], acc_runs["graphed"]["model"])
+acc_loss_diff = (acc_runs["eager"]["losses"] - acc_runs["graphed"]["losses"]).abs().max().item()
+print(f"{acc_step}\ngraphs by window position: {sorted(acc_step.graphs)}; optimizer steps {acc_step.optimizer_steps}")
+print(f"accumulate=4, graphed vs eager after {ACCUMULATE_EPOCHS} epoch(s): max |param diff| {acc_diff:.3g} "
+      f"(bitwise equal: {acc_bitwise}), max |loss diff| {acc_loss_diff:.3g}")
+
+
+def final(step, d, b, loss_diff):
+    """One final-parameter comparison row of results.csv."""
+    return {"variant": graph_label if step is not None else "eager", "max_abs_param_diff": d,
+            "params_bitwise_equal": b, "max_abs_loss_diff": loss_diff,
+            "executed_as": "cuda graph" if step is not None and step.mode == "graph" else "eager",
+            "eager_steps": step.eager_steps if step is not None else float("nan"),
+            "replays": step.replays if step is not None else float("nan")}
+
+
+if "eager, again" in runs:
+    d2, b2 = parts.compare_params(runs["eager"]["model"], runs["eager, again"]["model"])
+    print(f"final parameters, eager vs eager again: max |diff| {d2:.3g}, bitwise equal: {b2}")
+for r in runs.values():
+    r["executed_as"] = "cuda graph" if r["step"] is not None and r["step"].mode == "graph" else "eager"
+finals = {"graphed vs eager": final(g_step, diff, bitwise,
+                                    (runs["eager"]["losses"] - runs["graphed"]["losses"]).abs().max().item())}
+if "eager, again" in runs:
+    finals["eager again vs eager"] = final(None, d2, b2, (
+        runs["eager"]["losses"] - runs["eager, again"]["losses"]).abs().max().item())
+finals["accumulate=4, graphed vs eager"] = final(acc_step, acc_diff, acc_bitwise, acc_loss_diff)
+parity = parts.parity_rows(runs, labels, steps_per_epoch, finals)
+
+# %% [markdown]
+# ### D. Save, every verdict, and the recorded GPU run beside this one
+# One table in `results.csv` (`build/figures/04_resnet50/` by default; only `reproduce` on a GPU publishes to
+# `figures/`): the inference sweep (`section == "inference"`), the training steps (`"training"`) and the
+# accuracy-parity runs (`"accuracy parity"`); E adds its data-feeding rows and saves again. The verdicts go to
+# `claims.csv`.
+
+# %%
+FIGURES = {"inference_sweep": fig_infer, "training_throughput": fig_train, "accuracy_parity": fig_parity}
+all_rows = pd.concat([inference, training, parity], ignore_index=True).assign(arch=ARCH, image=IMAGE)
+folder = results.save(STEM, all_rows, figures=FIGURES)
+save_claims(folder, claims)
+print("saved to", folder)
+if CUDA:  # every verdict, and this GPU's times beside the recorded run's, case by case
+    summary(claims)
+    recorded = results.beside_recorded(STEM, pd.concat([m_infer.table, m_train.table], ignore_index=True))
+else:  # this run's tiny CPU cases have no recorded twin: the recorded GPU table as it is
+    recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as", "median_us", "speedup",
+                                                    "speedup_lo", "speedup_hi", "floor_us", "val_acc"])
+
+# %% [markdown]
+# ### E. Can the input pipeline keep up with the graph?
+# A graph makes the GPU side of a step fast, so the input pipeline can become the bottleneck. The usual remedies
+# apply unchanged: a `DataLoader` with worker processes, `pin_memory=True`, `x.to("cuda", non_blocking=True)`;
+# `step(x, y)` then copies the batch into the graph's static tensors on the GPU. TorchAcc's setup (batch 64, AdamW,
+# synthetic `uint8` images that each worker generates as a decoder would hand them over), three measurements per
+# window: **loader only** (iterate and copy to the GPU), **step only** (the graphed step on a batch already there)
+# and **loader + step** (the real loop). A loader is a stream with a prefetch queue, not a call to repeat, so
+# `parts.feeding_windows` times `LOADER_STEPS` batches of a fresh epoch per window; the windows are combined as
+# `measure` combines them. If the real loop takes about as long as its slower part, the two overlap, and the slower
+# part is what limits throughput. In the timing table the cell prints last, `speedup` is relative to its first row,
+# the loader alone: a value below 1 means slower than the loader.
+
+# %%
+from cudagraph_kit.intervals import combine_windows, prediction_interval
+from cudagraph_kit.course.claims import Claim
+
+feed_model = parts.build_train_model(ARCH, DEVICE, SEED)
+feed_step = capture_train_step(feed_model, parts.make_optimizer("AdamW", feed_model.parameters(), True, CUDA),
+                               loss_fn, parts.train_batch(LOADER_BATCH, IMAGE, DEVICE), amp_dtype=parts.AMP[MAIN_AMP],
+                               scaler=torch.amp.GradScaler("cuda") if MAIN_AMP == "fp16+GradScaler" else None,
+                               eager_fallback=True)
+for _ in range(5):  # warm-up and capture before timing
+    feed_step(*parts.train_batch(LOADER_BATCH, IMAGE, DEVICE, seed=3))
+feed_mode = feed_step.mode
+feed_case = (f"data feeding bs{LOADER_BATCH}, {GRAPH_TRAIN} ({feed_step.mode}), AdamW foreach capturable={CUDA}, "
+             f"{LOADER_WORKERS} workers")
+frames = parts.feeding_windows(feed_step, LOADER_BATCH, LOADER_STEPS, IMAGE, LOADER_WORKERS, DEVICE, WINDOWS,
+                               WINDOW_PAUSE_S, feed_case)
+m_feed = Measured(combine_windows(frames), frames)
+loop_over_slower = prediction_interval(parts.overlap(frames))      # the real loop's time over its slower part's
+took = "data feeding: the real loop takes {lo:.2f}-{hi:.2f}x the time of its slower part alone"
+feed_claims = [
+    versus(m_feed, "feed_loader_faster_than_step", (feed_case, "loader only"), (feed_case, "step only"),
+           subject="data feeding: the loader alone", than="the training step alone"),
+    Claim("feed_loop_costs_15pct_over_slower_part", *loop_over_slower, above=1.15, subject="data feeding: the real loop",
+          holds=f"{took}: more than 15% over it, so the loader and the step overlap poorly",
+          fails=f"{took}: within 15% of it, so the loader and the step overlap", unclear=f"{took}: too close to 1.15x")]
+bound = parts.limited_by(frames, feed_claims[0].verdict)
+m_feed.table["executed_as"] = ["cuda graph" if feed_mode == "graph" and v != "loader only" else "eager"
+                               for v in m_feed.table.variant]
+feed = m_feed.table.assign(section="data feeding", batch=LOADER_BATCH, bound_by=bound,
+                           images_per_s=LOADER_BATCH / (m_feed.table.median_us * 1e-6))
+del feed_model, feed_step
+parts.cuda_cleanup()
+folder = results.save(STEM, pd.concat([all_rows, feed], ignore_index=True), figures=FIGURES)
+save_claims(folder, claims + feed_claims)
+print(f"throughput limited by: {bound}")
+feed_findings = summary(feed_claims)
+m_feed.short()
+
 
 # %% [markdown]
 # ## Exercises
@@ -697,54 +649,3 @@ clipped_fraction = ...  # the share of graphed steps whose norm is above MAX_NOR
 
 # %% tags=["nbval-check-output"]
 check_clip_norms(norms_eager, norms_graphed, clipped_fraction, max_norm=MAX_NORM, steps=steps_per_epoch)
-
-# %% [markdown]
-# ## Appendix: can the input pipeline keep up with the graph?
-# A graph makes the GPU side of a step fast, so the input pipeline can become the bottleneck. The usual remedies
-# apply unchanged: a `DataLoader` with worker processes, `pin_memory=True`, `x.to("cuda", non_blocking=True)`;
-# `step(x, y)` then copies the batch into the graph's static tensors on the GPU. TorchAcc's setup (batch 64, AdamW,
-# synthetic `uint8` images that each worker generates as a decoder would hand them over), three measurements per
-# window: **loader only** (iterate and copy to the GPU), **step only** (the graphed step on a batch already there)
-# and **loader + step** (the real loop). A loader is a stream with a prefetch queue, not a call to repeat, so
-# `parts.feeding_windows` times `LOADER_STEPS` batches of a fresh epoch per window; the windows are combined as
-# `measure` combines them. If the real loop takes about as long as its slower part, the two overlap, and the slower
-# part is what limits throughput. In the timing table the cell prints last, `speedup` is relative to its first row,
-# the loader alone: a value below 1 means slower than the loader.
-
-# %%
-from cudagraph_kit.intervals import combine_windows, prediction_interval
-from cudagraph_kit.course.claims import Claim
-
-feed_model = parts.build_train_model(ARCH, DEVICE, SEED)
-feed_step = capture_train_step(feed_model, parts.make_optimizer("AdamW", feed_model.parameters(), True, CUDA),
-                               loss_fn, parts.train_batch(LOADER_BATCH, IMAGE, DEVICE), amp_dtype=parts.AMP[MAIN_AMP],
-                               scaler=torch.amp.GradScaler("cuda") if MAIN_AMP == "fp16+GradScaler" else None,
-                               eager_fallback=True)
-for _ in range(5):  # warm-up and capture before timing
-    feed_step(*parts.train_batch(LOADER_BATCH, IMAGE, DEVICE, seed=3))
-feed_mode = feed_step.mode
-feed_case = (f"data feeding bs{LOADER_BATCH}, {GRAPH_TRAIN} ({feed_step.mode}), AdamW foreach capturable={CUDA}, "
-             f"{LOADER_WORKERS} workers")
-frames = parts.feeding_windows(feed_step, LOADER_BATCH, LOADER_STEPS, IMAGE, LOADER_WORKERS, DEVICE, WINDOWS,
-                               WINDOW_PAUSE_S, feed_case)
-m_feed = Measured(combine_windows(frames), frames)
-loop_over_slower = prediction_interval(parts.overlap(frames))      # the real loop's time over its slower part's
-took = "data feeding: the real loop takes {lo:.2f}-{hi:.2f}x the time of its slower part alone"
-feed_claims = [
-    versus(m_feed, "feed_loader_faster_than_step", (feed_case, "loader only"), (feed_case, "step only"),
-           subject="data feeding: the loader alone", than="the training step alone"),
-    Claim("feed_loop_costs_15pct_over_slower_part", *loop_over_slower, above=1.15, subject="data feeding: the real loop",
-          holds=f"{took}: more than 15% over it, so the loader and the step overlap poorly",
-          fails=f"{took}: within 15% of it, so the loader and the step overlap", unclear=f"{took}: too close to 1.15x")]
-bound = parts.limited_by(frames, feed_claims[0].verdict)
-m_feed.table["executed_as"] = ["cuda graph" if feed_mode == "graph" and v != "loader only" else "eager"
-                               for v in m_feed.table.variant]
-feed = m_feed.table.assign(section="data feeding", batch=LOADER_BATCH, bound_by=bound,
-                           images_per_s=LOADER_BATCH / (m_feed.table.median_us * 1e-6))
-del feed_model, feed_step
-cuda_cleanup()
-folder = results.save(STEM, pd.concat([all_rows, feed], ignore_index=True), figures=FIGURES)
-save_claims(folder, claims + feed_claims)
-print(f"throughput limited by: {bound}")
-feed_findings = summary(feed_claims)
-m_feed.short()

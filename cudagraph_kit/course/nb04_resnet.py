@@ -20,9 +20,9 @@ import time
 import torch
 
 __all__ = ["OPTIMIZERS", "AMP", "build_model", "image_batch", "ToFloat", "build_train_model", "train_batch",
-           "make_optimizer", "eager_train_step", "check_losses", "host_time_model", "plot_inference",
+           "make_optimizer", "eager_train_step", "check_losses", "host_time_model", "inference_curves", "plot_inference",
            "plot_training", "plot_parity", "digits_split", "small_cnn", "warmup_cosine", "digits_loader", "accuracy",
-           "compare_params", "parity_rows", "feeding_windows", "limited_by", "overlap", "copies", "SyntheticImages"]
+           "compare_params", "parity_rows", "cuda_cleanup", "deterministic_runs", "joined", "feeding_windows", "limited_by", "overlap", "copies", "SyntheticImages"]
 
 OPTIMIZERS = {  # name -> the label every table and verdict carries: the settings of both sides
     "SGD momentum": "SGD momentum (default implementation, eager and graph)",
@@ -138,6 +138,21 @@ def host_time_model(eager, graph):
                           "graph / floor": graph.median_us / floor}).round(3)
     table["bound"] = ["launch-bound" if lv > fv else "GPU-bound" if fv == fv else "-" for lv, fv in zip(line, floor)]
     return host, span, table
+
+
+def inference_curves(inference, pays: float) -> dict:
+    """Per dtype of the inference table (columns dtype, batch, variant, ...): the eager and graph rows by batch, the
+    host-time model (:func:`host_time_model`; ``launch_us`` is the name exercise 1 reads: the eager host time per
+    kernel, not the launch alone) and the batch from which the graph stops paying (None where it never does)."""
+    curve = {}
+    for dname in dict.fromkeys(inference.dtype):
+        rows = inference[inference.dtype == dname].sort_values("batch")
+        e, g = rows[rows.variant == "eager"].set_index("batch"), rows[rows.variant != "eager"].set_index("batch")
+        host_us, host_span, host_table = host_time_model(e, g)
+        stop_at = next((b for b in g.index if (g.speedup_hi.loc[b:] <= pays).all()), None)
+        curve[dname] = {"eager": e, "graph": g, "host_us": host_us, "launch_us": host_us, "span": host_span,
+                        "model": host_table, "stop": stop_at}
+    return curve
 
 
 def plot_inference(curve: dict, batches, pays: float, title: str, cuda: bool):
@@ -378,3 +393,33 @@ def overlap(frames) -> list:
         t = f.set_index("variant").median_us
         out.append(float(t["loader + step"] / max(t["loader only"], t["step only"])))
     return out
+
+
+def cuda_cleanup() -> None:
+    """Between experiments on a GPU: wait for it and hand the allocator's cached memory back."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def deterministic_runs(train, runs, **kw) -> dict:
+    """``{name: train(graphed, **kw)}`` for each ``(name, graphed)`` of ``runs``, with cuDNN's deterministic
+    convolutions on (the setting put back after), so that a difference between two runs is a real one."""
+    before, torch.backends.cudnn.deterministic = torch.backends.cudnn.deterministic, True
+    try:
+        return {name: train(graphed, **kw) for name, graphed in runs}
+    finally:
+        torch.backends.cudnn.deterministic = before
+
+
+def joined(measured: list, verdicts):
+    """One ``Measured`` from several (cases timed in groups, a smaller GPU's way): their tables and their windows
+    joined, and the claims of ``verdicts`` built on the whole."""
+    import pandas as pd
+
+    from .measure import Measured
+
+    m = Measured(pd.concat([m.table for m in measured], ignore_index=True),
+                 [pd.concat(ws, ignore_index=True) for ws in zip(*(m.windows for m in measured))], verdicts=verdicts)
+    m.claims = verdicts(m)
+    return m

@@ -19,7 +19,8 @@ from .measure import ran_eagerly
 
 __all__ = ["covers", "gelu_headline", "gelu_sweep", "sweep_points", "gelu_calls_per_graph", "train_step", "amp_step",
            "fusion_and_graphs", "reduce_overhead_in_use", "SWEEP_THRESHOLD", "FLOOR_FACTOR", "GRAPH", "GRAPH_FUSED",
-           "MODEL_ONLY", "ADAM_DEFAULT", "IP", "RO_MARK", "TRAIN_RO", "TRAIN_KIT"]
+           "MODEL_ONLY", "ADAM_DEFAULT", "IP", "RO_MARK", "TRAIN_RO", "TRAIN_KIT", "resnet_inference", "resnet_training",
+           "tag", "GRAPH_INFER", "GRAPH_TRAIN"]
 
 def covers(cases: str, claims: str):
     """Mark a verdicts function with what its experiment covers, as regular expressions: the ``cases`` of its
@@ -206,3 +207,58 @@ def reduce_overhead_in_use(m) -> list:
                                 subject=f"{layers} SGD training step: the kit's whole-step graph (optimizer included)",
                                 than="reduce-overhead")
     return claims
+
+
+# notebook 04's variants
+GRAPH_INFER = "cuda graph (with input copy)"
+GRAPH_TRAIN = "whole-step graph"
+
+
+def tag(name: str) -> str:
+    """A name as part of a claim id: 'fp16+GradScaler' -> 'fp16gradscaler', 'SGD momentum' -> 'sgdmomentum'."""
+    return re.sub(r"[^a-z0-9]+", "", name.lower())
+
+
+def resnet_inference(pays: float):
+    """Notebook 04, section 1, cases ``"inference <dtype> bs<b>"``: at each batch, whether the graph pays (its
+    speedup interval above ``pays``), and per dtype from which batch on it stops paying. Returns the verdicts
+    function ``measure`` takes."""
+    @covers(r"^inference .+ bs\d+$", r"^infer_")
+    def build(m) -> list:
+        parsed = [(c, *re.match(r"inference (.+) bs(\d+)$", c).groups()) for c in dict.fromkeys(m.table.case)]
+        claims = []
+        for dname in dict.fromkeys(d for _, d, _ in parsed):
+            batches = sorted((int(b), c) for c, d, b in parsed if d == dname)
+            points = []
+            for b, case in batches:
+                claims.append(speedup(m, f"infer_{tag(dname)}_bs{b}_graph_pays", case, GRAPH_INFER,
+                                      subject=f"{dname} batch {b}: the graph", above=pays))
+                points.append((b, *m.interval(case, GRAPH_INFER)))
+            fallback = any(ran_eagerly(m.table[m.table.case.isin([c for _, c in batches])]))
+            claims.append(stops_paying(f"infer_{tag(dname)}_pays_at_large_batches", points, pays,
+                                       f"the {dname} inference graph", " images per batch", eager_fallback=fallback))
+        return claims
+    return build
+
+
+def resnet_training(pays: float, optimizers: dict):
+    """Notebook 04, section 2, cases ``"train <amp> bs<b>, <optimizer label>"`` (``optimizers``: name -> label):
+    whether each whole-step graph pays against eager, and, where both ran, whether the bf16 graph beats the
+    fp16 + GradScaler graph at a batch size. Returns the verdicts function."""
+    name_of = {label: name for name, label in optimizers.items()}
+
+    @covers(r"^train .+ bs\d+, ", r"^train_")
+    def build(m) -> list:
+        parsed = [(c, *re.match(r"train (.+) bs(\d+), (.+)$", c).groups()) for c in dict.fromkeys(m.table.case)]
+        claims = [speedup(m, f"train_{tag(amp)}_bs{b}_{tag(name_of[label])}_graph_pays", case, GRAPH_TRAIN,
+                          subject=f"training {amp} batch {b}, {name_of[label]}: the graph", above=pays)
+                  for case, amp, b, label in parsed]
+        cases = {(amp, b, label) for _, amp, b, label in parsed}
+        for _, amp, b, label in parsed:
+            if amp == "bf16" and ("fp16+GradScaler", b, label) in cases:
+                bf16, fp16 = (f"train {a} bs{b}, {label}" for a in ("bf16", "fp16+GradScaler"))
+                claims.append(versus(m, f"train_bs{b}_{tag(name_of[label])}_graph_bf16_faster", (bf16, GRAPH_TRAIN),
+                                     (fp16, GRAPH_TRAIN), subject=f"training batch {b}, {name_of[label]}: the bf16 graph",
+                                     than="the fp16 + GradScaler graph"))
+        return claims
+    return build
