@@ -15,25 +15,18 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/07_data_parallel.ipynb)
 #
-# In data-parallel training (`DistributedDataParallel`, one process per GPU, started by `torchrun`) every
-# training step ends with an **all-reduce** of the gradients, and an all-reduce finishes only when the
-# *slowest* rank has joined it. When the step is CPU-bound, each rank's step time wobbles with whatever its
-# CPU is doing (Python, the dispatcher, the garbage collector, the operating system), and every rank pays
-# for the worst of them, at every step. The "CUDA Graph Support in PyTorch" talk argues that graphs remove
-# this *jitter*: one `replay()` per step leaves the CPU almost nothing to do. TorchAcc shows the same
-# workload, ResNet-50 data parallel with `torchrun`, from the compiler side.
-#
-# This notebook explains PyTorch's three rules for capturing a DDP step, shows them applied (and one of
-# them violated) in a single process, runs the measurement on this machine, and reads the results of the
-# two-GPU run made with `scripts/ddp_train.py`.
+# **What this adds to the picture:** in data-parallel training (`DistributedDataParallel`, one process per GPU,
+# started by `torchrun`) every step ends with an **all-reduce** of the gradients, which finishes only when the
+# *slowest* rank joins it. When the step is CPU-bound, each rank's step time wobbles with whatever its CPU is doing,
+# and every rank pays for the worst of them. The "CUDA Graph Support in PyTorch" talk argues that graphs remove
+# this *jitter*: one `replay()` per step leaves the CPU almost nothing to do. TorchAcc shows the same workload,
+# ResNet-50 with `torchrun`, from the compiler side. This notebook applies PyTorch's three rules for capturing a
+# DDP step, runs the measurement here, and reads the recorded two-GPU run of `scripts/ddp_train.py`.
 #
 # **What you'll learn**
-# - PyTorch's three rules for DDP under CUDA graphs, the trap `torchrun` sets for the first one, and how
-#   `cudagraph_kit.ddp` and `capture_train_step` apply or check them.
-# - How to time a step per rank *without* a synchronize per step (CUDA events), and what a per-step
-#   synchronize does to the time and its spread.
-# - Eager vs whole-step graph on two GPUs: images per second, and the spread of step times across steps
-#   and across ranks, for a CPU-bound MLP and for ResNet-50.
+# - PyTorch's three rules for DDP under CUDA graphs, and the trap `torchrun` sets for the first one.
+# - How to time a step per rank *without* a synchronize per step (CUDA events).
+# - Eager vs whole-step graph on two GPUs: throughput, and the spread of step times across steps and ranks.
 #
 # **What you need**: nothing to read the recorded two-GPU results. The single-process demonstration runs on
 # one NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU) or, eagerly, on the CPU; the local run uses
@@ -100,13 +93,10 @@ if not CUDA:
 # PyTorch's CUDA-graphs notes ("Usage with DistributedDataParallel", NCCL 2.9.6 or newer, which allows
 # collectives inside a graph) list three setup steps for capturing a whole DDP training step:
 #
-# 1. **NCCL's async error handling off, before `init_process_group`**: `TORCH_NCCL_ASYNC_ERROR_HANDLING=0`
-#    (the notes still use the name from before PyTorch 2.2, `NCCL_ASYNC_ERROR_HANDLING`). The process group
-#    reads the variable once, when it is created. The trap: `torchrun` writes
-#    `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` into every worker's environment unless you set it where torchrun
-#    starts, and the new name takes precedence over the old one, so `export NCCL_ASYNC_ERROR_HANDLING=0`
-#    alone does nothing under torchrun. (The price: PyTorch no longer tears the process down when a
-#    collective fails or times out; a job scheduler's time limit has to catch a hang.)
+# 1. **NCCL's async error handling off, before `init_process_group`**: `TORCH_NCCL_ASYNC_ERROR_HANDLING=0`. The
+#    trap: `torchrun` writes `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` into every worker's environment unless you set it
+#    where torchrun starts, and that name takes precedence over the old `NCCL_ASYNC_ERROR_HANDLING` the notes still
+#    use. (The price: a failed collective no longer tears the process down; a scheduler's time limit must.)
 # 2. **DDP constructed in a side-stream context.** DDP keeps every parameter's `AccumulateGrad` node, and an
 #    autograd node remembers the stream that was current when it was created. Built on the default stream,
 #    the captured backward would synchronize with the default stream, which invalidates the capture.
@@ -114,11 +104,10 @@ if not CUDA:
 #    first 10 iterations (and every 100th after) with CUDA events that it synchronizes at the start of the
 #    next forward, and a synchronize inside a capture breaks it.
 #
-# The kit applies or checks each one. `setup_distributed_for_graphs()` sets the variable and then creates
-# the process group; `ddp_for_graphs(model, device_ids=[rank])` builds DDP on the stream `torch.cuda.graph`
-# captures on; `capture_train_step` raises the warm-up to 11 for a DDP model, refuses a process group whose
-# async error handling was on (naming the fix), and warns when it cannot tell how DDP was built (the
-# construction stream cannot be read back from the model). A training script changes in three lines:
+# The kit applies or checks each one: `setup_distributed_for_graphs()` sets the variable, then creates the process
+# group; `ddp_for_graphs(model, device_ids=[rank])` builds DDP on the capture stream; `capture_train_step` raises
+# the warm-up to 11 for a DDP model and refuses a process group whose async error handling was on. A training
+# script changes in three lines:
 #
 # ```python
 # info = setup_distributed_for_graphs()                                     # rule 1, then init_process_group
@@ -128,11 +117,8 @@ if not CUDA:
 #     loss = step(x, y)                                                     # one replay per step
 # ```
 #
-# `scripts/ddp_train.py` is that script, with synthetic data, AMP, an LR schedule (`LambdaLR`: warm-up, then
-# cosine) and gradient clipping. `capture_train_step` makes the last two work inside a graph: with
-# `max_grad_norm=` it clips inside the captured step, and before each replay it copies the scheduler's LR
-# into the GPU tensor that the captured optimizer step reads (AdamW with `capturable=True` reads its LR on
-# the GPU; a Python float would be frozen into the graph).
+# `scripts/ddp_train.py` is that script, with synthetic data, AMP, an LR schedule and gradient clipping (notebook
+# 04 shows how those fit into a graph).
 #
 # ## 2. The rules in one process: graphed DDP trains like eager DDP
 # A process group of one process is enough to see the mechanics (the all-reduce then has no partner). Correct
@@ -217,12 +203,9 @@ else:
 # not show how busy the CPU is (section 5). One synchronize at each end of the timed
 # window gives the throughput (images, or MLP samples, per second over all ranks).
 #
-# Why not `torch.cuda.synchronize()` after every step? A synchronize makes the CPU wait for the GPU, so the
-# CPU can no longer run ahead and queue the next step. In a graphed loop that queue is what hides the CPU's
-# hiccups: a step costs the CPU one graph launch (plus the batch copies) instead of hundreds of kernel
-# launches, so the CPU can stay ahead of the GPU, and a late launch need not leave the GPU idle. With a
-# synchronize per step (which any loop that calls `loss.item()` every step has) every CPU hiccup and the
-# synchronize itself land in the step time. The sweep runs the MLP both ways.
+# Why not `torch.cuda.synchronize()` after every step? It makes the CPU wait for the GPU, so the CPU can no longer
+# run ahead and queue the next step, and that queue is what hides the CPU's hiccups in a graphed loop. Any loop
+# that calls `loss.item()` every step synchronizes; the sweep runs the MLP both ways.
 #
 # On the GPU the spread is reported per rank (median, IQR, p99, max) and across ranks: the difference
 # between the slowest and the fastest rank's median, and, step by step, between the ranks' step times.
@@ -293,26 +276,11 @@ else:
     print(f"{rec.env.get('world_size')} ranks; the sweep took {rec.env.get('sweep_seconds')} s")
 
 # %% [markdown]
-# How to read it. The *host time per step* (`host_median_us`, the time between step returns) cannot tell
-# whether the CPU is the bottleneck. In a steady loop the CPU cannot run ahead of the GPU for long: once it has
-# filled the launch queue, or when it reaches a call that blocks, it waits. So a step returns once per step
-# time on average, whether the CPU spent that time launching or waiting, and the host time is about the step
-# time in every run of the sweep, graphed ones included, although a graphed step leaves the CPU almost nothing to
-# do. A run too short to fill the queue is the exception: its CPU may never have to wait, and then its host time
-# stays below the step time (compare `host_median_us` with `median_us` in section 4's table).
-#
-# What separates the two cases is the CPU's time to *issue* a step, without the waiting, against the step
-# time. The recorded steps hold it: the timed window opens with a synchronize, so in its first steps the GPU's
-# queue is short and the CPU has not waited yet, and their host time is the issue time
-# (`ddp_train.issue_times`: steps 1-4, the slowest rank). If issuing a step takes about as long as the step
-# (80% of it or more), the CPU never gets ahead: the step is **CPU-bound**, the GPU waits for launches, and a
-# hiccup of either rank's CPU delays the all-reduce of both. If it takes much less, the CPU gets ahead and
-# the step time is what the GPUs need, the wait for the other rank included. A whole-step graph runs the same
-# kernels and all-reduce with one launch, so where the graphed step is not CPU-bound, the eager step's extra
-# time over it is time the eager GPU spent waiting for a CPU, its own or, through the all-reduce, the other
-# rank's. The next cell prints both readings for each model, and how the spread across steps (IQR, p99) and
-# across ranks changed from eager to graph. (The runs with a synchronize per step wait from the first step on,
-# so they have no issue time.)
+# Is a step CPU-bound? The host time between step returns cannot say: in a steady loop the CPU waits once it has
+# filled the launch queue, so a step returns once per step time whatever the CPU did. What can say is the CPU's
+# time to *issue* a step, read from the first steps after the synchronize that opens the timed window: if issuing
+# takes 80% of the step or more, the step is **CPU-bound**. ("Going further" A explains the reading.) The next
+# cell prints both readings for each model, and how the spread across steps and ranks changed from eager to graph.
 
 # %% tags=["nbval-check-output"]
 def compare_sentence(label, e, g, ie, ig):
@@ -335,6 +303,7 @@ def compare_sentence(label, e, g, ie, ig):
             f"The graph executed as: {g.executed_as}.")
 
 
+pairs = {}   # model -> (eager row, graph row, their issue times), for the takeaways
 if rec is not None:
     df = rec.df
     issue = ddp_train.issue_times(pd.read_csv(rec.dir / "steps.csv.gz")).set_index(["case", "variant"])
@@ -343,7 +312,8 @@ if rec is not None:
         eager, graph = sub[sub.variant == "eager"], sub[sub.variant.str.startswith("whole-step graph")]
         if not eager.empty and not graph.empty:
             e, g = eager.iloc[0], graph.iloc[0]
-            sentence = compare_sentence(label, e, g, issue.loc[(e.case, e.variant)], issue.loc[(g.case, g.variant)])
+            pairs[label] = (e, g, issue.loc[(e.case, e.variant)], issue.loc[(g.case, g.variant)])
+            sentence = compare_sentence(label, *pairs[label])
             print(textwrap.fill(sentence, 110), end="\n\n")
     for row in df[df.variant.str.contains("sync")].itertuples():
         print(f"MLP, {row.variant}: median {row.median_us:,.0f} µs, IQR {row.iqr_us:,.0f} µs, p99 {row.p99_us:,.0f} µs "
@@ -395,18 +365,51 @@ else:
 # argument grows with the number of ranks, since the more ranks there are, the likelier one of them hiccups
 # at any given step; the MLPerf figures come from runs at scale, two GPUs on one machine show the mechanism.
 #
-# ## Summary
-# - A whole DDP training step can be one CUDA graph with PyTorch's own DDP and `torchrun`, if three rules
-#   are followed: async error handling off before the process group exists (mind torchrun's default of 1),
-#   DDP built on a side stream, at least 11 eager DDP steps before capture. The kit applies them
-#   (`setup_distributed_for_graphs`, `ddp_for_graphs`) and `capture_train_step` checks them.
-# - Measure per rank with CUDA events, not a synchronize per step: the synchronize itself removes the
-#   CPU's lead that graphs rely on.
-# - Is a step CPU-bound? Compare the CPU's time to *issue* a step (the first steps after a synchronize) with
-#   the step time, not the host time between step returns, which includes the waiting and, in a steady run, is
-#   about the step time whatever the CPU did.
-# - Correct before fast: graphed DDP trained like eager DDP here, its parameters equal to float rounding
-#   (section 2 prints the largest difference), and every graphed run of the script checks that first.
+# ## 7. Takeaways
+# From the recorded two-GPU run (named above them).
+
+# %%
+TAKEAWAYS = ["A whole DDP training step can be one CUDA graph with PyTorch's own DDP and `torchrun`, if three rules "
+             "are followed: async error handling off before the process group exists (mind torchrun's default), DDP "
+             "built on a side stream, at least 11 eager steps before capture. The kit applies and checks them."]
+if rec is not None:
+    for label, (e, g, ie, ig) in pairs.items():
+        TAKEAWAYS.append(f"{label}: a whole-step graph took the throughput from {e.images_per_s:,.0f} to "
+                         f"{g.images_per_s:,.0f} images/s ({g.throughput_speedup:.2f}x); issuing a step took the CPU "
+                         f"{ie.issue_share:.0%} of the step eagerly, {ig.issue_share:.0%} graphed.")
+    synced = rec.df[rec.df.variant.str.contains("sync")]
+    rates = "; ".join(f"{r.variant} ran at {r.throughput_speedup:.2f}x" for r in synced.itertuples())
+    TAKEAWAYS.append("A synchronize per step costs throughput, since the CPU can no longer run ahead: against eager "
+                     f"without one, {rates} (the MLP). Time per rank with CUDA events instead.")
+    graphed = rec.df[rec.df.variant.str.startswith("whole-step graph")]
+    TAKEAWAYS.append(f"Correct before fast: {int(graphed.parity_ok.sum())} of {len(graphed)} graphed runs trained "
+                     "like eager DDP in their 20-step check before timing.")
+results.show_takeaways(SWEEP_STEM, [], TAKEAWAYS);
+
+# %% [markdown]
+# ## Going further (optional)
+# ### A. Reading whether a step is CPU-bound
+# The *host time per step* (`host_median_us`, the time between step returns) cannot tell
+# whether the CPU is the bottleneck. In a steady loop the CPU cannot run ahead of the GPU for long: once it has
+# filled the launch queue, or when it reaches a call that blocks, it waits. So a step returns once per step
+# time on average, whether the CPU spent that time launching or waiting, and the host time is about the step
+# time in every run of the sweep, graphed ones included, although a graphed step leaves the CPU almost nothing to
+# do. A run too short to fill the queue is the exception: its CPU may never have to wait, and then its host time
+# stays below the step time (compare `host_median_us` with `median_us` in section 4's table).
+#
+# What separates the two cases is the CPU's time to *issue* a step, without the waiting, against the step
+# time. The recorded steps hold it: the timed window opens with a synchronize, so in its first steps the GPU's
+# queue is short and the CPU has not waited yet, and their host time is the issue time
+# (`ddp_train.issue_times`: steps 1-4, the slowest rank). If issuing a step takes about as long as the step
+# (80% of it or more), the CPU never gets ahead: the step is **CPU-bound**, the GPU waits for launches, and a
+# hiccup of either rank's CPU delays the all-reduce of both. If it takes much less, the CPU gets ahead and
+# the step time is what the GPUs need, the wait for the other rank included. A whole-step graph runs the same
+# kernels and all-reduce with one launch, so where the graphed step is not CPU-bound, the eager step's extra
+# time over it is time the eager GPU spent waiting for a CPU, its own or, through the all-reduce, the other
+# rank's. The next cell prints both readings for each model, and how the spread across steps (IQR, p99) and
+# across ranks changed from eager to graph. (The runs with a synchronize per step wait from the first step on,
+# so they have no issue time.)
+
 
 # %% [markdown]
 # ## Exercises

@@ -253,12 +253,18 @@ def show_takeaways(stem: str, claims, lines, root=None) -> list[str]:
         import torch
         source, label = claims, f"**This run, on {torch.cuda.get_device_name(0)}:**"
     else:
+        import pandas as pd
+        import torch
+
+        from .claims import CLAIM_COLUMNS
         rec = load(stem, root)
-        recorded = load_claims(rec.dir) if rec is not None else None
-        if recorded is None:
+        if rec is None:
             print(f"No graph ran here and no recorded run of {stem} was found: the takeaways need one of the two.")
             return []
-        source, label = recorded, f"**No graph ran here; the recorded run's takeaways.** {rec.caption}:"
+        recorded = load_claims(rec.dir)   # a run without claims (a recorded sweep) renders lines without any
+        source = recorded if recorded is not None else pd.DataFrame(columns=CLAIM_COLUMNS)
+        label = (f"**{'No graph ran here; the' if not torch.cuda.is_available() else 'The'} recorded run's "
+                 f"takeaways.** {rec.caption}:")
     shown = takeaways(lines, source)
     text = label + "\n\n" + "\n".join(f"{i}. {line}" for i, line in enumerate(shown, 1))
     try:
