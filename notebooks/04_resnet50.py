@@ -381,8 +381,8 @@ PUBLISHED[["experiment", "published setup", "batch", "published speedup"]].round
 # Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).
 
 # %%
-DT, B0 = verdicts.tag(inf[0].iloc[0]), inf[1].astype(int).min()     # from this run, or the recorded one
-AMP0, T0 = verdicts.tag(trn[0].iloc[0]), trn[1].astype(int).min()
+DT, B0, AMP0, T0 = (verdicts.tag(inf[0].iloc[0]), inf[1].astype(int).min(),   # from this run, or the recorded one
+                    verdicts.tag(trn[0].iloc[0]), trn[1].astype(int).min())
 TAKEAWAYS = [
     f"At batch {B0} a CUDA graph made ResNet-50 inference {{infer_{DT}_bs{B0}_graph_pays}} faster than eager: "
     "an eager forward of hundreds of small kernels is bound by the host's launches.",
@@ -393,8 +393,7 @@ TAKEAWAYS = [
     "and the loop changed by three lines.",
     "The graphed digits run follows the eager one: the same LR schedule and the validation accuracy of section 3.",
 ]
-claims = m_infer.claims + m_train.claims
-results.show_takeaways(STEM, claims, TAKEAWAYS);
+results.show_takeaways(STEM, m_infer.claims + m_train.claims, TAKEAWAYS);
 
 # %% [markdown]
 # ## Going further (optional)
@@ -531,6 +530,7 @@ parity = parts.parity_rows(runs, labels, steps_per_epoch, finals)
 
 # %%
 FIGURES = {"inference_sweep": fig_infer, "training_throughput": fig_train, "accuracy_parity": fig_parity}
+claims = m_infer.claims + m_train.claims
 all_rows = pd.concat([inference, training, parity], ignore_index=True).assign(arch=ARCH, image=IMAGE)
 folder = results.save(STEM, all_rows, figures=FIGURES)
 save_claims(folder, claims)
