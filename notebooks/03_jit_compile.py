@@ -399,7 +399,7 @@ now = m1.short() if CUDA else Measured(rec.df[rec.df.phase == PHASE_1]).short(cu
 if now is not None:
     print("This run:" if CUDA else f"{rec.caption}:")
     display(PUBLISHED[["case", "variant", "K80 blog speedup", "H100 reference speedup"]].merge(
-        now[["case", "variant", "time (µs)", "speedup", "90% interval"]], on=["case", "variant"], how="left"))
+        now[["case", "variant", "time (µs)", "speedup", "90% interval"]], on=["case", "variant"], how="left").round(2))
 
 # %% [markdown]
 # **Why the ratios differ.** On the K80 the GPU was the bottleneck for both tensors (each kernel ran longer than
