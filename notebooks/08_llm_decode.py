@@ -842,10 +842,31 @@ print("saved to", folder, f"({elapsed():.0f} s since the start)")
 recorded = results.beside_recorded(STEM, step_df)   # the decode steps; every table is in the saved results
 
 # %% [markdown]
-# ## Summary
-#
-# The headline findings of this run, one sentence each, computed from the intervals (the sentences of a run without
-# a GPU say that its graphs ran eagerly); every verdict of every section is in `claims.csv`.
+# ## Takeaways
+# Numbered from this run on a GPU; without one, from the recorded GPU run (named above them). A takeaway whose
+# comparison this run could not make (no compiler, no `transformers`) is left out.
+
+# %%
+TAKEAWAYS = [
+    "A decode step is many tiny kernels, so eager it is host-bound: at batch 1 an eager step took "
+    "{step_eager_host_bound_b1} the GPU's busy time, and the kit's graph of it was {step_graph_beats_eager_b1} "
+    "faster than eager.",
+    "A static KV cache fixes every shape, so the step can be captured, once per batch bucket in one shared pool; in a "
+    "serving loop whose batch changes every step, a ladder of such graphs was {serving_ladder_beats_eager} faster "
+    "than eager.",
+    "`reduce-overhead` fuses kernels and graphs them: at batch 1 it was {step_reduce_overhead_beats_graph_b1} faster "
+    "than the kit's graph of the unfused step. Fusion removes kernels, a graph removes launches.",
+    "Several tokens per replay: {kstep_k8_beats_one_graph_per_token_b1:statement}.",
+    "Your own `transformers` model works the same way (a `StaticCache`, a step of tensors only, the cache's write "
+    "position reset before each sequence): {hf_kit_graph_beats_eager:statement}.",
+]
+results.show_takeaways(STEM, claims, TAKEAWAYS, missing="skip");
+
+# %% [markdown]
+# ## Going further (optional)
+# ### The headline verdicts, and the lessons in more detail
+# Every verdict of every section is in `claims.csv`; the headline ones follow (on a CPU, the sentences say that
+# the graphs ran eagerly).
 
 # %%
 B1, KB = BATCHES[0], K_BATCHES[-1]

@@ -157,12 +157,16 @@ def test_takeaways_render_numbers_from_the_claims_and_never_say_more_than_they_f
     assert shown[3] == "Correct before fast."
     with pytest.raises(KeyError, match="never_made"):
         takeaways(["{never_made}"], [holds])
+    assert takeaways(["{never_made} is left out.", "Kept."], [holds], missing="skip") == ["Kept."]
 
 
-def test_a_cpu_learner_reads_the_recorded_runs_takeaways_labelled_with_its_gpu(capsys):
+def test_a_cpu_learner_reads_the_recorded_runs_takeaways_labelled_with_its_gpu(capsys, monkeypatch):
     """Without a GPU the claims are eager fallbacks: the takeaways come from the recorded claims.csv of figures/,
     under a line naming the recorded run's GPU and date."""
     import json
+
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # a CPU learner's machine, also on a GPU host
     from cudagraph_kit.course.claims import faster
     from cudagraph_kit.course.results import show_takeaways
     from cudagraph_kit.course.paths import FIGURES_DIR

@@ -260,11 +260,13 @@ def _rows(claims) -> dict:
     return {c.claim: c.row() for c in claims}
 
 
-def takeaways(lines, claims) -> list[str]:
+def takeaways(lines, claims, missing: str = "raise") -> list[str]:
     """A notebook's closing takeaways, with their numbers rendered from ``claims`` (Claims, or the DataFrame of a
     recorded ``claims.csv``). Each line is plain words that quote claims by id: ``{id}`` becomes the claim's
     interval ("6.80-9.14x"), ``{id:statement}`` its sentence. A line whose quoted claims do not all hold is
-    replaced by what was measured ("Measured instead: ..."), so a takeaway never says more than its run found.
+    replaced by what was measured ("Measured instead: ..."), so a takeaway never says more than its run found. A line
+    quoting a claim the run did not make raises ``KeyError`` (a misspelt id), or with ``missing="skip"`` is left out
+    (a notebook whose runs make different claims: no compiler, no ``transformers``).
 
     Example::
 
@@ -275,9 +277,11 @@ def takeaways(lines, claims) -> list[str]:
     out = []
     for line in lines:
         ids = [m.group(1) for m in _TAKEAWAY_QUOTE.finditer(line)]
-        missing = [i for i in ids if i not in rows]
-        if missing:
-            raise KeyError(f"takeaway quotes claim(s) {missing} that this run has not made; it has {sorted(rows)}.")
+        absent = [i for i in ids if i not in rows]
+        if absent and missing == "skip":
+            continue
+        if absent:
+            raise KeyError(f"takeaway quotes claim(s) {absent} that this run has not made; it has {sorted(rows)}.")
         if all(rows[i]["verdict"] == "holds" for i in ids):
             span = lambda r: _SAME_ENDS.sub(r"\1", f"{_x(r['lo'])}-{_x(r['hi'])}x")  # noqa: E731
             out.append(_TAKEAWAY_QUOTE.sub(lambda m: str(rows[m.group(1)]["statement"]) if m.group(2)

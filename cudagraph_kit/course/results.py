@@ -237,10 +237,10 @@ def show(m, stem: str | None = None, verdicts=None) -> None:
              f"The recorded GPU run's rows and verdicts: {rec.caption}.")
 
 
-def show_takeaways(stem: str, claims, lines, root=None) -> list[str]:
+def show_takeaways(stem: str, claims, lines, root=None, missing: str = "raise") -> list[str]:
     """Show a notebook's takeaways (``claims.takeaways``) as a Markdown list under a line that names the run they come
     from: this run where a graph ran, else the recorded GPU run of ``stem`` (its GPU and date), so a CPU learner
-    reads the recorded findings. Returns the lines shown.
+    reads the recorded findings. ``missing``: as in ``claims.takeaways``. Returns the lines shown.
 
     Example::
 
@@ -248,13 +248,13 @@ def show_takeaways(stem: str, claims, lines, root=None) -> list[str]:
     """
     from .claims import EAGER_FALLBACK, load_claims, takeaways
 
-    ran_graphs = any(c.verdict != EAGER_FALLBACK for c in claims)
+    import torch
+
+    ran_graphs = torch.cuda.is_available() and any(c.verdict != EAGER_FALLBACK for c in claims)
     if ran_graphs:
-        import torch
         source, label = claims, f"**This run, on {torch.cuda.get_device_name(0)}:**"
     else:
         import pandas as pd
-        import torch
 
         from .claims import CLAIM_COLUMNS
         rec = load(stem, root)
@@ -265,7 +265,7 @@ def show_takeaways(stem: str, claims, lines, root=None) -> list[str]:
         source = recorded if recorded is not None else pd.DataFrame(columns=CLAIM_COLUMNS)
         label = (f"**{'No graph ran here; the' if not torch.cuda.is_available() else 'The'} recorded run's "
                  f"takeaways.** {rec.caption}:")
-    shown = takeaways(lines, source)
+    shown = takeaways(lines, source, missing)
     text = label + "\n\n" + "\n".join(f"{i}. {line}" for i, line in enumerate(shown, 1))
     try:
         from IPython import get_ipython
