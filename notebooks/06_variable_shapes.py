@@ -762,23 +762,30 @@ print("\n".join(c.statement for c in claims if "reduce_overhead" in c.claim and 
 beside = results.beside_recorded(STEM, timing.table)  # shows the table (None when nothing is recorded)
 
 # %% [markdown]
-# ## Summary
-#
-# - A CUDA graph serves one shape; a few **buckets** serve them all: pad up to the nearest bucket, replay,
-#   slice the real rows out. That is only correct for functions whose rows do not see each other; check it
-#   with poison padding (`verify`) before you time anything.
-# - Give all buckets **one shared pool** and capture the largest first, so each smaller bucket reuses the
-#   memory the larger ones freed; with one pool per graph the memory adds up (section 5).
-# - Spacing is a trade-off: finer buckets pad less but take more graphs (capture time and memory). A
-#   **planner** fed with the sizes you see and the GPU time each bucket costs puts the buckets where the requests
-#   are (section 6).
-# - `torch.compile(mode="reduce-overhead")` records one graph per distinct size, in one pool shared by every
-#   compiled function: every new size costs a recording. Padding to a few sizes first keeps that bounded.
-# - Requests above the largest bucket still work (eagerly), and the kit counts them: watch
-#   `stats.eager_overflows` in production.
-#
-# This run's headline verdicts so far. The appendices run after this table: their verdicts, two of the headlines
-# listed here among them (the planner against the best ladder, expandable segments), go to `claims.csv` only.
+# ## Takeaways
+# Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).
+
+# %%
+TAKEAWAYS = [
+    "A CUDA graph serves one shape; a few buckets serve them all: pad up to the nearest bucket, replay, slice the "
+    "real rows out. That is correct only where rows never see each other: check it with poison padding first. For "
+    "the MLP, the default ladder of buckets was {mlp_default_ladder_beats_eager} faster than eager.",
+    "Give all buckets one shared pool and capture the largest first, so each smaller bucket reuses the memory the "
+    "larger ones freed; with one pool per graph the memory adds up (section 5).",
+    "Spacing trades padding against the number of graphs; a planner fed with the sizes you see puts the buckets "
+    "where the requests are: {block_planned_beats_default_ladder:statement}.",
+    "`torch.compile(mode=\"reduce-overhead\")` records one graph per distinct size: on the MLP the kit's ladder was "
+    "{mlp_default_ladder_beats_reduce_overhead} faster than it.",
+    "Requests above the largest bucket still run, eagerly, and the kit counts them: watch `stats.eager_overflows`.",
+]
+results.show_takeaways(STEM, claims, TAKEAWAYS, missing="skip");
+
+# %% [markdown]
+# ## Going further (optional)
+# ### The headline verdicts
+# This run's headline verdicts so far (on a CPU, the sentences say that the graphs ran eagerly). The appendices run
+# after the exercises: their verdicts, two of the headlines listed here among them (the planner against the best
+# ladder, expandable segments), go to `claims.csv` only.
 
 # %%
 summary(claims, ["mlp_default_ladder_beats_eager", "mlp_reduce_overhead_beats_eager", "mlp_default_ladder_beats_single_bucket",

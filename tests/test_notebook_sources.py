@@ -123,6 +123,8 @@ AWAITING_GPU_RUN: dict = {
                         "committed notebook is the 2026-11-25 H100 run of the old text until reproduce runs it",
     "08_llm_decode": "its summary became takeaways (the recorded run's on a CPU) with the headline verdicts under "
                      "'Going further'; the committed notebook is the 2026-11-25 H100 run until reproduce runs it",
+    "06_variable_shapes": "its summary became takeaways (the recorded run's on a CPU), the headline verdicts under "
+                          "'Going further'; the committed notebook is the 2026-11-25 H100 run until reproduce runs it",
     "05_pitfalls": "section 11's table now places each tensor by its whole span (pitfall_scripts.span_state) and its "
                    "prose says so; the committed notebook shows the first-byte table of 2026-11-25 until a GPU run",
 }
