@@ -788,22 +788,29 @@ if recorded_claims is not None:
     print("\n".join(recorded_claims.statement))
 
 # %% [markdown]
-# ## Summary
-# - **Raises**: values read on the CPU (`.item()`, `print`, `if tensor:`), data-dependent shapes, reseeding
-#   or a foreign generator, other threads allocating during a `"global"` capture. The kit turns capture failures
-#   into `CaptureError` (cause, fix, original error), and the process keeps working.
-# - **Silently wrong**: a rebound static input, an output kept across replays, frozen Python state (counters,
-#   learning rates), a graph whose inputs or model were freed (that one can also crash the process: section 11).
-#   `verify` catches the first three (it compares with eager on fresh and poisoned inputs, reports outputs that
-#   share memory across calls, and runs eager twice to find state that a graph freezes); the last one needs
-#   references kept alive.
-# - **Raises, or silently wrong**: reading a `reduce-overhead` output kept across calls. PyTorch's documentation
-#   says it raises; it can instead silently hold the next call's values (section 10 prints what this PyTorch
-#   did). Clone what you keep either way.
-# - **Before you capture**: `check_capturable(fn, *args)` lists each problem with its line; `advise(fn, *args)`
-#   predicts whether the graph is worth it.
-#
-# This run's verdicts:
+# ## Takeaways
+# The pitfalls, in plain words; the two measured comparisons from this run on a GPU, or without one from the
+# recorded GPU run (named above them).
+
+# %%
+TAKEAWAYS = [
+    "Some mistakes raise: values read on the CPU (`.item()`, `print`, `if tensor:`), data-dependent shapes, "
+    "reseeding or a foreign generator, other threads allocating during a global capture. The kit turns a failed "
+    "capture into `CaptureError` (cause, fix, original error), and the process keeps working.",
+    "Others are silently wrong: a rebound static input, an output kept across replays, frozen Python state "
+    "(counters, learning rates), a graph whose inputs or model were freed. `verify` catches the first three; the "
+    "last needs references kept alive.",
+    "A `reduce-overhead` output kept across calls raises only where a warm-up or recording run made it; a replay's "
+    "is silently overwritten by the next call (section 10). Clone what you keep.",
+    "Before you capture, `check_capturable` lists each problem with its line, and `advise` predicts whether the "
+    "graph is worth it (section 12 checks its predictions against the measured speedups).",
+    "Graphs that never run at the same time can share one pool: {shared_pool_saves_memory:statement}.",
+]
+results.show_takeaways(STEM, claims, TAKEAWAYS, missing="skip");
+
+# %% [markdown]
+# ## Going further (optional)
+# ### Every verdict of this run
 
 # %%
 if claims:

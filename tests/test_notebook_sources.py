@@ -125,8 +125,8 @@ AWAITING_GPU_RUN: dict = {
                      "'Going further'; the committed notebook is the 2026-11-25 H100 run until reproduce runs it",
     "06_variable_shapes": "its summary became takeaways (the recorded run's on a CPU), the headline verdicts under "
                           "'Going further'; the committed notebook is the 2026-11-25 H100 run until reproduce runs it",
-    "05_pitfalls": "section 11's table now places each tensor by its whole span (pitfall_scripts.span_state) and its "
-                   "prose says so; the committed notebook shows the first-byte table of 2026-11-25 until a GPU run",
+    "05_pitfalls": "section 11's table now places each tensor by its whole span (pitfall_scripts.span_state), and its "
+                   "summary became takeaways; the committed notebook is the 2026-11-25 H100 run until a GPU run",
 }
 
 
