@@ -34,7 +34,7 @@ from pathlib import Path
 from ..intervals import verdict
 
 __all__ = ["Claim", "faster", "speedup", "versus", "within_floor", "stops_paying", "best_of", "summary", "summary_table",
-           "statements", "takeaways", "save_claims", "load_claims", "quoted_claims", "CLAIMS_FILE",
+           "takeaways", "save_claims", "load_claims", "quoted_claims", "CLAIMS_FILE",
            "CLAIM_COLUMNS", "EAGER_FALLBACK"]
 
 CLAIMS_FILE = "claims.csv"
@@ -246,11 +246,6 @@ def best_of(m, claim_id: str, case: str, variants=None, above: float = 1.0) -> C
     best, runner = ranked[0], ranked[1]
     return versus(m, claim_id, (case, best), (case, runner), subject=f"{case}: {best} (fastest)", than=runner,
                   above=above)
-
-
-def statements(claims) -> list[str]:
-    """One plain sentence per claim, in order (what ``measure(..., verdicts=...).show()`` prints)."""
-    return [c.statement for c in claims]
 
 
 def _rows(claims) -> dict:

@@ -377,8 +377,7 @@ def span_state(segments, ptr: int, size: int) -> str:
             lo, hi = max(addr, ptr), min(addr + block["size"], end)
             if lo < hi:
                 covered += hi - lo
-                state = "allocated" if block["state"] == "active_allocated" else "free in cache"
-                states += [] if states and states[-1] == state else [state]
+                states.append("allocated" if block["state"] == "active_allocated" else "free in cache")
             addr += block["size"]
     if covered < size:
         states.append("returned to the driver")

@@ -135,6 +135,15 @@ def _where_recorded_results_live() -> str:
         return "the project's figures/ folder"
 
 
+def _notebook():
+    """``IPython.display`` where this runs in a notebook (an IPython shell is running), else None: print instead."""
+    try:
+        from IPython import display, get_ipython
+    except ImportError:
+        return None
+    return display if get_ipython() is not None else None
+
+
 def show_recorded(stem: str, root=None, columns=None) -> Recorded | None:
     """Display the recorded results of ``stem`` in a notebook (caption, table, figures), or say where it
     looked and where they are when there are none."""
@@ -148,23 +157,18 @@ def show_recorded(stem: str, root=None, columns=None) -> Recorded | None:
         print(f"No recorded results for {stem}: {looked}. They are in {_where_recorded_results_live()}; "
               "run the notebook from a clone of it (in Colab the notebook's first cell makes one).")
         return None
-    try:
-        from IPython import get_ipython
-        from IPython.display import Image, Markdown, display
-        in_ipython = get_ipython() is not None
-    except ImportError:
-        in_ipython = False
-    if not in_ipython:  # plain Python: print the caption, the table and where the figures are
-        table = rec.df if columns is None else rec.df[[c for c in columns if c in rec.df.columns]]
+    table = rec.df if columns is None else rec.df[[c for c in columns if c in rec.df.columns]]
+    nb = _notebook()
+    if nb is None:  # plain Python: print the caption, the table and where the figures are
         print(rec.caption)
         print(table.to_string(index=False))
         for png in rec.pngs:
             print(f"figure: {png}")
         return rec
-    display(Markdown(f"**{rec.caption}**"))
-    display(rec.df if columns is None else rec.df[[c for c in columns if c in rec.df.columns]])
+    nb.display(nb.Markdown(f"**{rec.caption}**"))
+    nb.display(table)
     for png in rec.pngs:
-        display(Image(filename=str(png)))
+        nb.display(nb.Image(filename=str(png)))
     return rec
 
 
@@ -183,16 +187,12 @@ def show_figure(stem: str, name: str, root=None) -> Path | None:
         print(f"No recorded figure {name!r} of {stem}: looked for {where}. Run the notebook from a clone of the "
               "repository (in Colab the notebook's first cell makes one).")
         return None
-    try:
-        from IPython import get_ipython
-        from IPython.display import Image, Markdown, display
-        if get_ipython() is not None:
-            display(Markdown(f"*{rec.caption}*"))
-            display(Image(filename=str(png)))
-            return png
-    except ImportError:
-        pass
-    print(f"{rec.caption}\nfigure: {png}")
+    nb = _notebook()
+    if nb is None:
+        print(f"{rec.caption}\nfigure: {png}")
+    else:
+        nb.display(nb.Markdown(f"*{rec.caption}*"))
+        nb.display(nb.Image(filename=str(png)))
     return png
 
 
@@ -246,54 +246,43 @@ def show_takeaways(stem: str, claims, lines, root=None, missing: str = "raise") 
 
         show_takeaways("01_gelu", claims, ["A graph made the small GELU {replay_beats_eager_small} faster."])
     """
-    from .claims import EAGER_FALLBACK, load_claims, takeaways
-
     import torch
+
+    from .claims import EAGER_FALLBACK, load_claims, takeaways
 
     ran_graphs = torch.cuda.is_available() and any(c.verdict != EAGER_FALLBACK for c in claims)
     if ran_graphs:
         source, label = claims, f"**This run, on {torch.cuda.get_device_name(0)}:**"
     else:
-        import pandas as pd
-
-        from .claims import CLAIM_COLUMNS
         rec = load(stem, root)
         if rec is None:
             print(f"No graph ran here and no recorded run of {stem} was found: the takeaways need one of the two.")
             return []
         recorded = load_claims(rec.dir)   # a run without claims (a recorded sweep) renders lines without any
-        source = recorded if recorded is not None else pd.DataFrame(columns=CLAIM_COLUMNS)
+        source = recorded if recorded is not None else []
         label = (f"**{'No graph ran here; the' if not torch.cuda.is_available() else 'The'} recorded run's "
                  f"takeaways.** {rec.caption}:")
     shown = takeaways(lines, source, missing)
     text = label + "\n\n" + "\n".join(f"{i}. {line}" for i, line in enumerate(shown, 1))
-    try:
-        from IPython import get_ipython
-        from IPython.display import Markdown, display
-        if get_ipython() is not None:
-            display(Markdown(text))
-            return shown
-    except ImportError:
-        pass
-    print(text.replace("**", ""))
+    nb = _notebook()
+    if nb is None:
+        print(text.replace("**", ""))
+    else:
+        nb.display(nb.Markdown(text))
     return shown
 
 
 def _display(table, sentences, caption: str | None = None) -> None:
     """A caption, a table and a list of sentences: as Markdown and a DataFrame in a notebook, as text elsewhere."""
-    try:
-        from IPython import get_ipython
-        from IPython.display import Markdown, display
-        if get_ipython() is not None:
-            if caption:
-                display(Markdown(f"*{caption}*"))
-            if table is not None:
-                display(table)
-            if sentences:
-                display(Markdown("\n".join(f"- {s}" for s in sentences)))
-            return
-    except ImportError:
-        pass
+    nb = _notebook()
+    if nb is not None:
+        if caption:
+            nb.display(nb.Markdown(f"*{caption}*"))
+        if table is not None:
+            nb.display(table)
+        if sentences:
+            nb.display(nb.Markdown("\n".join(f"- {s}" for s in sentences)))
+        return
     if caption:
         print(caption)
     if table is not None:
@@ -334,17 +323,13 @@ def beside_recorded(stem: str, table, root=None):
     now, then = _speedups(table, now=True), _speedups(rec.df)
     out = now.merge(then, on=["case", "variant"], how="left", suffixes=(" now", " recorded"))
     caption = f"Now: {'this GPU' if has_cuda() else 'this CPU (graphs ran eagerly)'}. {rec.caption}."
-    try:
-        from IPython import get_ipython
-        from IPython.display import Markdown, display
-        if get_ipython() is not None:
-            display(Markdown(f"**{caption}**"))
-            display(out)
-            return out
-    except ImportError:
-        pass
-    print(caption)
-    print(out.to_string(index=False))
+    nb = _notebook()
+    if nb is None:
+        print(caption)
+        print(out.to_string(index=False))
+    else:
+        nb.display(nb.Markdown(f"**{caption}**"))
+        nb.display(out)
     return out
 
 
