@@ -15,50 +15,31 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/08_llm_decode.ipynb)
 #
-# A language model generates text one token at a time. Each new token runs the whole model on one position per
-# sequence: many small kernels (section 3 counts them), each launched from Python, for very little GPU work. For a
-# small model that can make decoding **host-bound**: the GPU waits for the CPU to launch the next kernel (section 7
-# measures whether it is, here). A CUDA graph removes those launches, but it replays fixed shapes, and a cache that
-# grows by one position per token changes shape at every step. A **static KV cache**, allocated once for a maximum
-# length and masked, keeps every shape fixed; then one graph per batch size replays every decode step.
-# `torch.compile(mode="reduce-overhead")` and Hugging Face's `generate` with a static cache do this for you. Serving
-# engines share two of its ideas: decode graphs captured up front for a fixed list of batch sizes, a batch padded up
-# to the next one, and one memory pool for all of them (vLLM's `cudagraph_capture_sizes` and its graph manager's one
-# `graph_pool_handle()`; SGLang's `--cuda-graph-max-bs`). Their cache differs: vLLM keeps keys and values in a pool
-# of fixed-size blocks shared by all sequences, each sequence with a table of its blocks that the attention kernel
-# reads (PagedAttention), not a maximum-length cache per sequence as here; and it can capture a model piecewise,
-# leaving attention outside the graphs (vLLM's "CUDA Graphs" design document).
-#
-# This notebook builds a small LLaMA-style model with random weights (nothing is downloaded), decodes greedily
-# with a static cache, captures the decode step once per batch bucket with the kit, and sets it side by side
-# with eager decoding, `torch.compile(mode="reduce-overhead")` and `transformers`' `generate` on the same
-# weights.
+# A language model generates text one token at a time, and each token runs the whole model on one position per
+# sequence: many small kernels, each launched from Python, for very little GPU work. A CUDA graph removes those
+# launches, but it replays fixed shapes, while a KV cache that grows by one position per token changes shape at
+# every step. A **static KV cache**, allocated once for a maximum length and masked, keeps every shape fixed; then
+# one graph per batch size replays every decode step. This notebook builds a small LLaMA-style model with random
+# weights (nothing is downloaded), captures its decode step once per batch bucket with the kit, and sets it beside
+# eager decoding, `torch.compile(mode="reduce-overhead")` and `transformers`' `generate` on the same weights.
 #
 # **What you'll learn**
-# - Why decoding is host-bound: kernels per token, the time per token against the GPU-busy floor.
-# - How a static KV cache (fixed shapes, per-row positions, a mask) makes the decode step capturable, and how
-#   to check it first: the same greedy tokens as decoding without any cache.
-# - How to serve a batch size that changes every step from a few graphs in one shared pool, with buckets planned
-#   from the batch sizes you observed, against a fixed vLLM-style ladder.
-# - What the kit's graphs, `reduce-overhead` and `transformers`' static-cache `generate` each cost and buy:
-#   time per token, tokens per second, capture or compile time, memory.
-# - What a graph buys prefill (the prompt) next to a decode step, and why the two differ.
-# - That fusion and graphs are separate tools: a graph removes launches, fusion removes kernels, and
-#   `torch.compile` without its graphs, captured by the kit, combines both (section 10).
-# - How to put several tokens in one replay: K decode steps per graph, the stop token handled on the GPU
-#   (section 11).
-# - How to graph your own `transformers` model's decode step with a `StaticCache`, and the cache's write-position
-#   trap (section 12).
-# - How to state a speedup so that a rerun agrees: several timing windows, a prediction interval, and one plain
-#   sentence per comparison, computed from that interval (the summary table at the end; `claims.csv`).
+# - How a static KV cache makes the decode step capturable, and how to check it first: the same greedy tokens as
+#   decoding without any cache.
+# - Why decoding can be host-bound, and what a graph buys a decode step next to prefill (the prompt).
+# - How a few graphs in one shared memory pool serve every batch size.
+# - What the kit's graphs, `reduce-overhead` and `transformers`' static-cache `generate` each cost and buy.
 #
-# **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU); `transformers` for its row
-# (the notebook says so and skips it when it is missing). Without a GPU the notebook runs its CPU part small (the
+# "Going further" adds a serving loop whose batch size changes every step, fusion against graphs, several tokens
+# per replay, and your own `transformers` model.
+#
+# **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU); `transformers` for its rows
+# (skipped, with a message, when it is missing). Without a GPU the notebook runs its CPU part small (the
 # correctness checks, everything eager, labelled so) and shows the recorded GPU results.
 #
-# **How long**: 3.3 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25). The compiles of the
-# compiled variants take a good part of it (section 6's `first_call_s` column and section 10's setup table give
-# them). A T4 has not been timed yet; under a minute on a CPU (small sizes).
+# **How long**: 3.3 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25), much of it compiling
+# (section 6's `first_call_s` column and the setup table of "Going further" B give the compile times). A T4 has
+# not been timed yet; under a minute on a CPU (small sizes).
 
 # %% tags=["nbval-check-output"]
 # Setup. In Colab, install the kit of REPO_REF; `setup` then clones that ref, with its recorded GPU results.
@@ -82,37 +63,30 @@ DTYPE = "float32"     # model dtype on a GPU ("bfloat16" is what serving uses: s
 SERVE_STEPS = None    # decode steps of the serving loop (None: 80 on a GPU; 30 small)
 SAMPLES = None        # timing rounds per variant in each window; medians reported (None: 2)
 WINDOWS = 8           # timing windows of every comparison (SMOKE: 2): the speedup intervals come from them
-GEN_WINDOWS = 4       # ... of those that time whole generations (sections 8, 11, 12): each call is 10-200 ms
+GEN_WINDOWS = 4       # ... of those that time whole generations (section 8; Going further C, D): 10-200 ms a call
 WINDOW_PAUSE_S = 0.5  # pause between two windows
 COMPILE = True        # torch.compile(mode="reduce-overhead") of the decode step (GPU only)
 HF = True             # transformers' generate on the same weights (skipped, with a message, if not installed)
 TIME_BUDGET_S = 300   # once the notebook has run this long, variants that still need compiling are skipped (said so)
-K_STEPS = (1, 2, 4, 8)  # decode steps per graph replay (section 11)
+K_STEPS = (1, 2, 4, 8)  # decode steps per graph replay (Going further C)
 SEED = 0
 
 # %% tags=["nbval-check-output"]
 import time
 from functools import partial
-from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
-import matplotlib.pyplot as plt
 
-from cudagraph_kit import (MemoryLedger, capture_buckets, env_table, evaluate_buckets, gpu_time, has_cuda, ladder,
-                           plan_buckets)
+from cudagraph_kit import MemoryLedger, capture_buckets, env_table, gpu_time, has_cuda, ladder
 from cudagraph_kit.capture import capture, fresh_cublas_workspace
 from cudagraph_kit.course import results
-from cudagraph_kit.course.claims import save_claims, speedup, summary, versus
-from cudagraph_kit.course.decode import (decode_state, generate_blocks, generation, k_step, load_state,
-                                        mid_block_stop, positions_needed, stop_after)
-from cudagraph_kit.course.hf_decode import StaticDecoder, hf_status
+from cudagraph_kit.course.decode import positions_needed
+from cudagraph_kit.course.hf_decode import hf_status
 from cudagraph_kit.course.measure import measure
-from cudagraph_kit.course.nb08_parts import (Runs, attempt, batch_sizes, check_row, compiles_so_far,
-                                            decode_vs_prefill, first_calls, host_bound, kernel_table, make_stream,
-                                            per_batch, plot_decode, profiled_mode, serve_stream, serve_table,
-                                            setup_table, step_mode)
+from cudagraph_kit.course.nb08_parts import (Runs, attempt, check_row, compile_then_capture, first_calls,
+                                            generation_claims, per_batch, profiled_mode, reduce_overhead_step,
+                                            step_claims, step_mode)
 from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, greedy_generate,
                                            greedy_generate_no_cache, hf_generate, to_hf_llama)
 
@@ -141,21 +115,17 @@ CFG = (TinyConfig(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, hidden=
        else TinyConfig(vocab_size=8192, dim=512, layers=4, heads=8, kv_heads=2, hidden=1408))
 MAX_GEN = 8 if small else 64          # longest request of the serving loop (tokens)
 MAX_LEN = max(positions_needed(PROMPT_LEN, NEW_TOKENS, max(K_STEPS)), MAX_GEN + 1)   # K-step blocks write whole
-SYNC = torch.cuda.synchronize if CUDA else (lambda: None)
 torch.manual_seed(SEED)
 torch.set_grad_enabled(False)   # inference throughout
 if not CUDA:
     torch.set_num_threads(1)    # tiny CPU work: one thread is faster than several competing for a small machine
 HF_VERSION, HF_WHY = hf_status()   # the transformers version, or None and why (missing, too old)
 HF = HF and HF_VERSION is not None
-
 elapsed = lambda: time.perf_counter() - T_START  # noqa: E731  (seconds since the start)
 
 print(env_table())
 print(f"\nSMOKE={SMOKE}  BATCHES={BATCHES}  PROMPT_LEN={PROMPT_LEN}  NEW_TOKENS={NEW_TOKENS}  dtype={DT}  "
       f"SERVE_STEPS={SERVE_STEPS}  SAMPLES={SAMPLES} x WINDOWS={WINDOWS}  COMPILE={COMPILE}  transformers={HF_VERSION}")
-if HF_VERSION is None:
-    print(f">>> the transformers rows are skipped: {HF_WHY}.")
 if not CUDA:
     print("\n>>> No CUDA GPU here: CUDA graphs need an NVIDIA GPU. This run checks the decoding on the CPU, small, runs\n"
           ">>> every 'graph' eagerly ('eager fallback'), skips torch.compile; the recorded GPU results are at the end.")
@@ -163,17 +133,15 @@ if not CUDA:
 # %% [markdown]
 # ## 1. A small LLaMA-style model and a static KV cache
 #
-# `cudagraph_kit/course/tiny_llm.py` holds the model (copy it if you like): token embedding; per layer RMSNorm,
-# attention with rotary position embeddings and grouped-query attention (8 query heads share 2 key/value heads)
-# through `F.scaled_dot_product_attention`, RMSNorm and a SwiGLU MLP; a final norm and the output projection.
-# Its weights are random, drawn from a seed on the CPU, so every run and every device starts from the same
-# model. The parameter names are those of `transformers`' `LlamaForCausalLM`, which section 5 uses.
+# `cudagraph_kit/course/tiny_llm.py` holds the model: per layer RMSNorm, attention with rotary position embeddings
+# and grouped-query attention through `F.scaled_dot_product_attention`, and a SwiGLU MLP. Its random weights are
+# drawn from a seed on the CPU, so every run starts from the same model; its parameter names are those of
+# `transformers`' `LlamaForCausalLM`, which section 5 uses.
 #
-# The **static KV cache** holds keys and values for `MAX_BATCH` rows of `MAX_LEN` positions, allocated once.
-# A decode step takes one token and one position per row, writes that row's key and value at its position
-# (`k_cache[rows, :, pos] = k`, an indexed write on the GPU, no host synchronization), and attends over all
-# `MAX_LEN` positions with a mask `key position <= pos`. Nothing in it depends on how long a sequence is: its
-# shapes depend on the batch size alone.
+# The **static KV cache** holds keys and values for `MAX_BATCH` rows of `MAX_LEN` positions, allocated once. A
+# decode step takes one token and one position per row, writes that row's key and value at its position (an
+# indexed write on the GPU, no host synchronization) and attends over all `MAX_LEN` positions with a mask
+# `key position <= pos`. Its shapes depend on the batch size alone.
 
 # %%
 model = TinyLLM(CFG, seed=SEED, device=DEVICE, dtype=DT).eval()
@@ -192,10 +160,9 @@ def decode_step(tokens, pos):
 # %% [markdown]
 # ## 2. Correct before fast: the static cache against no cache at all
 #
-# The reference decodes without any cache: for every new token it recomputes the whole sequence from the prompt.
-# Greedy decoding with the static cache (prefill the prompt, then one decode step per token) must pick the same
-# tokens, with logits equal up to rounding; a token may differ only at a near tie (`near_tie`, explained in
-# section 6).
+# The reference recomputes the whole sequence for every new token, with no cache. Greedy decoding with the static
+# cache (prefill the prompt, then one decode step per token) must pick the same tokens, with logits equal up to
+# rounding; a token may differ only at a near tie (`near_tie`, explained in section 6).
 
 # %%
 parity = []
@@ -212,10 +179,10 @@ assert (parity.tokens_equal | parity.near_tie).all(), "the static cache decodes 
 # %% [markdown]
 # ## 3. Why decoding can be host-bound
 #
-# One decode step launches many small kernels, about as many at every batch size (the `kernels_per_call` column
-# of section 10's table). The profiler counts them (GPU only); the CPU's time to issue them (Python, dispatcher and
-# the launch itself, per kernel) is the time per token of eager decoding as long as the GPU finishes each kernel
-# sooner. Section 7 compares eager's time per step with the GPU's busy time.
+# A decode step launches many small kernels, about as many at every batch size. As long as the GPU finishes each
+# kernel sooner than the CPU issues the next (Python, PyTorch's dispatcher, the launch itself), the CPU sets the
+# time per token. The profiler counts the kernels (GPU only); section 7 sets eager's time per step against the
+# GPU's busy time.
 
 # %%
 step_inputs = {b: (torch.randint(0, CFG.vocab_size, (b,), generator=gen).to(DEVICE),
@@ -231,24 +198,23 @@ else:
 # %% [markdown]
 # ## 4. One graph per batch bucket, in one shared pool
 #
-# `capture_buckets(decode_step, tokens, pos, sizes=...)` captures the decode step once per bucket size, largest
-# first, all in one memory pool (the kit's default). A call copies the tokens and positions into static buffers,
-# pads them up to the bucket (token 0 at position 0: the padding rows write into cache rows no sequence is using),
-# replays, and returns the real rows' logits. The cache itself is outside the graphs: they read and write it in
-# place, which is why it must never be reallocated.
+# `capture_buckets(decode_step, tokens, pos, sizes=...)` captures the decode step once per bucket size. A call
+# copies the tokens and positions into static buffers, pads them up to the bucket (the padding rows write into
+# cache rows no sequence uses), replays, and returns the real rows' logits. The cache lives outside the graphs,
+# which read and write it in place: it must never be reallocated. The sizes are `ladder(MAX_BATCH)`: 1, 2, 4,
+# then steps of 8, the pattern vLLM captures by default.
 #
-# The bucket sizes here are `ladder(MAX_BATCH)`: 1, 2, 4, then steps of 8, the pattern vLLM captures by default.
-# The ledger (`MemoryLedger.record`) gives the memory the graphs hold: the shared pool plus the static buffers.
+# **What the graphs hold (`held_mib`).** The buckets share one memory pool, captured largest bucket first: every
+# smaller graph reuses the blocks of the largest one, and the static input and output buffers are sized for the
+# largest bucket too. So a set of buckets holds the memory of its largest bucket alone, whatever its number of
+# graphs. `MemoryLedger.record` reads it: the shared pool plus the static buffers ("Going further" A compares
+# three sets of buckets by it).
 #
-# **One pitfall first.** A matrix multiply on the GPU uses cuBLAS, and cuBLAS a *workspace*: scratch memory that
-# PyTorch allocates once per stream and keeps. A graph captured after that workspace exists bakes its address in.
-# `torch.compile(mode="reduce-overhead")` (section 5) frees those workspaces every time it warms up or records a
-# graph, so that its own graphs get one in their own pool (PyTorch's `torch/_inductor/cudagraph_trees.py`,
-# `clear_cublass_cache`, says why). A graph captured earlier, by hand or by the kit, then writes into memory that now
-# belongs to other tensors: silent corruption, or an illegal memory access later. Any process that mixes its own
-# graphs with `reduce-overhead` (or with `transformers`' compiled `generate`, which uses it) needs the same
-# precaution: the kit's `fresh_cublas_workspace(fn)` frees the workspaces at the start of a capture of `fn`, so
-# the capture allocates a new one inside the graph's own pool, where nothing else can take it.
+# **One pitfall first.** A matrix multiply runs in cuBLAS, with a *workspace* that PyTorch allocates once per
+# stream and keeps; a graph bakes its address in. `reduce-overhead` (section 5) frees those workspaces whenever it
+# warms up or records a graph (`clear_cublass_cache` in PyTorch's `torch/_inductor/cudagraph_trees.py`), and a
+# graph captured earlier then writes into memory that now belongs to other tensors. `fresh_cublas_workspace(fn)`
+# frees them at the start of a capture of `fn`, so the capture allocates its own inside the graph's pool.
 
 # %%
 graph_step = fresh_cublas_workspace(decode_step)
@@ -272,69 +238,29 @@ print(f"3 rows padded to bucket {graphs.bucket_for(3)}: max |bucketed - eager| l
 assert padded_err < 1e-3
 
 # %% [markdown]
-# ## 5. What people use today: `reduce-overhead` and `transformers`' static cache
+# ## 5. What people use today
 #
 # - **`torch.compile(mode="reduce-overhead")`** of the same decode step: Inductor fuses the small kernels and
-#   records a CUDA graph per batch size it meets (CUDA graph trees). The cache buffers are marked as static
-#   addresses (`torch._dynamo.mark_static_address`), as `transformers` does, so the graphs may write them in
-#   place. A batch size it has not seen costs a compile or a recording.
-# - **`transformers`' `generate`** on a `LlamaForCausalLM` built from the same configuration, with a copy of
-#   the same weights: `cache_implementation="static"` makes it allocate a static cache, and on a GPU its
-#   `generate` then compiles the decoding forward with `torch.compile(mode="reduce-overhead")` by itself. Its
-#   default dynamic cache (eager) is timed as well. Its prefill and ours both run eagerly.
-# - **`torch.compile` without graphs, then the kit's graphs** ("compile + kit graphs"): the decode step compiled
-#   in the default mode (Inductor fuses kernels; no CUDA graphs), with dynamic batch sizes so that one compile
-#   serves every bucket, then captured per bucket by `capture_buckets` exactly as the eager step was.
-#
-# **Compile first, then capture, and make the compile see what the capture will pass.** `capture_buckets` calls
-# the step on views of its static buffers (`buf.narrow(0, 0, bucket)`), and Dynamo guards on a view's base as well
-# as on the view. Warmed up on a view as long as its buffer (the largest batch), Dynamo shares one size symbol
-# between the two and guards that they are equal; the first smaller bucket then fails that guard and compiles
-# again, inside the capture, where a compile costs far more than the capture itself (section 10's setup table
-# gives both).
-# Warmed up at half the largest batch and at 1 (PyTorch specializes size 1), the two compiles serve every bucket.
-# The cell counts Dynamo's compiles during the capture: the setup table of section 10 reports compile time,
-# capture time and that count apart.
+#   records a CUDA graph per batch size it meets. The cache buffers are marked as static addresses
+#   (`torch._dynamo.mark_static_address`), as `transformers` does, so the graphs may write them in place. A batch
+#   size it has not seen costs a compile or a recording.
+# - **`transformers`' `generate`** on a `LlamaForCausalLM` with a copy of the same weights:
+#   `cache_implementation="static"` allocates a static cache, and on a GPU `generate` then compiles the decoding
+#   forward with `reduce-overhead` by itself. Its default dynamic cache (eager) is timed too.
+# - **compile + kit graphs**: the decode step compiled in the default mode (fused kernels, no graphs), then
+#   captured per bucket by `capture_buckets`, as the eager step was. It must be compiled on the kind of input the
+#   capture passes, or the capture compiles again ("Going further" B says why).
 #
 # Each variant is tried on its own; one that fails becomes a row with its error, and the others go on.
 
 # %% tags=["nbval-check-output"]
 variant_errors = {}
 attempt = partial(attempt, errors=variant_errors)   # a variant that fails is reported in the tables; the rest go on
-
-
-def build_compiled():
-    for buf in (cache.k, cache.v):
-        torch._dynamo.mark_static_address(buf)
-    fn = torch.compile(decode_step, mode="reduce-overhead")
-
-    def step(tokens, pos):
-        torch.compiler.cudagraph_mark_step_begin()   # a new step: the previous step's outputs may be overwritten
-        return fn(tokens, pos)
-    return step
-
-
-def build_fused():
-    def fused_decode(tokens, pos):
-        return model.decode(tokens, pos, cache)
-    fused_step = fresh_cublas_workspace(torch.compile(fused_decode, dynamic=True))   # default mode: fused kernels, no graphs
-    t0, n0 = time.perf_counter(), compiles_so_far()
-    for n in (max(2, MAX_BATCH // 2), 1):          # views shorter than their buffer, as the buckets' are; then size 1
-        fused_step(sample_tokens[:n], sample_pos[:n])
-    SYNC()
-    fused_setup.update(compile_s=time.perf_counter() - t0, compiles=compiles_so_far() - n0)
-    n0 = compiles_so_far()
-    bg = capture_buckets(fused_step, sample_tokens, sample_pos, sizes=LADDER)
-    fused_setup.update(capture_s=bg.capture_seconds, compiles_in_capture=compiles_so_far() - n0,
-                       graph_mib=ledger.record("compile + kit buckets", bg).get("held", float("nan")) / MiB)
-    return bg
-
-
-# %%
 compiled_step, fused_graphs, fused_setup = None, None, {}
 if COMPILE:
-    compiled_step = attempt("reduce-overhead", build_compiled)
-    fused_graphs = attempt("compile + kit graphs", build_fused)
+    compiled_step = attempt("reduce-overhead", lambda: reduce_overhead_step(decode_step, cache))
+    fused_graphs = attempt("compile + kit graphs", lambda: compile_then_capture(
+        model, cache, sample_tokens, sample_pos, LADDER, ledger, fused_setup))   # fused_setup: its setup costs
 if fused_graphs is not None:
     print(f"compile + kit graphs: {fused_setup['compiles']} compiles in {fused_setup['compile_s']:.1f} s; "
           f"{len(LADDER)} buckets captured in {fused_setup['capture_s']:.2f} s, with "
@@ -348,8 +274,9 @@ if hf_model is not None:
     hf_diff = (hf_model(x).logits.float() - model(x).float()).abs().max().item()
     print(f"transformers {HF_VERSION}: LlamaForCausalLM with our weights; max |logit diff| on the prompts {hf_diff:.1e}")
 elif not HF:
-    print("transformers: skipped (" + ("not installed)" if HF_VERSION is None else "HF=False)"))
+    print("transformers: skipped (" + (f"{HF_WHY})" if HF_VERSION is None else "HF=False)"))
 
+# %%
 KIT_STEP, KIT_GEN = "kit graph (bucket)", "kit graph per bucket"
 FUSED_GEN, FUSED_STEP = "compile + kit graph per bucket", "compile + kit graph (bucket)"
 HF_STATIC = "transformers generate, static cache" + (" (compiled)" if CUDA else "")
@@ -374,11 +301,10 @@ print("variants:", VARIANTS)
 # ## 6. Correctness of every variant, against eager
 #
 # Each variant generates `NEW_TOKENS` greedy tokens for the same prompts at every batch size; its first call at a
-# new batch size also pays for its compile or recording (`first_call_s`). Identical tokens are the test. Where a
-# variant's tokens differ, the table shows where they first differ, eager's gap between its two best logits there
-# (`margin`) and how far the variant's logits were from eager's (`logit_diff`): a difference at a near tie
-# (`logit_diff >= margin`) is rounding (other kernels sum in another order), after which the two continuations are
-# different texts; anything else is a bug.
+# batch size also pays for its compile or recording (`first_call_s`). Identical tokens pass. Where they differ,
+# the table gives the first differing step, eager's gap between its two best logits there (`margin`) and how far
+# the variant's logits were from eager's (`logit_diff`): at a near tie (`logit_diff >= margin`) the difference is
+# rounding (other kernels sum in another order), after which the two texts part; anything else is a bug.
 
 # %%
 eager_ref = {}
@@ -403,24 +329,22 @@ for v, e in variant_errors.items():
 # %% [markdown]
 # ## 7. Time per decode step, and what a graph buys prefill
 #
-# The decode step alone at each batch size, on the same tokens and positions: eager; the kit's graph for that
-# bucket (copy the inputs in, replay, slice the logits); `reduce-overhead`; the compiled step captured per bucket by
-# the kit ("compile + kit graph"). Each step makes one token per sequence, so the time per step is the time per
-# token each sequence sees, and `batch / step time` is tokens per second.
+# The decode step alone at each batch size: eager, the kit's graph for that bucket, `reduce-overhead`, and
+# compile + kit graph. A step makes one token per sequence, so its time is the time per token each sequence sees.
+# **Prefill** runs the whole prompt at once: about as many kernels, each with `batch x prompt` rows of work, so
+# launches weigh less. One case times it at the largest batch with a longer prompt (its name gives the size),
+# eager against a graph of the prefill.
 #
-# **Prefill** runs the whole prompt at once: about as many kernels as a decode step, each with `batch x prompt` rows
-# of work, so the GPU has more to do per launch and the host's launch cost weighs less. One point is timed with the
-# decode steps: the largest batch with a prompt of 8 times `PROMPT_LEN` (cut to the cache's length; the case name
-# gives the size), eager against a graph of the prefill (`capture`, same cache).
+# `measure` times every case in `WINDOWS` windows, the variants of a case taking turns in each, and quotes each
+# speedup with a 90% **prediction interval**: where one more window should land. The **floor** of a batch size is
+# the GPU-busy time of one replay of the kit's graph (`gpu_time`): how fast a step could go if the host cost
+# nothing. The verdicts, all in `claims.csv`: the graph against eager; `reduce-overhead` against the graph;
+# compile + kit graph against `reduce-overhead` (the aim: more than 5% faster); eager against twice the floor
+# (host-bound); the graph on prefill (the aim: more than 10% faster); and whether a graph buys a decode step more
+# than it buys prefill.
 #
-# One window is not enough to quote a number: the host's speed drifts over minutes, and eager times move with it far
-# more than graph replays do. `measure` times every case in `WINDOWS` windows, the variants of a case taking turns
-# in each (`compare`, round-robin), and runs the profiler once, in the last window, after its timings (kernels per
-# call, what each variant ran as, the GPU-busy floor of pure graph replays); whole generations (sections 8, 11
-# and 12) take `GEN_WINDOWS` windows and no profiler, their "ran as" read from this section's rows. Each speedup is the median of the
-# windows' speedups with a 90% **prediction interval**: where one more window, timed the same way, should land.
-# The **floor** of a batch size below is the GPU-busy time of one replay of the kit's graph for it (`gpu_time`):
-# how fast a decode step could go if the host cost nothing.
+# Where a step at batch 16 keeps the GPU busier than one at batch 64 (compare their floors), the cause is the
+# matrix-multiply kernel that cuBLAS picks for each shape, not the graph: the appendix lists the kernels.
 
 # %%
 PREFILL_LEN = min(8 * PROMPT_LEN, MAX_LEN)
@@ -443,50 +367,20 @@ step_cases[PREFILL_CASE] = ({"eager": lambda x: model.prefill(x, cache), "graph"
 m_step = measure(step_cases, **TIMING)
 floors = {b: gpu_time(graphs.graphs[b].replay, calls=20).busy_us for b in BATCHES if CUDA and b in graphs.graphs}
 print("floors (µs, GPU busy per replay of the kit's graph):", {b: round(f, 1) for b, f in floors.items()} or "need a GPU")
-m_step.short()
-
-# %% [markdown]
-# The verdicts of this section, all in `claims.csv` (the summary table at the end shows those at batch 1 and the
-# decode-versus-prefill one): the kit's graph against eager at each batch size; `reduce-overhead` against the kit's
-# graph; the compiled step captured by the kit against `reduce-overhead`, with the aim of more than 5% faster
-# (section 10 says where the time goes); whether eager is host-bound, i.e. takes more than twice the floor; whether
-# the graph saves more than 10% on prefill; and whether it buys a decode step more than it buys prefill (the decode
-# step's speedup over prefill's, window by window).
-#
-# **Why batch 16 can take longer than batch 64.** Where a step at batch 16 keeps the GPU busier than one at batch 64
-# (compare their floors), the matrix multiplies are the cause: cuBLAS picks its kernel by shape, and the one it picks
-# at batch 16 is slower for this model than the one at 64. Eager and the graph run the same kernel, so this is
-# cuBLAS's choice, not the graph's; the appendix lists the kernels at each batch size from a recorded profile.
-
-# %% tags=["nbval-check-output"]
-claims = []   # every comparison this notebook states; the summary table and claims.csv at the end
-for b in BATCHES:
-    case, timed = STEP_CASE[b], step_cases[STEP_CASE[b]][0]
-    claims.append(speedup(m_step, f"step_graph_beats_eager_b{b}", case, KIT_STEP))
-    for cid, fast, slow, above in ((f"step_reduce_overhead_beats_graph_b{b}", "reduce-overhead", KIT_STEP, 1.0),
-                                   (f"step_fused_graph_beats_reduce_overhead_b{b}", FUSED_STEP, "reduce-overhead", 1.05)):
-        if {fast, slow} <= set(timed):
-            claims.append(versus(m_step, cid, (case, fast), (case, slow), above=above))
-    if b in floors:
-        claims.append(host_bound(m_step, f"step_eager_host_bound_b{b}", case, floors[b]))
-claims.append(speedup(m_step, "prefill_graph_saves_10pct", PREFILL_CASE, "graph", above=1.10))
-claims.append(decode_vs_prefill(m_step, "decode_gains_more_than_prefill", (STEP_CASE[MAX_BATCH], KIT_STEP),
-                                (PREFILL_CASE, "graph"), f"a decode step at batch {MAX_BATCH}", eager_fallback=not CUDA))
+claims = step_claims(m_step, STEP_CASE, step_cases, floors, PREFILL_CASE, KIT_STEP, FUSED_STEP, eager_fallback=not CUDA)
 step_df = per_batch(m_step, STEP_CASE)             # the rows of the decode steps: tokens_per_s = batch / step time
 prefill_df = step_df[step_df.case == PREFILL_CASE].assign(batch=MAX_BATCH)
 step_df = step_df[step_df.case != PREFILL_CASE].assign(us_per_step=lambda d: d.median_us)
 step_df["floor_step_us"] = step_df.batch.map(floors).astype(float)   # NaN where no floor was measured
+m_step.short()
 
 # %% [markdown]
 # ## 8. Whole generations, side by side
 #
-# Now whole greedy generations (prefill + `NEW_TOKENS` tokens) of every variant, `transformers`' included, at the
-# smallest and the largest batch size. The table below gives the time of a whole generation; time per token (that
-# time divided by `NEW_TOKENS`) and tokens per second (every sequence of the batch counted) are in the saved results
-# and section 13's figure. The verdicts, all in `claims.csv`: do the kit's graphs beat eager (the summary has the
-# largest batch); is `reduce-overhead` faster than the kit's graphs; are the kit's graphs faster than
-# `transformers`' static-cache `generate` (the summary has the smallest batch); and is that static cache faster than
-# `transformers`' default dynamic cache?
+# Whole greedy generations (prefill and `NEW_TOKENS` tokens) of every variant, `transformers`' included, at the
+# smallest and the largest batch size; the table gives the time of one generation. The verdicts: do the kit's
+# graphs beat eager; does `reduce-overhead` beat them; do they beat `transformers`' static-cache `generate`; and
+# does that static cache beat `transformers`' default dynamic cache?
 
 # %%
 GEN_CASE = {b: f"generate, batch {b}" for b in GEN_BATCHES}
@@ -497,38 +391,69 @@ gen_modes = {b: {"eager": "eager", HF_DYNAMIC: "eager", HF_STATIC: HF_STATIC_MOD
 gen_cases = {GEN_CASE[b]: ({v: Runs(lambda v=v, b=b: generate(v, b), gen_modes[b][v]) for v in VARIANTS
                             if (v, b) in setup}, (), {"calls": 1}) for b in GEN_BATCHES}
 m_gen = measure(gen_cases, **GEN_TIMING)   # "ran as": the step's profiled rows (section 7), not a profiler here
-for b in GEN_BATCHES:
-    case, timed = GEN_CASE[b], gen_cases[GEN_CASE[b]][0]
-    claims.append(speedup(m_gen, f"generate_graphs_beat_eager_b{b}", case, KIT_GEN))
-    for cid, fast, slow in ((f"generate_reduce_overhead_beats_graphs_b{b}", "reduce-overhead", KIT_GEN),
-                            (f"generate_graphs_beat_hf_static_b{b}", KIT_GEN, HF_STATIC),
-                            (f"generate_hf_static_beats_hf_dynamic_b{b}", HF_STATIC, HF_DYNAMIC)):
-        if {fast, slow} <= set(timed):
-            claims.append(versus(m_gen, cid, (case, fast), (case, slow)))
+claims += generation_claims(m_gen, GEN_CASE, gen_cases, KIT_GEN, HF_STATIC, HF_DYNAMIC)
 gen_df = per_batch(m_gen, GEN_CASE, NEW_TOKENS).assign(us_per_token=lambda d: d.median_us / NEW_TOKENS)
 gen_df["first_call_s"] = [setup.get((v.replace(" (eager fallback)", ""), b), float("nan"))
                           for v, b in zip(gen_df.variant, gen_df.batch)]
 m_gen.short()
 
 # %% [markdown]
-# ## 9. A serving loop: the batch size changes every step
+# ## 9. Takeaways
+# Numbered from this run on a GPU; without one, from the recorded GPU run (named above them). A takeaway whose
+# comparison this run could not make (no compiler, no `transformers`) is left out.
+
+# %%
+TAKEAWAYS = [
+    "A decode step is many tiny kernels, so eager decoding is host-bound: at batch 1 an eager step took "
+    "{step_eager_host_bound_b1} the GPU's busy time, and the kit's graph of it was {step_graph_beats_eager_b1} "
+    "faster than eager.",
+    "A static KV cache fixes every shape, so one graph per batch bucket, all in one shared pool, serves every batch "
+    "size: whole generations at batch 64 ran {generate_graphs_beat_eager_b64} faster than eager.",
+    "`reduce-overhead` fuses the kernels and graphs them: at batch 1 its step was "
+    "{step_reduce_overhead_beats_graph_b1} faster than the kit's graph of the unfused step.",
+    "A graph buys a decode step more than it buys prefill, whose kernels each have far more work: "
+    "{decode_gains_more_than_prefill:statement}.",
+]
+results.show_takeaways(STEM, claims, TAKEAWAYS, missing="skip");
+
+# %% [markdown]
+# ## Going further (optional)
+# Further experiments and internals: a serving loop whose batch size changes every step, fusion against graphs,
+# several tokens per replay, your own `transformers` model; then the picture, saving the results, and every
+# headline verdict. The exercises follow.
 #
-# Requests arrive at random (a seeded stream), each with a one-token prompt and a length drawn between 1 and
+# ### A. A serving loop: the batch size changes every step
+#
+# Serving engines use section 4's two ideas: decode graphs captured up front for a fixed list of batch sizes, a
+# batch padded up to the next one, and one memory pool for all of them (vLLM's `cudagraph_capture_sizes` and its
+# graph manager's one `graph_pool_handle()`; SGLang's `--cuda-graph-max-bs`). Their cache differs: vLLM keeps keys
+# and values in a pool of fixed-size blocks shared by all sequences, each sequence with a table of its blocks that
+# the attention kernel reads (PagedAttention), not a maximum-length cache per sequence as here; and it can capture
+# a model piecewise, leaving attention outside the graphs (vLLM's "CUDA Graphs" design document).
+#
+# Here requests arrive at random (a seeded stream), each with a one-token prompt and a length drawn between 1 and
 # `MAX_GEN` tokens; at most `MAX_BATCH` are decoded together, the rest wait. Every step decodes one token for
 # every active request, so the batch size moves at every arrival and every finish. A finished request leaves a
 # hole: the last row moves into it (its cache row too), so active requests always fill rows `0..n-1` and a
 # bucket's padding rows are free rows. Tokens and positions stay on the GPU; the host only counts (the loop is
 # `serve_stream` in `cudagraph_kit/course/nb08_parts.py`).
 #
-# Strategies: eager; the kit's graphs on the vLLM-style ladder (`ladder(MAX_BATCH)`, the same graphs as above);
+# Strategies: eager; the kit's graphs on the vLLM-style ladder (`ladder(MAX_BATCH)`, the graphs of section 4);
 # buckets **planned** by `plan_buckets` from the batch sizes of an earlier stream (another seed), with at most
 # as many graphs as the ladder; and one graph per batch size. The planner minimises padded rows here. Whether
-# padding rows cost much depends on how fast a decode step's time grows with the batch (section 7's table); what
-# the number of graphs costs, on how the driver and the GPU handle many graphs. The verdicts: does each strategy
-# beat eager, do the planned buckets beat the ladder, and does the ladder
-# beat one graph per batch size?
+# padding rows cost much depends on how fast a decode step's time grows with the batch (section 7's table; the
+# appendix explains why batch 16 can take longer than batch 64); what the number of graphs costs, on how the
+# driver and the GPU handle many graphs. The verdicts: does each strategy beat eager, do the planned buckets beat
+# the ladder, and does the ladder beat one graph per batch size?
 
 # %%
+import numpy as np
+
+from cudagraph_kit import evaluate_buckets, plan_buckets
+from cudagraph_kit.course.claims import speedup, versus
+from cudagraph_kit.course.nb08_parts import batch_sizes, make_stream, serve_stream, serve_table
+
+
 def serve(step, stream, record=None):
     """Run a stream of requests through step(tokens, pos) on the shared cache; record: {request id: tokens}."""
     return serve_stream(step, stream, cache, MAX_BATCH, CFG.vocab_size, record=record)
@@ -569,13 +494,11 @@ serve_df[["variant", "executed_as", "us_per_step", "speedup", "speedup_lo", "spe
           "held_mib", "pad_fraction", "same_tokens_as_eager"]].round(3)
 
 # %% [markdown]
-# **What `held_mib` shows.** Each set of buckets shares one memory pool, captured largest bucket first
-# (`capture_buckets(..., pool="shared")`, in `cudagraph_kit/bucket_graphs.py`): every smaller graph reuses the
-# blocks of the largest one, and the static input and output buffers are sized for the largest bucket too. So a
-# set's memory is set by its largest bucket alone. All three sets end at the same largest batch size, so they hold
-# the same memory, whatever their number of graphs; what grows with that number is the capture time (`setup_s`).
+# `held_mib` is the memory each set of graphs holds (section 4 says what it reads): all three sets end at the same
+# largest batch size, so they hold the same memory, whatever their number of graphs; what grows with that number
+# is the capture time (`setup_s`).
 #
-# ## 10. Fusion and graphs are separate tools
+# ### B. Fusion and graphs are separate tools
 #
 # Sections 7 and 8 put four ways of running the same decode step side by side. The columns of this section's last
 # table (section 7's timings with the profiler's counts) say what each one removed: `kernels_per_call` counts the
@@ -595,7 +518,7 @@ serve_df[["variant", "executed_as", "us_per_step", "speedup", "speedup_lo", "spe
 # arguments in Python, copies the inputs and replays: it has no guards to run, no tree of graphs to walk and no
 # outputs to rebuild. All of that is host work: it adds to the time per step only where the host, not the GPU, sets
 # the pace. Section 7's verdicts on the compiled step captured by the kit against `reduce-overhead` say whether it
-# did here (the summary has batch 1; `claims.csv` every batch size).
+# did here (G has batch 1; `claims.csv` every batch size).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -610,9 +533,18 @@ print(TOOLS.to_string(index=False))
 
 
 # %% [markdown]
-# What each cost to set up: compile time (the compiled step's two compiles; `reduce-overhead`'s first calls of
-# section 6, compile and one recording per batch size), capture time (the kit), the compiles Dynamo ran during the
-# kit's capture (section 5: none, once the compile has seen the buckets' kind of input), and `graph_mib`, the memory
+# **Compile first, then capture, and make the compile see what the capture will pass.** `capture_buckets` calls
+# the step on views of its static buffers (`buf.narrow(0, 0, bucket)`), and Dynamo guards on a view's base as well
+# as on the view. Warmed up on a view as long as its buffer (the largest batch), Dynamo shares one size symbol
+# between the two and guards that they are equal; the first smaller bucket then fails that guard and compiles
+# again, inside the capture, where a compile costs far more than the capture itself. Warmed up at half the
+# largest batch and at 1 (PyTorch specializes size 1), the two compiles serve every bucket (`compile_then_capture`
+# in `cudagraph_kit/course/nb08_parts.py`).
+#
+# The table below gives what each variant cost to set up: compile time (the compiled step's two compiles;
+# `reduce-overhead`'s first calls of section 6, compile and one recording per batch size), capture time (the kit),
+# the compiles Dynamo ran during the kit's capture (none, when the compile has seen the buckets' kind of input),
+# and `graph_mib`, the memory
 # the graphs hold: for the kit's buckets the ledger's reading of their pool plus their static buffers
 # (`MemoryLedger.record`), for `reduce-overhead` how much the graph pools grew during its first calls (the growth of
 # every pool but the allocator's default one, `MemoryLedger.measure`). Both read pools, not the allocator's total,
@@ -625,12 +557,14 @@ print(TOOLS.to_string(index=False))
 # `reduce-overhead`'s per-call host work shows. Where both medians sit close to their floors (`vs_floor` near 1),
 # both are GPU-bound: the time goes to the fused kernels themselves, `reduce-overhead`'s guards and checks run on the
 # host while the GPU is still busy with kernels already queued, and the aim fails or is too close to call
-# (the summary has batch 1). Both run fewer kernels than the kit's graph of the
-# eager step and so have a lower floor; whether that makes `reduce-overhead` faster than the kit's graph at a given
-# batch size is a verdict of section 7 (batch 1 in the summary; the other batch sizes are in
-# `claims.csv`, and where the intervals overlap it is too close to call).
+# (G has batch 1). Both run fewer kernels than the kit's graph of the eager step and so have a lower floor;
+# whether that makes `reduce-overhead` faster than the kit's graph at a given batch size is a verdict of section 7
+# (batch 1 in G; the other batch sizes are in `claims.csv`, and where the intervals overlap it is too close to
+# call).
 
 # %%
+from cudagraph_kit.course.nb08_parts import setup_table
+
 setup_rows = [{"variant": KIT_GEN, "compile_s": 0.0, "capture_s": graphs.capture_seconds, "graph_mib": kit_held}]
 if fused_graphs is not None:
     setup_rows.append({"variant": FUSED_GEN, **fused_setup})
@@ -643,10 +577,10 @@ if CUDA and len(graphed):
     print(graphed[["batch", "variant", "median_us", "kernels_per_call", "floor_us", "vs_floor"]].to_string(
         index=False, float_format=lambda v: f"{v:.1f}"))
 else:
-    print("no graphed variant was timed here (they need a CUDA GPU): see the recorded results in section 14.")
+    print("no graphed variant was timed here (they need a CUDA GPU): see the recorded results in F below.")
 
 # %% [markdown]
-# ## 11. Several tokens per replay
+# ### C. Several tokens per replay
 #
 # One graph per token still costs the host one replay, one read of the done flags and one loop turn per token. A
 # graph can hold several decode steps: `k_step(step, K)` (in `cudagraph_kit/course/decode.py`) runs K steps in one
@@ -661,6 +595,9 @@ else:
 # the middle of a block.
 
 # %%
+from cudagraph_kit.course.decode import (decode_state, generate_blocks, generation, k_step, load_state,
+                                        mid_block_stop, stop_after)
+
 PAD, K_BATCHES = 0, sorted({1, min(8, MAX_BATCH)})
 kx = prompts[MAX_BATCH]            # batch b decodes the first b of these prompts, in cache rows 0..b-1
 k_graphs, k_rows = {}, []
@@ -699,7 +636,7 @@ assert k_checks.tokens_equal.all(), "K steps per replay decoded differently from
 # which waits for the GPU, so that the GPU then waits for the next replay. A replay of one decode step already keeps
 # the GPU busy for most of its time (section 7: the kit's graph runs close to its floor), so expect a gain far
 # smaller than the graph's gain over eager, though it can exceed the step's own distance to its floor, since each
-# done-flag read adds a wait of its own (the summary has K=8 at batch 1 and 8).
+# done-flag read adds a wait of its own (G has K=8 at batch 1 and 8).
 
 # %%
 def k_runner(b, k):
@@ -724,7 +661,7 @@ k_df = per_batch(m_k, K_CASE, NEW_TOKENS - 1)     # the decoded tokens of every 
 m_k.short()
 
 # %% [markdown]
-# ## 12. Your own Hugging Face model
+# ### D. Your own Hugging Face model
 #
 # The model people want to speed up is usually one they load from `transformers`. The recipe is the same as for
 # our own model: allocate a `StaticCache` once, make the decode step a function of tensors only (`input_ids` and
@@ -747,6 +684,8 @@ m_k.short()
 
 
 # %%
+from cudagraph_kit.course.hf_decode import StaticDecoder
+
 HF_KIT, HF_FUSED = "HF step, kit graph", "HF step compiled + kit graph"
 hf_dec, hf_graphs, hf_checks = None, {}, []
 if hf_model is None:
@@ -800,19 +739,23 @@ if len(hf_timed) > 1:
     print(m_hf.short().to_string(index=False))
 
 # %% [markdown]
-# ## 13. The picture
+# ### E. The picture
 #
 # Left: time per decode step against the batch size, with the floor. Middle: tokens per second of whole
 # generations, every variant. Right: the serving loop, time per step of each strategy, with its number of graphs.
 
 # %% tags=["nbval-check-output"]
+import matplotlib.pyplot as plt
+
+from cudagraph_kit.course.nb08_parts import plot_decode
+
 where = torch.cuda.get_device_name(0) if CUDA else "CPU (eager only: not a GPU result)"
 fig = plot_decode(step_df, gen_df, serve_df, f"LLM decoding with a static KV cache: {where}, PyTorch "
                                              f"{torch.__version__}, {DT}")
 plt.show()
 
 # %% [markdown]
-# ## 14. Save the results, and the recorded GPU run beside this one
+# ### F. Save the results, and the recorded GPU run beside this one
 #
 # One row per (case, variant) of every timed comparison (with `window_medians_us`, each window's median), the
 # correctness checks (`case` "no-cache parity", "correctness", "k-step correctness", "hf correctness"), the capture
@@ -823,6 +766,8 @@ plt.show()
 # committed to this repository (what a reader without a GPU sees).
 
 # %%
+from cudagraph_kit.course.claims import save_claims
+
 error_rows = pd.DataFrame([{"case": "errors", "variant": v, "error": e} for v, e in variant_errors.items()])
 capture_rows = pd.DataFrame([{"case": "capture", "variant": f"kit bucket {e['size']}", "batch": e["size"],
                               "setup_s": e["seconds"]} for e in graphs.capture_log])
@@ -842,33 +787,13 @@ print("saved to", folder, f"({elapsed():.0f} s since the start)")
 recorded = results.beside_recorded(STEM, step_df)   # the decode steps; every table is in the saved results
 
 # %% [markdown]
-# ## Takeaways
-# Numbered from this run on a GPU; without one, from the recorded GPU run (named above them). A takeaway whose
-# comparison this run could not make (no compiler, no `transformers`) is left out.
-
-# %%
-TAKEAWAYS = [
-    "A decode step is many tiny kernels, so eager it is host-bound: at batch 1 an eager step took "
-    "{step_eager_host_bound_b1} the GPU's busy time, and the kit's graph of it was {step_graph_beats_eager_b1} "
-    "faster than eager.",
-    "A static KV cache fixes every shape, so the step can be captured, once per batch bucket in one shared pool; in a "
-    "serving loop whose batch changes every step, a ladder of such graphs was {serving_ladder_beats_eager} faster "
-    "than eager.",
-    "`reduce-overhead` fuses kernels and graphs them: at batch 1 it was {step_reduce_overhead_beats_graph_b1} faster "
-    "than the kit's graph of the unfused step. Fusion removes kernels, a graph removes launches.",
-    "Several tokens per replay: {kstep_k8_beats_one_graph_per_token_b1:statement}.",
-    "Your own `transformers` model works the same way (a `StaticCache`, a step of tensors only, the cache's write "
-    "position reset before each sequence): {hf_kit_graph_beats_eager:statement}.",
-]
-results.show_takeaways(STEM, claims, TAKEAWAYS, missing="skip");
-
-# %% [markdown]
-# ## Going further (optional)
-# ### The headline verdicts, and the lessons in more detail
+# ### G. The headline verdicts
 # Every verdict of every section is in `claims.csv`; the headline ones follow (on a CPU, the sentences say that
 # the graphs ran eagerly).
 
 # %%
+from cudagraph_kit.course.claims import summary
+
 B1, KB = BATCHES[0], K_BATCHES[-1]
 HEADLINES = [f"step_graph_beats_eager_b{B1}", f"step_eager_host_bound_b{B1}",
              f"step_reduce_overhead_beats_graph_b{B1}", f"step_fused_graph_beats_reduce_overhead_b{B1}",
@@ -880,35 +805,7 @@ HEADLINES = [f"step_graph_beats_eager_b{B1}", f"step_eager_host_bound_b{B1}",
 summary(claims, HEADLINES)
 if set(HEADLINES) - {c.claim for c in claims}:
     print("Some headline comparisons need what this run lacks (a GPU, torch.compile or transformers); the recorded "
-          "GPU run has them (section 14).")
-
-# %% [markdown]
-# - Decoding runs the whole model for one token per sequence: many tiny kernels, about as many at every batch
-#   size. Eager, the host's launches can set the time per token; section 7 compares eager's time per step with
-#   the floor, what the GPU itself needs.
-# - A **static KV cache** (allocated once, per-row positions, a mask over all positions) fixes every shape, so a
-#   decode step can be captured. Check it before anything else: the same greedy tokens as decoding with no cache.
-# - The kit's `capture_buckets` captures the step once per batch bucket in one shared pool; padding rows land in
-#   unused cache rows, so a bucket serves every smaller batch. Capturing runs the step and records it, no
-#   compiler involved.
-# - `torch.compile(mode="reduce-overhead")` and `transformers`' static-cache `generate` do the same for you
-#   (how fast each one is here: sections 7 and 8);
-#   Inductor also fuses kernels, at the price of compiling and one recording per new batch size. To capture a
-#   compiled step yourself, compile it on the kind of input the capture passes (views shorter than their buffer),
-#   or the capture compiles again.
-# - Prefill gives every kernel `batch x prompt` rows of work, so launches weigh less in its time than in a decode
-#   step's.
-# - In a serving loop the batch size changes at every step; a fixed set of buckets, far fewer than the batch sizes,
-#   serves them all. Planning them from the sizes you observe can cut padding, but whether that makes the loop faster
-#   than a ladder is for the measurement to say (section 9's verdicts).
-# - Fusion and graphs are separate tools: a graph removes launches, not kernels; fusion removes kernels, not
-#   launches. Where the fused kernels keep the GPU busy, `reduce-overhead`'s host work per call hides behind them.
-# - Several tokens per replay: K decode steps in one graph, the argmax and the stop token handled on the GPU and
-#   the host reading the done flags once per block.
-# - Your own `transformers` model: a `StaticCache`, a step of tensors only, and a reset of the cache's write
-#   position before each sequence (5.x keeps it on the GPU and advances it at every replay).
-# - Quote a speedup with the interval a rerun lands in (several timing windows), and let the interval, not the
-#   median, decide a comparison.
+          "GPU run has them (F).")
 
 # %% [markdown]
 # ## Exercises
@@ -992,6 +889,8 @@ check_k_step_decode(k4_block, k4_graph, k4_tokens, model=model, cache=cache, pro
 # around it, which `plan_buckets` (notebook 06) can find from measured costs.
 
 # %% tags=["nbval-check-output"]
+from cudagraph_kit.course.nb08_parts import kernel_table
+
 kernels, sentence = kernel_table((results.recorded_root() or Path("figures")) / "08_decode_kernels")
 if kernels is not None:
     print(kernels.to_string(index=False, float_format=lambda v: f"{v:.1f}"))

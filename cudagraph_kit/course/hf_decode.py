@@ -1,5 +1,5 @@
 """Graph your own Hugging Face model: a ``transformers`` causal LM's decode step with a ``StaticCache``, captured by
-the kit (notebook 08, section "Your own model"; the recipe is also in docs/CHEATSHEET.md).
+the kit (notebook 08, "Going further" D, "Your own Hugging Face model"; the recipe is also in docs/CHEATSHEET.md).
 
 The recipe: allocate a ``StaticCache`` once; make the decode step a function of two tensors, ``input_ids`` (b, 1)
 and ``position_ids`` (b, 1), that calls the model with that cache and returns the last position's logits; prefill

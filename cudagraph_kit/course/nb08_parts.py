@@ -1,5 +1,6 @@
-"""Notebook 08's parts that are not the lesson: the serving loop's scheduler, the figure, the batch-16 kernel table
-and two small readers (window medians, Dynamo's compile count).
+"""Notebook 08's parts that are not the lesson: the two compiled variants' builders, the verdicts of its decode-step
+and whole-generation timings, the serving loop's scheduler, the figure, the batch-16 kernel table and two small
+readers (window medians, Dynamo's compile count).
 
 The serving loop: requests arrive at random (``make_stream``, seeded), each with a one-token prompt and a length;
 at most ``max_batch`` are decoded together; a finished request's hole is filled by the last row (its cache row
@@ -22,7 +23,8 @@ import torch
 
 __all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "serve_table", "step_mode", "profiled_mode",
            "with_window_medians", "per_batch", "check_row", "first_calls", "setup_table", "attempt", "host_bound",
-           "decode_vs_prefill", "compiles_so_far", "kernel_table", "plot_decode"]
+           "decode_vs_prefill", "step_claims", "generation_claims", "reduce_overhead_step", "compile_then_capture",
+           "compiles_so_far", "kernel_table", "plot_decode"]
 
 
 def make_stream(seed: int, steps: int, max_batch: int, max_gen: int) -> list:
@@ -275,6 +277,92 @@ def decode_vs_prefill(m, claim_id: str, decode: tuple, prefill: tuple, what: str
                  subject="a graph's speedup on a decode step against prefill's", holds=gains,
                  fails=f"a graph's speedup on prefill is {{inv_lo:.2f}}-{{inv_hi:.2f}}x its speedup on {what}",
                  unclear=gains + ": too close to call")
+
+
+def step_claims(m, step_case: dict, step_cases: dict, floors: dict, prefill_case: str, kit: str, fused: str,
+                eager_fallback: bool) -> list:
+    """Section 7's verdicts from its ``Measured`` ``m``: per batch (``step_case``: {batch: case}; ``step_cases``: {case:
+    (timed variants, inputs)}) the kit's graph (``kit``) against eager, ``reduce-overhead`` against the kit's graph,
+    the compiled step captured by the kit (``fused``) against ``reduce-overhead`` (the aim: more than 5% faster),
+    eager against twice the floor (``floors``: {batch: GPU-busy µs}); then the graph against eager on prefill (the
+    aim: more than 10% faster), and the graph's speedup on a decode step at the largest batch against prefill's."""
+    from .claims import speedup, versus
+
+    out = []
+    for b, case in step_case.items():
+        timed = step_cases[case][0]
+        out.append(speedup(m, f"step_graph_beats_eager_b{b}", case, kit))
+        for cid, fast, slow, above in ((f"step_reduce_overhead_beats_graph_b{b}", "reduce-overhead", kit, 1.0),
+                                       (f"step_fused_graph_beats_reduce_overhead_b{b}", fused, "reduce-overhead", 1.05)):
+            if {fast, slow} <= set(timed):
+                out.append(versus(m, cid, (case, fast), (case, slow), above=above))
+        if b in floors:
+            out.append(host_bound(m, f"step_eager_host_bound_b{b}", case, floors[b]))
+    out.append(speedup(m, "prefill_graph_saves_10pct", prefill_case, "graph", above=1.10))
+    b = max(step_case)
+    out.append(decode_vs_prefill(m, "decode_gains_more_than_prefill", (step_case[b], kit), (prefill_case, "graph"),
+                                 f"a decode step at batch {b}", eager_fallback=eager_fallback))
+    return out
+
+
+def generation_claims(m, gen_case: dict, gen_cases: dict, kit: str, hf_static: str, hf_dynamic: str) -> list:
+    """Section 8's verdicts from its ``Measured`` ``m``, per batch (``gen_case``: {batch: case}): the kit's graphs
+    (``kit``) against eager, ``reduce-overhead`` against the kit's graphs, the kit's graphs against ``transformers``'
+    static-cache ``generate``, and that against its dynamic cache; each only where both variants were timed."""
+    from .claims import speedup, versus
+
+    out = []
+    for b, case in gen_case.items():
+        timed = gen_cases[case][0]
+        out.append(speedup(m, f"generate_graphs_beat_eager_b{b}", case, kit))
+        for cid, fast, slow in ((f"generate_reduce_overhead_beats_graphs_b{b}", "reduce-overhead", kit),
+                                (f"generate_graphs_beat_hf_static_b{b}", kit, hf_static),
+                                (f"generate_hf_static_beats_hf_dynamic_b{b}", hf_static, hf_dynamic)):
+            if {fast, slow} <= set(timed):
+                out.append(versus(m, cid, (case, fast), (case, slow)))
+    return out
+
+
+def reduce_overhead_step(step, cache):
+    """``torch.compile(step, mode="reduce-overhead")`` of a decode step on ``cache``: the cache's buffers are marked as
+    static addresses (``torch._dynamo.mark_static_address``, as ``transformers`` does), so the graphs may write them
+    in place, and every call starts a new step (``cudagraph_mark_step_begin``): the previous step's outputs may then
+    be overwritten."""
+    for buf in (cache.k, cache.v):
+        torch._dynamo.mark_static_address(buf)
+    fn = torch.compile(step, mode="reduce-overhead")
+
+    def compiled(tokens, pos):
+        torch.compiler.cudagraph_mark_step_begin()
+        return fn(tokens, pos)
+    return compiled
+
+
+def compile_then_capture(model, cache, sample_tokens, sample_pos, sizes, ledger, setup: dict):
+    """The decode step compiled in the default mode (Inductor's fused kernels, no CUDA graphs; ``dynamic=True``, so
+    one compile serves every bucket), then captured per bucket by ``capture_buckets`` in one shared pool. It is
+    compiled first on the kind of input the capture passes, views shorter than their buffer (half the largest
+    batch), and at size 1 (PyTorch specializes it), so the capture compiles nothing. ``setup`` receives compile_s,
+    compiles, capture_s, compiles_in_capture and graph_mib (``ledger.record``: pool plus static buffers)."""
+    import time
+
+    from ..bucket_graphs import capture_buckets
+    from ..capture import fresh_cublas_workspace
+
+    def fused_decode(tokens, pos):   # a function of its own: Dynamo keeps one cache per function
+        return model.decode(tokens, pos, cache)
+    step = fresh_cublas_workspace(torch.compile(fused_decode, dynamic=True))
+    t0, n0 = time.perf_counter(), compiles_so_far()
+    for n in (max(2, len(sample_tokens) // 2), 1):
+        step(sample_tokens[:n], sample_pos[:n])
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    setup.update(compile_s=time.perf_counter() - t0, compiles=compiles_so_far() - n0)
+    n0 = compiles_so_far()
+    graphs = capture_buckets(step, sample_tokens, sample_pos, sizes=sizes)
+    setup.update(capture_s=graphs.capture_seconds, compiles_in_capture=compiles_so_far() - n0,
+                 graph_mib=ledger.record("compile + kit buckets", graphs).get("held", float("nan")) / 2 ** 20)
+    return graphs
 
 
 def compiles_so_far() -> int:
