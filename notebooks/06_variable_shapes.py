@@ -16,20 +16,17 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/06_variable_shapes.ipynb)
 #
 # A CUDA graph replays fixed shapes, but an inference server sees a new batch size with almost every request.
-# Serving engines (vLLM, SGLang) capture one graph per batch size from a fixed list of *buckets*, let all of
-# them share one memory pool, and pad each batch up to the nearest captured size.
-# `torch.compile(mode="reduce-overhead")` instead records a new graph for every distinct shape it meets.
-# This notebook measures the trade-off on a seeded stream of requests with random batch sizes, through an
-# MLP and a small transformer block.
+# Serving engines (vLLM, SGLang) capture one graph per batch size from a fixed list of *buckets*, let them share
+# one memory pool, and pad each batch up to the nearest captured size. `torch.compile(mode="reduce-overhead")`
+# instead records a new graph for every new shape. This notebook compares the two on a seeded stream of requests
+# with random batch sizes, through an MLP and a small transformer block.
 #
 # **What you'll learn**
-# - How to serve any batch size from a few graphs: pad up to a bucket, replay, slice the real rows back out,
-#   and why that is only correct for functions whose rows do not see each other (checked with poison padding).
-# - Why buckets must share one memory pool (captured largest first), measured with a memory ledger that
-#   reads the allocator's own statistics per pool: shared vs one pool per graph.
-# - How bucket spacing trades padded work against the number of graphs (capture time) and memory, and how a
-#   planner picks buckets from the request sizes you observed instead of a fixed ladder.
-# - What `torch.compile(mode="reduce-overhead")` does with a stream of shapes, with and without `dynamic=True`.
+# - How to serve any batch size from a few graphs: pad, replay, slice; and why that is only correct when rows
+#   never see each other (checked with poison padding).
+# - Why buckets share one memory pool, captured largest first, measured with a memory ledger.
+# - How bucket spacing and a planner trade padded work against the number of graphs, and what `reduce-overhead`
+#   does with a stream of shapes.
 #
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs its CPU part small (everything eager, labelled so), says so, and shows the recorded GPU results.
@@ -63,28 +60,25 @@ COMPILE = True        # also time torch.compile with mode reduce-overhead (GPU o
 SEED = 0
 
 # %%
-import copy, math, os, time, types
+import math, os
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cudagraph_kit import (MemoryLedger, capture_buckets, capture_train_step, env_table, evaluate_buckets, gpu_time,
-                           has_cuda, ladder, plan_buckets, pool_usage)
-from cudagraph_kit.bucket_plan import measure_bucket_costs
+from cudagraph_kit import (MemoryLedger, capture_buckets, capture_train_step, env_table, evaluate_buckets, has_cuda,
+                           ladder, plan_buckets, pool_usage)
 from cudagraph_kit.capture import capture
-from cudagraph_kit.course import results
-from cudagraph_kit.course.claims import Claim, save_claims, speedup, summary, versus
+from cudagraph_kit.course import nb06_parts as parts, results
+from cudagraph_kit.course.claims import Claim, save_claims, speedup, summary
 from cudagraph_kit.course.measure import measure
-from cudagraph_kit.course.nb06_parts import graph_trees_pool_bytes, phrase, plot_tradeoff, strategy, window_medians
+from cudagraph_kit.course.nb06_parts import MiB, SHORT, Strategies, phrase, run_stream, strategy, window_medians
 
 STEM = "06_variable_shapes"
 CUDA = has_cuda()
 DEVICE = "cuda" if CUDA else "cpu"
-MiB = 2 ** 20
 if SMOKE is None:
     SMOKE = os.environ.get("CGK_SMOKE", "0") == "1"
 small = SMOKE or not CUDA
@@ -98,51 +92,32 @@ SPACINGS = SPACINGS or ([4] if small else [4, 8, 16])
 COMPILE = COMPILE and CUDA
 SYNC = torch.cuda.synchronize if CUDA else (lambda: None)
 torch.manual_seed(SEED)
-torch.set_grad_enabled(False)  # inference throughout (the ledger's training-step example turns it back on)
+torch.set_grad_enabled(False)  # inference throughout (Appendix B's training step turns it back on)
 print(env_table(), f"\nMAX_ROWS={MAX_ROWS} REQUESTS={REQUESTS} HISTORY={HISTORY} WINDOWS={WINDOWS} x SAMPLES={SAMPLES}")
 claims = []  # every comparative sentence of this notebook, as a verdict on an interval (saved to claims.csv)
-SHORT = {"MLP": "mlp", "transformer block": "block"}  # model names in claim ids
 if not CUDA:
     print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run pads and slices exactly as the GPU run\n"
           ">>> does but runs every bucket eagerly (labelled 'eager fallback'), at small sizes; it skips\n"
-          ">>> torch.compile's CUDA graphs and the memory ledger. CPU timings are not results; the recorded GPU\n"
-          ">>> results are shown at the end.")
+          ">>> torch.compile's CUDA graphs and the memory ledger. CPU timings are not results: the tables show\n"
+          ">>> the recorded GPU run's.")
 
 # %% [markdown]
 # ## 1. A stream of requests
 #
-# Each request is a batch of `n` rows; `n` is drawn from a skewed distribution (many small batches, a few
-# large ones) up to `MAX_ROWS`, plus a small share of requests above it, which no bucket covers. The planner
-# later learns from a *separate* draw (`HISTORY` sizes, another seed), as a server would from yesterday's
-# traffic, and is then judged on this stream.
+# Each request is a batch of `n` rows, `n` drawn from a skewed distribution (many small batches, a few large
+# ones) up to `MAX_ROWS`, plus a small share above it, which no bucket covers. The planner later learns from a
+# *separate* draw (`HISTORY` sizes, another seed), as a server would from yesterday's traffic.
 
 # %%
-def draw_sizes(n, seed):
-    gen = torch.Generator().manual_seed(seed)
-    sizes = 1 + (MAX_ROWS * torch.rand(n, generator=gen) ** 3).floor().long()   # 1 .. MAX_ROWS, skewed small
-    over = torch.rand(n, generator=gen) < OVERFLOW_SHARE
-    big = MAX_ROWS + 1 + (torch.rand(n, generator=gen) * MAX_ROWS / 2).floor().long()
-    return torch.where(over, big, sizes).tolist()
-
-
-stream_sizes = draw_sizes(REQUESTS, SEED)
-if max(stream_sizes) <= MAX_ROWS:  # make sure the overflow path is exercised
-    stream_sizes[len(stream_sizes) // 2] = MAX_ROWS + 1 + MAX_ROWS // 4
-history_sizes = draw_sizes(HISTORY, SEED + 1)
-s = np.array(stream_sizes)
-print(f"stream: {len(s)} requests, {len(set(stream_sizes))} distinct sizes, rows per request: median "
-      f"{np.median(s):.0f}, p90 {np.percentile(s, 90):.0f}, max {s.max()}; {(s > MAX_ROWS).sum()} request(s) "
-      f"above MAX_ROWS={MAX_ROWS}")
-print(f"history: {HISTORY} sizes, {len(set(history_sizes))} distinct")
+stream_sizes, history_sizes = parts.request_sizes(REQUESTS, HISTORY, MAX_ROWS, OVERFLOW_SHARE, SEED)
 
 # %% [markdown]
 # ## 2. Two models whose rows never see each other
 #
-# Padding is correct only if each output row depends on its own input row alone. An MLP is such a function.
-# So is a transformer block whose attention runs over the *sequence* inside each request
-# (`scaled_dot_product_attention` on `(requests, heads, seq, head_dim)`): the batch dimension is the
-# requests, and nothing mixes them. Batch norm in training mode, or attention across the batch dimension,
-# would not be.
+# Padding is correct only if each output row depends on its own input row alone. An MLP is such a function. So
+# is a transformer block whose attention runs over the *sequence* inside each request: the batch dimension is the
+# requests, and nothing mixes them. Batch norm in training mode, or attention across the batch, would not be.
+# Every request is a view into one tensor already on the device, so no host-to-device copy is timed.
 
 # %%
 class Block(nn.Module):
@@ -163,41 +138,25 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-def make_mlp(d, h):
-    return nn.Sequential(nn.Linear(d, h), nn.GELU(), nn.Linear(h, h), nn.GELU(), nn.Linear(h, h), nn.GELU(),
-                         nn.Linear(h, d))
-
-
 D_MLP, H_MLP = (256, 1024) if CUDA else (32, 64)
 SEQ, D_BLOCK, HEADS = (64, 256, 4) if CUDA else (8, 32, 2)
-MODELS = {"MLP": (make_mlp(D_MLP, H_MLP), (D_MLP,)), "transformer block": (Block(D_BLOCK, HEADS), (SEQ, D_BLOCK))}
-
-data, streams = {}, {}
-gen = torch.Generator().manual_seed(SEED + 2)
-offsets = [int(torch.randint(0, 2 * MAX_ROWS - n + 1, (1,), generator=gen)) for n in stream_sizes]
-for name, (model, row_shape) in MODELS.items():
-    model.to(DEVICE).eval()
-    data[name] = torch.randn(2 * MAX_ROWS, *row_shape, device=DEVICE)
-    # every request is a view into one tensor already on the device: no host-to-device copy is timed
-    streams[name] = [data[name][o:o + n] for o, n in zip(offsets, stream_sizes)]
-    print(f"{name}: rows of shape {row_shape}, {sum(p.numel() for p in model.parameters()):,} parameters")
+MODELS = {"MLP": (parts.make_mlp(D_MLP, H_MLP), (D_MLP,)), "transformer block": (Block(D_BLOCK, HEADS), (SEQ, D_BLOCK))}
+data, streams = parts.request_views(MODELS, stream_sizes, MAX_ROWS, DEVICE, SEED + 2)
 
 # %% [markdown]
 # ## 3. Buckets by hand: pad, replay, slice
 #
 # Two graphs of the MLP, for 8 rows and for `MAX_ROWS` rows. Both read one static input buffer and write one
-# static output buffer, sized for the largest bucket; each graph works on the first `b` rows. They share one
-# memory pool (`torch.cuda.graph_pool_handle()`), and the largest is captured first so the smaller one can
-# reuse the memory the larger one freed. A request of 5 rows is copied into the first 5 rows, rows 5..7 are
-# padded with zeros, the 8-row graph replays, and the result is the first 5 rows of the output buffer.
+# static output buffer, sized for the largest bucket; each graph works on the first `b` rows. A request of 5 rows
+# is copied into the first 5 rows, rows 5..7 are padded with zeros, the 8-row graph replays, and the result is the
+# first 5 rows of the output buffer.
 #
-# The rule for a shared pool, from PyTorch's CUDA notes ("Sharing memory across captures"): graphs may share a
-# pool if they are always replayed in the order they were captured and never concurrently, or if they do not
-# depend on each other's outputs and never run concurrently, in any order. In a shared pool, replaying one graph
-# can overwrite another graph's outputs: clone an output you keep before replaying another graph. Buckets depend
-# on none of each other's outputs and replay one at a time on one stream, so they may replay in any order. Here
-# each graph copies its result into `static_out`, which lives outside the pool; the next call overwrites that
-# buffer, so clone a result you keep.
+# The two graphs share one memory pool (`torch.cuda.graph_pool_handle()`), the largest captured first, so the
+# smaller one reuses the memory the larger one freed. PyTorch's CUDA notes ("Sharing memory across captures")
+# allow graphs to share a pool if they never run concurrently and either replay in capture order or do not
+# depend on each other's outputs: buckets replay one at a time on one stream and read none of each other's
+# outputs. Replaying one graph of a shared pool can overwrite another's outputs; here each graph copies its
+# result into `static_out`, outside the pool, which the next call overwrites: clone a result you keep.
 
 # %%
 mlp = MODELS["MLP"][0]
@@ -232,11 +191,11 @@ else:
 # ## 4. The same with the kit, and a poison test
 #
 # `capture_buckets(fn, sample, sizes=...)` does the above for any list of sizes (default: 1, 2, 4, then steps
-# of 8), and checks every call: only the size along the batch dimension may vary. Requests above the largest
+# of 8) and checks every call: only the size along the batch dimension may vary. Requests above the largest
 # bucket run eagerly and are **counted** (with a warning the first time), never silently.
 #
 # Correct before fast: `verify(x)` fills the padding rows with NaN, runs the request, and compares it with
-# eager. A row-independent function returns no NaN; a function that mixes rows across the batch (here a
+# eager. A function whose rows never see each other returns no NaN; one that mixes rows across the batch (here a
 # normalisation over the batch dimension) lets the poison into every row, and `verify` reports `inf`.
 
 # %%
@@ -255,276 +214,65 @@ del mixes_rows
 # %% [markdown]
 # ## 5. Strategies, and what each one holds in memory
 #
-# For each model we build, from the same sample:
-# - **exact sizes**: one graph for every size from 1 to `MAX_ROWS` (no padding at all; the most graphs);
+# For each model, from the same sample, `Strategies` ([`nb06_parts.py`](../cudagraph_kit/course/nb06_parts.py))
+# builds:
+# - **exact sizes**: one graph for every size from 1 to `MAX_ROWS` (no padding; the most graphs);
 # - **fixed ladders**: powers of two, steps of 4, 8 (the kit's default) and 16 (`SPACINGS`), and a **single
 #   bucket** of `MAX_ROWS` rows (everything padded to the largest size);
-# - later, **planned** buckets (section 6) and `torch.compile(mode="reduce-overhead")` (section 7).
+# - **planned** buckets: `plan_buckets` picks as many bucket sizes as the default ladder has, where the history's
+#   requests fall, to spend the least GPU time on padding ("Going further" B shows how).
 #
-# All buckets of one strategy share one pool. The `MemoryLedger` reads, from
-# `torch.cuda.memory_snapshot()`, the bytes reserved by the pools of each strategy's graphs, and adds the
-# static input and output buffers, which live outside the pools: that is the memory the strategy *holds*.
-# For the default ladder we also capture the same buckets with one pool per graph (PyTorch's default) to see
-# what sharing saves.
-#
-# Each strategy gets pools of its own, so what it holds does not depend on what was built before it. The
-# growth of the device memory in use while it is built (`device_used_mib`, from `torch.cuda.mem_get_info`)
-# would: the allocator caches freed memory and releases it at the next `torch.cuda.empty_cache()`, and the
-# first captures of a process load kernels and create workspaces once. So one throwaway build of every size
-# comes first, and each strategy is built between two `empty_cache()` calls: its delta starts from a clean
-# cache and keeps only what the strategy still holds.
-
-# %% tags=["nbval-check-output"]
-ledger = MemoryLedger()
-built = {name: {} for name in MODELS}    # model -> {strategy: BucketedGraphs}
-info = {name: {} for name in MODELS}     # model -> {strategy: facts about it}
-FIXED = {"pow2": "pow2", **{f"steps of {s}": s for s in SPACINGS}}
-DEFAULT = next((k for k, v in FIXED.items() if ladder(MAX_ROWS, v) == ladder(MAX_ROWS)), None)
-if DEFAULT is None:
-    FIXED["default ladder"] = "default"
-    DEFAULT = "default ladder"
-FIXED = {(f"{k} (default)" if k == DEFAULT and k != "default ladder" else k): v for k, v in FIXED.items()}
-DEFAULT = next(k for k in FIXED if "default" in k)     # the kit's default ladder, ladder(MAX_ROWS)
-FIXED["single bucket"] = None                           # every request padded to MAX_ROWS
-
-
-def clean_cache():
-    """Return the allocator's cached, unused memory to the driver (pools that graphs still use stay)."""
-    if CUDA:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-
-
-def build(model_name, label, sizes, pool="shared"):
-    model, _ = MODELS[model_name]
-    clean_cache()      # start from a clean cache, whatever was built or freed before
-    with ledger.measure(f"{model_name}: {label}") as before_after:
-        bg = capture_buckets(model, data[model_name][:MAX_ROWS], sizes=sizes, pool=pool, eager_fallback=True,
-                             measure_memory=True)  # each bucket's pool growth in bg.capture_log
-        clean_cache()  # what the captures freed and the allocator merely cached is not held by the strategy
-    row = ledger.record(f"{model_name}: {label}", bg)
-    info[model_name][label] = {"graphs": len(bg.sizes), "setup_s": bg.capture_seconds,
-                               "held_mib": row.get("held", float("nan")) / MiB,
-                               "pool_mib": row.get("pool_reserved", float("nan")) / MiB,
-                               "device_used_mib": before_after.get("device_used_delta", float("nan")) / MiB}
-    return bg
-
+# All buckets of one strategy share one pool of their own. A `MemoryLedger` reads the bytes each strategy's pools
+# reserve (from `torch.cuda.memory_snapshot()`) and adds its static input and output buffers: that is what the
+# strategy *holds*. The default ladder is also captured with one pool per graph, PyTorch's default, to see what
+# sharing saves.
 
 # %%
-for name in MODELS:  # throwaway: the first captures of each model load its kernels and workspaces, once
-    if CUDA:
-        throwaway = capture_buckets(MODELS[name][0], data[name][:MAX_ROWS], sizes=range(1, MAX_ROWS + 1))
-        del throwaway
-clean_cache()
-
-for name in MODELS:
-    t0 = time.perf_counter()
-    built[name]["exact sizes"] = build(name, "exact sizes", range(1, MAX_ROWS + 1))
-    for label, spacing in FIXED.items():
-        built[name][label] = build(name, label, [MAX_ROWS] if spacing is None else ladder(MAX_ROWS, spacing))
-    private = build(name, "default ladder, one pool per graph", ladder(MAX_ROWS), pool="private")
-    del private  # measured only; its pools are freed at the next clean_cache()
-    print(f"{name}: built {len(built[name])} strategies in {time.perf_counter() - t0:.1f} s")
-clean_cache()
-
-memory = pd.DataFrame([{"model": m, "strategy": k, **v} for m in info for k, v in info[m].items()])
-print(memory.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-if CUDA:
-    cols = ["label", "graphs", "pools", "pool_sharing", "pool_reserved_mib", "pool_allocated_mib", "buffers_mib",
-            "held_mib"]
-    print("\nThe ledger, per strategy (from torch.cuda.memory_snapshot(), grouped by pool):")
-    print(ledger.table().query("kind == 'graphs'")[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+FIXED, DEFAULT = parts.fixed_ladders(MAX_ROWS, SPACINGS)   # {label: spacing}; DEFAULT: the kit's ladder(MAX_ROWS)
+lab = Strategies(MODELS, data, MAX_ROWS, CUDA)
+lab.build_ladders(FIXED)                                   # exact sizes, FIXED, and the one-pool-per-graph ladder
+lab.plan(history_sizes, DEFAULT, rounds=3 if small else 5)  # "planned": measured costs, then plan_buckets
+built, info = lab.built, lab.info                          # built[model][strategy]: a BucketedGraphs
+print(lab.memory()[["model", "strategy", "graphs", "setup_s", "held_mib"]].to_string(
+    index=False, float_format=lambda v: f"{v:.2f}"))
+evidence = lab.sharing(DEFAULT)
+print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:.2f}") if evidence else
+      "Memory held by graphs needs a GPU: on a CPU nothing is captured (the recorded results follow in section 8).")
 
 # %% [markdown]
-# Reading the ledger: in a shared pool, each smaller bucket reuses the memory the larger ones freed, so the
-# pool should hold about what the largest bucket needs, however many buckets there are; with one pool per
-# graph every bucket keeps its own memory, so the total grows with every bucket (each pool holds at least one
-# allocator segment, however small its bucket: Appendix A). The table
-# below gives the measured ratios; where a shared pool holds clearly more than its largest bucket (above the
-# 1.2 target), the cause is fragmentation, which Appendix A measures. `device_used_mib` is the growth of the
-# device memory in use across the strategy's build, from a clean cache to a clean cache
-# (`torch.cuda.mem_get_info`): it also sees memory outside the allocator, such as the graphs' own executables.
+# In a shared pool each smaller bucket reuses the memory the larger ones freed, so the pool should hold about
+# what the largest bucket needs, however many buckets there are (target: 1.2x or less). With one pool per graph
+# every bucket keeps its own memory, so the total grows with every bucket. Where a shared pool holds clearly more,
+# the cause is fragmentation, which Appendix A measures.
+#
+# ## 6. `torch.compile(mode="reduce-overhead")` on the same stream
+#
+# `reduce-overhead` records CUDA graphs for you (CUDA graph trees), one per distinct input shape. Two ways to
+# call it: the default (`dynamic=None`: the first size is compiled static, the next one recompiles with the batch
+# dimension dynamic), and `dynamic=True` (dynamic from the start). The compiled code is then shared across sizes,
+# but a graph is not: each new batch size records one more. The first two passes over the stream compile and
+# record; their time is the setup cost. Their memory lives in one pool shared by every compiled function
+# ("Going further" C).
 
 # %%
-def held(model_name, label):
-    return info[model_name][label]["held_mib"]
-
-
-evidence = []
-for name in MODELS:
-    if not CUDA:
-        break
-    alone = held(name, "single bucket")
-    for label in ["exact sizes", DEFAULT]:
-        evidence.append({"model": name, "check": f"{label} (shared pool) / largest bucket alone",
-                         "value": held(name, label) / alone, "target": "<= 1.2"})
-    evidence.append({"model": name, "check": "default ladder: one pool per graph / shared pool",
-                     "value": held(name, "default ladder, one pool per graph") / held(name, DEFAULT),
-                     "target": "(how much sharing saves)"})
-if evidence:
-    print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-else:
-    print("Memory held by graphs needs a GPU: on a CPU nothing is captured (see the recorded results at the end).")
-
-# %% [markdown]
-# ## 6. A planner instead of a fixed ladder
-#
-# A fixed ladder spends buckets evenly; the requests do not come evenly. `plan_buckets` takes the sizes you
-# observed (here `HISTORY`, a separate draw) and picks the bucket sizes that minimise the expected padded
-# *work*, subject to a maximum number of graphs and a memory budget. It solves this exactly with a dynamic
-# programme over the distinct observed sizes.
-#
-# What is a padded row worth? We measure it: `measure_bucket_costs` serves one request of each size on the
-# exact-size graphs (one graph per size, so no size is padded) and takes its **GPU time**, with the calls queued
-# behind a spin kernel and timed with CUDA events, round-robin over the sizes. In a stream, requests queue up
-# behind each other, so a bucket costs the server its GPU time; the wall time of one request alone would mostly be
-# the host's work for a small bucket and would hide how the GPU time grows with the rows (a planner fed with it
-# pads small requests up for free, on paper). A padded request also writes its padding rows first (one small
-# kernel): `measure_bucket_costs` times a few requests one row short of their bucket for that (`pad_us`). The
-# planner then minimises the sum over requests of `cost(bucket) - cost(size)`, plus `pad_us` for each padded
-# request: the GPU time spent on padding. The memory model is what each bucket added to the
-# shared pool when the exact sizes were captured (the capture log). On a CPU there is no GPU time: the costs are
-# the wall time of the eager fallback and only exercise the planner.
-
-# %%
-cost_model, mem_model = {}, {}
-for name in MODELS:
-    exact = built[name]["exact sizes"]
-    cost_model[name] = measure_bucket_costs(exact, data[name][:MAX_ROWS], rounds=3 if small else 5)
-    mem_model[name] = {e["size"]: e["pool_growth_bytes"] for e in exact.capture_log}  # empty without CUDA
-    shown = ladder(MAX_ROWS, "pow2") + [b for b in (17, 33) if b <= MAX_ROWS]
-    print(f"{name}: {'GPU' if CUDA else 'wall (CPU, eager)'} µs per request of b rows:",
-          ", ".join(f"{b}: {cost_model[name][b]:.1f}" for b in sorted(shown)),
-          f"; writing the padding rows of a padded request: {cost_model[name].pad_us:.2f} µs")
-
-
-def plan_for(name, max_graphs, reference):
-    """Plan with at most ``max_graphs`` graphs and, on a GPU, no more memory than ``reference`` (a ladder) needs
-    by the same memory model."""
-    if mem_model[name]:
-        budget = sum(mem_model[name].get(b, 0) for b in reference)
-        return plan_buckets(history_sizes, max_graphs=max_graphs, memory_budget=max(budget, 1),
-                            graph_memory=mem_model[name], cost=cost_model[name], max_size=MAX_ROWS)
-    return plan_buckets(history_sizes, max_graphs=max_graphs, cost=cost_model[name], max_size=MAX_ROWS)
-
-
-plans = {}
-for name in MODELS:
-    ref = built[name][DEFAULT].sizes
-    plans[name] = plan_for(name, len(ref), ref)
-    built[name]["planned"] = build(name, "planned", plans[name].sizes)
-    p = plans[name]
-    print(f"{name}: planned {p.n_graphs} buckets {p.sizes}\n    expected padding time {p.expected_waste:.2f} µs "
-          f"per request, {p.pad_fraction:.1%} of computed rows padded (on the history)")
-    for label in FIXED:
-        ev = evaluate_buckets(history_sizes, built[name][label].sizes, cost=cost_model[name])
-        print(f"    {label:22s} {ev['n_graphs']:3d} graphs: expected padding {ev['expected_waste']:7.2f} µs/request, "
-              f"{ev['pad_fraction']:.1%} rows padded")
-
-# %% [markdown]
-# The planner's curve: the fewest padded rows it can reach with `K` graphs (plain row counts, no cost model,
-# no memory limit), on the history. The figure in section 11 puts the fixed ladders next to it: a ladder
-# above the curve spends its graphs where few requests fall.
-
-# %%
-K_MAX = min(len(set(history_sizes)), 12 if small else 40)
-curve = [(k, plan_buckets(history_sizes, max_graphs=k, max_size=MAX_ROWS)) for k in range(1, K_MAX + 1)]
-for k, p in curve[:: max(1, K_MAX // 8)]:
-    print(f"{k:3d} graphs: {p.pad_fraction:6.1%} of computed rows padded, buckets {p.sizes}")
-
-# %% [markdown]
-# ## 7. `torch.compile(mode="reduce-overhead")` on the same stream
-#
-# `reduce-overhead` records CUDA graphs for you (CUDA graph trees), one per distinct input shape. Two ways
-# to call it: the default (`dynamic=None`, which only tries dynamic shapes after the first compilation: the
-# first size is compiled static, the next one triggers a recompile with the batch dimension dynamic), and
-# `dynamic=True` (dynamic from the start). A batch of one row is specialised either way, so it gets a
-# compile of its own. The compiled code is then shared across sizes, but a CUDA graph is not: a new one is
-# recorded for each new batch size, in the graph trees' own memory pool. PyTorch logs a warning once more
-# sizes than `torch._inductor.config.triton.cudagraph_dynamic_shape_warn_limit` have been recorded, and
-# suggests padding inputs to a few fixed shapes; this notebook sets that limit to `None` (no warning) and
-# counts graph launches itself. The first passes over the stream compile and record; we time them as the
-# setup cost.
-#
-# **Where their memory lives.** CUDA graph trees (`torch/_inductor/cudagraph_trees.py`) keep one
-# `CUDAGraphTreeManager` per GPU in thread-local storage; it creates one pool (`torch.cuda.graph_pool_handle()`,
-# its `cuda_graphs_thread_pool`) and records every graph into it, for *every* function compiled with
-# `reduce-overhead` in that thread: both models and both variants here share one pool, and a later recording
-# reuses memory that earlier graphs no longer need. So what one variant adds to that pool depends on what was
-# recorded before it, and a per-variant number would measure the order of the cells, not the variant. Each
-# `reduce-overhead` row therefore leaves `held_mib` empty (NaN), noted "not measurable here" in the saved table and
-# in section 11's figure, and we read the one number that
-# does not depend on the order: the bytes the graph trees' pool reserves once all four variants are recorded
-# (read from `torch.cuda.memory_snapshot()` by the pool's id; the manager is private API, so a PyTorch that
-# moved it gets "not measurable here" too).
-
-# %%
-def fresh(fn):
-    """A copy of ``fn`` with its own code object, so each compiled variant keeps its own compile cache."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-
-
-def run_stream(fn, requests):
-    for x in requests:
-        fn(x)
-
-
-compiled = {name: {} for name in MODELS}
-TREES_POOL_MIB = float("nan")  # the graph trees' shared pool, all compiled variants together (GPU only)
-if COMPILE:
-    import torch._inductor.config as inductor_config
-    if hasattr(inductor_config.triton, "cudagraph_dynamic_shape_warn_limit"):
-        inductor_config.triton.cudagraph_dynamic_shape_warn_limit = None
-    for name, (model, _) in MODELS.items():
-        for label, dynamic in (("reduce-overhead", None), ("reduce-overhead, dynamic=True", True)):
-            def call_model(x, model=model):
-                return model(x)
-            fn = torch.compile(fresh(call_model), mode="reduce-overhead", dynamic=dynamic)
-            t0 = time.perf_counter()
-            for _ in range(2):       # a new size is run once to warm up, then recorded on its next call
-                run_stream(fn, streams[name])
-            SYNC()
-            setup_s = time.perf_counter() - t0
-            compiled[name][label] = fn
-            # graphs: one per size it met (not counted here); memory: in the shared pool, see the markdown above
-            info[name][label] = {"graphs": float("nan"), "setup_s": setup_s, "held_mib": float("nan"),
-                                 "pool_mib": float("nan"), "device_used_mib": float("nan"),
-                                 "memory_note": "not measurable here: one graph-trees pool shared by all compiled "
-                                                "variants"}
-            print(f"{name}, {label}: first two passes over the stream (compile + record) {setup_s:.1f} s")
-    trees_pool = graph_trees_pool_bytes()
-    TREES_POOL_MIB = trees_pool / MiB if trees_pool is not None else float("nan")
-    print(f"the graph trees' one pool, all {sum(map(len, compiled.values()))} compiled variants together: "
-          + (f"{TREES_POOL_MIB:.1f} MiB reserved" if trees_pool is not None
-             else "not measurable here (this PyTorch does not expose the graph trees' pool)"))
-else:
+compiled, TREES_POOL_MIB = parts.compile_variants(MODELS, streams, info, COMPILE)   # {model: {label: fn}}
+if not COMPILE:
     print("skipped: mode='reduce-overhead' records CUDA graphs and needs an NVIDIA GPU." if not CUDA
           else "skipped (COMPILE=False).")
 
 # %% [markdown]
-# ## 8. Correctness first: every variant against eager, on the whole stream
+# ## 7. Correctness first: every variant against eager, on the whole stream
 #
-# Each request through each variant, compared with the eager model on the same rows. Different batch sizes
-# may pick different matrix-multiply kernels, which round differently, so we expect differences at the level
-# of float32 rounding (relative 1e-5 or less); a wrong result (a padding leak, a stale buffer) would be of
-# the order of the values themselves. Overflow requests go through the eager path of each bucketed variant.
+# Different batch sizes may pick different matrix-multiply kernels, which round differently, so we expect
+# differences at the level of float32 rounding (relative 1e-5 or less); a wrong result (a padding leak, a stale
+# buffer) would be of the order of the values themselves. Requests above `MAX_ROWS` take each bucketed variant's
+# eager path.
 
 # %%
-def variants_of(name):
-    """Every variant of one model as {label: callable(x)}; eager first."""
-    model = MODELS[name][0]
-    out = {"eager": model}
-    for label in ["exact sizes", *FIXED, "planned"]:
-        out[label if CUDA else f"{label} (eager fallback)"] = built[name][label]
-    out.update(compiled[name])
-    return out
-
-
+variants = {name: lab.variants(name, compiled) for name in MODELS}   # {model: {label: fn}}, eager first
 errors = {}
-for name in MODELS:
-    model = MODELS[name][0]
-    fns = variants_of(name)
-    worst = {label: 0.0 for label in fns}
+for name, fns in variants.items():
+    model, worst = MODELS[name][0], dict.fromkeys(fns, 0.0)
     for x in streams[name]:
         ref = model(x)
         scale = ref.abs().max().item()
@@ -540,156 +288,186 @@ print(err_table.to_string(float_format=lambda v: f"{v:.1e}"))
 assert (err_table < 1e-3).all().all(), "a variant disagrees with eager: do not time it"
 
 # %% [markdown]
-# ## 9. Latency per request and throughput
+# ## 8. Time per request and throughput
 #
-# **Latency**: each request alone, timed from the call to a `torch.cuda.synchronize()` after it (so the
-# GPU work is included), all variants taking turns request by request; we report the median (p50) and the
-# 99th percentile (p99) of **one pass** over the stream. The bucket counters are reset before this pass, so
-# padding and overflows below are for exactly one pass over the stream. One pass is one window, with no
-# interval: a p99 is set by the slowest few requests of the pass, and one slow moment of the host moves it.
-# So the tables show p50 and p99 as this pass's numbers, and no sentence of this notebook compares variants
-# by them.
+# **Throughput**: `measure` times whole passes over the stream (requests back to back, synchronised at the end),
+# all variants of a model taking turns, in `WINDOWS` windows a pause apart. Each speedup over eager comes with its
+# 90% prediction interval, the range one more window should land in; two variants are compared by the ratio of
+# their passes, window by window. The verdicts below say which comparisons clear 1x.
 #
-# **Throughput**: `measure` times whole passes over the stream (requests back to back, synchronised at the
-# end), all variants of a model interleaved round-robin, in `WINDOWS` windows a pause apart (the profiler only in
-# the last window, after its timings). Every variant gets the median of its windows with a 90% **prediction
-# interval**, the range one more window should land in: the `90% interval` column below for the speedup over
-# eager (`speedup_lo`..`speedup_hi` in the saved table, which also gives `median_pi_lo`..`median_pi_hi` for the
-# time of a pass). The profiler's GPU-busy time per pass (`floor (µs)`, saved as `floor_us`) shows padding as
-# extra GPU work.
-
-# %% tags=["nbval-check-output"]
-def request_latencies(fns, requests):
-    lat = {label: [] for label in fns}
-    labels = list(fns)
-    for i, x in enumerate(requests):
-        for label in labels[i % len(labels):] + labels[:i % len(labels)]:   # rotate who goes first
-            SYNC()
-            t0 = time.perf_counter()
-            fns[label](x)
-            SYNC()
-            lat[label].append((time.perf_counter() - t0) * 1e6)
-    return lat
-
-
-latency, pad_stats = {}, {}
-for name in MODELS:
-    fns = variants_of(name)
-    for fn in fns.values():
-        if hasattr(fn, "reset_stats"):
-            fn.reset_stats()
-    latency[name] = request_latencies(fns, streams[name])
-    # a copy: the timing windows below run more passes, and the live counters would count those too
-    pad_stats[name] = {label: copy.deepcopy(fn.stats) for label, fn in fns.items() if hasattr(fn, "stats")}
+# **Latency**: one pass in which each request runs alone through every variant, timed up to a
+# `torch.cuda.synchronize()` after it: its median (p50) and 99th percentile (p99). One slow moment of the host
+# moves a p99, and one pass has no interval, so no verdict rests on them. The same pass counts padding and
+# overflows.
 
 # %%
-def stream_runners(name):
-    """Every variant of one model as {label: one pass over the stream}; eager first (the baseline)."""
-    return {label: (lambda fn=fn, reqs=streams[name]: run_stream(fn, reqs)) for label, fn in variants_of(name).items()}
-
-
-timing = measure({name: stream_runners(name) for name in MODELS}, windows=WINDOWS, samples=SAMPLES, calls=1,
-                 pause_s=WINDOW_PAUSE_S, floor=CUDA, progress=lambda line: print(line.split(":")[0], end="  "))
-timing.short()
-
-# %% [markdown]
-# ### Graph launches per request
-#
-# Read from the profiler after all timings (a profiler session slows later launches): how many
-# `cudaGraphLaunch` calls one pass over the stream makes, per request. A bucketed variant launches exactly one
-# graph per request except for the overflow requests; `reduce-overhead` launches one wherever it recorded a
-# graph for that size. Section 10's table shows the count (`graph_launches_per_request`).
-
-# %% tags=["nbval-check-output"]
-launches = {}
-for name in MODELS:
-    for label, fn in variants_of(name).items():
-        g = gpu_time(lambda fn=fn, reqs=streams[name]: run_stream(fn, reqs), calls=1, warmup=1) if CUDA else None
-        launches[(name, label)] = g.graph_launches / REQUESTS if g is not None else float("nan")
+latency, pad_stats = parts.latency_pass(variants, streams, SYNC)
+passes = {name: {label: (lambda fn=fn, reqs=streams[name]: run_stream(fn, reqs)) for label, fn in fns.items()}
+          for name, fns in variants.items()}
+timing = measure(passes, windows=WINDOWS, samples=SAMPLES, calls=1, pause_s=WINDOW_PAUSE_S, floor=CUDA,
+                 verdicts=parts.stream_verdicts)
+claims += timing.claims
+results.show(timing, STEM)   # without a GPU: the recorded GPU run's rows and verdicts
 
 # %% [markdown]
-# ## 10. The results table
-#
-# One row per variant: time per request (`us_per_request`, the median pass over the windows / requests; the saved
-# table adds `us_per_request_lo`..`us_per_request_hi` from the pass's prediction interval), the speedup over eager
-# with its interval, p50 and p99 of the one latency pass (no interval), and what each strategy built and holds.
-# `held_mib` is NaN for eager (no graphs) and for a `reduce-overhead` row (not measurable here, see section 7).
+# The results table: time per request (the median pass / requests), p50 and p99 of the latency pass, and what
+# each strategy built, how long that took, what it holds, and the share of computed rows that were padding.
+# `held_mib` is empty for eager (no graphs) and for `reduce-overhead` (one shared pool, "Going further" C).
 
 # %%
-rows = []
-for name in MODELS:
-    for label in variants_of(name):
-        r, lat = timing.row(name, label).to_dict(), np.array(latency[name][label])
-        st, facts = pad_stats[name].get(label), info[name].get(strategy(label), {})
-        rows.append({**r, "window_medians_us": window_medians(timing.windows, name, r["variant"]),
-                     "requests": REQUESTS, "us_per_request": r["median_us"] / REQUESTS,
-                     "us_per_request_lo": r["median_pi_lo"] / REQUESTS, "us_per_request_hi": r["median_pi_hi"] / REQUESTS,
-                     "requests_per_s": REQUESTS / (r["median_us"] * 1e-6),
-                     "p50_us": np.percentile(lat, 50), "p99_us": np.percentile(lat, 99),
-                     "graphs": facts.get("graphs", 0), "setup_s": facts.get("setup_s", 0.0),
-                     "held_mib": facts.get("held_mib", float("nan")), "pool_mib": facts.get("pool_mib", float("nan")),
-                     "device_used_mib": facts.get("device_used_mib", float("nan")),
-                     "memory_note": facts.get("memory_note", ""),
-                     "pad_fraction": st.pad_fraction if st else 0.0, "padded_rows": st.padded_rows if st else 0,
-                     "eager_overflows": st.eager_overflows if st else 0,
-                     "bucket_sizes": " ".join(map(str, built[name][strategy(label)].sizes))
-                     if strategy(label) in built[name] else "",
-                     "graph_launches_per_request": launches[(name, label)], "max_rel_err": errors[name][label]})
-results_df = pd.DataFrame(rows)
-results_df["device"] = torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)"
-show = ["case", "variant", "us_per_request", "speedup", "speedup_lo", "speedup_hi", "p50_us", "p99_us", "graphs",
-        "setup_s", "held_mib", "pad_fraction", "eager_overflows", "graph_launches_per_request"]
-results_df[show].round(3)
+results_df = parts.results_table(timing, latency, pad_stats, lab, errors, REQUESTS,
+                                 torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)")
+parts.show_results(results_df, STEM, CUDA)   # without a GPU: the recorded GPU run's table
 
 # %% [markdown]
-# ### Verdicts
-#
-# Each comparison is a claim computed from the windows: a variant against eager on its speedup's prediction
-# interval, and two variants against each other from the ratio of their median passes window by window (both were
-# timed in the same windows). p50 and p99 come from one pass, with no interval, so no verdict rests on them. The
-# pairs: the default ladder and padding everything to one bucket against eager and against each other; the
-# planned buckets (as many graphs as the default ladder) against the default ladder; and, on a GPU, both
-# `reduce-overhead` variants against eager and against the default ladder.
+# ## 9. Takeaways
+# Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).
 
 # %%
-stream_claims = []
-for name in MODELS:
-    s_ = SHORT[name]
-    pairs_ = [("default_ladder_beats_single_bucket", DEFAULT, "single bucket"),
-              ("planned_beats_default_ladder", "planned", DEFAULT)]
-    vs_eager = [("default_ladder_beats_eager", DEFAULT), ("single_bucket_beats_eager", "single bucket")]
-    if compiled[name]:
-        vs_eager += [("reduce_overhead_beats_eager", "reduce-overhead"),
-                     ("reduce_overhead_dynamic_beats_eager", "reduce-overhead, dynamic=True")]
-        pairs_ += [("default_ladder_beats_reduce_overhead", DEFAULT, "reduce-overhead"),
-                   ("default_ladder_beats_reduce_overhead_dynamic", DEFAULT, "reduce-overhead, dynamic=True")]
-    stream_claims += [speedup(timing, f"{s_}_{cid}", name, v, subject=f"{name}: {phrase(v)}") for cid, v in vs_eager]
-    stream_claims += [versus(timing, f"{s_}_{cid}", (name, fast), (name, slow), subject=f"{name}: {phrase(fast)}",
-                             than=phrase(slow)) for cid, fast, slow in pairs_]
-claims += stream_claims
-print("\n".join(c.statement for c in stream_claims))
+TAKEAWAYS = [
+    "A few buckets serve every batch size: pad up to the nearest bucket, replay, slice the real rows out. It is "
+    "correct only where rows never see each other, so run the poison test first. On the MLP the default ladder "
+    "was {mlp_default_ladder_beats_eager} faster than eager.",
+    "Give all buckets one shared pool and capture the largest first: each smaller bucket reuses the memory the "
+    "larger ones freed, while one pool per graph adds up (section 5).",
+    "A planner fed with the sizes you saw puts the buckets where the requests are: "
+    "{block_planned_beats_default_ladder:statement}.",
+    "`torch.compile(mode=\"reduce-overhead\")` records one graph per new size: on the MLP the default ladder was "
+    "{mlp_default_ladder_beats_reduce_overhead} faster than it.",
+    "Requests above the largest bucket still run, eagerly, and the kit counts them: watch `stats.eager_overflows`.",
+]
+results.show_takeaways(STEM, claims, TAKEAWAYS, missing="skip");
 
 # %% [markdown]
-# ## 11. The trade-off over bucket spacing
+# ## Going further (optional)
 #
-# Left: time per request of each strategy against its number of graphs (log scale), with the prediction
-# interval of its median pass as error bars, and eager and `reduce-overhead` as lines with their intervals as
-# bands. Middle: padding, as a share of the rows computed on the stream, and the planner's curve (expected on
-# the history). Right: memory held and setup time (capture, or compile + record); `reduce-overhead`'s variants
-# share the graph trees' one pool, shown as one bar of its own (section 7).
+# ### A. The memory ledger, per pool
+# The ledger per strategy, from `torch.cuda.memory_snapshot()` grouped by pool: reserved and allocated bytes of
+# the pools and the static buffers. Each strategy gets pools of its own, so what it holds does not depend on what
+# was built before it. `Strategies` builds each strategy between two `torch.cuda.empty_cache()` calls, after one
+# throwaway build of every size (the first captures of a process load kernels and create workspaces once), so
+# `device_used_mib`, the growth of the device memory in use across a build (`torch.cuda.mem_get_info`), keeps
+# only what the strategy still holds; it also sees memory outside the allocator, such as the graphs' executables.
+# A private pool never reserves less than one allocator segment, however small its bucket (Appendix A).
+
+# %%
+if CUDA:
+    cols = ["label", "graphs", "pools", "pool_sharing", "pool_reserved_mib", "pool_allocated_mib", "buffers_mib",
+            "held_mib"]
+    print(lab.ledger.table().query("kind == 'graphs'")[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    print(lab.memory()[["model", "strategy", "held_mib", "device_used_mib"]].to_string(
+        index=False, float_format=lambda v: f"{v:.2f}"))
+else:
+    print("The ledger reads GPU memory: on a CPU nothing is captured.")
+
+# %% [markdown]
+# ### B. The planner
+# A fixed ladder spends buckets evenly; the requests do not come evenly. `plan_buckets` takes the sizes you
+# observed (`HISTORY`, a separate draw) and picks the bucket sizes that minimise the expected padded *work*,
+# subject to a maximum number of graphs and a memory budget, exactly, with a dynamic programme over the distinct
+# observed sizes.
+#
+# What is a padded row worth? `measure_bucket_costs` serves one request of each size on the exact-size graphs and
+# takes its **GPU time** (calls queued behind a spin kernel, timed with CUDA events, round-robin over the sizes).
+# In a stream, requests queue up behind each other, so a bucket costs the server its GPU time; the wall time of
+# one request alone would mostly be the host's work for a small bucket and would let the planner pad small
+# requests up for free, on paper. A padded request also writes its padding rows first (one small kernel,
+# `pad_us`). The planner minimises the sum over requests of `cost(bucket) - cost(size)`, plus `pad_us` per padded
+# request. The memory model is what each bucket added to the shared pool when the exact sizes were captured (the
+# capture log); the budget is what the default ladder needs by that model. On a CPU the costs are the eager
+# fallback's wall time and only exercise the planner.
+
+# %%
+for name in MODELS:
+    cost, p = lab.cost_model[name], lab.plans[name]
+    shown = ladder(MAX_ROWS, "pow2") + [b for b in (17, 33) if b <= MAX_ROWS]
+    print(f"{name}: {'GPU' if CUDA else 'wall (CPU, eager)'} µs per request of b rows:",
+          ", ".join(f"{b}: {cost[b]:.1f}" for b in sorted(shown)),
+          f"; writing the padding rows of a padded request: {cost.pad_us:.2f} µs")
+    print(f"    planned {p.n_graphs} buckets {p.sizes}: expected padding time {p.expected_waste:.2f} µs per request, "
+          f"{p.pad_fraction:.1%} of computed rows padded (on the history)")
+    for label in FIXED:
+        ev = evaluate_buckets(history_sizes, built[name][label].sizes, cost=cost)
+        print(f"    {label:22s} {ev['n_graphs']:3d} graphs: expected padding {ev['expected_waste']:7.2f} µs/request, "
+              f"{ev['pad_fraction']:.1%} rows padded")
+
+# %% [markdown]
+# The planner's curve: the fewest padded rows it can reach with `K` graphs (plain row counts, no cost model, no
+# memory limit), on the history. The figure in E puts the fixed ladders next to it: a ladder above the curve
+# spends its graphs where few requests fall.
+
+# %%
+K_MAX = min(len(set(history_sizes)), 12 if small else 40)
+curve = [(k, plan_buckets(history_sizes, max_graphs=k, max_size=MAX_ROWS)) for k in range(1, K_MAX + 1)]
+for k, p in curve[:: max(1, K_MAX // 8)]:
+    print(f"{k:3d} graphs: {p.pad_fraction:6.1%} of computed rows padded, buckets {p.sizes}")
+
+# %% [markdown]
+# ### C. Where `reduce-overhead`'s graphs live
+# CUDA graph trees (`torch/_inductor/cudagraph_trees.py`) keep one `CUDAGraphTreeManager` per GPU in thread-local
+# storage; it creates one pool (`torch.cuda.graph_pool_handle()`, its `cuda_graphs_thread_pool`) and records every
+# graph into it, for *every* function compiled with `reduce-overhead` in that thread: both models and both
+# variants here share one pool, and a later recording reuses memory that earlier graphs no longer need. So what
+# one variant adds to that pool depends on what was recorded before it: a per-variant number would measure the
+# order of the cells. Each `reduce-overhead` row therefore leaves `held_mib` empty, noted "not measurable here",
+# and we read the one number that does not depend on the order: the bytes the pool reserves once all four
+# variants are recorded (the manager is private API, so a PyTorch that moved it gets "not measurable here" too).
+# A batch of one row is specialised either way, so it gets a compile of its own. PyTorch warns once more sizes
+# than `torch._inductor.config.triton.cudagraph_dynamic_shape_warn_limit` have been recorded and suggests padding
+# inputs to a few fixed shapes; this notebook switches that warning off and counts graph launches itself (D).
+
+# %%
+if COMPILE:
+    print(f"the graph trees' one pool, all {sum(map(len, compiled.values()))} compiled variants together: "
+          + (f"{TREES_POOL_MIB:.1f} MiB reserved" if TREES_POOL_MIB == TREES_POOL_MIB
+             else "not measurable here (this PyTorch does not expose the graph trees' pool)"))
+else:
+    print("reduce-overhead ran only on a GPU: the recorded run's pool is in env.json (graph_trees_pool_mib).")
+
+# %% [markdown]
+# ### D. Graph launches per request
+# Read from the profiler after all timings (a profiler session slows later launches): how many `cudaGraphLaunch`
+# calls one pass over the stream makes, per request. A bucketed variant launches exactly one graph per request
+# except for the overflow requests; `reduce-overhead` launches one wherever it recorded a graph for that size.
 
 # %% tags=["nbval-check-output"]
-fig = plot_tradeoff(results_df, info, curve, TREES_POOL_MIB, MODELS, ["exact sizes", *FIXED, "planned"], CUDA)
+launches = parts.launches_per_request(variants, streams, REQUESTS, CUDA)   # in the results table's row order
+results_df["graph_launches_per_request"] = list(launches.values())
+print(results_df[["case", "variant", "eager_overflows", "graph_launches_per_request"]].to_string(index=False)
+      if CUDA else "Graph launches need a GPU: on a CPU no graph runs.")
+
+# %% [markdown]
+# ### E. The trade-off over bucket spacing
+# Left: time per request of each strategy against its number of graphs (log scale), with the prediction interval
+# of its median pass as error bars, and eager and `reduce-overhead` as lines with their intervals as bands.
+# Middle: padding, as a share of the rows computed on the stream, and the planner's curve (B). Right: memory held
+# and setup time; `reduce-overhead`'s variants share the graph trees' one pool, shown as one bar of its own (C).
+
+# %% tags=["nbval-check-output"]
+fig = parts.plot_tradeoff(results_df, info, curve, TREES_POOL_MIB, MODELS, lab.order, CUDA)
 plt.show()
 
 # %% [markdown]
-# ## 12. Save the results
-#
+# ### F. Every verdict of this run, and the recorded run beside it
+# This run's headline verdicts so far (on a CPU, the sentences say that the graphs ran eagerly). The appendices
+# run after the exercises: their verdicts, two of the headlines listed here among them (the planner against the
+# best ladder, expandable segments), go to `claims.csv` only. Then this run's stream timings beside the last GPU
+# run committed to this repository; the full table and figure are in `figures/06_variable_shapes/`.
+
+# %%
+summary(claims, ["mlp_default_ladder_beats_eager", "mlp_reduce_overhead_beats_eager", "mlp_default_ladder_beats_single_bucket",
+                 "mlp_planned_beats_default_ladder", "mlp_default_ladder_beats_reduce_overhead", "mlp_planned_beats_best_ladder",
+                 "block_default_ladder_beats_eager", "block_default_ladder_beats_reduce_overhead",
+                 "block_expandable_segments_saves_memory"]);
+beside = results.beside_recorded(STEM, timing.table)  # shows the table (None when nothing is recorded)
+
+# %% [markdown]
+# ### G. Save the results
 # One row per (model, variant) of the stream comparison, the memory ledger rows (`case` ending in "memory", and on
 # a GPU one row for the graph trees' shared pool) and the planner's curve (`case` "planner curve"), with the
 # machine in `env.json`, the verdicts in `claims.csv` and the figure as PNG, in the folder printed below
 # (`build/figures/` by default, with or without a GPU; only `python -m cudagraph_kit reproduce` on a GPU publishes
-# to the recorded `figures/`). The appendix adds its rows and saves again.
+# to the recorded `figures/`). Appendix C adds its rows and saves again.
 
 # %%
 pool_rows, checks = [], []  # filled by the appendix (allocator settings; planned vs the best fixed ladder)
@@ -720,7 +498,7 @@ def save_all(h2h=None):
 print("saved to", save_all())
 
 # %% [markdown]
-# ## 13. Side by side with published figures
+# ### H. Side by side with published figures
 #
 # Two published observations this notebook measures again. A detector that captured graphs for 11 input
 # resolutions reserved 38.2 GiB with a pool per graph and 11.4 GiB with one shared pool
@@ -741,7 +519,7 @@ for e in evidence:
     if e["check"].startswith("default ladder: one pool per graph"):
         print(f"{e['model']}, this run: one pool per graph holds {e['value']:.2f}x the shared pool's memory")
 print("\n".join(c.statement for c in claims if "reduce_overhead" in c.claim and c.claim.endswith("beats_eager"))
-      or "reduce-overhead needs a GPU: the recorded run is shown below.")
+      or "reduce-overhead needs a GPU: section 8 showed the recorded run's verdicts.")
 
 # %% [markdown]
 # **What sets these numbers.** How much sharing a pool saves grows with the number of graphs and with the memory
@@ -752,46 +530,6 @@ print("\n".join(c.statement for c in claims if "reduce_overhead" in c.claim and 
 # a size it has already recorded: on this stream the first passes paid for compiling and recording (the setup
 # column), and in service every size not seen before would cost a recording again, while a bucket ladder is
 # captured once, before the first request.
-
-# %% [markdown]
-# ## 14. Recorded GPU results
-# This run's stream timings beside the last GPU run committed to this repository (what a reader without a GPU
-# sees); the full table and figure are in `figures/06_variable_shapes/`.
-
-# %%
-beside = results.beside_recorded(STEM, timing.table)  # shows the table (None when nothing is recorded)
-
-# %% [markdown]
-# ## Takeaways
-# Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).
-
-# %%
-TAKEAWAYS = [
-    "A CUDA graph serves one shape; a few buckets serve them all: pad up to the nearest bucket, replay, slice the "
-    "real rows out. That is correct only where rows never see each other: check it with poison padding first. For "
-    "the MLP, the default ladder of buckets was {mlp_default_ladder_beats_eager} faster than eager.",
-    "Give all buckets one shared pool and capture the largest first, so each smaller bucket reuses the memory the "
-    "larger ones freed; with one pool per graph the memory adds up (section 5).",
-    "Spacing trades padding against the number of graphs; a planner fed with the sizes you see puts the buckets "
-    "where the requests are: {block_planned_beats_default_ladder:statement}.",
-    "`torch.compile(mode=\"reduce-overhead\")` records one graph per distinct size: on the MLP the kit's ladder was "
-    "{mlp_default_ladder_beats_reduce_overhead} faster than it.",
-    "Requests above the largest bucket still run, eagerly, and the kit counts them: watch `stats.eager_overflows`.",
-]
-results.show_takeaways(STEM, claims, TAKEAWAYS, missing="skip");
-
-# %% [markdown]
-# ## Going further (optional)
-# ### The headline verdicts
-# This run's headline verdicts so far (on a CPU, the sentences say that the graphs ran eagerly). The appendices run
-# after the exercises: their verdicts, two of the headlines listed here among them (the planner against the best
-# ladder, expandable segments), go to `claims.csv` only.
-
-# %%
-summary(claims, ["mlp_default_ladder_beats_eager", "mlp_reduce_overhead_beats_eager", "mlp_default_ladder_beats_single_bucket",
-                 "mlp_planned_beats_default_ladder", "mlp_default_ladder_beats_reduce_overhead", "mlp_planned_beats_best_ladder",
-                 "block_default_ladder_beats_eager", "block_default_ladder_beats_reduce_overhead",
-                 "block_expandable_segments_saves_memory"]);
 
 # %% [markdown]
 # ## Exercises
@@ -807,7 +545,7 @@ from cudagraph_kit.course.exercises_06 import MIXING_WHY, check_batch_mixing, ch
 
 # %% [markdown]
 # ### Exercise 1: buckets for uniform traffic
-# The planner of section 6 learned from skewed traffic: many small requests. Suppose the traffic changes and
+# The planner of section 5 learned from skewed traffic: many small requests. Suppose the traffic changes and
 # every size from 1 to `MAX_ROWS` becomes equally likely. Draw `HISTORY` such sizes
 # (`torch.randint(1, MAX_ROWS + 1, (HISTORY,), generator=torch.Generator().manual_seed(SEED + 3))`), plan buckets
 # for them with `plan_buckets(..., max_graphs=len(ladder(MAX_ROWS)), max_size=MAX_ROWS)` (as many graphs as the
@@ -918,7 +656,7 @@ g_one = capture(mlp, data["MLP"][:8], eager_fallback=True)
 demo.record("capture(): MLP, 8 rows", g_one)
 demo.record("capture_buckets(): MLP, default ladder", built["MLP"][DEFAULT])
 with torch.enable_grad():
-    net = make_mlp(D_MLP, H_MLP).to(DEVICE)
+    net = parts.make_mlp(D_MLP, H_MLP).to(DEVICE)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     batch = (data["MLP"][:8], data["MLP"][8:16])
     step = capture_train_step(net, opt, nn.MSELoss(), batch, eager_fallback=True)
@@ -931,23 +669,23 @@ del g_one, step, net, opt
 # %% [markdown]
 # ## Appendix C: planned buckets against the best fixed ladder
 #
-# This run's pick of a fixed ladder for each model is the one with the shortest median pass in section 9 (a pick,
+# This run's pick of a fixed ladder for each model is the one with the shortest median pass in section 8 (a pick,
 # not a verdict: ladders whose intervals overlap may swap places in another run). We plan again with its number
 # of graphs and its memory (by the same memory model) as the limits, capture the plan, and time the two against
 # each other in `WINDOWS` windows, the ladder first: the planned row's speedup is ladder time / planned time.
 
 # %%
 PLANNED_AT_BEST = "planned at the best ladder's limits"
-lab = (lambda s: s if CUDA else f"{s} (eager fallback)")  # noqa: E731
+as_timed = (lambda s: s if CUDA else f"{s} (eager fallback)")  # noqa: E731
 pairs, h2h_cases = {}, {}
 for name in MODELS:
     timed = results_df[(results_df.case == name) & results_df.variant.map(strategy).isin(FIXED)]
     best = strategy(timed.sort_values("median_us").variant.iloc[0])   # this run's pick, not a verdict
-    plan = plan_for(name, len(built[name][best].sizes), built[name][best].sizes)
-    built[name][PLANNED_AT_BEST] = build(name, PLANNED_AT_BEST, plan.sizes)
+    plan = lab.plan_for(name, len(built[name][best].sizes), built[name][best].sizes, history_sizes)
+    built[name][PLANNED_AT_BEST] = lab.build(name, PLANNED_AT_BEST, plan.sizes)
     pairs[name] = (best, plan)
     h2h_cases[f"{name}: planned vs best fixed ladder"] = {
-        lab(s): (lambda fn=built[name][s], reqs=streams[name]: run_stream(fn, reqs)) for s in (best, PLANNED_AT_BEST)}
+        as_timed(s): (lambda fn=built[name][s], reqs=streams[name]: run_stream(fn, reqs)) for s in (best, PLANNED_AT_BEST)}
 h2h_timing = measure(h2h_cases, windows=WINDOWS, samples=SAMPLES, calls=1, pause_s=WINDOW_PAUSE_S, floor=CUDA,
                      progress=lambda line: print(line.split(":")[0], end="  "))
 print()  # end the line of window progress before the verdicts
@@ -966,7 +704,7 @@ for name, (best, plan) in pairs.items():
                              "device": results_df["device"].iloc[0]})
     c = speedup(h2h_timing, f"{SHORT[name]}_planned_beats_best_ladder", case, PLANNED_AT_BEST,
                 subject=f"{name}: {phrase(PLANNED_AT_BEST)}",
-                than=f"{phrase(best)} (the fastest fixed ladder in section 9)")
+                than=f"{phrase(best)} (the fastest fixed ladder in section 8)")
     claims.append(c)
     lo, hi = h2h_timing.interval(case, PLANNED_AT_BEST)
     checks.append({"model": name, "best fixed ladder": best, "ladder graphs": len(built[name][best].sizes),
