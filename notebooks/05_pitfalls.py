@@ -16,12 +16,8 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/05_pitfalls.ipynb)
 #
 # A CUDA graph records GPU work once and replays it. Everything that is *not* GPU work is left behind at
-# capture: Python numbers, `if` decisions, values read on the CPU, tensors that live on the CPU, the shapes
-# of that one call. Some mistakes make the capture fail with a cryptic CUDA error; the worse ones capture
-# fine and then compute the wrong thing, silently.
-#
-# This notebook goes through the classic pitfalls one by one: the mistake, its symptom, what the kit's
-# diagnostics (`check_capturable`, `verify`, `advise`, `explain`) say about it, and the fix.
+# capture: Python numbers, `if` decisions, values read on the CPU, the shapes of that one call. Some mistakes make
+# the capture fail with a cryptic CUDA error; the worse ones capture fine and then compute the wrong thing, silently.
 #
 # **What you'll learn**
 # - Which mistakes *raise* (and how to read the error) and which are *silently wrong*.
@@ -31,13 +27,13 @@
 #   the first divergence: the tool for the silent failures.
 # - `advise(fn, *args)`: will a graph help at all? Its predictions, made before capturing, checked against speedups
 #   measured right after.
-# - Memory: private pools vs one shared pool; `torch.compile(mode="reduce-overhead")`'s own pitfalls; and
-#   why a graph replayed after its model was freed can crash the whole process.
+#
+# Going further adds more: a learning rate schedule, warm-up streams, background threads, memory pools,
+# `torch.compile(mode="reduce-overhead")`, and a graph replayed after its model was freed.
 #
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs the checks that are honest on a CPU (Python state, values read on the CPU, data-dependent shapes,
-# optimizers, seeding), says plainly that CUDA graphs need an NVIDIA GPU, and shows a summary of the recorded GPU
-# results.
+# optimizers, seeding), says plainly that CUDA graphs need an NVIDIA GPU, and shows the recorded GPU results.
 #
 # **How long**: 3.7 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under
 # a minute on a CPU.
@@ -56,29 +52,25 @@ checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently
 
 # %% tags=["parameters", "nbval-check-output"]
 SMOKE = None                 # tiny run (CI / tests); None reads $CGK_SMOKE (1 means on)
-SAMPLES = 2                  # timing samples per window in section 12; each window's median is kept
-WINDOWS = 8                  # timing windows of section 12, a pause apart: its intervals come from them
+SAMPLES = 2                  # timing samples per window in section 7; each window's median is kept
+WINDOWS = 8                  # timing windows of section 7, a pause apart: its intervals come from them
 WINDOW_PAUSE_S = 0.5         # seconds between windows
 ADVISE_SAMPLES = 7           # samples of advise's own eager timing (one prediction per case, before capture)
-TRIES = 2                    # fresh processes per variant of the two-captures experiment (section 11)
-POOL_BATCHES = [1024, 768, 512, 384, 256, 192, 128, 64]   # batch sizes captured in section 9, largest first
+TRIES = 2                    # fresh processes per variant of the two-captures experiment (Going further F)
+POOL_BATCHES = [1024, 768, 512, 384, 256, 192, 128, 64]   # batch sizes captured in Going further D, largest first
 
 # %%
 import os
-from concurrent.futures import ThreadPoolExecutor
 
-import pandas as pd
 import torch
 
-from cudagraph_kit import (CaptureError, capture_train_step, check_capturable, env_table, explain, has_cuda,
-                           shared_pool)
+from cudagraph_kit import CaptureError, check_capturable, env_table, explain, has_cuda
 from cudagraph_kit.advise import advise, measure_replay_cost
 from cudagraph_kit.capture import capture
 from cudagraph_kit.course import results
-from cudagraph_kit.course.claims import save_claims, summary
 from cudagraph_kit.course.measure import measure
+from cudagraph_kit.course.nb05_parts import PitfallTable, first_line, still_works
 from cudagraph_kit.verify import verify
-from IPython.display import display
 
 STEM = "05_pitfalls"
 CUDA = has_cuda()
@@ -94,34 +86,22 @@ print(env_table())
 if not CUDA:
     print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run only does the checks that are honest on\n"
           ">>> a CPU (check_capturable on Python state, value reads, data-dependent shapes, optimizers, seeding);\n"
-          ">>> nothing is captured, and the GPU results recorded in figures/ are shown at the end.")
+          ">>> nothing is captured, and the GPU results recorded in figures/ are shown instead.")
 
 # %% [markdown]
 # ## 0. How this notebook keeps score
-# Every pitfall below ends with one row in a table: the pitfall, what happens without a fix (it **raises**, it is
-# **silently wrong**, it **warns**, or it **crashes the process**), which tool finds it, the fix, and whether this run
-# found it. After a failure, `still_works(gelu)` checks that the process still works (eager work and a fresh capture,
-# both compared with the CPU). Experiments that could kill the CUDA context, or need a fresh process, are functions
-# in `cudagraph_kit/course/pitfall_scripts.py`; `run_isolated(fn, *args, timeout=...)` runs one in a fresh
-# interpreter and returns the dict it reports, with the exit code, so a crash is a row in a table, not a stalled
-# notebook. The tables of sections 7 and 8 show each error as its type and first clause, then print the first
-# error once, as the experiment reported it. The two measured comparisons (memory in section 9, `advise` in
-# section 12) are claims: plain sentences (one for the memory, one per `advise` case and one overall), computed
-# from the data and collected in the summary at the end.
+# Every pitfall below ends with a row in a table: what happens without the fix (it **raises**, it is **silently
+# wrong**, it **warns**, or it **crashes the process**), which tool finds it, the fix, and whether this run found
+# it. After a failure, `still_works(gelu)` checks that the process still works: eager work and a fresh capture,
+# both compared with the CPU. The whole table is under Going further.
 
 # %% tags=["nbval-check-output"]
-import inspect
-
-from cudagraph_kit.course.nb05_parts import PitfallTable, first_line, show_figure, still_works
-from cudagraph_kit.course.pitfall_scripts import run_isolated
-
-
 def gelu(x):
     return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
 
 
 pitfalls = PitfallTable()
-claims = []  # the comparisons this run measured (section 9 and 12)
+claims = []  # the comparisons this run measured (section 7, and the memory one under Going further)
 X = torch.randn(256, device=DEVICE) + 2.0
 
 # %% [markdown]
@@ -266,10 +246,12 @@ pitfalls.record("a changing shape", "raises (kit) / silently wrong (plain copy_ 
                 "data-dependent shape" in report_shape.kinds() and report_shape_fixed.ok, still_works(gelu))
 
 # %% [markdown]
-# ## 5. A Python counter or a learning rate frozen into the graph
+# ## 5. A Python counter frozen into the graph
 # Python code does not run when a graph replays. A counter incremented in `forward`, a flag, a learning
 # rate that a scheduler changes: the graph keeps the value it saw at capture. `check_capturable` calls the
-# function twice and reports Python values that changed, with the line that changed them.
+# function twice and reports Python values that changed, with the line that changed them; with a GPU, `verify`
+# shows what the frozen value does. The fix keeps the value in a GPU tensor updated in place: exercise 1 asks you
+# to write it for this counter, and Going further A shows it for a learning rate.
 
 # %%
 class ScaledByStep(torch.nn.Module):
@@ -285,101 +267,15 @@ class ScaledByStep(torch.nn.Module):
 
 report_counter = check_capturable(ScaledByStep().to(DEVICE), torch.randn(4, 16, device=DEVICE))
 print(report_counter)
-
-model = torch.nn.Linear(16, 1).to(DEVICE)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-
-
-def train_step_with_schedule(x, y):
-    opt.zero_grad(set_to_none=True)
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
-    sched.step()                   # changes opt.param_groups[0]["lr"], a Python float
-    return x
-
-
-report_lr = check_capturable(train_step_with_schedule, torch.randn(8, 16, device=DEVICE), torch.randn(8, 1, device=DEVICE))
-print(report_lr)
-
-# %% [markdown]
-# With a GPU, `verify` shows what the frozen values do. The learning rate: the docs recipe for a whole
-# training step (side-stream warm-up, `zero_grad(set_to_none=True)`, capture) with `Adam(capturable=True)`,
-# a learning rate halved before every step, once as a Python float and once as a GPU tensor updated in place
-# (`Adam` accepts a tensor `lr` with `capturable=True`). The eager reference starts from the same state. The
-# recipe (the two-captures experiment of section 11 uses it too):
-
-# %% tags=["nbval-check-output"]
-from cudagraph_kit.course.pitfall_scripts import docs_recipe_capture
-
-print(inspect.getsource(docs_recipe_capture))
-
-# %% tags=["nbval-check-output"]
-def make_mlp(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8)).to(DEVICE)
-
-
-def capture_step_by_hand(model, opt, x, y):
-    """The docs recipe, called like the eager step: new data copied into the captured x and y, then a replay."""
-    graph, loss = docs_recipe_capture(model, opt, x, y)
-
-    def step(xb, yb):
-        x.copy_(xb)
-        y.copy_(yb)
-        graph.replay()
-        return loss.detach().clone()
-    return step
-
-
-def eager_step(model, opt):
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-    return step
-
-
-# %%
-def lr_experiment(lr_as_tensor):
-    lr = (lambda: torch.tensor(1e-2, device="cuda")) if lr_as_tensor else (lambda: 1e-2)
-    model, ref = make_mlp(), make_mlp()
-    opt, ref_opt = (torch.optim.Adam(m.parameters(), lr=lr(), capturable=True) for m in (model, ref))
-    x, y = torch.randn(32, 64, device="cuda"), torch.randn(32, 8, device="cuda")
-    graphed = capture_step_by_hand(model, opt, x, y)
-
-    def halve_lr(step):
-        for o in (opt, ref_opt):
-            group = o.param_groups[0]
-            if isinstance(group["lr"], torch.Tensor):
-                group["lr"].fill_(1e-2 * 0.5 ** step)   # in place: the graph reads this tensor each replay
-            else:
-                group["lr"] = 1e-2 * 0.5 ** step        # a new Python float: the graph never sees it
-
-    return verify(graphed, eager_step(ref, ref_opt), x, y, steps=3, state=[(model, ref), (opt, ref_opt)],
-                  before_step=halve_lr)
-
-
-seen_counter = seen_lr = "needs a GPU"
-detected_counter, detected_lr = "Python state" in report_counter.kinds(), "Python state" in report_lr.kinds()
+seen, detected = "needs a GPU", "Python state" in report_counter.kinds()
 if CUDA:
     m = ScaledByStep().cuda()
     g = capture(m, torch.randn(4, 16, device="cuda"))
     frozen = verify(g, m, g.static_inputs[0])
     print("counter:", frozen)
-    lr_float, lr_tensor = lr_experiment(False), lr_experiment(True)
-    print("lr as a Python float:", lr_float)
-    print("lr as a GPU tensor updated in place:", lr_tensor)
-    seen_counter = first_line(frozen)
-    seen_lr = first_line(lr_float)
-    detected_counter = detected_counter and not frozen.ok
-    detected_lr = detected_lr and not lr_float.ok and lr_tensor.ok
+    seen, detected = first_line(frozen), detected and not frozen.ok
 pitfalls.record("a Python counter frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
-                "keep it in a GPU tensor updated in place", seen_counter, detected_counter)
-pitfalls.record("a learning rate frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
-                "lr as a GPU tensor updated in place (Adam/AdamW with capturable=True)", seen_lr, detected_lr)
+                "keep it in a GPU tensor updated in place", seen, detected)
 
 # %% [markdown]
 # ## 6. Random numbers
@@ -426,7 +322,165 @@ pitfalls.record("random numbers: reseeding or another generator in the graph", "
                 still_works(gelu))
 
 # %% [markdown]
-# ## 7. Warm-up not on a side stream (the AccumulateGrad stream warning)
+# ## 7. Will a graph help? `advise` before capturing, checked against measured speedups
+# A graph removes launch cost, not GPU work. `advise(fn, *args)` runs the eager function alone, before anything is
+# captured: it times a call, counts its kernels and measures how long the GPU is busy with them, then, with what a
+# replay costs on this GPU (`measure_replay_cost()`), predicts the best speedup a graph can reach and says whether
+# a graph would be faster, about as fast, or slower (Going further G has its formula).
+#
+# The cases are the GELU of notebook 01 (a small and a large tensor) and the training steps of notebook 02 (two
+# sizes, SGD and Adam). For each, `advise` runs first; only then is the graph captured, and eager and graph are
+# timed against each other in `WINDOWS` windows a pause apart (`measure`: the median speedup and its 90% prediction
+# interval, where one more window should land). Each case makes two claims: the whole measured interval lies within
+# 1.5x of the prediction, and it lies on the side advise's words named.
+
+# %%
+from cudagraph_kit.course.nb05_parts import advise_workloads
+
+cost, predicted, timed, claim_ids = None, {}, {}, {}  # per case: advise's prediction, what measure() times, its id
+if CUDA:
+    cost = measure_replay_cost()
+    for case, claim_id, args, eager, capture_graph in advise_workloads(gelu):
+        predicted[case] = advise(eager, *args, cost=cost, samples=ADVISE_SAMPLES)  # first: nothing captured yet
+        timed[case] = ({"eager": eager, **capture_graph()}, args)                  # only then the capture
+        claim_ids[case] = claim_id
+        print(f"{case}: {predicted[case]}")
+
+# %%
+from cudagraph_kit.course.nb05_parts import advise_overall_claim, advise_vs_measured, show_advise
+
+m_advise = measure(timed, windows=WINDOWS, samples=SAMPLES, pause_s=WINDOW_PAUSE_S) if timed else None
+honest, case_claims = advise_vs_measured(predicted, m_advise, claim_ids)
+claims += [*case_claims, advise_overall_claim(case_claims)] if case_claims else []
+show_advise(honest, claims, STEM)  # without a GPU: the recorded GPU run's predictions and verdicts
+
+# %% [markdown]
+# ## Takeaways
+# The pitfalls in plain words, and `advise`'s record from this run on a GPU, or without one from the recorded GPU
+# run (named above them).
+
+# %%
+TAKEAWAYS = [
+    "Some mistakes raise at capture: a value read on the CPU (`.item()`, `print`, `if tensor:`), an output whose "
+    "shape depends on the data, reseeding or another generator. `check_capturable` finds them before any capture, "
+    "with the line that causes each; a failed capture becomes a `CaptureError` that names the cause and the fix, and "
+    "the process keeps working.",
+    "Others capture fine and then compute the wrong thing, silently: a static input rebound instead of copied into, "
+    "an output kept across replays, a Python counter frozen at capture. `verify` compares the graph with eager and "
+    "catches all three.",
+    "A graph removes launch cost, not GPU work, and `advise` predicts the gain from the eager function alone, "
+    "before any capture. {advise_within_1_5x_gelu_small:statement}; {advise_within_1_5x_gelu_large:statement}.",
+    "Over all its cases: {advise_within_1_5x_all:statement}.",
+]
+results.show_takeaways(STEM, claims, TAKEAWAYS);
+
+# %% [markdown]
+# ## Going further (optional)
+# A. a learning rate frozen into the graph; B. warm-up not on a side stream; C. a background thread during capture;
+# D. memory: a private pool per graph vs one shared pool; E. `torch.compile(mode="reduce-overhead")`; F. two
+# hand-written captures and "an illegal memory access"; G. how `advise` predicts; H. the pitfalls at a glance;
+# I. every verdict of this run; J. saving the results; K. side by side with the published figures; L. the recorded
+# GPU results. The exercises follow.
+#
+# Experiments that could kill the CUDA context, or need a fresh process, are functions in
+# `cudagraph_kit/course/pitfall_scripts.py`; `run_isolated(fn, *args, timeout=...)` runs one in a fresh
+# interpreter and returns the dict it reports, with the exit code, so a crash is a row in a table, not a stalled
+# notebook. The tables of B and C show each error as its type and first clause, then print the first error once,
+# as the experiment reported it.
+
+# %% tags=["nbval-check-output"]
+import inspect
+from concurrent.futures import ThreadPoolExecutor
+
+import pandas as pd
+from IPython.display import display
+
+from cudagraph_kit import shared_pool
+from cudagraph_kit.course.claims import save_claims, summary
+from cudagraph_kit.course.nb05_parts import eager_step, show_figure
+from cudagraph_kit.course.pitfall_scripts import docs_recipe_capture, run_isolated
+
+# %% [markdown]
+# ### A. A learning rate frozen into the graph
+# A learning rate that a scheduler changes is a Python float in `opt.param_groups`: section 5's pitfall again.
+# `check_capturable` finds it in a training step with a scheduler:
+
+# %%
+model = torch.nn.Linear(16, 1).to(DEVICE)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+
+def train_step_with_schedule(x, y):
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    sched.step()                   # changes opt.param_groups[0]["lr"], a Python float
+    return x
+
+
+report_lr = check_capturable(train_step_with_schedule, torch.randn(8, 16, device=DEVICE), torch.randn(8, 1, device=DEVICE))
+print(report_lr)
+
+# %% [markdown]
+# With a GPU, `verify` shows what the frozen rate does. The docs recipe for a whole training step (side-stream
+# warm-up, `zero_grad(set_to_none=True)`, capture) with `Adam(capturable=True)`, a learning rate halved before
+# every step, once as a Python float and once as a GPU tensor updated in place (`Adam` accepts a tensor `lr` with
+# `capturable=True`). The eager reference starts from the same state. The recipe (F's two-captures experiment uses
+# it too):
+
+# %% tags=["nbval-check-output"]
+print(inspect.getsource(docs_recipe_capture))
+
+# %% tags=["nbval-check-output"]
+def make_mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8)).to(DEVICE)
+
+
+def capture_step_by_hand(model, opt, x, y):
+    """The docs recipe, called like the eager step: new data copied into the captured x and y, then a replay."""
+    graph, loss = docs_recipe_capture(model, opt, x, y)
+
+    def step(xb, yb):
+        x.copy_(xb)
+        y.copy_(yb)
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+# %%
+def lr_experiment(lr_as_tensor):
+    lr = (lambda: torch.tensor(1e-2, device="cuda")) if lr_as_tensor else (lambda: 1e-2)
+    model, ref = make_mlp(), make_mlp()
+    opt, ref_opt = (torch.optim.Adam(m.parameters(), lr=lr(), capturable=True) for m in (model, ref))
+    x, y = torch.randn(32, 64, device="cuda"), torch.randn(32, 8, device="cuda")
+    graphed = capture_step_by_hand(model, opt, x, y)
+
+    def halve_lr(step):
+        for o in (opt, ref_opt):
+            group = o.param_groups[0]
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(1e-2 * 0.5 ** step)   # in place: the graph reads this tensor each replay
+            else:
+                group["lr"] = 1e-2 * 0.5 ** step        # a new Python float: the graph never sees it
+
+    return verify(graphed, eager_step(ref, ref_opt), x, y, steps=3, state=[(model, ref), (opt, ref_opt)],
+                  before_step=halve_lr)
+
+
+seen, detected = "needs a GPU", "Python state" in report_lr.kinds()
+if CUDA:
+    lr_float, lr_tensor = lr_experiment(False), lr_experiment(True)
+    print("lr as a Python float:", lr_float)
+    print("lr as a GPU tensor updated in place:", lr_tensor)
+    seen, detected = first_line(lr_float), detected and not lr_float.ok and lr_tensor.ok
+pitfalls.record("a learning rate frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
+                "lr as a GPU tensor updated in place (Adam/AdamW with capturable=True)", seen, detected)
+
+# %% [markdown]
+# ### B. Warm-up not on a side stream (the AccumulateGrad stream warning)
 # The docs recipe warms up on a side stream. Autograd remembers, for each parameter, the stream its
 # `AccumulateGrad` node was created on. If the warm-up ran on the default stream and its autograd graph is
 # still alive (the `loss` variable of the last warm-up step keeps it), the captured backward must sync with
@@ -456,7 +510,7 @@ pitfalls.record("warm-up not on a side stream", "warns; the capture can fail", "
                 seen, detected)
 
 # %% [markdown]
-# ## 8. A background thread during capture (`capture_error_mode`)
+# ### C. A background thread during capture (`capture_error_mode`)
 # While a capture is under way, CUDA forbids "potentially unsafe" calls such as `cudaMalloc`. In the default
 # mode, `capture_error_mode="global"`, that holds for **every thread** of the process: a data-loading thread
 # that allocates GPU memory at the wrong moment gets an error, and the capture can be invalidated.
@@ -483,7 +537,7 @@ pitfalls.record("another thread allocating during capture", "raises (in that thr
                 "while capturing", seen, detected)
 
 # %% [markdown]
-# ## 9. Memory: a private pool per graph vs one shared pool
+# ### D. Memory: a private pool per graph vs one shared pool
 # Each capture gets its own private memory pool by default, and memory a graph used for intermediates stays
 # reserved for it. One graph per batch size quickly adds up. Graphs captured into **one shared pool**
 # (`capture(..., pool=shared_pool())`: a `torch.cuda.graph_pool_handle()`, or a `torch.cuda.MemPool` from PyTorch
@@ -531,7 +585,7 @@ pitfalls.record("memory held by one private pool per graph", "wastes memory (can
                 "torch.cuda.memory_reserved()", "capture into one shared pool: pool=shared_pool()", seen, detected)
 
 # %% [markdown]
-# ## 10. `torch.compile(mode="reduce-overhead")`: skipped graphs and overwritten outputs
+# ### E. `torch.compile(mode="reduce-overhead")`: skipped graphs and overwritten outputs
 # `reduce-overhead` builds CUDA graphs for you, and has two pitfalls of its own:
 # - When a compiled region cannot be graphed (a CPU tensor, an input it mutates, ...), it **silently runs
 #   without a graph** and only logs *"skipping cudagraphs due to ..."*. Turn the log on with
@@ -568,7 +622,7 @@ pitfalls.record("reduce-overhead: skipped graphs, overwritten outputs",
                 still_works(gelu))
 
 # %% [markdown]
-# ## 11. Two hand-written captures and "an illegal memory access"
+# ### F. Two hand-written captures and "an illegal memory access"
 # A report: the docs recipe for a whole training step, the 640×4096→2048→1024 MLP (with the docs' dropout)
 # and `Adam(capturable=True)`, captured twice (a second model) before the first graph's first replay; the
 # first graph's replay then crashed with *"an illegal memory access was encountered"*, in most tries, and
@@ -610,7 +664,7 @@ if CUDA:
     print(pd.DataFrame(two_rows)[["variant", "try", "replay of graph 1", "graph 1 memory"]].to_string(index=False))
     detected, seen = two_captures_verdict(summary_two)
 else:
-    print("skipped: needs an NVIDIA GPU (the recorded run is shown at the end)")
+    print("skipped: needs an NVIDIA GPU (the recorded run is shown in L)")
 pitfalls.record("a graph replayed after what it reads was freed", "silently wrong, or crashes the process",
                 "nothing before the crash: keep references", "keep model, optimizer and static tensors alive as long "
                 "as the graph (the kit's objects hold them)", seen, detected)
@@ -636,86 +690,34 @@ pitfalls.record("a graph replayed after what it reads was freed", "silently wron
 # while it exists, so nothing else is given that memory.
 
 # %% [markdown]
-# ## 12. Will a graph help? `advise` before capturing, checked against measured speedups
-# A graph removes launch cost, not GPU work. `advise(fn, *args)` measures, before anything is captured, the eager
-# time per call, the kernels (and copies) per call (profiler) and the **GPU time** of the calls queued back to
-# back (CUDA events, with a spin kernel holding the GPU while the host queues them). Kernels launched one by one
-# leave a gap between them on the GPU even when queued; inside a graph the next node starts sooner.
-# `measure_replay_cost()` measures that gap, a graph node's GPU time and the host's cost of one replay. Then:
+# ### G. How `advise` predicts
+# `advise` measures, before anything is captured, the eager time per call, the kernels (and copies) per call
+# (profiler) and the **GPU time** of the calls queued back to back (CUDA events, with a spin kernel holding the GPU
+# while the host queues them). Kernels launched one by one leave a gap between them on the GPU even when queued;
+# inside a graph the next node starts sooner. `measure_replay_cost()` measures that gap, a graph node's GPU time and
+# the host's cost of one replay. Then:
 #
 # - graph GPU time = eager GPU time − kernels × gap saved + the graph's own start;
 # - best graph time = max(graph GPU time, nodes × node time, host cost of one replay);
 # - speedup = eager time / best graph time: the best a graph can reach.
 #
-# **What counts as a prediction.** The prediction may use nothing measured on the graph it predicts. So for each
-# case (the GELU of notebook 01, the training steps of notebook 02) `advise` runs first, on the eager function
-# alone; only then is the graph captured, and eager and graph are timed against each other in `WINDOWS` windows a
-# pause apart (`measure`: the median speedup and its 90% prediction interval, where one more window should land).
-# Each case is a claim: does the whole measured interval lie within 1.5x of `advise`'s prediction?
+# The predicted speedup divides `advise`'s own eager time by its predicted graph time. The host's speed drifts
+# between `advise`'s measurement and the timing windows, and the eager time moves with it, so part of a miss can
+# come from the eager side; to judge the graph alone, compare `predicted_graph_us` with `measured_graph_us` in
+# section 7's table. Appendix B checks the same formula on the rows notebooks 01-04 recorded (fitted after the
+# fact, since their floor is the timed graph's own).
 
 # %%
-cost = None
-timed, predicted, claim_ids = {}, {}, {}  # per case: what measure() times, advise's prediction, the claim's id
-if CUDA:
-    cost = measure_replay_cost()
+if cost is not None:
     print(f"replay cost on this GPU: the host spends {cost.launch_us:.2f} µs per replay; a tiny node takes "
           f"{cost.graph_node_us:.2f} µs of GPU time in a graph and {cost.eager_node_us:.2f} µs launched eagerly "
           f"(gap saved {cost.gap_saved_us:.2f} µs per kernel)")
-
-    for case, claim_id, shape in (("GELU small", "gelu_small", (1, 3, 224, 224)),
-                                  ("GELU large", "gelu_large", (32, 3, 224, 224))):
-        x = torch.randn(shape, device="cuda")
-        predicted[case] = advise(gelu, x, cost=cost, samples=ADVISE_SAMPLES)  # first, with nothing captured
-        g = capture(gelu, x)
-        timed[case], claim_ids[case] = ({"eager": gelu, "graph": lambda t, g=g: g.replay()}, (x,)), claim_id
-        print(f"{case}: {predicted[case]}")
-
-    for size, label, (n, d_in, h, d_out) in (("32x128x256x16", "mlp_small", (32, 128, 256, 16)),
-                                             ("640x4096x2048x1024", "mlp_large", (640, 4096, 2048, 1024))):
-        for opt_name, opt_label in (("SGD", "sgd"), ("Adam(capturable)", "adam")):
-            case = f"MLP {size}, {opt_name}"
-            torch.manual_seed(0)
-            x, y = torch.randn(n, d_in, device="cuda"), torch.randn(n, d_out, device="cuda")
-
-            def make(seed=0, d_in=d_in, h=h, d_out=d_out, opt_name=opt_name):
-                torch.manual_seed(seed)
-                m = torch.nn.Sequential(torch.nn.Linear(d_in, h), torch.nn.Dropout(0.2),
-                                        torch.nn.Linear(h, d_out), torch.nn.Dropout(0.1)).cuda()
-                o = (torch.optim.SGD(m.parameters(), lr=0.1) if opt_name == "SGD"
-                     else torch.optim.Adam(m.parameters(), lr=1e-3, capturable=True))
-                return m, o
-
-            eager = eager_step(*make())
-            predicted[case] = advise(eager, x, y, cost=cost, samples=ADVISE_SAMPLES)  # before this case's capture
-            step = capture_train_step(*make(), torch.nn.functional.mse_loss, (x, y))  # holds its model, optimizer
-            for _ in range(5):
-                step(x, y)                              # warm-up, capture, replays
-            timed[case], claim_ids[case] = ({"eager": eager, "whole-step graph": step}, (x, y)), f"{label}_{opt_label}"
-            print(f"{case}: {predicted[case]}")
+    display(m_advise.short())
 else:
-    print("skipped: advise measures on an NVIDIA GPU (a summary of the recorded comparison is shown at the end)")
-
-# %%
-from cudagraph_kit.course.nb05_parts import advise_overall_claim, advise_vs_measured
-
-m12 = measure(timed, windows=WINDOWS, samples=SAMPLES, pause_s=WINDOW_PAUSE_S) if timed else None
-honest, case_claims = advise_vs_measured(predicted, m12, claim_ids)
-if case_claims:
-    claims += [*case_claims, advise_overall_claim(case_claims)]
-    display(m12.short())
-    print(honest[["case", "nodes", "predicted_graph_us", "measured_graph_us", "predicted_speedup",
-                  "measured_speedup", "measured_lo", "measured_hi"]].round(2).to_string(index=False))
-    print("\n".join(c.statement for c in claims[-len(case_claims) - 1:]))
+    print("skipped: advise measures on an NVIDIA GPU (the recorded run's timings are in L)")
 
 # %% [markdown]
-# `advise`'s predicted speedup divides its own eager time by its predicted graph time. The host's speed drifts
-# between `advise`'s measurement and the timing windows, and the eager time moves with it, so part of a miss can
-# come from the eager side; to judge the graph alone, compare `predicted_graph_us` with `measured_graph_us`.
-# The appendix checks the same formula on the rows notebooks 01-04 recorded (fitted after the fact, since their
-# floor is the timed graph's own).
-
-# %% [markdown]
-# ## 13. The pitfalls at a glance
+# ### H. The pitfalls at a glance
 # What happens without the fix, and what finds it. "detected" is what this run measured (None: the check needs
 # a GPU and did not run here); "process still works" is the `still_works` check after a failure (None: not run
 # for that row; the experiments run in a fresh process report "eager works after" in their own tables).
@@ -725,18 +727,27 @@ if case_claims:
 pitfalls.table().style.hide(axis="index").set_properties(**{"text-align": "left"})   # long text wraps
 
 # %% [markdown]
-# ## 14. Save the results
-# One table: a row per pitfall, the memory measurement, the timings of section 12 (cases named `measured: ...`)
+# ### I. Every verdict of this run
+
+# %%
+if claims:
+    summary(claims)
+else:
+    print("No verdicts: without a GPU nothing was captured or timed (the recorded run is shown in L).")
+
+# %% [markdown]
+# ### J. Save the results
+# One table: a row per pitfall, the memory measurement, the timings of section 7 (cases named `measured: ...`)
 # and `advise`'s predictions (`advise: ...`); the verdicts go to `claims.csv`. All of it goes to the folder printed
 # below (`build/figures/` by default, with or without a GPU), never over the recorded GPU run in `figures/`, which
-# only `python -m cudagraph_kit reproduce` on a GPU publishes. The appendix adds its rows and saves again.
+# only `python -m cudagraph_kit reproduce` on a GPU publishes. Appendix B adds its rows and saves again.
 
 # %%
 from cudagraph_kit.course.nb05_parts import result_table
 
 
 def save_all(advice, figures=None):
-    table = result_table(pitfalls, memory_rows, m12, advice, cost, two_rows, CUDA)
+    table = result_table(pitfalls, memory_rows, m_advise, advice, cost, two_rows, CUDA)
     figs = {k: f for k, f in {"pool_memory": fig_mem, **(figures or {})}.items() if f is not None}
     folder = results.save(STEM, table, figures=figs,
                           extra_env={"tries": TRIES, "pool_batches": POOL_BATCHES, "windows": WINDOWS,
@@ -748,11 +759,10 @@ def save_all(advice, figures=None):
 print("saved to", save_all(honest))
 
 # %% [markdown]
-# ## 15. Side by side with the published figures
+# ### K. Side by side with the published figures
 # The one published figure for these pitfalls is about memory: a detector that captured one graph per input
 # resolution, with a private pool per graph and with one shared pool
-# ([roboflow/rf-detr #1490](https://github.com/roboflow/rf-detr/issues/1490)). Beside it, section 9's reading.
-
+# ([roboflow/rf-detr #1490](https://github.com/roboflow/rf-detr/issues/1490)). Beside it, D's reading.
 # %%
 # NBVAL_CHECK_OUTPUT
 PUBLISHED_MEMORY = pd.DataFrame({"source": ["rf-detr #1490, 11 resolutions"], "private_gib": [38.2],
@@ -770,15 +780,15 @@ print(next((c.statement for c in claims if c.claim == "shared_pool_saves_memory"
 # activations are far larger than this MLP's, and more graphs share more.
 
 # %% [markdown]
-# ## 16. Recorded GPU results
-# The timings of section 12 beside the last GPU run committed to this repository (without a GPU: that run's
+# ### L. Recorded GPU results
+# The timings of section 7 beside the last GPU run committed to this repository (without a GPU: that run's
 # table), then that run's verdicts. The full table is `figures/05_pitfalls/results.csv`.
 
 # %%
 from cudagraph_kit.course.claims import load_claims
 
-if m12 is not None:
-    results.beside_recorded(STEM, m12.table.assign(case="measured: " + m12.table.case))
+if m_advise is not None:
+    results.beside_recorded(STEM, m_advise.table.assign(case="measured: " + m_advise.table.case))
 else:
     results.show_recorded(STEM, columns=["case", "variant", "executed_as", "median_us", "speedup", "speedup_lo",
                                          "speedup_hi", "detected", "reserved_mib"])
@@ -786,37 +796,6 @@ recorded = results.load(STEM)
 recorded_claims = load_claims(recorded.dir) if recorded is not None else None
 if recorded_claims is not None:
     print("\n".join(recorded_claims.statement))
-
-# %% [markdown]
-# ## Takeaways
-# The pitfalls, in plain words; the two measured comparisons from this run on a GPU, or without one from the
-# recorded GPU run (named above them).
-
-# %%
-TAKEAWAYS = [
-    "Some mistakes raise: values read on the CPU (`.item()`, `print`, `if tensor:`), data-dependent shapes, "
-    "reseeding or a foreign generator, other threads allocating during a global capture. The kit turns a failed "
-    "capture into `CaptureError` (cause, fix, original error), and the process keeps working.",
-    "Others are silently wrong: a rebound static input, an output kept across replays, frozen Python state "
-    "(counters, learning rates), a graph whose inputs or model were freed. `verify` catches the first three; the "
-    "last needs references kept alive.",
-    "A `reduce-overhead` output kept across calls raises only where a warm-up or recording run made it; a replay's "
-    "is silently overwritten by the next call (section 10). Clone what you keep.",
-    "Before you capture, `check_capturable` lists each problem with its line, and `advise` predicts whether the "
-    "graph is worth it (section 12 checks its predictions against the measured speedups).",
-    "Graphs that never run at the same time can share one pool: {shared_pool_saves_memory:statement}.",
-]
-results.show_takeaways(STEM, claims, TAKEAWAYS, missing="skip");
-
-# %% [markdown]
-# ## Going further (optional)
-# ### Every verdict of this run
-
-# %%
-if claims:
-    summary(claims)
-else:
-    print("No verdicts: without a GPU nothing was captured or timed (the recorded run is shown above).")
 
 # %% [markdown]
 # ## Exercises
@@ -940,9 +919,9 @@ pitfalls.record("Python state reached through an object, a container, a class or
 # ## Appendix B: `advise`'s formula on what notebooks 01-04 recorded (fitted after the fact)
 # Their eager row gives the eager time and the kernels (+ copies) per call, their graph row the floor (the GPU-busy
 # time of those kernels replayed from the graph, so no launch gap comes off); the replay cost is the one measured
-# in section 12, in this process. Because the floor is the timed graph's own, these rows test the rest of the
+# in section 7, in this process. Because the floor is the timed graph's own, these rows test the rest of the
 # formula (node and replay costs) on more workloads, not whether `advise` can tell beforehand: they are summarized
-# per notebook and drawn hollow, apart from section 12's predictions.
+# per notebook and drawn hollow, apart from section 7's predictions.
 
 # %%
 from cudagraph_kit.course.nb05_parts import advice_summary, fitted_row, plot_advise, recorded_headlines

@@ -41,8 +41,8 @@ PLAN = [
     (10, "Break", []),
     (20, "**03**, sections 4-6: `torch.compile(mode=\"reduce-overhead\")`, `cudagraph_mark_step_begin`, where it "
          "loses and where it wins", ["03_jit_compile"]),
-    (20, "**05**, sections 1-4 and 12-13: what breaks a graph and what makes it silently wrong; `check_capturable`, "
-         "`verify`, `advise`", ["05_pitfalls"]),
+    (20, "**05**, sections 1-7 and the takeaways: what breaks a graph and what makes it silently wrong; "
+         "`check_capturable`, `verify`, `advise`", ["05_pitfalls"]),
     (20, "**06**, sections 3-4 and 6-7: buckets by hand and with the kit, the planner, `reduce-overhead` on the "
          "same stream", ["06_variable_shapes"]),
     (10, "Break", []),

@@ -497,7 +497,7 @@ def advise_section():
     n = {v: int((cases.verdict == v).sum()) for v in ("holds", "fails", "unclear")}
     fitted = int(rec.df.case.astype(str).str.startswith("advise fitted: ").sum())
     windows = int(rec.df.windows.max()) if "windows" in rec.df and rec.df.windows.notna().any() else 1
-    text = (f"**Will a graph help? `advise` before capturing** (notebook 05, section 12; {_env_caption(rec.env)}): "
+    text = (f"**Will a graph help? `advise` before capturing** (notebook 05, section 7; {_env_caption(rec.env)}): "
             f"predictions made from the eager function alone, before any capture, against the speedup then measured "
             f"in {windows} windows: within 1.5x over the whole measured interval in {n['holds']} of {len(cases)} "
             f"cases, off by more in {n['fails']}, no clear verdict in {n['unclear']}.")

@@ -7,8 +7,8 @@ import pandas as pd
 
 from cudagraph_kit.course.measure import Measured
 from cudagraph_kit.course.nb05_parts import (advise_claim, advise_overall_claim, advise_vs_measured,
-                                             advise_words_claim, memory_reading, short_cause, show_isolated,
-                                             show_reduce_overhead)
+                                             advise_words_claim, eager_step, memory_reading, short_cause,
+                                             show_advise, show_isolated, show_reduce_overhead)
 
 CUDA_ERROR = ("AcceleratorError: CUDA error: operation failed due to a previous error during capture\n"
               "Search for `cudaErrorStreamCaptureInvalidated' in https://docs.nvidia.com/cuda/cuda-runtime-api/")
@@ -107,3 +107,26 @@ def test_advise_words_claim_checks_each_direction():
     assert not unknown.measured and "no verdict" in unknown.statement
     for c in (wrong, slower):  # the sentence is plain words, no verdict labels
         assert not any(w in c.statement.split() for w in ("holds", "fails", "unclear"))
+
+
+def test_show_advise_prints_this_runs_table_or_else_the_recorded_runs(capsys):
+    table = pd.DataFrame([{"case": "GELU small", "nodes": 5, "predicted_graph_us": 4.2, "measured_graph_us": 4.0,
+                           "predicted_speedup": 2.4, "measured_speedup": 2.5, "measured_lo": 2.0, "measured_hi": 3.0}])
+    claim = advise_claim("advise_within_1_5x_gelu_small", "GELU small", 2.4, 2.0, 3.0)
+    show_advise(table, [claim], "05_pitfalls")
+    printed = capsys.readouterr().out
+    assert "GELU small" in printed and claim.statement in printed and "recorded" not in printed
+    show_advise(pd.DataFrame(), [], "05_pitfalls")   # no GPU: the recorded run's predictions, named
+    printed = capsys.readouterr().out
+    assert printed.startswith("No GPU here") and ("predicted_speedup" in printed or "no recorded GPU run" in printed)
+
+
+def test_eager_step_trains_and_returns_the_detached_loss():
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    step = eager_step(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    first, second = step(x, y), step(x, y)
+    assert not first.requires_grad and second < first

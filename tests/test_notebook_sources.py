@@ -125,8 +125,9 @@ AWAITING_GPU_RUN: dict = {
                      "'Going further'; the committed notebook is the 2026-11-25 H100 run until reproduce runs it",
     "06_variable_shapes": "its summary became takeaways (the recorded run's on a CPU), the headline verdicts under "
                           "'Going further'; the committed notebook is the 2026-11-25 H100 run until reproduce runs it",
-    "05_pitfalls": "section 11's table now places each tensor by its whole span (pitfall_scripts.span_state), and its "
-                   "summary became takeaways; the committed notebook is the 2026-11-25 H100 run until a GPU run",
+    "05_pitfalls": "cut to its budget (the rarer pitfalls under 'Going further'), its two-captures table places each "
+                   "tensor by its whole span (pitfall_scripts.span_state); the committed notebook is the 2026-11-25 "
+                   "H100 run until a GPU run",
 }
 
 

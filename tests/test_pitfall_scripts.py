@@ -90,7 +90,7 @@ def test_a_gpu_experiment_without_cuda_fails_as_data():
 
 def test_two_captures_places_each_tensor_by_its_whole_span():
     """A tensor is "allocated" or "free in cache" only if every byte is; one that runs past its segment's end into
-    memory handed back to the driver says so, which a first-byte reading missed (notebook 05, section 11)."""
+    memory handed back to the driver says so, which a first-byte reading missed (notebook 05, "Going further" F)."""
     from cudagraph_kit.course.pitfall_scripts import span_state
     segments = [{"address": 1000, "total_size": 300, "blocks": [{"size": 100, "state": "active_allocated"},
                                                                  {"size": 200, "state": "inactive"}]},

@@ -1,6 +1,6 @@
 """Notebook 05's parts that are not the lesson: the pitfall table, the check that the process still works after a
 failure, short causes for tables of errors, the memory claim and figure, the reading of the reduce-overhead
-experiment, the claims "advise's prediction lies within a factor of the measured speedup" and "the measured speedup
+experiment, the workloads of the advise experiment and its reading, the claims "advise's prediction lies within a factor of the measured speedup" and "the measured speedup
 goes the way advise's words said" (faster, about as fast, slower), the two-captures summary, the rows fitted after
 the fact from notebooks 01-04's records and the advise figure.
 
@@ -22,7 +22,7 @@ __all__ = ["PitfallTable", "still_works", "first_line", "short_cause", "show_iso
            "plot_memory", "show_reduce_overhead", "advise_vs_measured", "show_figure", "advise_claim",
            "advise_words_claim", "advise_overall_claim", "closeness", "two_captures_table", "two_captures_verdict",
            "recorded_headlines", "fitted_row", "advice_summary", "advice_from_saved", "plot_advise", "advice_rows",
-           "result_table", "WITHIN"]
+           "result_table", "eager_step", "advise_workloads", "show_advise", "WITHIN"]
 
 WITHIN = 1.5  # advise's prediction is "within" when it lies within this factor of the measured speedup
 
@@ -130,7 +130,7 @@ def show_figure(fig):
 
 
 def memory_reading(private, shared, batches):
-    """Section 9's reading: ``(rows, claim)`` from the bytes reserved by one graph per batch size in ``batches`` with
+    """Going further D's reading: ``(rows, claim)`` from the bytes reserved by one graph per batch size in ``batches`` with
     a private pool each (``private``) and in one shared pool (``shared``). The rows are for results.csv (case
     "memory: ..."); the claim "shared_pool_saves_memory" holds when the shared pool reserved less (one reading of
     each, so its interval is the ratio private / shared itself).
@@ -190,8 +190,95 @@ def show_reduce_overhead(ro, torch_version):
     return f"{skips} skip(s) logged; old output: {old_output}", detected, found_by
 
 
+def eager_step(model, opt, loss_fn=None):
+    """An eager training step of ``model`` with ``opt`` (MSE loss unless ``loss_fn``): ``step(x, y)`` returns the
+    loss, detached."""
+    import torch
+
+    loss_fn = loss_fn or torch.nn.functional.mse_loss
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+def advise_workloads(gelu):
+    """Section 7's cases, one at a time: ``(case, claim id, args, eager, capture_graph)``. The GELU of notebook 01 on a
+    small and a large tensor, then notebook 02's training steps (two MLP sizes, SGD and ``Adam(capturable=True)``,
+    with dropout). ``eager`` is the function ``advise`` predicts for; ``capture_graph()`` captures its graph only when
+    called, so a notebook can run ``advise`` first, with nothing captured, and returns ``{variant: graphed fn}`` for
+    ``measure`` (the GELU's ``"graph"`` replays the captured input; a step's ``"whole-step graph"`` is the kit's
+    ``capture_train_step``, warmed up and captured, which holds its own model and optimizer)."""
+    import torch
+
+    from ..capture import capture
+    from ..train_step import capture_train_step
+
+    for case, claim_id, shape in (("GELU small", "gelu_small", (1, 3, 224, 224)),
+                                  ("GELU large", "gelu_large", (32, 3, 224, 224))):
+        x = torch.randn(shape, device="cuda")
+
+        def graph_of(x=x):
+            g = capture(gelu, x)
+            return {"graph": lambda t, g=g: g.replay()}
+        yield case, claim_id, (x,), gelu, graph_of
+
+    for size, label, (n, d_in, h, d_out) in (("32x128x256x16", "mlp_small", (32, 128, 256, 16)),
+                                             ("640x4096x2048x1024", "mlp_large", (640, 4096, 2048, 1024))):
+        for opt_name, opt_label in (("SGD", "sgd"), ("Adam(capturable)", "adam")):
+            torch.manual_seed(0)
+            x, y = torch.randn(n, d_in, device="cuda"), torch.randn(n, d_out, device="cuda")
+
+            def make(seed=0, d_in=d_in, h=h, d_out=d_out, opt_name=opt_name):
+                torch.manual_seed(seed)
+                m = torch.nn.Sequential(torch.nn.Linear(d_in, h), torch.nn.Dropout(0.2),
+                                        torch.nn.Linear(h, d_out), torch.nn.Dropout(0.1)).cuda()
+                o = (torch.optim.SGD(m.parameters(), lr=0.1) if opt_name == "SGD"
+                     else torch.optim.Adam(m.parameters(), lr=1e-3, capturable=True))
+                return m, o
+
+            def graph_of(make=make, x=x, y=y):
+                step = capture_train_step(*make(), torch.nn.functional.mse_loss, (x, y))
+                for _ in range(5):
+                    step(x, y)                              # warm-up, capture, replays
+                return {"whole-step graph": step}
+            yield f"MLP {size}, {opt_name}", f"{label}_{opt_label}", (x, y), eager_step(*make()), graph_of
+
+
+def show_advise(table, claims, stem):
+    """Print section 7's reading: per case, advise's prediction beside the measured speedup (``table``, from
+    ``advise_vs_measured``), then the sentences of the advise claims in ``claims``. Without a GPU (``table`` empty)
+    the recorded GPU run's predictions and sentences instead, under a line naming that run."""
+    import pandas as pd
+
+    from .claims import load_claims
+    from .results import load
+
+    if len(table):
+        print(table[["case", "nodes", "predicted_graph_us", "measured_graph_us", "predicted_speedup",
+                     "measured_speedup", "measured_lo", "measured_hi"]].round(2).to_string(index=False))
+        print("\n".join(c.statement for c in claims if c.claim.startswith("advise_")))
+        return
+    rec = load(stem)
+    if rec is None:
+        print("No GPU here: advise measures on an NVIDIA GPU, and no recorded GPU run was found.")
+        return
+    rows = rec.df[rec.df.case.astype(str).str.startswith("advise: ")]
+    shown = pd.DataFrame({"case": rows.case.str.removeprefix("advise: "), "predicted_speedup": rows.speedup,
+                          "measured_lo": rows.measured_speedup_lo, "measured_hi": rows.measured_speedup_hi})
+    said = load_claims(rec.dir)
+    print(f"No GPU here: advise measures on an NVIDIA GPU. The recorded GPU run's predictions: {rec.caption}.")
+    print(shown.round(2).to_string(index=False))
+    if said is not None:
+        print("\n".join(s for c, s in zip(said.claim, said.statement) if str(c).startswith("advise_")))
+
+
 def advise_vs_measured(predicted, measured, claim_ids):
-    """Section 12's table and claims: for each case of ``predicted`` ({case: advise's ``Advice``}), the prediction
+    """Section 7's table and claims: for each case of ``predicted`` ({case: advise's ``Advice``}), the prediction
     beside the graph's timing in ``measured`` (``measure``'s result: an "eager" variant and one graph variant per
     case), and two claims: ``advise_claim("advise_within_1_5x_" + claim_ids[case], ...)`` (how far off the number
     is) and ``advise_words_claim("advise_words_" + claim_ids[case], ...)`` (whether advise's words, faster / about as
@@ -472,7 +559,7 @@ def advice_rows(advice, cost) -> list[dict]:
 
 
 def result_table(pitfalls, memory_rows, measured, advice, cost, two_rows, cuda):
-    """Notebook 05's results.csv: a row per pitfall, the memory reading, section 12's timings ("measured: ..."), the
+    """Notebook 05's results.csv: a row per pitfall, the memory reading, section 7's timings ("measured: ..."), the
     advise rows and the two-captures tries."""
     import pandas as pd
 

@@ -1,5 +1,5 @@
-"""Probe: notebook 05 §11, where does graph 1's replay fault when every tracked tensor's first byte lies free in the
-allocator's cache (still mapped)?
+"""Probe: notebook 05, "Going further" F, where does graph 1's replay fault when every tracked tensor's first byte
+lies free in the allocator's cache (still mapped)?
 
 Runs the "drop" variants of ``two_captures`` again, each try in a fresh process, and classifies each tensor graph 1
 reads by its **whole span**, first and last byte, against ``torch.cuda.memory_snapshot()``: allocated, free in cache,
