@@ -93,7 +93,7 @@ if not CUDA:
 # Every pitfall below ends with a row in a table: what happens without the fix (it **raises**, it is **silently
 # wrong**, it **warns**, or it **crashes the process**), which tool finds it, the fix, and whether this run found
 # it. After a failure, `still_works(gelu)` checks that the process still works: eager work and a fresh capture,
-# both compared with the CPU. The whole table is under Going further.
+# both compared with the CPU. "Going further" H shows the whole table.
 
 # %% tags=["nbval-check-output"]
 def gelu(x):
