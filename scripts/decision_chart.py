@@ -143,7 +143,7 @@ def branches(f: dict) -> list[dict]:
           "yes_yes_link": f"[08]({NB}08_llm_decode.ipynb)",
           "yes_no": "Buckets: one graph per bucket size in a shared pool; pad, replay, slice "
                     "(`capture_buckets`, `plan_buckets`).",
-          "yes_no_link": f"[06, sections 3-11]({NB}06_variable_shapes.ipynb)"}
+          "yes_no_link": f"[06, sections 3-8]({NB}06_variable_shapes.ipynb)"}
     if _have(f, "llm_kit", "llm_ro", "llm_serving", "gpu08"):
         q2["yes_yes_evidence"] = (f"A small LLaMA-style model ({f['gpu08']}): one decode step at batch 1, the kit's "
                                   f"graph {_x(f['llm_kit'])} vs eager, `reduce-overhead` {_x(f['llm_ro'])}; a "
@@ -258,7 +258,7 @@ def draw(f: dict, path: Path = PNG):
     box(tx, 9.4, f"{strip(q1['no'])}\n{strip(short(q1, 'no_evidence'))}\n→ 01 §5, 04 §1", nstyle, width=58, size=8)
     arrow(qx + 2.1, 9.4, tx - 2.5, 9.4, "no")
     box(tx, 7.55, f"{strip(q2['yes_yes'])}\n{strip(short(q2, 'yes_yes_evidence'))}", tstyle, width=58, size=8)
-    box(tx, 6.3, f"{strip(q2['yes_no'])}\n{strip(short(q2, 'yes_no_evidence'))}\n→ 06 §3-11", tstyle, width=58, size=8)
+    box(tx, 6.3, f"{strip(q2['yes_no'])}\n{strip(short(q2, 'yes_no_evidence'))}\n→ 06 §3-8", tstyle, width=58, size=8)
     arrow(qx + 2.1, 7.0, tx - 2.5, 7.55, "yes, LLM decode")
     arrow(qx + 2.1, 7.0, tx - 2.5, 6.3, "yes, other")
     box(tx, 4.4, f"{strip(q3['yes'])}\n{strip(short(q3, 'yes_evidence'))}\n→ 02 §2-5, 03 §6", tstyle, width=58, size=8)

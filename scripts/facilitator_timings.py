@@ -43,8 +43,8 @@ PLAN = [
          "loses and where it wins", ["03_jit_compile"]),
     (20, "**05**, sections 1-7 and the takeaways: what breaks a graph and what makes it silently wrong; "
          "`check_capturable`, `verify`, `advise`", ["05_pitfalls"]),
-    (20, "**06**, sections 3-4 and 6-7: buckets by hand and with the kit, the planner, `reduce-overhead` on the "
-         "same stream", ["06_variable_shapes"]),
+    (20, "**06**, sections 3-6: buckets by hand and with the kit, the strategies and the planner, `reduce-overhead` "
+         "on the same stream", ["06_variable_shapes"]),
     (10, "Break", []),
     (12, "Tour of the recorded results: **04** section 1 (ResNet-50 batch sweep), **07** sections 1 and 5 (DDP's "
          "three rules, the two-GPU run), **08** (LLM decode)", ["04_resnet50", "07_data_parallel"]),

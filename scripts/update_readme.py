@@ -438,12 +438,12 @@ def buckets_section():
     if env.get("graph_trees_pool_mib") is not None:
         lines += ["", f"`reduce-overhead`: the graph trees' one pool, all four compiled variants together: "
                   f"{env['graph_trees_pool_mib']:.0f} MiB (they share it, so no per-variant number; notebook 06, "
-                  "section 7)."]
+                  "'Going further' C)."]
     frag = env.get("allocator_fragmentation") or []
     if frag:
         lines += ["", "Transformer block, shared pool of the default ladder against its largest bucket alone, by "
                   "allocator setting: " + "; ".join(f"`{r['allocator']}` {r['ladder / alone']:.2f}x" for r in frag)
-                  + " (the kit leaves `PYTORCH_CUDA_ALLOC_CONF` to you; notebook 06, section 5)."]
+                  + " (the kit leaves `PYTORCH_CUDA_ALLOC_CONF` to you; notebook 06, Appendix A)."]
     lines += claims_block(rec, "06_variable_shapes")
     lines += ["", f"![Bucket spacing trade-off on {env.get('gpu')}](figures/06_variable_shapes/tradeoff.png)", ""]
     return "\n".join(l for l in lines if l is not None)

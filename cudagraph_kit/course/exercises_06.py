@@ -53,7 +53,8 @@ def check_uniform_plan(report, uniform_sizes, uniform_plan, moved, serve_uniform
     upper = sum(s > max_rows / 2 for s in sizes) / len(sizes)
     if not 0.4 <= upper <= 0.6:
         report.off(f"{upper:.0%} of uniform_sizes lie above MAX_ROWS / 2; uniform traffic puts about half there",
-                   "draw every size from 1..MAX_ROWS with equal chance (torch.randint), not from draw_sizes.")
+                   "draw every size from 1..MAX_ROWS with equal chance (torch.randint), not from parts.draw_sizes "
+                   "(skewed small).")
         return
     report.right(f"{len(sizes)} sizes, {upper:.0%} of them above {max_rows // 2}: uniform traffic")
     if is_todo(uniform_plan):
