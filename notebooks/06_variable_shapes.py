@@ -251,8 +251,8 @@ print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:
 # call it: the default (`dynamic=None`: the first size is compiled static, the next one recompiles with the batch
 # dimension dynamic), and `dynamic=True` (dynamic from the start). The compiled code is then shared across sizes,
 # but a graph is not: each new batch size records one more. The first two passes over the stream compile and
-# record; their time is the setup cost. Their memory lives in one pool shared by every compiled function
-# ("Going further" C).
+# record; their time is the setup cost. The recorded graphs live in one memory pool shared by every compiled
+# function ("Going further" C).
 
 # %%
 compiled, TREES_POOL_MIB = parts.compile_variants(MODELS, streams, info, COMPILE)   # {model: {label: fn}}

@@ -167,3 +167,29 @@ def test_phrase_names_a_strategy_as_a_singular_noun_phrase(label, expected):
     from cudagraph_kit.course.nb06_parts import phrase
 
     assert phrase(label) == expected
+
+
+def test_the_stream_verdicts_cover_the_stream_comparison_and_nothing_else():
+    """Without a GPU, results.show picks the recorded run's rows and verdicts by stream_verdicts' cases and claims:
+    the two models' stream rows and their 16 claims, not the appendix's head-to-head, memory or curve rows."""
+    from pathlib import Path
+
+    from cudagraph_kit.course.nb06_parts import stream_verdicts
+
+    cases = ["MLP", "transformer block", "MLP: planned vs best fixed ladder", "MLP: memory", "planner curve"]
+    assert [bool(stream_verdicts.cases.search(c)) for c in cases] == [True, True, False, False, False]
+    recorded = Path(__file__).resolve().parent.parent / "figures" / "06_variable_shapes" / "claims.csv"
+    ids = pd.read_csv(recorded).claim
+    ours = {c for c in ids if stream_verdicts.claims.search(c)}
+    assert len(ours) == 16 and not {c for c in ours if "best_ladder" in c or "expandable" in c}
+
+
+@pytest.mark.parametrize("max_rows, spacings, default", [(64, [4, 8, 16], "steps of 8 (default)"),
+                                                         (16, [4], "pow2 (default)"), (64, [4], "default ladder")])
+def test_fixed_ladders_name_the_kits_default_once(max_rows, spacings, default):
+    from cudagraph_kit import ladder
+    from cudagraph_kit.course.nb06_parts import fixed_ladders
+
+    fixed, label = fixed_ladders(max_rows, spacings)
+    assert label == default and sum("default" in k for k in fixed) == 1 and fixed["single bucket"] is None
+    assert ladder(max_rows, fixed[label]) == ladder(max_rows)
