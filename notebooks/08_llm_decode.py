@@ -820,9 +820,9 @@ from cudagraph_kit.course.exercises_08 import TIE_WHY, check_decode_buckets, che
 
 # %% [markdown]
 # ### Exercise 1: buckets for the serving loop, and what a padding row costs
-# Plan at most 4 buckets for the serving loop's history (`plan_buckets(history, max_graphs=4,
-# max_size=MAX_BATCH)`), capture them (`capture_buckets(graph_step, sample_tokens, sample_pos, sizes=...,
-# eager_fallback=True)`), and run the stream through them with `serve(..., record=...)`. Do the requests decode
+# Plan at most 4 buckets for the history of the serving loop ("Going further" A) with `plan_buckets(history,
+# max_graphs=4, max_size=MAX_BATCH)`, capture them (`capture_buckets(graph_step, sample_tokens, sample_pos,
+# sizes=..., eager_fallback=True)`), and run the stream through them with `serve(..., record=...)`. Do the requests decode
 # exactly as eager (`served["eager"]`)? Then give `pad_fraction`, the share of the computed rows that are padding
 # on this stream (`evaluate_buckets`).
 
