@@ -8,7 +8,7 @@ cache of 64 rows x 65 positions) eagerly and as the kit's graph at each batch si
 - ``decode_steps.csv``: per (variant, batch): GPU-busy µs per step, kernels per step, median step time (µs);
 - ``env.json``: the machine (``cudagraph_kit.env.describe()``) and the settings.
 
-Notebook 08, section 14, reads ``figures/08_decode_kernels/decode_kernels.csv``::
+Notebook 08's appendix (the batch-16 question) reads ``figures/08_decode_kernels/decode_kernels.csv``::
 
     python scripts/probes/probe_decode_kernels.py --out figures/08_decode_kernels
 """
