@@ -379,7 +379,16 @@ _is_contiguous = torch.Tensor.is_contiguous
 
 
 def _event(*_args):
-    _EVENTS[0] += 1   # returns None: the registered value is kept as it is
+    """A module registration or a storage release: raise the counter (returns None, so a registered value is kept).
+    Not while ``torch.compile`` traces a function that registers modules (``self.layers[:n]`` builds a new
+    ``ModuleList``): traced, the counter would become a Dynamo guard that fails on every later call, recompiling
+    until the recompile limit sends the function back to eager. Code that runs outside tracing still counts."""
+    if _tracing():
+        return
+    _EVENTS[0] += 1
+
+
+_tracing = getattr(torch.compiler, "is_compiling", None) or (lambda: False)   # torch.compiler.is_compiling: 2.3+
 
 
 def _registration_hooks() -> list:

@@ -32,7 +32,7 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs the eager part small on the CPU, says so, and shows the recorded GPU results.
 #
-# **How long**: 63 s on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under a
+# **How long**: 56 s on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-27); a T4 has not been timed yet; under a
 # minute on a CPU (small sizes).
 
 # %% tags=["nbval-check-output"]
@@ -386,8 +386,9 @@ if now is not None:
 # **Why the numbers differ.** An eager step of the small network is mostly the CPU's cost of launching its
 # kernels, and CPUs did not get much faster per launch, while GPUs did. On the K80 the small step kept the GPU
 # busy for much of the eager step, so the graph could only remove the gaps; on an H100 the same kernels take tens
-# of microseconds, so the graph removes most of the step. At the docs size the step is GPU-bound, and a graph
-# can only remove the launch gaps.
+# of microseconds, so the graph removes most of the step. At the docs size the GPU's work (the floor) comes close
+# to the host's time to issue the step, so a graph can save at most the gap between the two: a small gain, which
+# a run's interval may not clear.
 #
 # ## 8. Takeaways
 # Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).

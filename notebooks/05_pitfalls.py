@@ -35,7 +35,7 @@
 # runs the checks that are honest on a CPU (Python state, values read on the CPU, data-dependent shapes,
 # optimizers, seeding), says plainly that CUDA graphs need an NVIDIA GPU, and shows the recorded GPU results.
 #
-# **How long**: 3.7 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; under
+# **How long**: 3.0 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-27); a T4 has not been timed yet; under
 # a minute on a CPU.
 
 # %% tags=["nbval-check-output"]

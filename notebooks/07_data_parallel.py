@@ -32,7 +32,7 @@
 # one NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU) or, eagerly, on the CPU; the local run uses
 # every GPU here (at most two), or two CPU processes with the gloo backend.
 #
-# **How long**: 61 s on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-25): the local run is two short
+# **How long**: 46 s on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-27): the local run is two short
 # `torchrun` jobs of a small MLP, one process per GPU (one process on a one-GPU machine). Under a minute on a CPU
 # (two gloo processes, eager, small).
 
@@ -406,7 +406,7 @@ results.show_takeaways(SWEEP_STEM, [], TAKEAWAYS);
 # the step time is what the GPUs need, the wait for the other rank included. A whole-step graph runs the same
 # kernels and all-reduce with one launch, so where the graphed step is not CPU-bound, the eager step's extra
 # time over it is time the eager GPU spent waiting for a CPU, its own or, through the all-reduce, the other
-# rank's. The next cell prints both readings for each model, and how the spread across steps (IQR, p99) and
+# rank's. Section 5's table of the recorded run gives both readings for each model, and how the spread across steps (IQR, p99) and
 # across ranks changed from eager to graph. (The runs with a synchronize per step wait from the first step on,
 # so they have no issue time.)
 

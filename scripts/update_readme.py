@@ -190,13 +190,14 @@ def rerun_paragraph():
     sys.path.insert(0, str(ROOT / "scripts"))
     import rerun_report
 
-    second = ROOT / "figures" / "rerun" / "h200-run-b"
+    second = ROOT / "figures" / "rerun" / "h100-run-f"
     df = rerun_report.compare_runs(ROOT / "figures", second)
     if df.empty:
         return ""
     env = results.load(df.notebook.iloc[0], root=second).env
     run = env.get("run") or {}
-    lines = [f"**Does a second run land inside the intervals below?** A second `reproduce` of the same notebooks "
+    names = ", ".join(n[:2] for n in df.notebook)
+    lines = [f"**Does a second run land inside the intervals below?** A second `reproduce` of notebooks {names} "
              f"on the same GPU kind, right after the recorded one (run {run.get('id', 'not recorded')}, "
              f"{env.get('gpu')}, in `{second.relative_to(ROOT)}`; `python scripts/rerun_report.py figures "
              f"{second.relative_to(ROOT)}`): {rerun_report.summary(df)}.", ""] + _rerun_table(df) + [
@@ -206,13 +207,10 @@ def rerun_paragraph():
              "by which the second run's eager and graph times differ from the first's.", ""]
     fix = ROOT / "figures" / "rerun" / "02-calibration-fix-h200"
     pair = rerun_report.compare_runs(fix / "run-a", fix / "run-b", notebooks=["02_train_step"])
-    old = df[df.notebook == "02_train_step"]
-    if not pair.empty and len(old):
-        lines += [f"Notebook 02 was run twice more with the kit's calibration fix (the first-window note under "
-                  f"notebook 02 explains it; `{fix.relative_to(ROOT)}`), on the same GPU kind:", ""]
-        lines += _rerun_table(pd.concat([old.assign(notebook="02, recorded pair (before the fix)"),
-                                         pair.assign(notebook="02, two runs with the fix")], ignore_index=True))
-        lines += [""]
+    if not pair.empty:
+        lines += [f"Notebook 02 was also run twice on an H200 with the kit's calibration fix (the first-window note "
+                  f"under notebook 02 explains it; `{fix.relative_to(ROOT)}`):", ""]
+        lines += _rerun_table(pair.assign(notebook="02, two H200 runs with the fix")) + [""]
     return "\n".join(lines)
 
 
@@ -658,6 +656,28 @@ def _duration(seconds):
     return f"{seconds:.0f} s" if seconds < 100 else f"{seconds / 60:.1f} min"
 
 
+REHEARSAL = ROOT / "figures" / "colab_rehearsal" / "rehearsal.csv"
+REHEARSAL_NOTE = (
+    "The rehearsal column ran each notebook at full size on an H100 under a Colab runtime's limits: 2 CPU cores, 15 GiB "
+    "of GPU memory, no bf16, Inductor's compile threads as on 2 cores (`bash scripts/colab_rehearsal.sh`; "
+    "`figures/colab_rehearsal/`). It is H100 compute with Colab's constraints, not a T4 time. \"host memory\" flags a "
+    "notebook whose kernel and child processes together held more resident memory than Colab's 12.7 GiB; that sum "
+    "counts the pages a forked child (a DataLoader worker) shares with the kernel once per child, so it overstates.")
+
+
+def rehearsal_rows() -> dict:
+    """``{stem: "48 s"}`` from the recorded Colab rehearsal (figures/colab_rehearsal/rehearsal.csv), with a flag."""
+    if not REHEARSAL.is_file():
+        return {}
+    rows = {}
+    for r in pd.read_csv(REHEARSAL).itertuples():
+        text = _duration(r.wall_s) if r.status == "done" else r.status
+        if isinstance(r.flags, str) and "host over" in r.flags:
+            text += f" (host memory {r.tree_peak_rss_gib:.1f} GiB)"
+        rows[r.notebook] = text
+    return rows
+
+
 def start_here_block():
     """The notebooks in reading order, each with what it teaches, its time on a recorded run and its Colab badge."""
     import sync_setup_cell
@@ -665,7 +685,9 @@ def start_here_block():
 
     base = repository_url().replace("https://github.com/", "https://colab.research.google.com/github/")
     ref = sync_setup_cell.repo_ref()
-    lines = ["| # | notebook: what you learn | time (recorded run) | Colab |", "|---|---|---|---|"]
+    rehearsal = rehearsal_rows()
+    lines = ["| # | notebook: what you learn | time (recorded run) | under Colab's limits, H100 compute (rehearsal) "
+             "| Colab |", "|---|---|---|---|---|"]
     total, gpus = 0.0, set()
     for source in notebook_sources(ROOT / "notebooks"):
         stem = source.stem
@@ -677,9 +699,12 @@ def start_here_block():
         badge = (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
                  f"({base}/blob/{ref}/notebooks/{stem}.ipynb)")
         title, what = NOTEBOOKS.get(stem, (stem[3:].replace("_", " "), ""))
-        lines.append(f"| {stem[:2]} | [{title}](notebooks/{stem}.ipynb): {what} | {when} | {badge} |")
+        lines.append(f"| {stem[:2]} | [{title}](notebooks/{stem}.ipynb): {what} | {when} | "
+                     f"{rehearsal.get(stem, '-')} | {badge} |")
     lines += ["", f"Together about {total / 60:.0f} min on the {' and '.join(sorted(gpus))} GPUs named above (times "
               "measured by `reproduce`, read from `figures/reproduce_times*.json`); a Colab T4 has not been timed."]
+    if rehearsal:
+        lines += ["", REHEARSAL_NOTE]
     return "\n".join(lines)
 
 

@@ -251,6 +251,32 @@ def test_hooks_live_with_the_guards_and_go_with_the_last():
     assert guard.hooks_installed() == before == 0
 
 
+def test_a_live_guard_leaves_torch_compile_without_recompiles():
+    """A compiled function that builds modules as it runs (transformers slices ``self.layers[:n]`` in its forward)
+    runs the registration hooks while Dynamo traces it. Counted there, the guard's event counter became a Dynamo
+    guard that failed on every call: recompiles up to the limit, then eager (08's static-cache ``generate``)."""
+    x = torch.randn(3, 8)
+    g = recorded_guard(net(), x)
+    assert guard.hooks_installed() == 3
+    layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
+
+    def forward(t):
+        for layer in layers[:2]:   # a new ModuleList on every call
+            t = layer(t)
+        return t
+
+    torch._dynamo.reset()
+    compiled = torch.compile(forward, backend="eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(4):
+            torch.testing.assert_close(compiled(x), forward(x))
+    events = guard._EVENTS[0]
+    layers[0] = torch.nn.Linear(8, 8)   # outside tracing, registrations still count (its weight, bias, the slot)
+    assert guard._EVENTS[0] > events
+    g.check()                           # and the guard, which reads nothing of those layers, still passes
+    torch._dynamo.reset()
+
+
 # ---------------------------------------------------------------------- the four graph makers, on the GPU
 def _capture_maker(fn, x, m):
     from cudagraph_kit.capture import capture

@@ -111,23 +111,6 @@ PUBLISHED_SOURCES = {("shu65", "blog-pytorch-notebooks"),  # the 2021 K80 blog's
 # Notebooks whose GPU execution is still owed, with the reason. The test below is an expected failure for them
 # (strict: once the executed notebook is committed it passes, the xfail turns into a failure, and the entry must go).
 AWAITING_GPU_RUN: dict = {
-    "01_gelu": "rewritten to its budget (picture first, one call per experiment, takeaways, Going further); "
-               "the committed notebook is the 2026-11-25 H100 run of the old text until reproduce runs it on a GPU",
-    "02_train_step": "rewritten to its budget (one call per experiment, takeaways, Going further); the committed "
-                     "notebook is the 2026-11-25 H100 run of the old text until reproduce runs it on a GPU",
-    "03_jit_compile": "rewritten to its budget (one call per phase, takeaways, Going further); the committed "
-                      "notebook is the 2026-11-25 H100 run of the old text until reproduce runs it on a GPU",
-    "04_resnet50": "rewritten to its budget (one call per experiment, takeaways, Going further); the committed "
-                   "notebook is the 2026-11-25 H100 run of the old text until reproduce runs it on a GPU",
-    "07_data_parallel": "trimmed to its budget, with takeaways from the recorded sweep and a 'Going further'; the "
-                        "committed notebook is the 2026-11-25 H100 run of the old text until reproduce runs it",
-    "08_llm_decode": "its summary became takeaways (the recorded run's on a CPU) with the headline verdicts under "
-                     "'Going further'; the committed notebook is the 2026-11-25 H100 run until reproduce runs it",
-    "06_variable_shapes": "its summary became takeaways (the recorded run's on a CPU), the headline verdicts under "
-                          "'Going further'; the committed notebook is the 2026-11-25 H100 run until reproduce runs it",
-    "05_pitfalls": "cut to its budget (the rarer pitfalls under 'Going further'), its two-captures table places each "
-                   "tensor by its whole span (pitfall_scripts.span_state); the committed notebook is the 2026-11-25 "
-                   "H100 run until a GPU run",
 }
 
 
