@@ -661,8 +661,10 @@ REHEARSAL_NOTE = (
     "The rehearsal column ran each notebook at full size on an H100 under a Colab runtime's limits: 2 CPU cores, 15 GiB "
     "of GPU memory, no bf16, Inductor's compile threads as on 2 cores (`bash scripts/colab_rehearsal.sh`; "
     "`figures/colab_rehearsal/`). It is H100 compute with Colab's constraints, not a T4 time. \"host memory\" flags a "
-    "notebook whose kernel and child processes together held more resident memory than Colab's 12.7 GiB; that sum "
-    "counts the pages a forked child (a DataLoader worker) shares with the kernel once per child, so it overstates.")
+    "notebook whose kernel and child processes together held more than Colab's 12.7 GiB. The recorded rehearsal "
+    "added up their resident sizes, which count the pages a forked child shares with the kernel (04's six DataLoader "
+    "workers) once per child, so that figure overstates; the rehearsal now adds proportional sizes, which count a "
+    "shared page once.")
 
 
 def rehearsal_rows() -> dict:

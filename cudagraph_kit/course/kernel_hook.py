@@ -19,9 +19,10 @@ by ``CGK_KERNEL_HOOK``. It uses the standard library only, so that loading it im
   (``torch.cuda.mem_get_info``, also what lies outside the allocator), the kernel's peak resident host memory
   (``VmHWM`` of ``/proc/self/status``: the peak since the kernel's ``exec``; ``ru_maxrss`` would also count the
   pages of the process it was forked from, ``reproduce`` with torch loaded), and the peak resident memory of the
-  kernel with all its descendants (05's scripts, 07's torchrun workers: what a Colab runtime's host memory must
-  hold at once), sampled every second by a thread of the hook. GPU figures are read only once the notebook itself
-  has initialised CUDA; the hook never does, except to apply a cap.
+  kernel with all its descendants (05's scripts, 07's torchrun workers, DataLoader workers; proportional, so a page
+  they share counts once: what a Colab runtime's host memory must hold at once), sampled every second by a thread of
+  the hook. GPU figures are read only once the notebook itself has initialised CUDA; the hook never does, except
+  to apply a cap.
 
 Example (what the startup file does; ``settings.json`` written by ``reproduce``)::
 
@@ -224,7 +225,10 @@ def own_peak_rss_bytes() -> int:
 
 
 def tree_rss_bytes(pid: int) -> int:
-    """Resident memory now of ``pid`` and all its descendants (Linux ``/proc``)."""
+    """Resident memory now of ``pid`` and all its descendants (Linux ``/proc``), each process counted by its
+    proportional set size (PSS, ``/proc/PID/smaps_rollup``: a page that N processes share counts 1/N to each), so
+    the pages a forked child (a DataLoader worker) shares with the kernel count once, not once per child; a
+    process whose ``smaps_rollup`` cannot be read counts its whole resident size."""
     children: dict = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -234,16 +238,31 @@ def tree_rss_bytes(pid: int) -> int:
             except (OSError, ValueError, IndexError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
-    page, total, todo = os.sysconf("SC_PAGE_SIZE"), 0, [pid]
+    total, todo = 0, [pid]
     while todo:
         p = todo.pop()
-        try:
-            with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * page
-        except (OSError, ValueError, IndexError):
+        size = _resident_bytes(p)
+        if size is None:
             continue
+        total += size
         todo.extend(children.get(p, ()))
     return total
+
+
+def _resident_bytes(pid: int) -> int | None:
+    """``pid``'s proportional set size (PSS), else its resident set size; None for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024   # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def install(shell, settings_path=None) -> KernelHook | None:
