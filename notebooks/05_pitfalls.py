@@ -109,7 +109,8 @@ X = torch.randn(256, device=DEVICE) + 2.0
 # Reading a GPU value into Python makes the CPU wait for the GPU (a *host synchronization*). During capture
 # nothing has run yet, so there is no value to read: CUDA refuses with *"operation not permitted when stream
 # is capturing"*. `check_capturable` finds every such line before you capture; PyTorch's own sync debug mode
-# (`torch.cuda.set_sync_debug_mode`) is one of the things it uses.
+# (`torch.cuda.set_sync_debug_mode`) is one of the things it uses, and switching it on prints PyTorch's warning
+# that the mode "is a prototype feature": expected, and the kit's other checks cover what it misses.
 
 # %%
 def scale_by_mean(x):
@@ -283,7 +284,8 @@ pitfalls.record("a Python counter frozen into the graph", "silently wrong", "che
 # kernel's offset relative to a per-graph base and moves the generator on before every replay, so each replay
 # draws new numbers (notebook 02 explains the mechanism). What breaks is drawing from another `torch.Generator`
 # (capture fails unless it is registered with the graph) and reseeding inside the captured function
-# (`torch.manual_seed` cannot run during capture, and replays would never reseed).
+# (`torch.manual_seed` cannot run during capture, and replays would never reseed). The capture below that fails on
+# purpose ends a graph with nothing in it, so PyTorch also warns "The CUDA Graph is empty": expected here.
 
 # %%
 def noisy(x):
@@ -325,7 +327,7 @@ pitfalls.record("random numbers: reseeding or another generator in the graph", "
 # ## 7. Will a graph help? `advise` before capturing, checked against measured speedups
 # A graph removes launch cost, not GPU work. `advise(fn, *args)` runs the eager function alone, before anything is
 # captured: it times a call, counts its kernels and measures how long the GPU is busy with them, then, with what a
-# replay costs on this GPU (`measure_replay_cost()`), predicts the best speedup a graph can reach and says whether
+# replay costs on this GPU (`measure_replay_cost()`), predicts the speedup a graph should reach and says whether
 # a graph would be faster, about as fast, or slower (Going further G has its formula).
 #
 # The cases are the GELU of notebook 01 (a small and a large tensor) and the training steps of notebook 02 (two
@@ -699,7 +701,8 @@ pitfalls.record("a graph replayed after what it reads was freed", "silently wron
 #
 # - graph GPU time = eager GPU time − kernels × gap saved + the graph's own start;
 # - best graph time = max(graph GPU time, nodes × node time, host cost of one replay);
-# - speedup = eager time / best graph time: the best a graph can reach.
+# - speedup = eager time / best graph time: an estimate, which a measured speedup can exceed (the eager time
+#   drifts between `advise` and the timing windows, and the formula may miss a saving).
 #
 # The predicted speedup divides `advise`'s own eager time by its predicted graph time. The host's speed drifts
 # between `advise`'s measurement and the timing windows, and the eager time moves with it, so part of a miss can

@@ -252,7 +252,9 @@ print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:
 # dimension dynamic), and `dynamic=True` (dynamic from the start). The compiled code is then shared across sizes,
 # but a graph is not: each new batch size records one more. The first two passes over the stream compile and
 # record; their time is the setup cost. The recorded graphs live in one memory pool shared by every compiled
-# function ("Going further" C).
+# function ("Going further" C). Compiling prints Inductor's warning that TensorFloat32 tensor cores are "available
+# but not enabled": the course keeps PyTorch's default, full float32 matrix multiplies, so that every variant
+# compares with eager at float32 rounding.
 
 # %%
 compiled, TREES_POOL_MIB = parts.compile_variants(MODELS, streams, info, COMPILE)   # {model: {label: fn}}
@@ -599,7 +601,7 @@ check_batch_mixing(BatchMixingBlock, mixing_leak, why, d_block=D_BLOCK, heads=HE
 # semantics notes) maps memory into one growing segment per stream and pool instead, so freed space can be
 # reused whatever the request sizes. Set it in the environment before Python starts; here it is switched at run
 # time with `torch.cuda.memory._set_allocator_settings` (what PyTorch's own tests do; it applies to segments
-# created from then on) to compare both settings in one process: the transformer block's default ladder in a
+# created from then on; recent PyTorch warns that this private function is deprecated, and it still applies) to compare both settings in one process: the transformer block's default ladder in a
 # shared pool against its largest bucket alone, each size checked against eager first (`verify`).
 
 # %%

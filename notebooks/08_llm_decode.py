@@ -246,16 +246,16 @@ assert padded_err < 1e-3
 #   size it has not seen costs a compile or a recording.
 # - **`transformers`' `generate`** on a `LlamaForCausalLM` with a copy of the same weights:
 #   `cache_implementation="static"` allocates a static cache, and on a GPU `generate` then compiles the decoding
-#   forward with `reduce-overhead` by itself. Its default dynamic cache (eager) is timed too. The tables' `executed_as`
-#   column says how each row really ran. In the run committed on 2026-11-27 the compiled `generate` rows ran eagerly:
-#   the kit's guard, alive in the same process, counted the modules `transformers` builds inside its forward while
-#   Dynamo traced it, and Dynamo recompiled on every call until its limit sent the forward back to eager. The kit no
-#   longer counts while Dynamo traces; until this notebook is recorded again, read those rows as eager `generate`.
+#   forward with `reduce-overhead` by itself. Its default dynamic cache (eager) is timed too. In the run committed on
+#   2026-11-27 the compiled `generate` rows ran eagerly (their `executed_as` says so): a kit bug, fixed since, made
+#   Dynamo recompile on every call until its limit. Until this notebook is recorded again, read them as eager.
 # - **compile + kit graphs**: the decode step compiled in the default mode (fused kernels, no graphs), then
 #   captured per bucket by `capture_buckets`, as the eager step was. It must be compiled on the kind of input the
 #   capture passes, or the capture compiles again ("Going further" B says why).
 #
-# Each variant is tried on its own; one that fails becomes a row with its error, and the others go on.
+# Each variant is tried on its own; one that fails becomes a row with its error, and the others go on. Compiling
+# prints Inductor's warning that TensorFloat32 tensor cores are "available but not enabled": the course keeps
+# PyTorch's default, full float32 matrix multiplies, so every variant compares with eager at float32 rounding.
 
 # %%
 variant_errors = {}
