@@ -363,13 +363,14 @@ show_advise(honest, claims, STEM)  # without a GPU: the recorded GPU run's predi
 
 # %%
 TAKEAWAYS = [
-    "Some mistakes raise at capture: a value read on the CPU (`.item()`, `print`, `if tensor:`), an output whose "
+    "Some mistakes raise at capture: a value read on the CPU (`.item()`, `print`), an output whose "
     "shape depends on the data, reseeding or another generator. `check_capturable` finds them before any capture, "
     "with the line that causes each; a failed capture becomes a `CaptureError` that names the cause and the fix, and "
     "the process keeps working.",
     "Others capture fine and then compute the wrong thing, silently: a static input rebound instead of copied into, "
-    "an output kept across replays, a Python counter frozen at capture. `verify` compares the graph with eager and "
-    "catches all three.",
+    "an output kept across replays, a Python counter frozen at capture. `verify` runs the graph beside eager: it "
+    "shows the rebound input diverging and the counter's eager calls disagreeing with each other, and it reminds you "
+    "that every call returns the same output memory; an output you keep across replays is yours to clone.",
     "A graph removes launch cost, not GPU work, and `advise` predicts the gain from the eager function alone, "
     "before any capture. {advise_within_1_5x_gelu_small:statement}; {advise_within_1_5x_gelu_large:statement}.",
     "Over all its cases: {advise_within_1_5x_all:statement}.",

@@ -111,6 +111,11 @@ PUBLISHED_SOURCES = {("shu65", "blog-pytorch-notebooks"),  # the 2021 K80 blog's
 # Notebooks whose GPU execution is still owed, with the reason. The test below is an expected failure for them
 # (strict: once the executed notebook is committed it passes, the xfail turns into a failure, and the entry must go).
 AWAITING_GPU_RUN: dict = {
+    "05_pitfalls": "takeaways 1-2 say no more than the core shows (verify flags the rebound input and the counter, "
+                   "and reminds that outputs are reused; `if tensor:` is not demonstrated); the committed notebook is "
+                   "the 2026-11-27 H100 run of the earlier wording until reproduce runs it on a GPU",
+    "06_variable_shapes": "takeaways 3-4 quote both models, not only the one where the comparison held; the committed "
+                          "notebook is the 2026-11-27 H100 run of the earlier wording until reproduce runs it",
 }
 
 
