@@ -114,6 +114,8 @@ AWAITING_GPU_RUN: dict = {
     "05_pitfalls": "takeaways 1-2 say no more than the core shows (verify flags the rebound input and the counter, "
                    "and reminds that outputs are reused; `if tensor:` is not demonstrated); the committed notebook is "
                    "the 2026-11-27 H100 run of the earlier wording until reproduce runs it on a GPU",
+    "03_jit_compile": "takeaways 1 and 3 say that their graphs read an input already in place, as their claims do; "
+                      "the committed notebook is the 2026-11-27 H100 run of the earlier wording until reproduce runs it",
     "06_variable_shapes": "takeaways 3-4 quote both models, not only the one where the comparison held; the committed "
                           "notebook is the 2026-11-27 H100 run of the earlier wording until reproduce runs it",
 }
