@@ -386,9 +386,9 @@ if now is not None:
 # **Why the numbers differ.** An eager step of the small network is mostly the CPU's cost of launching its
 # kernels, and CPUs did not get much faster per launch, while GPUs did. On the K80 the small step kept the GPU
 # busy for much of the eager step, so the graph could only remove the gaps; on an H100 the same kernels take tens
-# of microseconds, so the graph removes most of the step. At the docs size the GPU's work (the floor) comes close
-# to the host's time to issue the step, so a graph can save at most the gap between the two: a small gain, which
-# a run's interval may not clear.
+# of microseconds, so the graph removes most of the step. At the docs size the GPU's work (the floor) grows toward
+# the host's time to issue the step, and a graph can save at most the gap between the two; the takeaways below
+# give this run's verdict.
 #
 # ## 8. Takeaways
 # Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).

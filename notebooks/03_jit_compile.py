@@ -59,8 +59,6 @@ MLP_BATCH = 8      # section 6: rows per call (small: launch-bound)
 MATMUL_PRECISION = "high"  # float32 matmuls on a GPU, eager and compiled alike ("high": TF32; see section 6)
 
 # %%
-import types
-
 import pandas as pd
 import torch
 from IPython.display import display
@@ -70,8 +68,8 @@ from cudagraph_kit.capture import capture, fresh_cublas_workspace
 from cudagraph_kit.course import results, verdicts
 from cudagraph_kit.course.claims import save_claims, summary
 from cudagraph_kit.course.measure import Measured, measure
-from cudagraph_kit.course.compilers import (keeping_outputs, read_after_next_call, script_or_none, torchscript_fuser,
-                                            with_mark_step)
+from cudagraph_kit.course.compilers import (fresh, keeping_outputs, read_after_next_call, script_or_none,
+                                            torchscript_fuser, with_mark_step)
 from cudagraph_kit.course.models import eager_step, mlp_stack
 from cudagraph_kit.course.nb02_train import param_diff
 from cudagraph_kit.course.verdicts import IP, RO_MARK, TRAIN_KIT, TRAIN_RO
@@ -108,12 +106,6 @@ if not CUDA:
 # %% tags=["nbval-check-output"]
 def gelu(x):
     return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
-
-
-def fresh(fn):
-    """A copy of ``fn`` with its own code object. Dynamo keeps one compile cache per code object, so giving each
-    compiled variant its own copy keeps their caches (and guards) apart."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 inputs = {case: torch.randn(*shape, device=DEVICE) for case, shape in SHAPES.items()}

@@ -133,10 +133,8 @@ if not CUDA:
 # %% [markdown]
 # ## 1. A small LLaMA-style model and a static KV cache
 #
-# `cudagraph_kit/course/tiny_llm.py` holds the model: per layer RMSNorm, attention with rotary position embeddings
-# and grouped-query attention through `F.scaled_dot_product_attention`, and a SwiGLU MLP. Its random weights are
-# drawn from a seed on the CPU, so every run starts from the same model; its parameter names are those of
-# `transformers`' `LlamaForCausalLM`, which section 5 uses.
+# `cudagraph_kit/course/tiny_llm.py` holds the model, a small LLaMA (RMSNorm, rotary attention, a SwiGLU MLP) with
+# random weights drawn from a seed, named as in `transformers`' `LlamaForCausalLM`, which section 5 uses.
 #
 # The **static KV cache** holds keys and values for `MAX_BATCH` rows of `MAX_LEN` positions, allocated once. A
 # decode step takes one token and one position per row, writes that row's key and value at its position (an
@@ -253,9 +251,9 @@ assert padded_err < 1e-3
 #   captured per bucket by `capture_buckets`, as the eager step was. It must be compiled on the kind of input the
 #   capture passes, or the capture compiles again ("Going further" B says why).
 #
-# Each variant is tried on its own; one that fails becomes a row with its error, and the others go on. Compiling
-# prints Inductor's warning that TensorFloat32 tensor cores are "available but not enabled": the course keeps
-# PyTorch's default, full float32 matrix multiplies, so every variant compares with eager at float32 rounding.
+# Each variant is tried on its own; one that fails becomes a row with its error, and the others go on. Inductor's
+# warning that TensorFloat32 tensor cores are "available but not enabled" is expected: the course keeps PyTorch's
+# full float32 matrix multiplies, so every variant compares with eager at float32 rounding.
 
 # %%
 variant_errors = {}

@@ -10,11 +10,18 @@ Example::
 """
 from __future__ import annotations
 
+import types
 import warnings
 
 import torch
 
-__all__ = ["script_or_none", "torchscript_fuser", "read_after_next_call", "keeping_outputs", "with_mark_step"]
+__all__ = ["fresh", "script_or_none", "torchscript_fuser", "read_after_next_call", "keeping_outputs", "with_mark_step"]
+
+
+def fresh(fn):
+    """A copy of ``fn`` with its own code object. Dynamo keeps one compile cache per code object, so giving each
+    compiled variant its own copy keeps their caches (and guards) apart."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 def script_or_none(fn, inputs, warmup: int):

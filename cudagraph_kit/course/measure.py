@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from ..intervals import combine_windows, ratio_across_windows
 from ..timing import compare
 
-__all__ = ["measure", "Measured", "SHORT_COLUMNS", "is_eager_fallback", "ran_eagerly"]
+__all__ = ["measure", "Measured", "SHORT_COLUMNS", "is_eager_fallback", "ran_eagerly", "window_medians"]
 
 SHORT_COLUMNS = ["case", "variant", "ran as", "time (µs)", "speedup", "90% interval", "floor (µs)"]
 
@@ -113,6 +113,13 @@ class Measured:
         out = pd.DataFrame(dict(zip(SHORT_COLUMNS, values))).reset_index(drop=True)
         empty = [c for c in out.columns if out[c].isna().all() or out[c].astype(str).isin(["-", "", "nan"]).all()]
         return out.drop(columns=empty)
+
+
+def window_medians(frames, case, variant, fmt: str = ".10g") -> str:
+    """One row's median time in each window (``Measured.windows``), ";"-joined, "nan" where a window lacks the row:
+    what a saved table needs to recompute a ratio between two of its rows window by window."""
+    return ";".join(f"{float(f[(f.case == case) & (f.variant == variant)].median_us.iloc[0]):{fmt}}"
+                    if ((f.case == case) & (f.variant == variant)).any() else "nan" for f in frames)
 
 
 def _case_parts(spec):

@@ -190,20 +190,12 @@ def show_reduce_overhead(ro, torch_version):
     return f"{skips} skip(s) logged; old output: {old_output}", detected, found_by
 
 
-def eager_step(model, opt, loss_fn=None):
-    """An eager training step of ``model`` with ``opt`` (MSE loss unless ``loss_fn``): ``step(x, y)`` returns the
-    loss, detached."""
-    import torch
+def eager_step(model, opt):
+    """``models.eager_step`` (MSE loss) whose ``step(x, y)`` returns the loss detached, as a graph's step does."""
+    from .models import eager_step as plain_step
 
-    loss_fn = loss_fn or torch.nn.functional.mse_loss
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-    return step
+    step = plain_step(model, opt)
+    return lambda x, y: step(x, y).detach()
 
 
 def advise_workloads(gelu):

@@ -11,6 +11,7 @@ Example::
 """
 from __future__ import annotations
 
+from .measure import window_medians  # noqa: F401  (the notebook imports it from here)
 from .verdicts import covers
 
 __all__ = ["plot_tradeoff", "graph_trees_pool_bytes", "strategy", "phrase", "window_medians", "draw_sizes",
@@ -38,11 +39,6 @@ def phrase(label: str) -> str:
         spacing = "powers of two" if base == "pow2" else base
         return f"the default ladder ({spacing})" if s != base else f"the ladder in {spacing}"
     return _PHRASES.get(s, s)
-
-
-def window_medians(frames, case, variant) -> str:
-    """One variant's median time in each window, ";"-joined (what ``ratio_across_windows`` compares)."""
-    return ";".join(f"{float(f[(f.case == case) & (f.variant == variant)].median_us.iloc[0]):.10g}" for f in frames)
 
 
 def graph_trees_pool_bytes():
@@ -346,13 +342,6 @@ class Strategies:
         return out
 
 
-def _fresh(fn):
-    """A copy of ``fn`` with its own code object, so each compiled variant keeps its own compile cache."""
-    import types
-
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-
-
 def compile_variants(models, streams, info, enabled):
     """``torch.compile(mode="reduce-overhead")`` of each model, with ``dynamic=None`` and ``dynamic=True``, run
     twice over the stream (a new size runs once to warm up, then is recorded on its next call); the time of those
@@ -361,6 +350,8 @@ def compile_variants(models, streams, info, enabled):
     import time
 
     import torch
+
+    from .compilers import fresh
 
     compiled = {name: {} for name in models}
     if not enabled:
@@ -373,7 +364,7 @@ def compile_variants(models, streams, info, enabled):
         for label, dynamic in (("reduce-overhead", None), ("reduce-overhead, dynamic=True", True)):
             def call_model(x, model=model):
                 return model(x)
-            fn = torch.compile(_fresh(call_model), mode="reduce-overhead", dynamic=dynamic)
+            fn = torch.compile(fresh(call_model), mode="reduce-overhead", dynamic=dynamic)
             t0 = time.perf_counter()
             for _ in range(2):
                 run_stream(fn, streams[name])
@@ -444,8 +435,6 @@ def stream_verdicts(m) -> list:
         out += [versus(m, f"{short}_{cid}", (name, fast), (name, slow), subject=f"{name}: {phrase(fast)}",
                        than=phrase(slow)) for cid, fast, slow in pairs]
     return out
-
-
 
 
 def results_table(m, latency, pad_stats, strategies, errors, requests, device):

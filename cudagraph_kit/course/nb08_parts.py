@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from .measure import window_medians
+
 __all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "serve_table", "step_mode", "profiled_mode",
            "with_window_medians", "per_batch", "check_row", "first_calls", "setup_table", "attempt", "host_bound",
            "decode_vs_prefill", "step_claims", "generation_claims", "reduce_overhead_step", "compile_then_capture",
@@ -156,9 +158,7 @@ def with_window_medians(m):
     """``m.table`` (a ``Measured``) with each row's per-window medians, ";"-joined (``window_medians_us``), so a
     saved table lets anyone recompute a ratio between two of its rows window by window."""
     t = m.table.copy()
-    t["window_medians_us"] = [";".join(f"{float(w[(w.case == c) & (w.variant == v)].median_us.iloc[0]):.6g}"
-                                       if ((w.case == c) & (w.variant == v)).any() else "nan" for w in m.windows)
-                              for c, v in zip(t.case, t.variant)]
+    t["window_medians_us"] = [window_medians(m.windows, c, v, ".6g") for c, v in zip(t.case, t.variant)]
     return t
 
 
