@@ -1,22 +1,24 @@
 """cudagraph_kit: learn, measure and apply CUDA Graphs in PyTorch.
 
 One module per idea; a helper can be copied into a project (only torch needed), with the files it names beside it
-(docs/ARCHITECTURE.md has the copy rule): ``env`` (what machine is this), ``capture`` (capture once, call with new
-inputs; the kit's errors, ``explain`` and the stream rule), ``train_step`` (whole training step as one graph),
-``partial`` (make_graphed_callables made safe), ``check`` (find what breaks a graph before capture), ``verify`` (a
-graph against eager), ``advise`` (will a graph help?), ``timing`` (medians, spread, GPU-busy floor), ``intervals``
-(where a rerun will land: prediction intervals over timing windows, and the verdict they support),
-``bucket_graphs`` (variable shapes: one graph per bucket), ``bucket_plan`` (choose the buckets), ``memory`` (a
-memory ledger per graph and pool), ``ddp`` (DistributedDataParallel under graphs, per-rank step timing), ``show``
-(pictures: eager vs graph on one timeline, a graph's nodes; needs matplotlib).
+(docs/ARCHITECTURE.md has the copy rule): ``env`` (what machine is this), ``graphed`` (capture once, call with new
+inputs; the kit's errors, ``explain`` and the stream rule), ``guard`` (what a graph read, checked before each replay),
+``train_step`` (whole training step as one graph), ``partial`` (make_graphed_callables made safe), ``check`` (find
+what breaks a graph before capture), ``verification`` (a graph against eager), ``advice`` (will a graph help?),
+``timing`` (medians, spread, GPU-busy floor), ``intervals`` (where a rerun will land: prediction intervals over
+timing windows, and the verdict they support), ``bucket_graphs`` (variable shapes: one graph per bucket),
+``bucket_plan`` (choose the buckets), ``memory`` (a memory ledger per graph and pool), ``ddp``
+(DistributedDataParallel under graphs, per-rank step timing), ``show`` (pictures: eager vs graph on one timeline, a
+graph's nodes; needs matplotlib).
 
 The package's names load on first use, so ``import cudagraph_kit`` imports neither torch nor any module of the kit
-(``python -m cudagraph_kit --version`` answers at once). A module keeps its own name: ``cudagraph_kit.capture`` is
-the module, and its function is imported from it, as are ``advise`` and ``verify``::
+(``python -m cudagraph_kit --version`` answers at once). No module shares a name with a function, so the names you
+type give the functions, and each module is importable under its own name::
 
-    from cudagraph_kit import capture_train_step, compare, show   # functions and classes, and modules
-    from cudagraph_kit.capture import capture
-    import cudagraph_kit.capture as c                             # the module
+    import cudagraph_kit as cgk
+    g = cgk.capture(model, x)                                     # the function
+    from cudagraph_kit import capture, verify, advise, capture_train_step, graph_modules, capture_buckets
+    import cudagraph_kit.graphed as graphed                       # the module that holds capture
 
 The course (notebook results, ``reproduce``, exercises) lives apart, in ``cudagraph_kit.course``; nothing here
 imports it.
@@ -27,10 +29,10 @@ import os
 
 # public name -> the module that defines it, imported on first use (PEP 562)
 _EXPORTS = {
-    "GraphedCallable": "capture", "shared_pool": "capture", "capture_stream": "capture", "explain": "capture",
-    "NoCudaError": "capture", "CaptureError": "capture", "StaleGraphError": "guard", "weights_fixed": "guard",
-    "graph_features": "capture",
-    "register_generators": "capture",
+    "capture": "graphed", "verify": "verification", "advise": "advice",
+    "GraphedCallable": "graphed", "shared_pool": "graphed", "capture_stream": "graphed", "explain": "graphed",
+    "NoCudaError": "graphed", "CaptureError": "graphed", "StaleGraphError": "guard", "weights_fixed": "guard",
+    "graph_features": "graphed", "register_generators": "graphed",
     "has_cuda": "env", "bf16_supported": "env", "usable_gpu_memory": "env", "describe": "env", "env_table": "env",
     "graph_modules": "partial", "timeit": "timing", "gpu_time": "timing", "compare": "timing",
     "prediction_interval": "intervals", "verdict": "intervals", "combine_windows": "intervals",

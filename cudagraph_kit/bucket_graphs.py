@@ -22,7 +22,7 @@ Example::
     y = serve(torch.randn(37, 512, device="cuda"))   # padded to 40 rows, replayed, sliced back: y has 37 rows
     print(serve.stats)                                # calls per bucket, padded rows, eager overflows
 
-It needs ``torch`` and the kit's ``capture.py`` beside it.
+It needs ``torch`` and the kit's ``graphed.py`` beside it.
 """
 from __future__ import annotations
 
@@ -41,14 +41,14 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 
 if __package__:
-    from . import capture  # errors, recovery after a failed capture, the capture stream
-else:  # this file copied beside capture.py, outside the package: that capture.py, never another on sys.path
-    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("capture")
+    from . import graphed  # errors, recovery after a failed capture, the capture stream
+else:  # this file copied beside graphed.py, outside the package: that graphed.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("graphed")
     if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's capture.py from its own folder {_here}, "
-                          f"but `import capture` finds {_found and _found.origin or 'nothing'}. Fix: copy "
-                          "cudagraph_kit/capture.py beside it, that folder first on sys.path.")
-    import capture  # type: ignore[import-not-found, no-redef]
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's graphed.py from its own folder {_here}, "
+                          f"but `import graphed` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/graphed.py beside it, that folder first on sys.path.")
+    import graphed  # type: ignore[import-not-found, no-redef]
 
 __all__ = ["BucketedGraphs", "BucketStats", "BucketOverflowWarning", "capture_buckets", "ladder"]
 
@@ -153,7 +153,7 @@ class BucketedGraphs:
         self.clone_outputs = clone_outputs
         self.measure_memory = measure_memory
         self.graphs: dict = {}
-        self.guard = None  # capture.guard.Guard: what the graphs read, checked before every replay
+        self.guard = None  # graphed.guard.Guard: what the graphs read, checked before every replay
         self.pool = None
         self.static_inputs: tuple = ()
         self.static_outputs: tuple = ()
@@ -188,7 +188,7 @@ class BucketedGraphs:
         for i, o in enumerate(leaves):
             if o.dim() <= self.dim or o.shape[self.dim] != b:
                 raise ValueError(
-                    f"output {i} has {capture.describe_tensor(o)} for a bucket of {b} rows along dim {self.dim}. "
+                    f"output {i} has {graphed.describe_tensor(o)} for a bucket of {b} rows along dim {self.dim}. "
                     "Bucketing pads rows and slices them off again, so every output needs one row per input row along "
                     "that dim. Fix: return per-row results (reduce over the batch after the call), or set dim.")
         if self._out_spec is None:
@@ -217,7 +217,7 @@ class BucketedGraphs:
 
     def _capture(self, warmup: int, pool, check_weights: bool = False):
         device = self.static_inputs[0].device
-        stream = capture.capture_stream(device)  # the kit's stream rule: warm-up and capture on one stream per GPU
+        stream = graphed.capture_stream(device)  # the kit's stream rule: warm-up and capture on one stream per GPU
         if pool == "shared":
             self.pool = torch.cuda.graph_pool_handle()
         elif pool is not None and pool != "private":
@@ -232,10 +232,10 @@ class BucketedGraphs:
                     out = self.fn(*views)
                 leaves = self._check_outputs(out, b)
                 if check_weights and self.guard is None:  # one more call, watched, for the first bucket only
-                    with capture.rng_kept(device), \
-                            capture.guard.watch_reads(skip=tuple(views) + tuple(self.static_inputs)) as reads:
+                    with graphed.rng_kept(device), \
+                            graphed.guard.watch_reads(skip=tuple(views) + tuple(self.static_inputs)) as reads:
                         self.fn(*views)
-                    self.guard = capture.guard.Guard(self.fn, reads.tensors) or None
+                    self.guard = graphed.guard.Guard(self.fn, reads.tensors) or None
             torch.cuda.current_stream(device).wait_stream(stream)
             if not self.static_outputs:  # allocated on the stream that replays and reads them
                 self._init_outputs(leaves)
@@ -246,7 +246,7 @@ class BucketedGraphs:
                 reserved = torch.cuda.memory_reserved(device)
             graph = torch.cuda.CUDAGraph()
             try:
-                with grad(), capture.graph_capture(graph, pool=self.pool, stream=stream):
+                with grad(), graphed.graph_capture(graph, pool=self.pool, stream=stream):
                     out = self.fn(*views)
                     leaves = _flatten(out)[0]
                     for i, buf in enumerate(self.static_outputs):
@@ -254,8 +254,8 @@ class BucketedGraphs:
                     del out, leaves  # their memory goes back to the pool, for the next (smaller) bucket to reuse
             except Exception as exc:
                 del graph
-                capture.recover_from_failed_capture(device)
-                err = capture.CaptureError.from_exception(exc)  # .cause, .fix, .original as everywhere in the kit
+                graphed.recover_from_failed_capture(device)
+                err = graphed.CaptureError.from_exception(exc)  # .cause, .fix, .original as everywhere in the kit
                 err.args = (f"bucket of {b} rows: " + str(err),)
                 raise err from exc
             self.graphs[b] = graph
@@ -282,7 +282,7 @@ class BucketedGraphs:
                 expect = list(pre) + ["rows"] + list(post)
                 raise ValueError(
                     f"argument {i}: the buckets were captured for shape ({', '.join(map(str, expect))}) "
-                    f"{str(dtype).replace('torch.', '')} on {device}, got {capture.describe_tensor(a)}. Only the size "
+                    f"{str(dtype).replace('torch.', '')} on {device}, got {graphed.describe_tensor(a)}. Only the size "
                     f"along dim {d} may vary; nothing was copied or replayed. Fix: convert it (.to(device, dtype)) or "
                     "capture buckets for this shape.")
             rows = a.shape[d]
@@ -383,7 +383,7 @@ class BucketedGraphs:
     def __repr__(self):
         s = self.sizes if len(self.sizes) <= 12 else self.sizes[:5] + ["..."] + self.sizes[-3:]
         pool = "eager" if self.mode == "eager" else ("shared pool" if self.pool is not None else "private pools")
-        inputs = ", ".join(capture.describe_tensor(t) for t in self.static_inputs)
+        inputs = ", ".join(graphed.describe_tensor(t) for t in self.static_inputs)
         return (f"BucketedGraphs({getattr(self.fn, '__name__', type(self.fn).__name__)}, mode={self.mode!r}, "
                 f"{len(self.sizes)} buckets {s}, {pool}, inputs=[{inputs}])")
 
@@ -421,7 +421,7 @@ def capture_buckets(fn: Callable[..., Any], *sample_args: torch.Tensor, sizes: S
       (``torch.cuda.graph`` itself synchronizes and empties the cache as each capture begins, in every PyTorch
       release the kit supports: that part is PyTorch's.)
     - ``check_weights``: one more eager call (first bucket) records what ``fn`` really reads and where each tensor
-      is held (``guard.py``, as :func:`capture.capture` does); before every replay, a replaced or re-typed tensor
+      is held (``guard.py``, as :func:`graphed.capture` does); before every replay, a replaced or re-typed tensor
       (``model.half()``, ``model.weight = ...``) raises ``StaleGraphError`` instead of replaying stale or released
       memory. The guard is ``serve.guard``; ``guard.weights_fixed(serve)`` checks once per block instead.
 
@@ -463,7 +463,7 @@ def capture_buckets(fn: Callable[..., Any], *sample_args: torch.Tensor, sizes: S
 
     cuda = torch.cuda.is_available()
     if not cuda and not eager_fallback:
-        raise capture.NoCudaError(capture.NO_CUDA_MESSAGE)
+        raise graphed.NoCudaError(graphed.NO_CUDA_MESSAGE)
     if cuda:
         for i, a in enumerate(sample_args):
             if not a.is_cuda:

@@ -48,7 +48,7 @@ from torch.utils._pytree import tree_leaves
 
 
 if __package__:
-    from . import state_watch as sw  # the Python-state watch, shared with verify.py
+    from . import state_watch as sw  # the Python-state watch, shared with verification.py
 else:  # this file copied beside state_watch.py, outside the package: that state_watch.py, never another on sys.path
     _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("state_watch")
     if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):

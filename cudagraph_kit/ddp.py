@@ -52,15 +52,15 @@ import torch
 
 
 if __package__:
-    from . import capture as _capture  # the capture stream DDP is built on
-else:  # this file copied beside capture.py, outside the package: that capture.py, never another on sys.path
-    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("capture")
+    from . import graphed as _graphed  # the capture stream DDP is built on
+else:  # this file copied beside graphed.py, outside the package: that graphed.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("graphed")
     if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's capture.py from its own folder {_here}, "
-                          f"but `import capture` finds {_found and _found.origin or 'nothing'}. Fix: copy "
-                          "cudagraph_kit/capture.py beside it, that folder first on sys.path.")
-    import capture as _capture  # type: ignore[import-not-found, no-redef]
-capture_stream, torch_release = _capture.capture_stream, _capture.torch_release
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's graphed.py from its own folder {_here}, "
+                          f"but `import graphed` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/graphed.py beside it, that folder first on sys.path.")
+    import graphed as _graphed  # type: ignore[import-not-found, no-redef]
+capture_stream, torch_release = _graphed.capture_stream, _graphed.torch_release
 
 __all__ = ["setup_distributed_for_graphs", "ddp_for_graphs", "DistInfo", "StepTimer", "jitter_summary",
            "per_rank_summary", "async_error_handling_value", "free_port", "DDP_MIN_WARMUP"]
@@ -144,7 +144,7 @@ def setup_distributed_for_graphs(backend: str | None = None, **init_kwargs) -> D
 def ddp_for_graphs(module: torch.nn.Module, stream=None, **ddp_kwargs):
     """Wrap ``module`` in ``DistributedDataParallel`` inside a side-stream context, ready for graph capture.
 
-    By default the side stream is the kit's capture stream (``capture.capture_stream``), the one
+    By default the side stream is the kit's capture stream (``graphed.capture_stream``), the one
     ``capture_train_step`` warms up and captures on, so the ``AccumulateGrad`` nodes DDP keeps belong to the
     capture stream. The returned model carries a ``_cudagraph_kit`` dict (stream, async error handling at init)
     that ``capture_train_step`` checks. Without CUDA (gloo on the CPU) it is a plain

@@ -54,7 +54,7 @@ Example::
     model.half()
     guard.check()   # StaleGraphError: Linear.weight has new storage: float32 ... at capture, now float16 ...
 
-This file needs only ``torch``; ``capture.py`` imports it, so copy both.
+This file needs only ``torch``; ``graphed.py`` imports it, so copy both.
 """
 from __future__ import annotations
 

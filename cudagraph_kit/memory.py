@@ -8,7 +8,7 @@
 Example::
 
     import torch
-    from cudagraph_kit.capture import capture
+    from cudagraph_kit.graphed import capture
     from cudagraph_kit.memory import MemoryLedger
 
     ledger = MemoryLedger()

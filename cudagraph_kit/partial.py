@@ -15,7 +15,7 @@ Traps handled:
 - several modules graphed in one call share one memory pool (pass a tuple).
 
 Streams: ``make_graphed_callables`` chooses its own warm-up and capture streams (which ones depends on the PyTorch
-release), so the kit's stream rule (``capture.capture_stream``) cannot reach it. Share a pool among modules by
+release), so the kit's stream rule (``graphed.capture_stream``) cannot reach it. Share a pool among modules by
 graphing them in one call, not with the graphs of ``capture`` or ``capture_buckets``.
 
 Example::
@@ -36,20 +36,20 @@ import torch
 
 
 if __package__:
-    from . import capture as _capture  # errors and the recovery after a failed capture
-else:  # this file copied beside capture.py, outside the package: that capture.py, never another on sys.path
-    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("capture")
+    from . import graphed as _graphed  # errors and the recovery after a failed capture
+else:  # this file copied beside graphed.py, outside the package: that graphed.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("graphed")
     if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's capture.py from its own folder {_here}, "
-                          f"but `import capture` finds {_found and _found.origin or 'nothing'}. Fix: copy "
-                          "cudagraph_kit/capture.py beside it, that folder first on sys.path.")
-    import capture as _capture  # type: ignore[import-not-found, no-redef]
-CaptureError = _capture.CaptureError
-NoCudaError = _capture.NoCudaError
-recover_from_failed_capture = _capture.recover_from_failed_capture
-reseed_error = _capture.reseed_error
-reseeding_calls = _capture.reseeding_calls
-no_cuda_message = _capture.no_cuda_message
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's graphed.py from its own folder {_here}, "
+                          f"but `import graphed` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/graphed.py beside it, that folder first on sys.path.")
+    import graphed as _graphed  # type: ignore[import-not-found, no-redef]
+CaptureError = _graphed.CaptureError
+NoCudaError = _graphed.NoCudaError
+recover_from_failed_capture = _graphed.recover_from_failed_capture
+reseed_error = _graphed.reseed_error
+reseeding_calls = _graphed.reseeding_calls
+no_cuda_message = _graphed.no_cuda_message
 
 __all__ = ["graph_modules"]
 
@@ -175,11 +175,11 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
     # nothing): a reseed in the warm-up shows there; one in the capture PyTorch refuses itself (from_exception says so).
     reseeds = []
     try:
-        # the collector paused, as in every capture of the kit (capture.graph_capture says why: a graph freed by
+        # the collector paused, as in every capture of the kit (graphed.graph_capture says why: a graph freed by
         # the collector in the middle of this capture invalidates it; seen in this module's GPU test on an H100)
         # its own warm-up and capture are watched: what the modules really read (parameters, buffers, constants)
-        with _capture.gc_paused(), reseeding_calls() as reseeds, \
-                _capture.guard.watch_reads(skip=_flat(args)[0], force_eager=False) as reads:
+        with _graphed.gc_paused(), reseeding_calls() as reseeds, \
+                _graphed.guard.watch_reads(skip=_flat(args)[0], force_eager=False) as reads:
             graphed = torch.cuda.make_graphed_callables(mods, args, **kwargs)
     except Exception as exc:
         recover_from_failed_capture()
@@ -188,7 +188,7 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
         raise CaptureError.from_exception(exc) from exc
     if reseeds:
         raise reseed_error(reseeds, "make_graphed_callables' warm-up and capture")
-    checked = _capture.guard.Guard(mods, reads.tensors) or None
+    checked = _graphed.guard.Guard(mods, reads.tensors) or None
     out = []
     for m, a, g in zip(mods, args, graphed):
         if isinstance(g, torch.nn.Module):

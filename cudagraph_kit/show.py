@@ -1,7 +1,7 @@
 """Pictures of a CUDA graph: eager vs graph on one timeline, and the nodes a graph captured.
 
-Depends on torch, matplotlib and the kit's ``capture.py`` (the stream rule, the recovery after a failed capture and
-the profiler session that leaves no residue): copy ``capture.py`` with this file into a project.
+Depends on torch, matplotlib and the kit's ``graphed.py`` (the stream rule, the recovery after a failed capture and
+the profiler session that leaves no residue): copy ``graphed.py`` with this file into a project.
 
 - ``record(fn, *args)`` runs ``fn`` a few times under ``torch.profiler`` and returns the trace (the Chrome-trace
   dict that ``prof.export_chrome_trace`` writes). ``timeline(trace, ax=...)`` draws it: the host's CUDA runtime
@@ -14,14 +14,14 @@ the profiler session that leaves no residue): copy ``capture.py`` with this file
 
 Profile only after timing: a profiler session leaves CUPTI attached and slows every later launch in the process
 (by a third or more) unless CUPTI is torn down; ``record`` asks for the teardown where CUDA supports it (12.6+),
-through ``capture.profiler_session``, which leaves ``TEARDOWN_CUPTI=1`` set once CUPTI was torn down (every later
+through ``graphed.profiler_session``, which leaves ``TEARDOWN_CUPTI=1`` set once CUPTI was torn down (every later
 session needs it).
 
 Example::
 
     import torch
     from cudagraph_kit import show
-    from cudagraph_kit.capture import capture
+    from cudagraph_kit.graphed import capture
 
     def gelu(x):
         return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
@@ -46,19 +46,19 @@ import torch
 
 
 if __package__:
-    from . import capture as _capture
-else:  # this file copied beside capture.py, outside the package: that capture.py, never another on sys.path
-    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("capture")
+    from . import graphed as _graphed
+else:  # this file copied beside graphed.py, outside the package: that graphed.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("graphed")
     if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's capture.py from its own folder {_here}, "
-                          f"but `import capture` finds {_found and _found.origin or 'nothing'}. Fix: copy "
-                          "cudagraph_kit/capture.py beside it, that folder first on sys.path.")
-    import capture as _capture  # type: ignore[import-not-found, no-redef]
-CaptureError = _capture.CaptureError
-capture_stream = _capture.capture_stream
-graph_capture = _capture.graph_capture
-profiler_session = _capture.profiler_session
-recover_from_failed_capture = _capture.recover_from_failed_capture
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's graphed.py from its own folder {_here}, "
+                          f"but `import graphed` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/graphed.py beside it, that folder first on sys.path.")
+    import graphed as _graphed  # type: ignore[import-not-found, no-redef]
+CaptureError = _graphed.CaptureError
+capture_stream = _graphed.capture_stream
+graph_capture = _graphed.graph_capture
+profiler_session = _graphed.profiler_session
+recover_from_failed_capture = _graphed.recover_from_failed_capture
 
 __all__ = ["record", "trace_events", "timeline", "timelines", "graph_nodes", "parse_dot", "draw_graph",
            "short_kernel_name", "demangle"]
@@ -219,7 +219,7 @@ def timeline(trace, ax=None, title: str | None = None, xmax: float | None = None
         ax.broken_barh([(g["start"], max(g["end"] - g["start"], end * 0.001))], (rows["gpu"] - 0.35, 0.7),
                        facecolors=GPU_COLORS.get(g["cat"], "#31a354"), edgecolor="white", linewidth=0.3)
     span = min(_end_of(ev), end)  # this trace's own span: from its first launch to its last activity
-    busy = _capture.busy_time([(g["start"], g["end"]) for g in ev["gpu"]], end=span)
+    busy = _graphed.busy_time([(g["start"], g["end"]) for g in ev["gpu"]], end=span)
     n_kernel = sum(h["kind"] == "kernel" for h in ev["host"] if h["start"] < end)
     n_graph = sum(h["kind"] == "graph" for h in ev["host"] if h["start"] < end)
     ax.set_yticks([rows["gpu"], rows["host"]], ["GPU", "host (CUDA API)"])
@@ -393,7 +393,7 @@ def parse_dot(text: str):
 
 
 def _warm_up_and_capture(fn, args, graph):
-    """Warm ``fn`` up and capture it into ``graph`` on the kit's capture stream (``capture.capture_stream``); a failed
+    """Warm ``fn`` up and capture it into ``graph`` on the kit's capture stream (``graphed.capture_stream``); a failed
     capture leaves the process working and raises ``CaptureError`` (cause, fix, original error)."""
     side = capture_stream()
     side.wait_stream(torch.cuda.current_stream())

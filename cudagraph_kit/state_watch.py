@@ -1,7 +1,7 @@
 """Which Python values a function can reach, and the line of your code that changed one.
 
 A CUDA graph replays the values it read at capture; this is the watch that :func:`check.check_capturable` and
-:func:`verify.verify` share to find the values that change.
+:func:`verification.verify` share to find the values that change.
 
 - :func:`watch_for` lists getters for everything a function reaches: closure cells, globals it names, default
   arguments, attributes of the objects it holds (and of their classes), items of its containers, optimizer
@@ -23,7 +23,7 @@ Example::
     before = watch.snapshot(); fn(torch.ones(2)); after = watch.snapshot()
     print({k: (before[k], after[k]) for k in after if after[k] != before[k]})   # {"step['n']": (0, 1)}
 
-It needs only ``torch``; ``check.py`` and ``verify.py`` import it.
+It needs only ``torch``; ``check.py`` and ``verification.py`` import it.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ PYTHON_STATE_FIX = ("a graph replays the value it read at capture: keep values t
                     "updated in place (a tensor lr with capturable=True, a step counter as a tensor), or "
                     "capture again when they change")
 
-# the kit's own files (check.py and verify.py add theirs when they load): their frames are never "your code"
+# the kit's own files (check.py and verification.py add theirs when they load): their frames are never "your code"
 KIT_FILES = {os.path.abspath(__file__)}
 
 

@@ -10,7 +10,7 @@ Two things make GPU timings lie, and this module guards against both:
 - **Profiler residue.** A ``torch.profiler`` session leaves CUPTI attached, and every later kernel launch in the
   process is slower (a third or more) unless CUPTI is torn down. So ``compare`` measures floors only after all
   its timings, and ``gpu_time`` asks for the teardown (``TEARDOWN_CUPTI=1``, honoured by the profiler from CUDA
-  12.6; ``capture.profiler_session``), so that timings taken after it stay clean. The variable stays set once
+  12.6; ``graphed.profiler_session``), so that timings taken after it stay clean. The variable stays set once
   the kit has profiled: with CUPTI torn down, every later session needs it (the docstring there says why).
 
 The **floor** (``floor_us``) is the time the GPU spends running a graph's kernels and copies per call: the union
@@ -27,8 +27,8 @@ Example::
     df = compare({"eager": lambda: gelu(x), "graph": g.replay}, case="small")
     print(df[["variant", "median_us", "speedup", "speedup_lo", "speedup_hi", "floor_us", "vs_floor", "note"]])
 
-To use this file in a project of yours, copy the kit's ``capture.py`` with it (its profiler sessions go through
-``capture.profiler_session``).
+To use this file in a project of yours, copy the kit's ``graphed.py`` with it (its profiler sessions go through
+``graphed.profiler_session``).
 """
 from __future__ import annotations
 
@@ -44,15 +44,15 @@ import torch
 
 
 if __package__:
-    from . import capture as _capture
-else:  # this file copied beside capture.py, outside the package: that capture.py, never another on sys.path
-    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("capture")
+    from . import graphed as _graphed
+else:  # this file copied beside graphed.py, outside the package: that graphed.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("graphed")
     if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's capture.py from its own folder {_here}, "
-                          f"but `import capture` finds {_found and _found.origin or 'nothing'}. Fix: copy "
-                          "cudagraph_kit/capture.py beside it, that folder first on sys.path.")
-    import capture as _capture  # type: ignore[import-not-found, no-redef]
-profiler_session = _capture.profiler_session
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's graphed.py from its own folder {_here}, "
+                          f"but `import graphed` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/graphed.py beside it, that folder first on sys.path.")
+    import graphed as _graphed  # type: ignore[import-not-found, no-redef]
+profiler_session = _graphed.profiler_session
 
 __all__ = ["Timing", "GpuTime", "timeit", "gpu_time", "device_time", "compare", "NOISY_SPREAD"]
 
@@ -261,7 +261,7 @@ def gpu_time(fn, *args, calls: int = 20, warmup: int = 3, units_per_call: int | 
             eager += 1
     n = calls * units
     top = sorted(((k, v / n) for k, v in per_name.items()), key=lambda kv: -kv[1])[:5]
-    return GpuTime(busy_us=_capture.busy_time(intervals) / n, kernels=kernels / n, copies=copies / n,
+    return GpuTime(busy_us=_graphed.busy_time(intervals) / n, kernels=kernels / n, copies=copies / n,
                    graph_launches=launches / calls, eager_launches=eager / n, top=top)
 
 

@@ -65,7 +65,7 @@ are the ones captured, at the same addresses (``optimizer.add_param_group``, ``m
 anew, ``optimizer.load_state_dict`` after capture): otherwise it raises ``StaleGraphError`` naming what changed,
 before running anything. In-place updates (``model.load_state_dict``, ``param.copy_``) pass.
 
-To use this file in a project of yours, copy the kit's ``capture.py`` with it (only ``torch`` is needed).
+To use this file in a project of yours, copy the kit's ``graphed.py`` with it (only ``torch`` is needed).
 """
 from __future__ import annotations
 
@@ -81,24 +81,24 @@ import torch
 
 
 if __package__:
-    from . import capture as _capture  # errors, recovery after a failed capture, the capture stream
-else:  # this file copied beside capture.py, outside the package: that capture.py, never another on sys.path
-    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("capture")
+    from . import graphed as _graphed  # errors, recovery after a failed capture, the capture stream
+else:  # this file copied beside graphed.py, outside the package: that graphed.py, never another on sys.path
+    _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("graphed")
     if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
-        raise ImportError(f"{os.path.basename(__file__)} needs the kit's capture.py from its own folder {_here}, "
-                          f"but `import capture` finds {_found and _found.origin or 'nothing'}. Fix: copy "
-                          "cudagraph_kit/capture.py beside it, that folder first on sys.path.")
-    import capture as _capture  # type: ignore[import-not-found, no-redef]
-CaptureError = _capture.CaptureError
-NoCudaError = _capture.NoCudaError
-capture_stream = _capture.capture_stream
-graph_capture = _capture.graph_capture
-recover_from_failed_capture = _capture.recover_from_failed_capture
-reseed_error = _capture.reseed_error
-reseeding_calls = _capture.reseeding_calls
-describe_tensor = _capture.describe_tensor
-no_cuda_message = _capture.no_cuda_message
-guard = _capture.guard  # what the graphs read, checked before every replay (guard.py, beside capture.py)
+        raise ImportError(f"{os.path.basename(__file__)} needs the kit's graphed.py from its own folder {_here}, "
+                          f"but `import graphed` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                          "cudagraph_kit/graphed.py beside it, that folder first on sys.path.")
+    import graphed as _graphed  # type: ignore[import-not-found, no-redef]
+CaptureError = _graphed.CaptureError
+NoCudaError = _graphed.NoCudaError
+capture_stream = _graphed.capture_stream
+graph_capture = _graphed.graph_capture
+recover_from_failed_capture = _graphed.recover_from_failed_capture
+reseed_error = _graphed.reseed_error
+reseeding_calls = _graphed.reseeding_calls
+describe_tensor = _graphed.describe_tensor
+no_cuda_message = _graphed.no_cuda_message
+guard = _graphed.guard  # what the graphs read, checked before every replay (guard.py, beside graphed.py)
 StaleGraphError = guard.StaleGraphError
 
 __all__ = ["capture_train_step", "GraphedTrainStep", "NoCudaError", "CaptureError", "cuda_graph_capture"]

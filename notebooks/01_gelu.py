@@ -65,7 +65,7 @@ import torch
 from IPython.display import display
 
 from cudagraph_kit import env_table, has_cuda, timeit
-from cudagraph_kit.capture import capture
+from cudagraph_kit import capture
 from cudagraph_kit.course import figures, results, verdicts
 from cudagraph_kit.course.claims import save_claims, summary
 from cudagraph_kit.course.measure import measure
@@ -143,7 +143,7 @@ else:
 
 # %% [markdown]
 # ## 3. The same with the kit, checked against eager
-# `cudagraph_kit.capture` does the same steps and checks every call: a tensor of another shape, dtype or device
+# `cudagraph_kit.graphed` does the same steps and checks every call: a tensor of another shape, dtype or device
 # is refused with a clear error before it can touch the graph. Without a GPU, `eager_fallback=True` runs the
 # function eagerly and labels it `eager`.
 

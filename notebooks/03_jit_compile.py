@@ -64,7 +64,8 @@ import torch
 from IPython.display import display
 
 from cudagraph_kit import env_table, has_cuda
-from cudagraph_kit.capture import capture, fresh_cublas_workspace
+from cudagraph_kit import capture
+from cudagraph_kit.graphed import fresh_cublas_workspace
 from cudagraph_kit.course import results, verdicts
 from cudagraph_kit.course.claims import save_claims, summary
 from cudagraph_kit.course.measure import Measured, measure

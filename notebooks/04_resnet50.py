@@ -69,7 +69,7 @@ import torch
 from IPython.display import display
 
 from cudagraph_kit import bf16_supported, capture_train_step, env_table, has_cuda, usable_gpu_memory
-from cudagraph_kit.capture import capture
+from cudagraph_kit import capture
 from cudagraph_kit.course import figures, results, verdicts
 from cudagraph_kit.course import nb04_resnet as parts
 from cudagraph_kit.course.claims import save_claims, summary, versus

@@ -65,12 +65,12 @@ import os
 import torch
 
 from cudagraph_kit import CaptureError, check_capturable, env_table, explain, has_cuda
-from cudagraph_kit.advise import advise, measure_replay_cost
-from cudagraph_kit.capture import capture
+from cudagraph_kit.advice import advise, measure_replay_cost
+from cudagraph_kit import capture
 from cudagraph_kit.course import results
 from cudagraph_kit.course.measure import measure
 from cudagraph_kit.course.nb05_parts import PitfallTable, first_line, still_works
-from cudagraph_kit.verify import verify
+from cudagraph_kit import verify
 
 STEM = "05_pitfalls"
 CUDA = has_cuda()

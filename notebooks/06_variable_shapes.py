@@ -70,7 +70,7 @@ from torch import nn
 
 from cudagraph_kit import (MemoryLedger, capture_buckets, capture_train_step, env_table, evaluate_buckets, has_cuda,
                            ladder, plan_buckets, pool_usage)
-from cudagraph_kit.capture import capture
+from cudagraph_kit import capture
 from cudagraph_kit.course import nb06_parts as parts, results
 from cudagraph_kit.course.claims import Claim, save_claims, speedup, summary
 from cudagraph_kit.course.measure import measure

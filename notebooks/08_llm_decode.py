@@ -79,7 +79,8 @@ import pandas as pd
 import torch
 
 from cudagraph_kit import MemoryLedger, capture_buckets, env_table, gpu_time, has_cuda, ladder
-from cudagraph_kit.capture import capture, fresh_cublas_workspace
+from cudagraph_kit import capture
+from cudagraph_kit.graphed import fresh_cublas_workspace
 from cudagraph_kit.course import results
 from cudagraph_kit.course.decode import positions_needed
 from cudagraph_kit.course.hf_decode import hf_status

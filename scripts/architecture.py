@@ -40,7 +40,7 @@ def modules() -> dict:
 
 def companions(node) -> list:
     """The library modules ``node`` imports with ``from . import name``: a helper's companions, e.g. ``["capture"]``
-    for ``from . import capture as _capture``."""
+    for ``from . import graphed as _graphed``."""
     return [a.name for n in ast.walk(node) if isinstance(n, ast.ImportFrom) and n.level == 1 and not n.module
             for a in n.names if (PACKAGE / f"{a.name}.py").is_file()]
 
@@ -196,7 +196,7 @@ def render_copy_rule() -> str:
                 for c in companions(node):
                     optional_of[path.name].setdefault(c, []).append(node.name)
 
-    def closure(names):  # a companion's own companions are copied too (timing.py needs capture.py, ...)
+    def closure(names):  # a companion's own companions are copied too (timing.py needs graphed.py, ...)
         todo, seen = list(names), set()
         while todo:
             c = todo.pop()

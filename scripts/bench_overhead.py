@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from cudagraph_kit.capture import capture  # noqa: E402
+from cudagraph_kit.graphed import capture  # noqa: E402
 from cudagraph_kit.guard import weights_fixed  # noqa: E402
 from cudagraph_kit.train_step import capture_train_step  # noqa: E402
 

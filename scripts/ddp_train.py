@@ -186,7 +186,7 @@ def run_rank(args):
     """What one torchrun worker does: set up, check parity (graph mode), time the steps, gather on rank 0."""
     import torch.distributed as dist
 
-    from cudagraph_kit.capture import NO_CUDA_MESSAGE, NoCudaError
+    from cudagraph_kit.graphed import NO_CUDA_MESSAGE, NoCudaError
     from cudagraph_kit.ddp import DDP_MIN_WARMUP, StepTimer, async_error_handling_value, setup_distributed_for_graphs
 
     if args.mode == "graph" and not torch.cuda.is_available():

@@ -122,7 +122,7 @@ def branches(f: dict) -> list[dict]:
     """The chart, question by question: each with its yes/no outcome, the evidence and the section measuring it."""
     q1 = {"question": "Is the step host-bound? Is its eager time well above the time the GPU is busy?",
           "how": "Measure both: `cudagraph_kit.compare` (eager time) and `gpu_time` (GPU-busy time), or "
-                 "`advise(fn, *args)` (`from cudagraph_kit.advise import advise`) for a prediction.",
+                 "`advise(fn, *args)` (`from cudagraph_kit.advice import advise`) for a prediction.",
           "no": "No graph: the GPU is the bottleneck, and a graph only removes launch time.",
           "no_link": f"[01, section 5]({NB}01_gelu.ipynb) (size sweep); [04, section 1]({NB}04_resnet50.ipynb) "
                      "(batch sweep)"}
@@ -211,7 +211,7 @@ def markdown(f: dict) -> str:
         f"   - **Yes** → {q4['yes']} ({q4['yes_link']}){ev(q4, 'yes_evidence')}",
         f"   - **No** → {q4['no']} ({q4['no_link']}){ev(q4, 'no_evidence')}",
         "",
-        "Whatever the branch: compare the graphed result with eager first (`cudagraph_kit.verify.verify`), and check "
+        "Whatever the branch: compare the graphed result with eager first (`cudagraph_kit.verification.verify`), and check "
         "what breaks a capture before you capture (`check_capturable`, notebook 05).",
         "",
     ]

@@ -13,7 +13,7 @@ from cudagraph_kit import (MemoryLedger, capture_buckets, capture_train_step, ev
                            pool_usage)
 from cudagraph_kit.bucket_graphs import BucketOverflowWarning
 from cudagraph_kit.bucket_plan import interpolate, measure_bucket_costs
-from cudagraph_kit.capture import CaptureError, NoCudaError, capture
+from cudagraph_kit.graphed import CaptureError, NoCudaError, capture
 from cudagraph_kit.memory import graph_pools
 
 HAS_CUDA = torch.cuda.is_available()

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from cudagraph_kit import CaptureError, GraphedCallable, NoCudaError, graph_features, shared_pool
-from cudagraph_kit.capture import ReseedWarning, capture
+from cudagraph_kit.graphed import ReseedWarning, capture
 
 HAS_CUDA = torch.cuda.is_available()
-capture_module = importlib.import_module("cudagraph_kit.capture")  # the module (its function: `capture`, above)
+capture_module = importlib.import_module("cudagraph_kit.graphed")  # the module (its function: `capture`, above)
 
 
 def gelu(x):
@@ -349,7 +349,7 @@ def test_reseeding_calls_reads_the_generator_and_patches_nothing():
     seen however torch.manual_seed was imported; draws and no draws are not; torch's functions stay as they were."""
     from torch import manual_seed  # bound before the watch: seen all the same (the watch reads the generator)
 
-    from cudagraph_kit.capture import _watching_reseeds, reseed_error, reseeding_calls
+    from cudagraph_kit.graphed import _watching_reseeds, reseed_error, reseeding_calls
     originals = {n: getattr(torch.cuda, n) for n in ("manual_seed", "manual_seed_all", "seed", "seed_all")}
     torch.manual_seed(11)
     with reseeding_calls("cpu") as seen:
@@ -378,7 +378,7 @@ def test_reseeding_calls_reads_the_generator_and_patches_nothing():
 def test_a_reseed_refused_by_pytorch_during_capture_gets_the_reseed_explanation():
     """PyTorch refuses a reseed during capture (CUDAGeneratorImpl::set_current_seed asserts no capture is under way);
     the kit's explanation of that error is the one reseed_error gives, whatever else failed around it."""
-    from cudagraph_kit.capture import reseed_error
+    from cudagraph_kit.graphed import reseed_error
     refused = RuntimeError("Cannot call CUDAGeneratorImpl::set_current_seed during CUDA graph capture. If you need "
                            "this call to be captured, please file an issue. Current cudaStreamCaptureStatus: "
                            "cudaStreamCaptureStatusActive")
@@ -425,7 +425,7 @@ def test_reseeding_inside_the_function_is_refused_and_seeding_before_each_replay
 def test_reseeding_calls_reads_the_cuda_generators_seed_and_offset():
     """The cases of reseeding_calls' docstring on the default CUDA generator, and the one it cannot see, which PyTorch
     refuses during the capture with the same explanation."""
-    from cudagraph_kit.capture import reseeding_calls
+    from cudagraph_kit.graphed import reseeding_calls
     x = torch.zeros(16, device="cuda")
 
     def seen_by(fn):

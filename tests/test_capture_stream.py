@@ -1,4 +1,4 @@
-"""The stream rule (capture.capture_stream, docs/ARCHITECTURE.md): every helper warms up and captures on one side
+"""The stream rule (graphed.capture_stream, docs/ARCHITECTURE.md): every helper warms up and captures on one side
 stream per GPU, reused. On the GPU: helpers that share a pool capture on that one stream (seen from inside the
 captured functions), and repeated captures do not pile up cuBLAS workspaces (PyTorch's own bound)."""
 import gc
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cudagraph_kit import capture_buckets, capture_stream, capture_train_step, shared_pool
-from cudagraph_kit.capture import capture
+from cudagraph_kit.graphed import capture
 
 gpu = pytest.mark.gpu
 

@@ -1,8 +1,8 @@
 """The copy rule (docs/ARCHITECTURE.md): each helper of the library works when its file, with the companions it
 states, is copied into an empty folder of a project, without the package. Each case runs in a fresh interpreter
 (``python -I``): an import, then a small call of the helper's main function (on a CPU: its eager fallback or its
-clear no-CUDA error). A helper imports each companion plainly (``from . import capture`` in a package, ``import
-capture`` when copied, after a check that this finds the capture.py of its own folder): it never runs a module of
+clear no-CUDA error). A helper imports each companion plainly (``from . import graphed`` in a package, ``import
+capture`` when copied, after a check that this finds the graphed.py of its own folder): it never runs a module of
 the same name found first elsewhere on sys.path, never hides an error raised inside a companion, and shares one
 ``capture`` module with every other helper copied there."""
 import ast
@@ -45,17 +45,17 @@ PACKAGE_ONLY = set()
 # a small call of each helper's main function; `cuda` says whether a GPU is there
 CALLS = {
     "capture": """
-        import capture
+        import graphed
         x = torch.randn(4, 3, device=dev)
-        g = capture.capture(torch.relu, x, eager_fallback=True)
+        g = graphed.capture(torch.relu, x, eager_fallback=True)
         y = torch.randn(4, 3, device=dev)
         torch.testing.assert_close(g(y), torch.relu(y))
         assert g.mode == ("graph" if cuda else "eager")
         if not cuda:
             try:
-                capture.capture(torch.relu, x)
+                graphed.capture(torch.relu, x)
                 raise AssertionError("no NoCudaError without CUDA")
-            except capture.NoCudaError as exc:
+            except graphed.NoCudaError as exc:
                 assert "NVIDIA GPU" in str(exc) and "Fix:" in str(exc)
     """,
     "guard": """
@@ -102,18 +102,18 @@ CALLS = {
         assert all(f.where.startswith("<string>") for f in bad), bad   # the user's line, not the copied files'
     """,
     "verify": """
-        import verify
+        import verification
         x = torch.randn(4, 3, device=dev)
-        assert verify.verify(lambda t: t * 2, lambda t: t * 2, x).ok
-        report = verify.verify(lambda t: t * 3, lambda t: t * 2, x)
+        assert verification.verify(lambda t: t * 2, lambda t: t * 2, x).ok
+        report = verification.verify(lambda t: t * 3, lambda t: t * 2, x)
         assert not report.ok and "DIVERGES" in str(report), report
     """,
     "advise": """
-        import advise
-        a = advise.advise(torch.relu, torch.randn(4, device=dev))
-        assert isinstance(a, advise.Advice)
+        import advice
+        a = advice.advise(torch.relu, torch.randn(4, device=dev))
+        assert isinstance(a, advice.Advice)
         assert (a.eager_us > 0) if cuda else ("NVIDIA GPU" in str(a)), a
-        assert os.path.dirname(advise.timing.__file__) == os.path.dirname(advise.__file__)
+        assert os.path.dirname(advice.timing.__file__) == os.path.dirname(advice.__file__)
     """,
     "bucket_plan": """
         import bucket_plan
@@ -129,21 +129,21 @@ CALLS = {
         assert (ledger.rows[-1]["allocated_delta"] >= y.nbytes) if cuda else (memory.pool_usage() == {})
     """,
     "train_step": """
-        import capture, train_step
+        import graphed, train_step
         torch.manual_seed(0)
         model = torch.nn.Linear(8, 2).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         x, y = torch.randn(4, 8, device=dev), torch.randn(4, 2, device=dev)
         step = train_step.capture_train_step(model, opt, torch.nn.functional.mse_loss, (x, y), warmup=1,
                                              eager_fallback=True)
-        assert train_step.NoCudaError is capture.NoCudaError      # one error type: the companion's
+        assert train_step.NoCudaError is graphed.NoCudaError      # one error type: the companion's
         before = model.weight.detach().clone()
         losses = [step(x, y) for _ in range(3)]
         assert all(torch.isfinite(l).all() for l in losses) and not torch.equal(before, model.weight)
         assert step.mode == ("graph" if cuda else "eager")
     """,
     "partial": """
-        import capture, partial
+        import graphed, partial
         lin = torch.nn.Linear(4, 4).to(dev)
         x = torch.randn(2, 4, device=dev)
         if cuda:
@@ -153,16 +153,16 @@ CALLS = {
             try:
                 partial.graph_modules(lin, (x,))
                 raise AssertionError("no NoCudaError without CUDA")
-            except capture.NoCudaError as exc:
+            except graphed.NoCudaError as exc:
                 assert "NVIDIA GPU" in str(exc) and "Fix:" in str(exc)
     """,
     "bucket_graphs": """
-        import capture, bucket_graphs
+        import graphed, bucket_graphs
         serve = bucket_graphs.capture_buckets(torch.relu, torch.randn(8, 3, device=dev), eager_fallback=True)
         x = torch.randn(5, 3, device=dev)
         torch.testing.assert_close(serve(x), torch.relu(x))
         assert serve.stats.padded_rows == 3                        # 5 rows served by the bucket of 8
-        assert bucket_graphs.capture is capture                   # the user's `import capture` is the same module
+        assert bucket_graphs.capture is capture                   # the user's `import graphed` is the same module
     """,
     "intervals": """
         import intervals
@@ -184,8 +184,8 @@ CALLS = {
             out = model(torch.randn(3, 4, device=info.device))
             assert out.shape == (3, 2) and (info.rank, info.world_size) == (0, 1)
             if cuda:  # built on the kit's capture stream; torch's own default capture stream left alone
-                import capture
-                assert model._cudagraph_kit["stream"] == capture.capture_stream(info.device)
+                import graphed
+                assert model._cudagraph_kit["stream"] == graphed.capture_stream(info.device)
                 assert getattr(torch.cuda.graph, "default_capture_stream", None) is None
         finally:
             dist.destroy_process_group()
@@ -261,61 +261,61 @@ def _copy(folder: Path, *names: str, companions: bool = True) -> Path:
 
 
 def test_copied_helpers_share_one_capture_module(tmp_path):
-    """Helpers copied into one folder share its capture.py (one CaptureError class, one capture stream per GPU),
-    with the user's own `import capture` too, whichever is imported first."""
+    """Helpers copied into one folder share its graphed.py (one CaptureError class, one capture stream per GPU),
+    with the user's own `import graphed` too, whichever is imported first."""
     folder = _copy(tmp_path / "project", "capture", "guard", "train_step", "partial", "bucket_graphs", "ddp")
     done = _run(folder, """
         import train_step, bucket_graphs
-        import capture
+        import graphed
         import partial, ddp
-        assert train_step.CaptureError is partial.CaptureError is bucket_graphs.capture.CaptureError is capture.CaptureError
-        assert train_step.capture_stream is ddp.capture_stream is capture.capture_stream   # one stream per GPU
-        assert sum(getattr(m, "__file__", None) == capture.__file__ for m in list(sys.modules.values())) == 1
+        assert train_step.CaptureError is partial.CaptureError is bucket_graphs.graphed.CaptureError is graphed.CaptureError
+        assert train_step.capture_stream is ddp.capture_stream is graphed.capture_stream   # one stream per GPU
+        assert sum(getattr(m, "__file__", None) == graphed.__file__ for m in list(sys.modules.values())) == 1
     """)
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stdout[-2000:] + done.stderr[-4000:]
 
 
 def test_a_capture_module_elsewhere_on_sys_path_is_never_used(tmp_path):
-    """A user's own `capture.py` earlier on sys.path (a decoy that fails if it is ever imported) is never run: the
+    """A user's own `graphed.py` earlier on sys.path (a decoy that fails if it is ever imported) is never run: the
     copied helper's import stops with an ImportError naming both files and the fix. With the helpers' folder first,
-    they load its capture.py and share it; the decoy later on sys.path is left alone."""
+    they load its graphed.py and share it; the decoy later on sys.path is left alone."""
     decoy = tmp_path / "decoy"
     decoy.mkdir()
-    (decoy / "capture.py").write_text("raise AssertionError('the decoy capture.py was imported')\n")
+    (decoy / "graphed.py").write_text("raise AssertionError('the decoy graphed.py was imported')\n")
     folder = _copy(tmp_path / "project", "capture", "guard", "train_step", "bucket_graphs")
-    found, here = os.path.realpath(decoy / "capture.py"), os.path.realpath(folder)
+    found, here = os.path.realpath(decoy / "graphed.py"), os.path.realpath(folder)
     done = _run(folder, f"""
         sys.path.insert(0, {str(decoy)!r})                 # the decoy comes first
         try:
             import train_step
             raise AssertionError("imported with the decoy first on sys.path")
         except ImportError as exc:
-            assert str(exc) == ("train_step.py needs the kit's capture.py from its own folder {here}, but `import "
-                                "capture` finds {found}. Fix: copy cudagraph_kit/capture.py beside it, that folder "
+            assert str(exc) == ("train_step.py needs the kit's graphed.py from its own folder {here}, but `import "
+                                "capture` finds {found}. Fix: copy cudagraph_kit/graphed.py beside it, that folder "
                                 "first on sys.path."), exc
         assert "capture" not in sys.modules and "train_step" not in sys.modules   # the decoy never ran
         sys.path.remove({str(decoy)!r}); sys.path.append({str(decoy)!r})      # now it comes after the folder
         import train_step, bucket_graphs
-        assert train_step.CaptureError is bucket_graphs.capture.CaptureError
-        assert bucket_graphs.capture.__file__ == os.path.join({str(folder)!r}, "capture.py")
+        assert train_step.CaptureError is bucket_graphs.graphed.CaptureError
+        assert bucket_graphs.graphed.__file__ == os.path.join({str(folder)!r}, "graphed.py")
     """)
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stdout[-2000:] + done.stderr[-4000:]
 
 
 @pytest.mark.parametrize("defect, raised", [
     ("def broken(:\n", "SyntaxError"),
-    ("raise RuntimeError('boom inside capture.py')\n", "RuntimeError: boom inside capture.py"),
+    ("raise RuntimeError('boom inside graphed.py')\n", "RuntimeError: boom inside graphed.py"),
     ("import a_module_that_does_not_exist_4711\n", "ModuleNotFoundError: No module named 'a_module_that_does_not_exist_4711'"),
 ])
 def test_an_error_inside_the_copied_capture_is_raised_not_hidden(tmp_path, defect, raised):
-    """A defect inside capture.py surfaces as itself, in a plain folder and inside a package of the user's; it is
-    never turned into "capture.py is missing" nor replaced by another capture module."""
+    """A defect inside graphed.py surfaces as itself, in a plain folder and inside a package of the user's; it is
+    never turned into "graphed.py is missing" nor replaced by another capture module."""
     plain = _copy(tmp_path / "plain", "capture", "train_step")
     package = _copy(tmp_path / "mypkg", "capture", "train_step")
     (package / "__init__.py").write_text("")
     for folder in (plain, package):
-        text = (folder / "capture.py").read_text()
-        (folder / "capture.py").write_text(text + "\n" + defect)
+        text = (folder / "graphed.py").read_text()
+        (folder / "graphed.py").write_text(text + "\n" + defect)
     for module, cwd in (("train_step", plain), ("mypkg.train_step", tmp_path)):
         done = _run(cwd, f"import {module}")
         assert done.returncode != 0 and raised in done.stderr, (module, done.stderr[-3000:])
@@ -323,7 +323,7 @@ def test_an_error_inside_the_copied_capture_is_raised_not_hidden(tmp_path, defec
 
 
 def test_inside_a_package_of_the_users(tmp_path):
-    """Copied into a package of the user's: the package's capture.py (a relative import), and without it Python's
+    """Copied into a package of the user's: the package's graphed.py (a relative import), and without it Python's
     own ImportError naming capture."""
     with_capture = _copy(tmp_path / "withcap", "capture", "train_step", "bucket_graphs")
     without = _copy(tmp_path / "nocap", "train_step", companions=False)
@@ -331,10 +331,10 @@ def test_inside_a_package_of_the_users(tmp_path):
         (pkg / "__init__.py").write_text("")
     done = _run(tmp_path, """
         import withcap.capture, withcap.train_step, withcap.bucket_graphs
-        assert withcap.train_step.CaptureError is withcap.capture.CaptureError is withcap.bucket_graphs.capture.CaptureError
+        assert withcap.train_step.CaptureError is withcap.graphed.CaptureError is withcap.bucket_graphs.graphed.CaptureError
         try:
             import nocap.train_step
-            raise AssertionError("imported without capture.py")
+            raise AssertionError("imported without graphed.py")
         except ImportError as exc:
             assert str(exc).startswith("cannot import name 'capture' from 'nocap'"), exc
     """)
@@ -372,8 +372,8 @@ def _companion_imports(path: Path) -> tuple:
 @pytest.mark.parametrize("helper", sorted(COMPANIONS))
 def test_stated_companions_are_what_the_file_loads(helper):
     """COMPANIONS and OPTIONAL (the copy rule as the docs state it) are exactly what the file imports, and it
-    imports a kit module only inside the companion idiom (`if __package__: from . import capture` / `else:` the
-    checked `import capture`): no bare `import capture` or `from capture import ...` that any module named capture
+    imports a kit module only inside the companion idiom (`if __package__: from . import graphed` / `else:` the
+    checked `import graphed`): no bare `import graphed` or `from capture import ...` that any module named capture
     would satisfy."""
     path = PACKAGE / f"{helper}.py"
     at_import, in_functions, _ = _companion_imports(path)

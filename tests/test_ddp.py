@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cudagraph_kit.capture import NoCudaError
+from cudagraph_kit.graphed import NoCudaError
 from cudagraph_kit.ddp import (StepTimer, async_error_handling_value, ddp_for_graphs, free_port, jitter_summary,
                                per_rank_summary, setup_distributed_for_graphs)
 from cudagraph_kit.train_step import _check_ddp, capture_train_step

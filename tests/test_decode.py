@@ -103,7 +103,7 @@ def test_state_and_arguments_are_checked():
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [1, 8])
 def test_k_step_block_captured_by_the_kit_equals_one_step_per_token_on_the_gpu(b):
-    from cudagraph_kit.capture import capture
+    from cudagraph_kit.graphed import capture
 
     m = TinyLLM(CFG, seed=0, device="cuda").eval()
     cache = StaticKVCache(CFG, max_batch=8, max_len=positions_needed(L, NEW, 8) + 24, device="cuda")

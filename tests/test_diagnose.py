@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from cudagraph_kit import CaptureError, check_capturable, explain
-from cudagraph_kit.advise import (Advice, ReplayCost, _verdict, advise, expected_effect, graph_gpu_time,
+from cudagraph_kit.advice import (Advice, ReplayCost, _verdict, advise, expected_effect, graph_gpu_time,
                                   predict_graph_time)
-from cudagraph_kit.capture import capture
+from cudagraph_kit.graphed import capture
 from cudagraph_kit.check import CheckReport
-from cudagraph_kit.verify import verify
+from cudagraph_kit.verification import verify
 
 HAS_CUDA = torch.cuda.is_available()
 THIS_FILE = "test_diagnose.py"
@@ -340,7 +340,7 @@ def test_verify_rejects_zero_steps():
 def test_verify_tolerates_what_assert_close_tolerates(dtype):
     """verify's default tolerances are torch.testing.assert_close's, read from PyTorch: the same differences pass."""
     import importlib
-    compare = importlib.import_module("cudagraph_kit.verify")._compare
+    compare = importlib.import_module("cudagraph_kit.verification")._compare
     want = torch.linspace(1, 2, 64, dtype=torch.float64)
     for scale in (1e-9, 1e-7, 1e-5, 1e-4, 1e-2, 1e-1):
         got, ref = (want * (1 + scale)).to(dtype), want.to(dtype)
@@ -355,7 +355,7 @@ def test_verify_tolerates_what_assert_close_tolerates(dtype):
 def test_verify_compares_a_dtype_without_assert_close_defaults_like_float32():
     """float8 has no default in assert_close (it would demand equality); verify takes float32's there."""
     import importlib
-    tolerances = importlib.import_module("cudagraph_kit.verify")._tolerances
+    tolerances = importlib.import_module("cudagraph_kit.verification")._tolerances
     from torch.testing._comparison import default_tolerances
     assert tolerances(torch.float32) == default_tolerances(torch.float32)
     if hasattr(torch, "float8_e4m3fn"):
@@ -397,7 +397,7 @@ def test_advise_puts_its_prediction_in_words_with_synthetic_timings(monkeypatch)
     """advise() end to end on CPU with the measurements replaced by synthetic ones: notebook 05's large GELU."""
     import pandas as pd
 
-    import cudagraph_kit.advise as adv
+    import cudagraph_kit.advice as adv
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -445,9 +445,9 @@ def test_explain_unknown_error_points_to_check_capturable():
 
 
 def test_explain_capture_failure_is_explain_as_one_text():
-    """capture.explain_capture_failure gives explain()'s parts as the CaptureError message reads, a kit error's own
-    fix included (one implementation, in capture.py)."""
-    from cudagraph_kit.capture import explain_capture_failure
+    """graphed.explain_capture_failure gives explain()'s parts as the CaptureError message reads, a kit error's own
+    fix included (one implementation, in graphed.py)."""
+    from cudagraph_kit.graphed import explain_capture_failure
     exc = RuntimeError("CUDA error: operation not permitted when stream is capturing")
     e = explain(exc)
     assert explain_capture_failure(exc) == (f"CUDA graph capture failed: {e.cause}. Fix: {e.fix}.\n"
@@ -457,7 +457,7 @@ def test_explain_capture_failure_is_explain_as_one_text():
 
 
 def test_no_cuda_message_keeps_the_kit_sentence_and_takes_the_fix():
-    from cudagraph_kit.capture import NO_CUDA_MESSAGE, no_cuda_message
+    from cudagraph_kit.graphed import NO_CUDA_MESSAGE, no_cuda_message
     fix = "run on a machine with a CUDA GPU; without one, call the modules themselves (eagerly)."
     text = no_cuda_message(fix)
     assert text.startswith("CUDA graphs need an NVIDIA GPU, and torch.cuda.is_available() is False here. Fix: ")

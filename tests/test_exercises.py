@@ -18,8 +18,8 @@ import torch
 
 from cudagraph_kit import capture_buckets, capture_train_step, compare
 from cudagraph_kit.course import exercises as _machinery
-from cudagraph_kit.capture import capture, fresh_cublas_workspace
-from cudagraph_kit.verify import verify
+from cudagraph_kit.graphed import capture, fresh_cublas_workspace
+from cudagraph_kit.verification import verify
 from cudagraph_kit.course.exercises import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT, load_all
 from cudagraph_kit.course.reproduce import NOTEBOOKS_DIR
 

@@ -3,7 +3,7 @@ beside reduce-overhead gets its own workspace; outside a capture it only calls t
 import pytest
 import torch
 
-from cudagraph_kit.capture import capture, fresh_cublas_workspace
+from cudagraph_kit.graphed import capture, fresh_cublas_workspace
 
 
 def test_outside_a_capture_it_calls_through_and_frees_nothing(monkeypatch):

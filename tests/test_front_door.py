@@ -72,7 +72,7 @@ def test_the_changelog_names_the_version_that_version_prints():
 
 def test_the_package_loads_its_names_on_first_use():
     """`import cudagraph_kit` imports no torch; every name of `__all__` and `dir()` resolves; a module keeps its own
-    name (`cudagraph_kit.capture` is the module, its function is `cudagraph_kit.capture.capture`)."""
+    name (`cudagraph_kit.graphed` is the module, its function is `cudagraph_kit.graphed.capture`)."""
     code = """if True:
         import sys, types
         import cudagraph_kit as k
@@ -83,10 +83,10 @@ def test_the_package_loads_its_names_on_first_use():
             assert not isinstance(getattr(k, name), types.ModuleType), name
         for name in ("capture", "advise", "verify", "check", "timing", "bucket_graphs"):
             assert isinstance(getattr(k, name), types.ModuleType), name
-        import cudagraph_kit.capture as c
+        import cudagraph_kit.graphed as c
         assert c is k.capture and callable(c.capture) and c.GraphedCallable is k.GraphedCallable
         from cudagraph_kit import verify
-        assert isinstance(verify, types.ModuleType) and callable(verify.verify)
+        assert isinstance(verify, types.ModuleType) and callable(verification.verify)
         try:
             k.no_such_name
             raise AssertionError("no AttributeError")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from cudagraph_kit import check_capturable
-from cudagraph_kit.capture import capture
-from cudagraph_kit.verify import verify
+from cudagraph_kit.graphed import capture
+from cudagraph_kit.verification import verify
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -210,7 +210,7 @@ def test_verify_puts_the_references_tensor_state_back():
     fn, args = optimizer_step()
     model = fn.__closure__[[c for c in fn.__code__.co_freevars].index("model")].cell_contents
     before = [p.detach().clone() for p in model.parameters()]
-    from cudagraph_kit.verify import _repeat_eagerly
+    from cudagraph_kit.verification import _repeat_eagerly
     assert _repeat_eagerly(fn, args, [], [], None, None, 0) is None
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 

@@ -8,7 +8,7 @@ import weakref
 import pytest
 import torch
 
-from cudagraph_kit.capture import CaptureError, capture, capture_stream, graph_capture
+from cudagraph_kit.graphed import CaptureError, capture, capture_stream, graph_capture
 
 pytestmark = pytest.mark.gpu
 

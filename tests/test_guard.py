@@ -279,7 +279,7 @@ def test_a_live_guard_leaves_torch_compile_without_recompiles():
 
 # ---------------------------------------------------------------------- the four graph makers, on the GPU
 def _capture_maker(fn, x, m):
-    from cudagraph_kit.capture import capture
+    from cudagraph_kit.graphed import capture
     return capture(fn, x)
 
 
@@ -379,7 +379,7 @@ def test_a_train_step_keeps_training_after_in_place_updates_and_a_same_state_rel
 
 @gpu
 def test_a_compiled_function_captured_by_the_kit_is_guarded():
-    from cudagraph_kit.capture import capture
+    from cudagraph_kit.graphed import capture
     m = net("cuda").eval()
     compiled = torch.compile(m, mode="max-autotune-no-cudagraphs", dynamic=False)
     x = torch.randn(4, 8, device="cuda")
@@ -396,7 +396,7 @@ def test_a_compiled_function_captured_by_the_kit_is_guarded():
 
 @gpu
 def test_weights_fixed_around_kit_graphs():
-    from cudagraph_kit.capture import capture
+    from cudagraph_kit.graphed import capture
     m = net("cuda").eval()
     x = torch.randn(4, 8, device="cuda")
     with torch.no_grad():

@@ -5,7 +5,7 @@ by the kit (and compiled without graphs, then captured) gives the same tokens.""
 import pytest
 import torch
 
-from cudagraph_kit.capture import capture
+from cudagraph_kit.graphed import capture
 from cudagraph_kit.course.hf_decode import (MIN_TRANSFORMERS, StaticDecoder, _version, hf_status,
                                             write_position_behaviour)
 
@@ -56,7 +56,7 @@ def test_the_probe_finds_where_this_version_writes():
 @needs_hf
 @pytest.mark.parametrize("b", [1, 3])
 def test_the_capturable_step_decodes_transformers_own_greedy_tokens(b):
-    from cudagraph_kit.capture import torch_release
+    from cudagraph_kit.graphed import torch_release
     model, x = tiny_llama(), prompt(b)
     if b > 1 and torch_release() < (2, 5):  # transformers' older-PyTorch mask raises there (CI's oldest leg)
         with pytest.raises(RuntimeError, match="needs PyTorch 2.5 or newer"):

@@ -20,10 +20,10 @@ PAGE = ROOT / "docs" / "ARCHITECTURE.md"
 
 
 def test_the_tree_is_what_the_architecture_describes():
-    assert "cudagraph_kit.capture" in LIBRARY and "cudagraph_kit.course.exercises_05" in COURSE_MODULES
-    assert GRAPH["cudagraph_kit.bucket_graphs"] >= {"cudagraph_kit.capture"}   # `from . import capture` is seen
+    assert "cudagraph_kit.graphed" in LIBRARY and "cudagraph_kit.course.exercises_05" in COURSE_MODULES
+    assert GRAPH["cudagraph_kit.bucket_graphs"] >= {"cudagraph_kit.graphed"}   # `from . import graphed` is seen
     assert GRAPH["cudagraph_kit.check"] >= {"cudagraph_kit.state_watch"}
-    assert "cudagraph_kit.capture" in GRAPH["cudagraph_kit.course.exercises_05"]
+    assert "cudagraph_kit.graphed" in GRAPH["cudagraph_kit.course.exercises_05"]
     assert "cudagraph_kit.course.tiny_llm" in GRAPH["cudagraph_kit.course.exercises_08"]   # inside a function
 
 
@@ -87,7 +87,7 @@ def test_architecture_page_agrees_with_the_code():
 def test_the_page_check_sees_drift():
     """Each kind of drift is reported: a line count off by more than 5%, a missing arrow, a missing module."""
     page = PAGE.read_text()
-    row = next(line for line in page.splitlines() if line.startswith("├── capture.py"))
+    row = next(line for line in page.splitlines() if line.startswith("├── graphed.py"))
     lines = int(row.split()[2])
     assert not disagreements(page.replace(row, row.replace(f" {lines} ", f" {round(lines * 1.04)} ", 1)))
     assert disagreements(page.replace(row, row.replace(f" {lines} ", f" {round(lines * 1.10)} ", 1)))
@@ -104,4 +104,4 @@ def test_the_script_is_deterministic():
     outputs = {subprocess.run([sys.executable, str(ROOT / "scripts" / "architecture.py")], capture_output=True,
                               text=True, check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
                for seed in ("1", "2", "3")}
-    assert len(outputs) == 1 and "capture.py" in outputs.pop()
+    assert len(outputs) == 1 and "graphed.py" in outputs.pop()

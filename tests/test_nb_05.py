@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cudagraph_kit.advise import ABOUT, expected_effect
+from cudagraph_kit.advice import ABOUT, expected_effect
 
 pytestmark = pytest.mark.notebook
 

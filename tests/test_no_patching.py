@@ -21,7 +21,7 @@ import torch._dynamo  # noqa: F401  PyTorch's own first import of it (e.g. by op
 #                       imported here, before any snapshot, so that the snapshots see only what the kit does
 
 from cudagraph_kit import capture_buckets, capture_train_step
-from cudagraph_kit.capture import capture
+from cudagraph_kit.graphed import capture
 from cudagraph_kit.train_step import GraphedTrainStep
 from cudagraph_kit import guard
 
@@ -79,7 +79,7 @@ class Inspector:
         self.calls += 1
         self.places.add(where)
         self.seen += [f"{where}: {d}" for d in differences(self.before, snapshot())]
-        # the kit pauses the garbage collector while it captures (capture.graph_capture and gc_paused say why;
+        # the kit pauses the garbage collector while it captures (graphed.graph_capture and gc_paused say why;
         # graph_modules pauses it around make_graphed_callables' warm-up too): compared once the helper returned
         now = values()
         if where != "after the helper returned":

@@ -64,7 +64,7 @@ def test_wheel_has_license_course_and_metadata(tmp_path):
     (wheel,) = tmp_path.glob("cudagraph_kit-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names), names
-    assert "cudagraph_kit/course/reproduce.py" in names and "cudagraph_kit/capture.py" in names
+    assert "cudagraph_kit/course/reproduce.py" in names and "cudagraph_kit/graphed.py" in names
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: Apache-2.0" in metadata.splitlines()  # SPDX (PEP 639), not a classifier
     assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]

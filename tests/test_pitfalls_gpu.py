@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from cudagraph_kit import CaptureError, check_capturable, explain, graph_modules, shared_pool
-from cudagraph_kit.advise import advise
-from cudagraph_kit.capture import capture
-from cudagraph_kit.verify import verify
+from cudagraph_kit.advice import advise
+from cudagraph_kit.graphed import capture
+from cudagraph_kit.verification import verify
 from cudagraph_kit.course.pitfall_scripts import (background_thread_allocates, docs_recipe_capture,
                                            failed_capture_then_recovery, run_isolated, two_captures, warmup_stream)
 

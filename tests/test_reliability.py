@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from cudagraph_kit import graph_modules
-from cudagraph_kit.capture import capture
+from cudagraph_kit.graphed import capture
 
 HAS_CUDA = torch.cuda.is_available()
 

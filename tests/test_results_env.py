@@ -191,9 +191,9 @@ def test_a_regular_pip_install_elsewhere_works_and_says_what_needs_the_checkout(
     def run(*args):
         return subprocess.run([python, *args], cwd=work, env=env, capture_output=True, text=True, timeout=300)
 
-    helper = run("-c", "import cudagraph_kit; from cudagraph_kit.capture import capture; "
+    helper = run("-c", "import cudagraph_kit; from cudagraph_kit.graphed import capture; "
                        "from cudagraph_kit.timing import compare; from cudagraph_kit import capture_buckets; "
-                       "print(cudagraph_kit.__file__); print(capture.__module__, compare.__module__); "
+                       "print(cudagraph_kit.__file__); print(graphed.__module__, compare.__module__); "
                        "print(cudagraph_kit.__version__, capture_buckets.__module__)")
     assert helper.returncode == 0, helper.stderr
     where = Path(helper.stdout.splitlines()[0]).resolve()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cudagraph_kit import CaptureError, graph_features, graph_modules, shared_pool
-from cudagraph_kit.capture import capture
+from cudagraph_kit.graphed import capture
 from cudagraph_kit.train_step import capture_train_step
 
 pytestmark = pytest.mark.gpu

@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 
-from cudagraph_kit.capture import CaptureError, NoCudaError
+from cudagraph_kit.graphed import CaptureError, NoCudaError
 from cudagraph_kit.train_step import GraphedTrainStep, capture_train_step
 
 HAS_CUDA = torch.cuda.is_available()
@@ -846,7 +846,7 @@ def _captured_fake_step(opt_kind="sgd_momentum"):
      r"optimizer\.state\[model\.\d\.(weight|bias)\]\['momentum_buffer'\]"),
 ], ids=["add_param_group", "param-removed", "parameter-assigned", "retyped", "frozen", "optimizer-checkpoint"])
 def test_a_captured_step_refuses_to_replay_after_its_model_or_optimizer_changed(change, match):
-    from cudagraph_kit.capture import StaleGraphError
+    from cudagraph_kit.graphed import StaleGraphError
     model, opt, step, fake = _captured_fake_step()
     change(model, opt)
     with pytest.raises(StaleGraphError, match=match) as info:

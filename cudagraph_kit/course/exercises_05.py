@@ -19,7 +19,7 @@ def _first_finding(report) -> str:
 
 def _check_learners_verify(report, verified, what, hint):
     """The learner's own ``verify`` report: a ``VerifyReport`` that passed."""
-    from ..verify import VerifyReport
+    from ..verification import VerifyReport
 
     if is_todo(verified):
         report.todo(f"{what}: run verify(...) on your graph and keep its report")
@@ -42,9 +42,9 @@ def check_step_counter(report, ScaledByStepFixed, counter_verify):  # noqa: N803
 
     import torch
 
-    from ..capture import capture
+    from ..graphed import capture
     from ..check import check_capturable
-    from ..verify import verify
+    from ..verification import verify
 
     cls, device, done = ScaledByStepFixed, "cuda" if cuda() else "cpu", False
     if is_todo(cls):
@@ -145,7 +145,7 @@ def check_clip_without_sync(report, clip_to_norm_fixed, clip_verify):
     is larger) without a host read; ``clip_verify``: ``verify`` of its graph against it (GPU)."""
     import torch
 
-    from ..capture import capture
+    from ..graphed import capture
     from ..check import check_capturable
 
     fn, device = clip_to_norm_fixed, "cuda" if cuda() else "cpu"

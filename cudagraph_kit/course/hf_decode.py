@@ -17,7 +17,7 @@ the cache before every sequence and checks the write position after every prefil
 Example::
 
     from transformers import LlamaConfig, LlamaForCausalLM
-    from cudagraph_kit.capture import capture
+    from cudagraph_kit.graphed import capture
     from cudagraph_kit.course.hf_decode import StaticDecoder
 
     model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=256, intermediate_size=512,

@@ -80,7 +80,7 @@ def still_works(fn, device="cuda"):
     CPU. None without CUDA (nothing was captured, so nothing is claimed)."""
     import torch
 
-    from ..capture import capture
+    from ..graphed import capture
 
     if not torch.cuda.is_available():
         return None
@@ -207,7 +207,7 @@ def advise_workloads(gelu):
     ``capture_train_step``, warmed up and captured, which holds its own model and optimizer)."""
     import torch
 
-    from ..capture import capture
+    from ..graphed import capture
     from ..train_step import capture_train_step
 
     for case, claim_id, shape in (("GELU small", "gelu_small", (1, 3, 224, 224)),
@@ -280,7 +280,7 @@ def advise_vs_measured(predicted, measured, claim_ids):
     """
     import pandas as pd
 
-    from ..advise import expected_effect
+    from ..advice import expected_effect
 
     rows, case_claims = [], []
     for case, a in predicted.items():
@@ -326,8 +326,8 @@ def advise_claim(claim_id, case, predicted, lo, hi, within=WITHIN, eager_fallbac
 
 def advise_words_claim(claim_id, case, predicted, lo, hi, about=None, eager_fallback=False) -> Claim:
     """The claim "the measured speedup went the way advise's words said": advise calls a predicted speedup above
-    ``about`` (``advise.ABOUT``, 1.1) "faster", below ``1 / about`` "slower" and in between "about as fast"
-    (``advise.expected_effect``). The claim holds when the whole measured 90% interval ``lo``-``hi`` lies in the band
+    ``about`` (``advice.ABOUT``, 1.1) "faster", below ``1 / about`` "slower" and in between "about as fast"
+    (``advice.expected_effect``). The claim holds when the whole measured 90% interval ``lo``-``hi`` lies in the band
     the words named, fails when none of it does, and is unclear when it straddles the band's edge. So, unlike the
     within-1.5x claim, it fails when advise says "about as fast" and a graph is measured clearly faster.
 
@@ -339,7 +339,7 @@ def advise_words_claim(claim_id, case, predicted, lo, hi, about=None, eager_fall
 
         advise_words_claim("advise_words_gelu_large", "GELU large", 1.06, 1.15, 1.20).verdict  # 'fails'
     """
-    from ..advise import ABOUT, expected_effect
+    from ..advice import ABOUT, expected_effect
 
     about = ABOUT if about is None else about
     effect = expected_effect(predicted, about)
@@ -440,7 +440,7 @@ def fitted_row(results, stem, case, base_variant, graph_variant, cost):
     is missing)."""
     import pandas as pd
 
-    from ..advise import predict_graph_time
+    from ..advice import predict_graph_time
 
     rec = results.load(stem)
     if rec is None:

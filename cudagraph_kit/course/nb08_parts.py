@@ -347,7 +347,7 @@ def compile_then_capture(model, cache, sample_tokens, sample_pos, sizes, ledger,
     import time
 
     from ..bucket_graphs import capture_buckets
-    from ..capture import fresh_cublas_workspace
+    from ..graphed import fresh_cublas_workspace
 
     def fused_decode(tokens, pos):   # a function of its own: Dynamo keeps one cache per function
         return model.decode(tokens, pos, cache)

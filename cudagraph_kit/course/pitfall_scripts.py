@@ -113,7 +113,7 @@ def failed_capture_then_recovery(kind: str) -> None:
     import torch
 
     from cudagraph_kit import explain
-    from cudagraph_kit.capture import capture
+    from cudagraph_kit.graphed import capture
 
     def gelu(t):
         return t * 0.5 * (1.0 + torch.erf(t / 1.41421))

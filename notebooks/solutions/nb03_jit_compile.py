@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from cudagraph_kit import compare
-from cudagraph_kit.capture import capture
+from cudagraph_kit import capture
 
 
 def exercise_1(compiled, gelu, x, samples, calls):

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from cudagraph_kit import capture_train_step, compare
-from cudagraph_kit.capture import capture
+from cudagraph_kit import capture
 
 
 def exercise_1(curve, infer_dtypes, infer_batches, build_model, image_batch, graph_infer, samples, calls):

@@ -9,8 +9,8 @@ import copy
 import torch
 
 from cudagraph_kit import check_capturable
-from cudagraph_kit.capture import capture
-from cudagraph_kit.verify import verify
+from cudagraph_kit import capture
+from cudagraph_kit import verify
 
 
 def exercise_1(device, cuda):

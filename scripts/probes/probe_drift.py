@@ -52,7 +52,7 @@ def child(control: str, windows: int) -> dict:
         os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     import torch
 
-    from cudagraph_kit.capture import capture
+    from cudagraph_kit.graphed import capture
     from cudagraph_kit.timing import compare
 
     applied = True

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: sc
 
 import torch  # noqa: E402
 
-from cudagraph_kit.capture import capture  # noqa: E402
+from cudagraph_kit.graphed import capture  # noqa: E402
 
 
 def gelu(x):

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 from cudagraph_kit import capture_train_step, compare  # noqa: E402
-from cudagraph_kit.capture import capture  # noqa: E402
+from cudagraph_kit.graphed import capture  # noqa: E402
 
 LAYERS, WIDTH, BATCH = 12, 256, 8
 COLS = ["variant", "executed_as", "median_us", "iqr_us", "speedup", "speedup_lo", "speedup_hi", "floor_us",

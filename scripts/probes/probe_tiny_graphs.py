@@ -1,5 +1,5 @@
 """Probe: what does a CUDA graph of 1-33 tiny nodes cost, on the host and on the GPU, against the same kernels
-launched eagerly? The data behind ``advise.measure_replay_cost`` and ``advise``'s floor for small graphs.
+launched eagerly? The data behind ``advice.measure_replay_cost`` and ``advise``'s floor for small graphs.
 
 For k = 1 .. 33 kernels (a chain of multiplies on a 150k-element tensor, and one-element adds) it times, round-robin
 in one ``compare`` window: eager, the raw ``CUDAGraph.replay`` and the kit's ``g.replay()``; then the GPU time of
@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
-from cudagraph_kit.capture import capture  # noqa: E402
-from cudagraph_kit.advise import advise, measure_replay_cost  # noqa: E402
+from cudagraph_kit.graphed import capture  # noqa: E402
+from cudagraph_kit.advice import advise, measure_replay_cost  # noqa: E402
 from cudagraph_kit.timing import compare, device_time  # noqa: E402
 
 KS = (1, 2, 3, 5, 9, 17, 33)

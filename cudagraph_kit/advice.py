@@ -7,7 +7,7 @@ speedup a graph can reach. :func:`measure_replay_cost` measures what a replay co
 Example::
 
     import torch
-    from cudagraph_kit.advise import advise
+    from cudagraph_kit.advice import advise
 
     x = torch.randn(1, 3, 224, 224, device="cuda")
     print(advise(torch.nn.functional.gelu, x))   # eager µs, floor µs, kernels, best graph µs, speedup up to N x

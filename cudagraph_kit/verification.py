@@ -10,8 +10,8 @@ touched back afterwards.
 Example::
 
     import torch
-    from cudagraph_kit.capture import capture
-    from cudagraph_kit.verify import verify
+    from cudagraph_kit.graphed import capture
+    from cudagraph_kit.verification import verify
 
     model = torch.nn.Linear(64, 64).cuda()
     x = torch.randn(8, 64, device="cuda")

@@ -18,7 +18,7 @@ profiler sessions. A graph built from modules never silently reads weights repla
 Example::
 
     import torch
-    from cudagraph_kit.capture import capture
+    from cudagraph_kit.graphed import capture
 
     def gelu(x):
         return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
