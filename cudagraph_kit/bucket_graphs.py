@@ -228,14 +228,17 @@ class BucketedGraphs:
             views = self._views[b]
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream), grad():
-                for _ in range(max(warmup, 1)):  # at least one: it checks the outputs' shapes
-                    out = self.fn(*views)
+                calls = max(warmup, 1)  # at least one: it checks the outputs' shapes
+                for i in range(calls):
+                    # the first bucket's last warm-up call is watched (no extra call): what does fn really read?
+                    watch = graphed.guard.watch_reads(skip=tuple(views) + tuple(self.static_inputs),
+                                                      force_eager=calls > 1) \
+                        if check_weights and self.guard is None and i == calls - 1 else contextlib.nullcontext()
+                    with watch as reads:
+                        out = self.fn(*views)
+                    if reads is not None:
+                        self.guard = graphed.guard.Guard(self.fn, reads.tensors) or None
                 leaves = self._check_outputs(out, b)
-                if check_weights and self.guard is None:  # one more call, watched, for the first bucket only
-                    with graphed.rng_kept(device), \
-                            graphed.guard.watch_reads(skip=tuple(views) + tuple(self.static_inputs)) as reads:
-                        self.fn(*views)
-                    self.guard = graphed.guard.Guard(self.fn, reads.tensors) or None
             torch.cuda.current_stream(device).wait_stream(stream)
             if not self.static_outputs:  # allocated on the stream that replays and reads them
                 self._init_outputs(leaves)
@@ -420,10 +423,12 @@ def capture_buckets(fn: Callable[..., Any], *sample_args: torch.Tensor, sizes: S
       calls ``torch.cuda.empty_cache()`` once per bucket; off by default, the kit adds no such call of its own.
       (``torch.cuda.graph`` itself synchronizes and empties the cache as each capture begins, in every PyTorch
       release the kit supports: that part is PyTorch's.)
-    - ``check_weights``: one more eager call (first bucket) records what ``fn`` really reads and where each tensor
-      is held (``guard.py``, as :func:`graphed.capture` does); before every replay, a replaced or re-typed tensor
-      (``model.half()``, ``model.weight = ...``) raises ``StaleGraphError`` instead of replaying stale or released
-      memory. The guard is ``serve.guard``; ``guard.weights_fixed(serve)`` checks once per block instead.
+    - ``check_weights``: the first bucket's last warm-up call (no extra call: ``fn`` runs ``warmup`` times per bucket,
+      at least once) records what ``fn`` really reads, where each tensor is held and the modules' train/eval mode
+      (``guard.py``, as :func:`graphed.capture` does); a replaced or re-typed tensor (``model.half()``,
+      ``model.weight = ...``) or a module in the other mode raises ``StaleGraphError`` instead of replaying stale or
+      released memory, or the other mode. The guard is ``serve.guard``; ``guard.weights_fixed(serve)`` checks once
+      per block instead.
 
     Only functions whose output rows depend on their own input rows alone are correct under padding.
 

@@ -61,7 +61,7 @@ __all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph
            "fresh_cublas_workspace", "NoCudaError",
            "CaptureError", "recover_from_failed_capture", "explain", "Explanation", "explain_capture_failure",
            "no_cuda_message", "graph_features", "register_generators", "StaleGraphError",
-           "reseeding_calls", "ReseedWarning", "profiler_session", "rng_kept"]
+           "reseeding_calls", "ReseedWarning", "profiler_session"]
 
 
 class NoCudaError(RuntimeError):
@@ -467,19 +467,6 @@ def profiler_session():
 
 
 
-def busy_time(intervals, end=None) -> float:
-    """How long the GPU was busy: the length of the union of ``(start, end)`` intervals (a profile's kernels and
-    copies, which overlap), each clipped at ``end`` if given. ``busy_time([(0, 10), (5, 15), (20, 30)])`` -> 25.
-    Shared by ``timing`` (the floor) and ``show`` (a timeline's caption)."""
-    total, start, stop = 0.0, None, None
-    for s, e in sorted((s, e if end is None else min(e, end)) for s, e in intervals if end is None or s < end):
-        if stop is None or s > stop:
-            total += 0.0 if stop is None else stop - start
-            start, stop = s, e
-        else:
-            stop = max(stop, e)
-    return total + (0.0 if stop is None else stop - start)
-
 def describe_tensor(t) -> str:
     """``describe_tensor(torch.zeros(2, 3))`` -> "shape (2, 3) float32 on cpu" (the kit's error messages)."""
     if not isinstance(t, torch.Tensor):
@@ -604,14 +591,16 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
       weight or constant held outside ``fn``) was freed since the capture (PyTorch 2.13+; costs a check per
       replay, so use it to debug). It checks that those tensors are alive, not that the module still holds them:
       ``check_weights`` does that.
-    - ``check_weights``: guard the graph against stale tensors (``guard.py``): one more eager call after the
-      warm-up (during the capture itself when ``warmup=0``) records the tensors ``fn`` really reads and where each
-      is held (module parameters and buffers, object attributes, closure variables, default arguments, globals,
-      containers); before every call and replay, :class:`StaleGraphError` is raised if one was replaced, re-typed
-      or moved since (``model.weight = ...``, ``model.half()``, ``w.data = w.data.t()``), instead of replaying on
-      old weights or released memory. In-place updates (``load_state_dict``, ``param.copy_``) pass. Its cost per
-      call is stated in the README ("what the kit costs"); in a loop that cannot change weights, check once per
-      block with ``guard.weights_fixed(g)``. The guard is ``g.guard``.
+    - ``check_weights``: guard the graph against stale tensors (``guard.py``): the last warm-up call (the capture
+      itself when ``warmup=0``) is watched, so ``fn`` runs exactly ``warmup`` times before the capture; it records
+      the tensors ``fn`` really reads and where each is held (module parameters and buffers, object attributes,
+      closure variables, default arguments, globals, containers), and the train/eval mode of the modules on the
+      way. Before calls and replays, :class:`StaleGraphError` is raised if one was replaced, re-typed or moved
+      (``model.weight = ...``, ``model.half()``, ``w.data = w.data.t()``) or a module changed mode (``model.eval()``
+      after a capture in training mode), instead of replaying on old weights, released memory or the other mode;
+      ``guard.py``'s docstring says exactly what is checked on which call. In-place updates (``load_state_dict``,
+      ``param.copy_``) pass. Its cost per call is stated in the README ("what the kit costs"); in a loop that cannot
+      change weights, check once per block with ``guard.weights_fixed(g)``. The guard is ``g.guard``.
 
     All sample arguments must be tensors on one device; warm-up and capture run on that GPU, whichever
     device is current. A failed capture raises :class:`CaptureError` (cause, fix, original error) and leaves
@@ -669,11 +658,15 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
         side.wait_stream(torch.cuda.current_stream(device))
         reads = None
         with torch.cuda.stream(side), grad_ctx():
-            for _ in range(warmup):
-                watched(*static_inputs)
-            if check_weights and warmup:  # one more call, watched: what does fn really read?
-                with rng_kept(device, generators), guard.watch_reads(skip=static_inputs) as reads:
+            for i in range(warmup):
+                # the last warm-up call is watched: what does fn really read? (no extra call: fn runs exactly
+                # `warmup` times before the capture; force_eager: a compiled fn runs its Python code for that call,
+                # after the earlier warm-ups compiled it; with warmup=1 it runs as compiled)
+                watch = guard.watch_reads(skip=static_inputs, force_eager=warmup > 1) \
+                    if check_weights and i == warmup - 1 else contextlib.nullcontext()
+                with watch as watching:
                     watched(*static_inputs)
+                reads = watching or reads
         torch.cuda.current_stream(device).wait_stream(side)
         if reseeds:
             raise reseed_error(reseeds, "its warm-up")
@@ -797,29 +790,6 @@ RESEED_SUSPECT = (
     "to the seed it already had (torch.manual_seed inside the function): a graph cannot replay a reseed, so each "
     "replay would draw new numbers where eager repeats them. Fix: seed before capture, not inside the function; "
     "check_capturable(fn, *args) names the line that reseeds.")
-
-
-@contextlib.contextmanager
-def rng_kept(device=None, generators=()):
-    """The block leaves the random generators where it found them: the CPU's, the default CUDA generator of
-    ``device`` and ``generators`` (their seed and offset are host-side state: no synchronization). The guard's
-    watched call runs inside it, so ``capture(fn, x, warmup=3)`` leaves the generators where three eager calls do.
-
-    Example::
-
-        with rng_kept(x.device):
-            fn(x)          # draws random numbers; the generators are back where they were afterwards
-    """
-    gens = [torch.default_generator]
-    if torch.cuda.is_available():
-        gens.append(_default_generator(device))
-    gens += [g for g in generators if all(g is not h for h in gens)]
-    states = [g.get_state() for g in gens]
-    try:
-        yield
-    finally:
-        for g, state in zip(gens, states):
-            g.set_state(state)
 
 
 def _watching_reseeds(fn, seen: list, device=None, generators=()):

@@ -1,44 +1,55 @@
-"""What must not change between a CUDA graph's capture and its replays: the tensors the graph really read.
+"""What must not change between a CUDA graph's capture and its replays: the tensors the graph really read, and the
+train/eval mode of the modules that hold them.
 
 A CUDA graph replays fixed addresses. Replace a weight the graph read (``model.weight = nn.Parameter(...)``, a new
 submodule, a rebound global), or re-type it (``model.half()``, ``model.to(...)``, ``w.data = w.data.t()``), and every
-replay silently keeps reading the old memory: old weights, or memory that was released. A :class:`Guard` refuses that
-replay with :class:`StaleGraphError` instead.
+replay silently keeps reading the old memory: old weights, or memory that was released. Switch ``model.eval()`` after
+a capture in training mode and every replay still runs training-mode dropout. A :class:`Guard` refuses such a replay
+with :class:`StaleGraphError` instead.
 
 How it knows what to watch, without guessing from source code:
 
-1. **What the function reads**: one eager call runs under a ``TorchFunctionMode`` (:func:`watch_reads`) that sees
-   every tensor reaching a PyTorch function. The tensors that existed before the call (the call's own arguments
-   aside) are what the graph reads from outside: parameters, buffers, constants, caches, optimizer state. A
-   ``torch.compile`` function runs its original Python code for that call (``torch.compiler.set_stance
-   ("force_eager")``, PyTorch 2.6+), which reads the same tensors as the compiled code.
-2. **Where each is held**: a search from the captured callable (a module, a bound method's object, a
-   ``functools.partial``'s arguments, closure cells, default arguments, the globals its code loads, object attributes,
-   lists, tuples and dicts, several levels deep) records every holder on a path to a read tensor (:func:`locate`).
-   Holders on no such path are never recorded: an unrelated global named like an attribute raises nothing.
-3. **Before every replay** (:meth:`Guard.check`): one pass over the address (and, for 2-D and larger, the
-   contiguity) of the read tensors a module holds (parameters and buffers: what ``.half()``, ``.to()`` and ``.data = ...`` change), and over the holders
-   that PyTorch reports nothing about (object attributes, globals, closure cells, default arguments, lists, a
-   module's buffers, optimizer state). A module's parameters and submodules, and the full layout (shape, strides,
-   dtype) of every read tensor, are compared again only after an event: PyTorch's global module registration hooks
-   (``register_module_parameter_registration_hook`` and its two siblings: installed with the first guard, removed
-   with the last) and the release of a read tensor's storage each raise a counter. A holder replaced by one leading
-   to the same tensors (``optimizer.load_state_dict`` of the same state) is no change: the guard follows it.
-   ``weights_fixed(g)`` checks once per block of calls instead of per call.
+1. **What the function reads**: the last warm-up call runs under a ``TorchFunctionMode`` (:func:`watch_reads`) that
+   sees every tensor reaching a PyTorch function (no extra call: the function runs as often as the warm-up says).
+   The tensors that existed before the call (the call's own arguments aside) are what the graph reads from outside:
+   parameters, buffers, constants, caches, optimizer state. A ``torch.compile`` function runs its original Python code
+   for that call (``torch.compiler.set_stance("force_eager")``, PyTorch 2.6+), which reads the same tensors.
+2. **Where each is held**, by object identity: a search from the captured callable (a module, a bound method's object,
+   a ``functools.partial``'s arguments, closure cells, default arguments, ``__wrapped__``, the globals its code loads,
+   object attributes, lists, tuples and dicts, several levels deep) records each holder on a shortest path to a read
+   tensor as "this container, this key, this object" (:func:`locate`). Two roots of one class, two closures of one
+   factory, a dict keyed by tensors: each holder is its own object, so nothing collides. A label
+   (``Runner.model.0.weight``) is built only for a message. Holders on no such path are never recorded. Whether code
+   is PyTorch's own (not searched) is decided by the file its code lives in, not by ``__module__``.
+3. **The check** (:meth:`Guard.check`, before every call or replay), split by what PyTorch reports by itself:
 
-What a guard cannot see (tested in ``tests/test_guard.py``):
+   - *every call*: the holders no event reports, re-read by identity (object attributes, globals, closure cells,
+     default arguments, lists, plain dicts, ``optimizer.state`` and ``param_groups`` themselves); the train/eval
+     flag of the outermost modules on the paths; whether a hook reported one of this guard's module entries; whether
+     a read tensor's storage was freed. On a model held by modules alone that is a few comparisons, whatever its size.
+   - *when an event fires*: PyTorch's global registration hooks (``register_module_parameter_registration_hook`` and
+     its two siblings; installed with the first guard, removed with the last) report every parameter, buffer and
+     submodule set through ``setattr`` anywhere in the process. Each report is ``(module, name)``; the guard looks
+     only at the reports since its last check, so an unrelated module built elsewhere costs a set lookup per report.
+     A report on one of its own module entries (``model.fc = ...``, ``model[0] = ...``), or a read tensor's storage
+     being freed (``.half()``, ``.to()`` or ``.data = ...`` on a tensor whose old memory nothing else holds), starts a
+     full check on that call.
+   - *a full check*: every recorded holder re-read by identity (no new search), the address, strides, shape and
+     dtype of every read tensor, the mode of every module on the paths. It runs every ``FULL_CHECK_EVERY`` calls
+     (32; ``guard.full_check_every`` per guard), on entry to and exit from :func:`weights_fixed`, and with
+     ``check(full=True)``. A holder replaced by one that leads to the same tensors along the same paths
+     (``optimizer.load_state_dict`` of the same state) is no change: the guard then records the new holders.
 
-- a tensor whose holder the search cannot reach (a C++ object, ``__slots__``, a container of more than
-  ``MAX_ITEMS`` items, more than ``MAX_DEPTH`` steps away): its address and contiguity are still checked every call,
-  its replacement there is not;
-- a parameter or submodule written straight into a module's ``_parameters``/``_modules`` dict (bypassing
-  ``setattr``, so no hook runs) while the old tensor keeps its storage (PyTorch itself does this in ``Module._apply``
-  only under ``torch.__future__.set_overwrite_module_params_on_conversion(True)``): seen at the next event, or by
-  ``check(full=True)``;
-- between events, a tensor given a new layout at the same address that keeps it contiguous (``w.data =
-  w.data[:k]``, ``w.data = w.data.view(...)``), a 1-D tensor given new strides there (``b.data = b.data[::2]``), and
-  any new layout of a tensor no module holds (optimizer state, caches): the next event, or ``check(full=True)``,
-  compares shapes, strides and dtypes too.
+What no event reports is therefore seen by the next full check, at most ``FULL_CHECK_EVERY - 1`` replays later
+(tested in ``tests/test_guard.py``): a new layout at the same address (``w.data = w.data.t()`` or ``w.data[:k]`` on
+the same storage), ``.half()`` or ``.to()`` while something else keeps the old storage alive, a direct
+``module._parameters[...] = ...`` or ``del module.weight`` (no hook runs), what an optimizer's state dicts hold, and
+the mode of an inner module switched alone (``model.encoder.eval()``). A full check on every call costs about
+0.1-0.3 µs per read tensor on the host; set ``guard.full_check_every = 1`` where that is worth it.
+
+What a guard cannot see: a tensor whose holder the search cannot reach (a C++ object, ``__slots__``, a container
+of more than ``MAX_ITEMS`` items, more than ``MAX_DEPTH`` steps away): its address is still checked every call and
+its layout by the full check, its replacement there is not.
 
 Example::
 
@@ -48,7 +59,7 @@ Example::
     model = torch.nn.Linear(64, 64).cuda()
     x = torch.randn(8, 64, device="cuda")
     with watch_reads(skip=(x,)) as reads:
-        model(x)                                  # one eager call, watched
+        model(x)                                  # the last warm-up call, watched
     guard = Guard(model, reads.tensors)           # model.weight and model.bias, held in model._parameters
     guard.check()                                 # before each replay: passes
     model.half()
@@ -61,6 +72,9 @@ from __future__ import annotations
 import contextlib
 import dis
 import functools
+import operator
+import os
+import sys
 import types
 import weakref
 
@@ -68,8 +82,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["StaleGraphError", "stale", "Guard", "watch_reads", "ReadWatch", "locate", "weights_fixed",
-           "STALE_FIX", "MAX_DEPTH", "MAX_ITEMS"]
+__all__ = ["StaleGraphError", "stale", "Guard", "watch_reads", "ReadWatch", "locate", "Record", "weights_fixed",
+           "STALE_FIX", "MAX_DEPTH", "MAX_ITEMS", "FULL_CHECK_EVERY"]
 
 MAX_DEPTH = 12     # steps from the callable that the holder search follows
 MAX_ITEMS = 10_000  # containers with more items than this are not searched
@@ -165,14 +179,19 @@ def watch_reads(skip=(), force_eager: bool = True):
 
 
 # -- 2. where each read tensor is held -----------------------------------------------------------------------------
-# An entry says "container[key] is expected"; its kind says how to read container[key]:
-#   "dict" (dict.get), "item" (a list index), "cell" (a closure cell), "attr" (getattr), "values" (the ids of all
-#   values of a dict whose keys are tensors, e.g. optimizer.state, read without hashing a tensor).
-# Module entries (a module's _parameters and _modules) are re-read after events; every other entry on every call.
+# A holder is recorded as an entry ``(kind, container, key, expected, path)``: "container[key] is expected", read by
+# kind: "dict" (dict.get; a module's _parameters, _buffers, _modules and __dict__, an object's __dict__, a function's
+# globals, a plain dict, a tensor-keyed dict such as optimizer.state), "item" (a list index), "cell" (a closure cell's
+# contents), "attr" (getattr: a function's defaults, ``__wrapped__``; the train step's ``param.grad``). ``path`` is how
+# the entry was reached from the roots: ``(root index, step, step, ...)``, each step ``(how, key)``; it names the entry
+# in a message and is followed again from the roots when a holder changed. Identity decides everything; a path is
+# never compared as text.
 _TORCH_KINDS = (torch.nn.Module, torch.optim.Optimizer)
 _LEAF_TYPES = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size,
                types.ModuleType, type, torch.Generator)
 _MODULE_OWN = frozenset(vars(torch.nn.Module()))  # a module's own bookkeeping attributes
+_TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+_MODULE_DICTS = ("_parameters", "_buffers", "_modules")
 
 
 def _grad_scaler_types() -> tuple:
@@ -186,6 +205,24 @@ def _grad_scaler_types() -> tuple:
 
 
 _SEARCHED_TORCH = _TORCH_KINDS + _grad_scaler_types()
+
+
+@functools.lru_cache(maxsize=4096)
+def _torch_file(filename: str) -> bool:
+    return os.path.realpath(filename).startswith(_TORCH_DIR)
+
+
+def _torch_own_function(fn) -> bool:
+    """PyTorch's own code, decided by where the code lives (a wrapper may copy ``__module__`` from torch's class)."""
+    code = getattr(fn, "__code__", None)
+    return code is not None and _torch_file(code.co_filename)
+
+
+def _torch_own_class(cls) -> bool:
+    module = sys.modules.get(cls.__module__ or "")
+    where = getattr(module, "__file__", None)
+    return where is not None and _torch_file(where) if module is not None else \
+        (cls.__module__ or "").startswith("torch.")
 
 
 def _loaded_globals(code) -> set:
@@ -207,185 +244,274 @@ def _searchable(obj) -> bool:
         return True
     if isinstance(obj, _SEARCHED_TORCH):
         return True
-    module = type(obj).__module__ or ""
-    return isinstance(getattr(obj, "__dict__", None), dict) and not module.startswith(("torch", "builtins"))
+    return isinstance(getattr(obj, "__dict__", None), dict) and type(obj).__module__ != "builtins" \
+        and not _torch_own_class(type(obj))
 
 
-def _children(obj, label: str, names: dict):
-    """``(kind, container, key, child, child_label, module_entry)`` for what ``obj`` holds (tensors, and what
-    :func:`_searchable` lets the search enter); kind None: fixed."""
-    for edge in _edges(obj, label, names):
-        child = edge[3]
-        if isinstance(child, torch.Tensor) or _searchable(child):
-            yield edge
-
-
-def _edges(obj, label: str, names: dict):
+def _edges(obj):
+    """``(kind, container, key, child, step, event)`` for what ``obj`` holds: tensors, and what :func:`_searchable`
+    lets the search enter. kind None: fixed (a tuple item, a bound method's object). ``event``: PyTorch's module
+    registration hooks fire when this entry is set through ``setattr``."""
     if isinstance(obj, torch.nn.Module):
-        for owner, module_entry in ((obj._parameters, True), (obj._buffers, False), (obj._modules, True)):
+        for how in _MODULE_DICTS:
+            owner = obj.__dict__[how]
             for key, child in owner.items():
                 if child is not None:
-                    yield "dict", owner, key, child, f"{label}.{key}", module_entry
-        for key, child in vars(obj).items():
+                    yield "dict", owner, key, child, (how, key), True
+        own = obj.__dict__
+        for key, child in own.items():
             if key not in _MODULE_OWN and (isinstance(child, torch.Tensor) or _searchable(child)):
-                yield "dict", vars(obj), key, child, f"{label}.{key}", False
+                yield "dict", own, key, child, ("attr", key), False
     elif isinstance(obj, dict):
         if len(obj) > MAX_ITEMS:
             return
-        tensor_keys = any(isinstance(k, torch.Tensor) for k in obj)
         for key, child in obj.items():
             if isinstance(child, torch.Tensor) or _searchable(child):
-                shown = f"[{names.get(id(key), 'a tensor')}]" if isinstance(key, torch.Tensor) else f"[{key!r}]"
-                yield ("values" if tensor_keys else "dict"), obj, key, child, f"{label}{shown}", False
+                yield "dict", obj, key, child, ("key", key), False
     elif isinstance(obj, (list, tuple)):
         if len(obj) > MAX_ITEMS:
             return
         kind = "item" if isinstance(obj, list) else None
         for i, child in enumerate(obj):
             if isinstance(child, torch.Tensor) or _searchable(child):
-                yield kind, obj, i, child, f"{label}[{i}]", False
+                yield kind, obj, i, child, ("item", i), False
     elif isinstance(obj, functools.partial):
-        yield None, obj, "func", obj.func, label, False
-        yield None, obj, "args", obj.args, f"{label} arguments", False
-        yield None, obj, "keywords", obj.keywords, f"{label} keywords", False
+        yield None, obj, "func", obj.func, ("partial", "func"), False
+        yield None, obj, "args", obj.args, ("partial", "args"), False
+        yield None, obj, "keywords", obj.keywords, ("partial", "keywords"), False
     elif isinstance(obj, types.MethodType):
-        yield None, obj, "__self__", obj.__self__, type(obj.__self__).__name__, False
-        yield None, obj, "__func__", obj.__func__, label, False
+        yield None, obj, "__self__", obj.__self__, ("method", "__self__"), False
+        yield None, obj, "__func__", obj.__func__, ("method", "__func__"), False
     elif isinstance(obj, types.FunctionType):
-        if (obj.__module__ or "").split(".")[0] == "torch":
-            return  # PyTorch's own functions hold nothing of the caller's
-        name = obj.__name__
+        wrapped = getattr(obj, "__wrapped__", None)  # functools.wraps: decorators, torch.compile(fn)
+        if wrapped is not None:
+            yield "attr", obj, "__wrapped__", wrapped, ("fn", "__wrapped__"), False
+        if _torch_own_function(obj):
+            return  # PyTorch's own functions hold nothing of the caller's but what they wrap
         for var, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
             try:
                 child = cell.cell_contents
             except ValueError:  # an empty cell
                 continue
-            yield "cell", cell, var, child, var, False
+            yield "cell", cell, var, child, ("cell", var), False
         if obj.__defaults__:
-            yield "attr", obj, "__defaults__", obj.__defaults__, f"{name}'s default arguments", False
+            yield "attr", obj, "__defaults__", obj.__defaults__, ("fn", "__defaults__"), False
         if obj.__kwdefaults__:
-            yield "attr", obj, "__kwdefaults__", obj.__kwdefaults__, f"{name}'s keyword defaults", False
-        wrapped = getattr(obj, "__wrapped__", None)  # functools.wraps: decorators, torch.compile(fn)
-        if wrapped is not None:
-            yield "attr", obj, "__wrapped__", wrapped, name, False
+            yield "attr", obj, "__kwdefaults__", obj.__kwdefaults__, ("fn", "__kwdefaults__"), False
         scope = obj.__globals__
         for var in sorted(_loaded_globals(obj.__code__)):
             if var in scope:
-                yield "dict", scope, var, scope[var], var, False
+                yield "dict", scope, var, scope[var], ("global", var), False
     elif isinstance(getattr(obj, "__dict__", None), dict):  # a class's is a read-only mappingproxy: not followed
-        for key, child in vars(obj).items():
+        own = obj.__dict__
+        for key, child in own.items():
             if isinstance(child, torch.Tensor) or _searchable(child):
-                yield "dict", vars(obj), key, child, f"{label}.{key}", False
+                yield "dict", own, key, child, ("attr", key), False
         call = getattr(type(obj), "__call__", None)
         if isinstance(call, types.FunctionType):
-            yield None, type(obj), "__call__", call, f"{type(obj).__name__}.__call__", False
+            yield None, type(obj), "__call__", call, ("call", "__call__"), False
 
 
-def _root_label(obj) -> str:
-    if isinstance(obj, torch.nn.Module):
-        return type(obj).__name__
-    return getattr(obj, "__name__", None) or type(obj).__name__
+def _children(obj):
+    for edge in _edges(obj):
+        if isinstance(edge[3], torch.Tensor) or _searchable(edge[3]):
+            yield edge
 
 
-def _named_roots(roots) -> list:
+def _read(kind, container, key):
+    """What ``container[key]`` holds now, read as the entry's kind says (None when it is gone)."""
+    if kind == "dict":
+        return container.get(key)
+    if kind == "item":
+        return container[key] if key < len(container) else None
+    if kind == "cell":
+        try:
+            return container.cell_contents
+        except ValueError:
+            return None
+    return getattr(container, key, None)   # "attr"
+
+
+def _step(obj, step):
+    """Follow one step of a path from ``obj`` as it is now (None when the step leads nowhere)."""
+    how, key = step
+    if how in _MODULE_DICTS:
+        return obj.__dict__.get(how, {}).get(key) if isinstance(obj, torch.nn.Module) else None
+    if how == "attr":
+        own = getattr(obj, "__dict__", None)
+        return own.get(key) if isinstance(own, dict) else None
+    if how == "key":
+        return obj.get(key) if isinstance(obj, dict) else None
+    if how == "item":
+        return obj[key] if isinstance(obj, (list, tuple)) and key < len(obj) else None
+    if how == "cell":
+        code, cells = getattr(obj, "__code__", None), getattr(obj, "__closure__", None) or ()
+        if code is None or key not in code.co_freevars:
+            return None
+        try:
+            return cells[code.co_freevars.index(key)].cell_contents
+        except ValueError:
+            return None
+    if how == "global":
+        return getattr(obj, "__globals__", {}).get(key)
+    if how == "call":
+        return getattr(type(obj), "__call__", None)
+    return getattr(obj, key, None)   # "partial", "method", "fn"
+
+
+def _root_labels(roots) -> list:
+    """``[(label, root)]``: a dict's keys, else each root's type or function name, numbered where two collide."""
     if isinstance(roots, dict):
-        return [(label, obj) for label, obj in roots.items() if obj is not None]
+        return [(str(label), obj) for label, obj in roots.items()]
     roots = list(roots) if isinstance(roots, (tuple, list)) else [roots]
-    return [(_root_label(obj), obj) for obj in roots]
+    names = [type(r).__name__ if isinstance(r, torch.nn.Module) else
+             getattr(r, "__qualname__", None) or getattr(r, "__name__", None) or type(r).__name__ for r in roots]
+    return [(f"{n} #{i + 1}" if names.count(n) > 1 else n, r) for i, (n, r) in enumerate(zip(names, roots))]
 
 
-def locate(roots, targets) -> tuple:
-    """``(entries, labels, in_module, at_label)``: every holder on a path from ``roots`` to a tensor of ``targets``;
-    a label per target found (``{id(tensor): "Runner.model.0.weight"}``); the ids of the targets a module holds as a
-    parameter or buffer; and what each path label leads to now (``{"Runner.model": model, ...}``). ``roots``: an
-    object, a list of them, or ``{label: object}``. An entry is ``(kind, container, key, expected, label,
-    module_entry)``; see the module docstring.
+def _label(path, objects: dict, roots: list, names: dict) -> str:
+    """A readable name for a path (messages only): ``Runner.model.0.weight``, ``optimizer.state[model.0.weight]``."""
+    label = roots[path[0]][0]
+    for i, (how, key) in enumerate(path[1:], start=1):
+        parent = objects.get(path[:i])
+        if how in _MODULE_DICTS or how == "attr":
+            label += f".{key}"
+        elif how == "key":
+            label += f"[{names.get(id(key), 'a tensor')}]" if isinstance(key, torch.Tensor) else f"[{key!r}]"
+        elif how == "item":
+            label += f"[{key}]"
+        elif how == "method" and key == "__self__":
+            label = type(objects.get(path[:i + 1])).__name__
+        elif how in ("cell", "global"):
+            label = key
+        elif how == "fn" and key in ("__defaults__", "__kwdefaults__"):
+            label = f"{getattr(parent, '__name__', 'the function')}'s {'default' if key == '__defaults__' else 'keyword default'} arguments"
+        elif how == "partial" and key != "func":
+            label += f" {key}"
+    return label
+
+
+class Record:
+    """Where a callable's read tensors are held, found by a breadth-first search from its roots (see :func:`locate`).
+
+    ``entries``: the holders on a shortest path to a read tensor; ``path_of``: one path per placed tensor (by id);
+    ``objects``: what each recorded path led to; ``modules``: the modules on those paths (their train/eval mode is
+    part of what a graph captured); ``watched``: ``(id(module), name)`` of every entry PyTorch's registration hooks
+    report."""
+
+    def __init__(self, roots, targets):
+        self.roots = _root_labels(roots)
+        self.names = {}
+        for label, obj in self.roots:
+            if isinstance(obj, torch.nn.Module):
+                for name, t in list(obj.named_parameters()) + list(obj.named_buffers()):
+                    self.names.setdefault(id(t), f"{label}.{name}")
+        wanted = {id(t) for t in targets}
+        path_of, seen, depth_of, in_edges = {}, {}, {}, {}
+        frontier = []
+        for i, (_, root) in enumerate(self.roots):
+            if root is not None and id(root) not in seen:
+                seen[id(root)], path_of[id(root)], depth_of[id(root)] = root, (i,), 0
+                frontier.append(root)
+        cold: set = set()   # what an optimizer's state and param groups hold (see Guard: checked on the schedule)
+        depth = 0
+        while frontier and depth < MAX_DEPTH:
+            nxt = []
+            for obj in frontier:
+                for kind, container, key, child, step, event in _children(obj):
+                    if id(child) not in seen:
+                        seen[id(child)], depth_of[id(child)] = child, depth + 1
+                        path_of[id(child)] = path_of[id(obj)] + (step,)
+                        if id(obj) in cold or (isinstance(obj, torch.optim.Optimizer) and key in ("state",
+                                                                                              "param_groups")):
+                            cold.add(id(child))
+                        if not isinstance(child, torch.Tensor):
+                            nxt.append(child)
+                    if depth_of[id(child)] == depth + 1:
+                        in_edges.setdefault(id(child), []).append((id(obj), kind, container, key, child, step, event))
+            frontier, depth = nxt, depth + 1
+        useful, stack = set(), [i for i in wanted if i in seen]
+        while stack:   # the read tensors found, and what lies on a shortest path to one
+            node = stack.pop()
+            if node not in useful:
+                useful.add(node)
+                stack.extend(parent for parent, *_ in in_edges.get(node, ()))
+        self.entries, self.objects, self.watched, done = [], {}, set(), set()
+        for child_id in useful:
+            for parent, kind, container, key, child, step, event in in_edges.get(child_id, ()):
+                if parent not in useful or (kind, id(container), key) in done:
+                    continue
+                done.add((kind, id(container), key))
+                path = path_of[parent] + (step,)
+                self.objects[path] = child
+                self.objects[path_of[parent]] = seen[parent]
+                if kind is not None:
+                    self.entries.append((kind, container, key, child, path, event, parent in cold))
+                    if event:
+                        self.watched.add((parent, key))
+        self.path_of = {i: path_of[i] for i in wanted if i in path_of}
+        self.modules = [seen[i] for i in useful if isinstance(seen[i], torch.nn.Module)]
+        self.top_modules = [m for m in self.modules if not any(isinstance(seen[p], torch.nn.Module)
+                                                               for p, *_ in in_edges.get(id(m), ()))]
+
+    def label(self, path) -> str:
+        return _label(path, self.objects, self.roots, self.names)
+
+    def label_of(self, t) -> str | None:
+        path = self.path_of.get(id(t))
+        return None if path is None else self.label(path)
+
+    def follow(self, path):
+        """What ``path`` leads to now, from the roots (None where a step leads nowhere)."""
+        obj = self.roots[path[0]][1]
+        for step in path[1:]:
+            if obj is None:
+                return None
+            obj = _step(obj, step)
+        return obj
+
+
+def locate(roots, targets) -> Record:
+    """Where each of ``targets`` (tensors) is held, searched from ``roots`` (an object, a list of them, or
+    ``{label: object}``): a :class:`Record` of every holder on a shortest path to a target.
 
     Example::
 
-        entries, labels, _, _ = locate([runner.step], [runner.model[0].weight])
-        labels    # {id(w): 'Runner.model.0.weight'}
+        rec = locate([runner.step], [runner.model[0].weight])
+        rec.label_of(runner.model[0].weight)     # 'Runner.model.0.weight'
     """
-    named = _named_roots(roots)
-    names = {id(t): f"{label}.{name}" for label, obj in named if isinstance(obj, torch.nn.Module)
-             for name, t in list(obj.named_parameters()) + list(obj.named_buffers())}
-    wanted = {id(t) for t in targets}
-    labels: dict = {}       # id(node) -> label of the first path found
-    at_label: dict = {}     # label of every path -> the object it leads to
-    entries, done, in_module = [], set(), set()
-    for root_label, root in named:  # from each root, the shortest paths to each read tensor (no detours via aliases)
-        found, seen, in_edges = _search(root_label, root, names, at_label)
-        for node, label in found.items():
-            labels.setdefault(node, label)
-        useful, stack = set(), [i for i in wanted if i in seen]
-        while stack:  # the read tensors found, and what lies on a shortest path to one
-            node = stack.pop()
-            if node in useful:
-                continue
-            useful.add(node)
-            stack.extend(parent for parent, *_ in in_edges.get(node, ()))
-        for child_id in useful:
-            for parent, kind, container, key, child, label, module_entry in in_edges.get(child_id, ()):
-                mark = (kind, id(container), key if kind != "values" else None)
-                if kind is None or parent not in useful or mark in done:
-                    continue
-                done.add(mark)
-                expected = tuple(map(id, container.values())) if kind == "values" else child
-                entries.append((kind, container, key, expected, label, module_entry))
-        in_module |= {i for i in wanted if any(e[1] == "dict" and isinstance(seen.get(e[0]), torch.nn.Module)
-                                               for e in in_edges.get(i, ()))}
-    return entries, {i: labels[i] for i in wanted if i in labels}, in_module, at_label
-
-
-def _search(root_label: str, root, names: dict, at_label: dict) -> tuple:
-    """A breadth-first search from one root: ``(labels, seen, in_edges)``, where ``in_edges`` keeps, for each object,
-    only the edges that reach it by a shortest path (one step deeper than their parent)."""
-    at_label.setdefault(root_label, root)
-    labels, seen, depth_of = {id(root): root_label}, {id(root): root}, {id(root): 0}
-    in_edges: dict = {}     # id(child) -> [(id(parent), kind, container, key, child, label, module_entry)]
-    cold: set = set()       # what an optimizer's state and param groups hold: re-read after events only (see Guard)
-    frontier, depth = [root], 0
-    while frontier and depth < MAX_DEPTH:
-        nxt = []
-        for obj in frontier:
-            for kind, container, key, child, label, module_entry in _children(obj, labels[id(obj)], names):
-                if id(obj) in cold:
-                    module_entry = True
-                elif isinstance(obj, torch.optim.Optimizer) and key in ("state", "param_groups"):
-                    cold.add(id(child))
-                at_label.setdefault(label, child)
-                if id(child) not in seen:
-                    seen[id(child)] = child
-                    labels[id(child)] = label
-                    depth_of[id(child)] = depth + 1
-                    if id(obj) in cold:
-                        cold.add(id(child))
-                    if not isinstance(child, torch.Tensor):
-                        nxt.append(child)
-                if depth_of[id(child)] == depth + 1:
-                    in_edges.setdefault(id(child), []).append(
-                        (id(obj), kind, container, key, child, label, module_entry))
-        frontier, depth = nxt, depth + 1
-    return labels, seen, in_edges
+    return Record(roots, targets)
 
 
 # -- 3. the check --------------------------------------------------------------------------------------------------
-_EVENTS = [0]        # raised by module registration hooks and by the release of a read tensor's storage
+# PyTorch's global module registration hooks report every parameter, buffer and submodule set through setattr, in any
+# module of the process: each report is logged as (id(module), name), and a guard looks only at the reports since its
+# last check, so an unrelated module built elsewhere costs a set lookup per report, never a walk over the model.
+_EVENTS = [0]        # reports so far
+_LOG: list = []      # the latest reports, (id(module), name); _LOG[0] is report number _LOG_START[0]
+_LOG_START = [0]
+_LOG_MAX = 4096
 _HOOK_HANDLES: list = []
 _LIVE_GUARDS = [0]
 _data_ptr = torch.Tensor.data_ptr
 _stride = torch.Tensor.stride
-_is_contiguous = torch.Tensor.is_contiguous
+_shape, _dtype, _training = operator.attrgetter("shape"), operator.attrgetter("dtype"), operator.attrgetter("training")
+FULL_CHECK_EVERY = 32   # calls between two full checks (see the module docstring)
 
 
-def _event(*_args):
-    """A module registration or a storage release: raise the counter (returns None, so a registered value is kept).
-    Not while ``torch.compile`` traces a function that registers modules (``self.layers[:n]`` builds a new
-    ``ModuleList``): traced, the counter would become a Dynamo guard that fails on every later call, recompiling
-    until the recompile limit sends the function back to eager. Code that runs outside tracing still counts."""
+def _event(module, name, _value):
+    """A parameter, buffer or submodule is being set on ``module``: log it (returns None, so the value is kept). Not
+    while ``torch.compile`` traces a function that registers modules (``self.layers[:n]`` builds a new ``ModuleList``):
+    traced, the log would become a Dynamo guard that fails on every later call, recompiling until the recompile limit
+    sends the function back to eager. Code that runs outside tracing is still logged."""
     if _tracing():
         return
+    _LOG.append((id(module), name))
     _EVENTS[0] += 1
+    if len(_LOG) > _LOG_MAX:
+        drop = _LOG_MAX // 2
+        del _LOG[:drop]
+        _LOG_START[0] += drop
 
 
 _tracing = getattr(torch.compiler, "is_compiling", None) or (lambda: False)   # torch.compiler.is_compiling: 2.3+
@@ -430,26 +556,28 @@ def _describe(t) -> str:
     return f"shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device}"
 
 
-def _read_entry(kind, container, key):
-    """What a cell, attribute or tensor-keyed dict entry holds now (the kinds read one by one)."""
-    if kind == "cell":
-        try:
-            return container.cell_contents
-        except ValueError:
-            return None
-    if kind in ("attr", "weakattr"):
-        return getattr(container, key, None)
-    return tuple(map(id, container.values()))  # "values"
+def _split(entries) -> tuple:
+    """``((owners, keys, ids), other)``: the dict entries as three lists (one ``map`` reads them all), the rest as
+    ``(kind, container, key, expected)``."""
+    dicts = [e for e in entries if e[0] == "dict"]
+    return (([e[1] for e in dicts], [e[2] for e in dicts], [id(e[3]) for e in dicts]),
+            [e[:4] for e in entries if e[0] != "dict"])
+
+
+def _layout(t) -> tuple:
+    return t.data_ptr(), t.stride(), tuple(t.shape), t.dtype, t.device
 
 
 class Guard:
     """What a graph read and where each tensor is held, checked before every replay (see the module docstring).
 
-    ``Guard(roots, tensors)``: ``roots`` is the captured callable (or a tuple of what it reaches: model, optimizer,
-    loss function); ``tensors`` what it read (:func:`watch_reads`). ``extra`` adds ``(kind, container, key, expected,
-    label)`` entries the caller knows of (the train step's ``param.grad``). The guard keeps the read tensors alive
-    while it lives. ``len(guard)``: how many tensors it watches; ``guard.unplaced``: the labels of read tensors the
-    search could not place.
+    ``Guard(roots, tensors)``: ``roots`` is the captured callable (or a tuple or dict of what it reaches: model,
+    optimizer, loss function); ``tensors`` what it read (:func:`watch_reads`). ``extra`` adds ``(kind, container,
+    key, expected, label)`` entries the caller knows of (the train step's ``param.grad``; kind "attr", or "weakattr"
+    with a weak reference as ``expected``). ``check_mode``: the train/eval mode of the modules on the paths is part
+    of what must not change (``graph_modules`` turns it off: ``make_graphed_callables`` runs such a call eagerly).
+    The guard keeps the read tensors alive while it lives. ``len(guard)``: how many tensors it watches;
+    ``guard.unplaced``: the read tensors the search could not place, described.
 
     Example::
 
@@ -457,154 +585,170 @@ class Guard:
         guard.check()              # before each replay; raises StaleGraphError naming what changed
     """
 
-    def __init__(self, roots, tensors, extra=()):
+    def __init__(self, roots, tensors, extra=(), check_mode: bool = True):
         self.roots = roots
-        tensors = [t for t in tensors if isinstance(t, torch.Tensor) and _has_storage(t)]
-        entries, labels, in_module, _ = locate(roots, tensors)
+        self.tensors = [t for t in tensors if isinstance(t, torch.Tensor) and _has_storage(t)]
+        self.check_mode = check_mode
         self._extra = list(extra)
-        weak = [e for e in self._extra if e[0] == "weakattr"]
-        entries += [(kind, container, key, expected, label, kind == "weakattr")
-                    for kind, container, key, expected, label in extra]
-        self.tensors = tensors
-        self.labels = [labels.get(id(t), f"a {_describe(t)} tensor held outside the search") for t in tensors]
-        self.unplaced = [label for t, label in zip(tensors, self.labels) if id(t) not in labels]
-        self._ptrs = list(map(_data_ptr, tensors))
-        self._strides = list(map(_stride, tensors))
-        self._specs = [(tuple(t.shape), t.dtype, t.device) for t in tensors]
-        # every call: the address and contiguity of the tensors a module holds (and of those the search could not
-        # place); the others (optimizer state, caches, grads) are compared in full after an event
-        self._hot = [t for t in tensors if id(t) in in_module or id(t) not in labels]
-        self._hot_ptrs = list(map(_data_ptr, self._hot))
-        self._hot_2d = [t for t in self._hot if t.dim() >= 2]   # a transpose at the same address shows here
-        self._hot_contiguous = list(map(_is_contiguous, self._hot_2d))
-        self._index(entries)
+        self._layouts = list(map(_layout, self.tensors))
+        self._ptrs, self._strides = list(map(_data_ptr, self.tensors)), list(map(_stride, self.tensors))
+        self._shapes, self._dtypes = list(map(_shape, self.tensors)), list(map(_dtype, self.tensors))
+        self.full_check_every = FULL_CHECK_EVERY
         self._held = 0
-        self._hooked = _acquire_hooks()
-        self._events = _EVENTS[0]
-        # a read tensor's storage released (.half(), .to(), .data = ...) raises the event counter too
+        self._released: list = []   # filled when a read tensor's storage is freed (.half(), .to(), .data = ...)
         self._finalizers = []
-        for t in tensors + [e[3]() for e in weak if e[3]() is not None]:
+        for t in self.tensors + [e[3]() for e in self._extra if e[0] == "weakattr" and e[3]() is not None]:
             try:
-                fin = weakref.finalize(t.untyped_storage(), _event)
+                fin = weakref.finalize(t.untyped_storage(), self._released.append, 1)
             except (RuntimeError, TypeError, AttributeError):
                 continue
             fin.atexit = False
             self._finalizers.append(fin)
+        self._hooked = _acquire_hooks()
         weakref.finalize(self, _cleanup, self._hooked, self._finalizers)
+        self._record(Record(roots, self.tensors))
 
-    def _index(self, entries) -> None:
-        """The entries, and the flat lists the per-call check reads them from (one C-level pass per kind)."""
-        self._entries = entries
-        every_call = [e for e in entries if not e[5]]
-        dicts = [e for e in every_call if e[0] == "dict"]
-        attrs = [e for e in every_call if e[0] == "attr"]
-        self._dict_owners, self._dict_keys = [e[1] for e in dicts], [e[2] for e in dicts]
-        self._dict_ids = list(map(id, (e[3] for e in dicts)))
-        self._attr_objects, self._attr_names = [e[1] for e in attrs], [e[2] for e in attrs]
-        self._attr_ids = list(map(id, (e[3] for e in attrs)))
-        lists = {id(e[1]): e[1] for e in every_call if e[0] == "item"}   # each list whole: one pass over its items
-        self._lists = list(lists.values())
-        self._list_ids = [list(map(id, lst)) for lst in self._lists]
-        self._other = [e for e in every_call if e[0] in ("cell", "values")]
-
-    def _may_have_changed(self) -> bool:
-        """The per-call check: True after an event or when something may have changed (``changes`` says what)."""
-        return (_EVENTS[0] != self._events or not self._hooked
-                or list(map(_data_ptr, self._hot)) != self._hot_ptrs
-                or list(map(_is_contiguous, self._hot_2d)) != self._hot_contiguous
-                or list(map(id, map(dict.get, self._dict_owners, self._dict_keys))) != self._dict_ids
-                or self._rest_fails())
-
-    def _rest_fails(self) -> bool:
-        """Attributes, whole lists, closure cells and tensor-keyed dicts (few in most graphs)."""
-        return ((self._attr_objects and list(map(id, map(getattr, self._attr_objects, self._attr_names)))
-                 != self._attr_ids)
-                or (self._lists and [list(map(id, lst)) for lst in self._lists] != self._list_ids)
-                or (self._other and any(_changed(e) for e in self._other)))
+    def _record(self, record: Record) -> None:
+        """Keep a record and the flat lists the checks read (one C-level pass per kind of holder)."""
+        self.record = record
+        self.unplaced = [f"a {_describe(t)} tensor held outside the search" for t in self.tensors
+                         if id(t) not in record.path_of]
+        extra = [("attr", c, key, e, None, False, False) for k, c, key, e, _ in self._extra if k == "attr"]
+        # every call: the holders no hook reports (object attributes, globals, closure cells, defaults, lists, plain
+        # dicts, optimizer.state itself); a module's parameters, buffers and submodules when a hook reports them;
+        # what optimizer.state and param_groups hold on the schedule
+        self._hot_dicts, self._hot_other = _split([e for e in record.entries if not e[5] and not e[6]] + extra)
+        self._all_dicts, self._all_other = _split(record.entries + extra)
+        self._watched = record.watched
+        # unplaced tensors: their address every call (nothing else can tell of their replacement)
+        self._loose = [t for t in self.tensors if id(t) not in record.path_of]
+        self._loose_ptrs = list(map(_data_ptr, self._loose))
+        self._top = record.top_modules if self.check_mode else []
+        self._top_modes = list(map(_training, self._top))
+        self._modes = [(m, m.training) for m in record.modules] if self.check_mode else []
+        self._events = _EVENTS[0]
+        self._countdown = self.full_check_every
 
     def __len__(self) -> int:
         return len(self.tensors)
 
     def __bool__(self) -> bool:
-        return bool(self.tensors or self._entries)
+        return bool(self.tensors or self.record.entries or self._extra)
 
     def check(self, full: bool = False) -> None:
-        """Raise :class:`StaleGraphError` if a read tensor or one of its holders changed since the recording.
-        Inside :func:`weights_fixed` it returns at once. ``full=True`` also re-reads every module entry and
-        compares shapes and dtypes."""
+        """Raise :class:`StaleGraphError` if a read tensor, one of its holders or a module's train/eval mode changed
+        since the recording. Per call it looks only at what no event reports; see the module docstring for what is
+        checked when. Inside :func:`weights_fixed` it returns at once. ``full=True`` checks everything now."""
         if self._held and not full:
             return
-        if full or self._may_have_changed():
+        self._countdown -= 1
+        owners, keys, ids = self._hot_dicts
+        if (full or self._countdown <= 0 or self._released or (_EVENTS[0] != self._events and self._reported())
+                or (ids and list(map(id, map(dict.get, owners, keys))) != ids)
+                or (self._hot_other and any(_read(k, c, key) is not e for k, c, key, e in self._hot_other))
+                or (self._top and list(map(_training, self._top)) != self._top_modes)
+                or (self._loose and list(map(_data_ptr, self._loose)) != self._loose_ptrs)):
             found = self.changes()
             if found:
                 raise self.error(found)
-            self._events = _EVENTS[0]
+
+    def _reported(self) -> bool:
+        """Did a hook report one of this guard's module entries since the last check? (Then a full check runs.)"""
+        start, seen = _LOG_START[0], self._events
+        self._events = _EVENTS[0]
+        if seen < start:
+            return True   # more reports than the log keeps: look at everything
+        watched = self._watched
+        return any(report in watched for report in _LOG[seen - start:])
 
     def changes(self, refresh: bool = True) -> list:
-        """What changed since the recording, one sentence each (empty when nothing did). A holder replaced by one
-        that leads to the same tensors (``optimizer.load_state_dict`` of the same state) is no change: the guard
-        then follows the new holders (``refresh``)."""
-        found = []
-        entries, _, _, at_label = locate(self.roots, self.tensors)
-        missing = object()
-        holders, leaves = [], []   # a replaced holder matters only where a tensor below it changed
-        extra_labels = {e[4] for e in self._extra}
-        for kind, container, key, expected, label, _ in sorted(self._entries, key=lambda e: len(e[4])):
-            if kind == "values" or label in extra_labels:
-                continue  # a tensor-keyed dict's entries are checked one by one, by label
-            now = at_label.get(label, missing)
-            if now is not expected:
-                (leaves if isinstance(expected, torch.Tensor) else holders).append((label, expected, now))
-        reported = set()
-        for label, expected, now in leaves:
-            top = next(((h, e, n) for h, e, n in holders if label.startswith((h + ".", h + "["))), None)
-            if top is not None:
-                if top[0] not in reported:
-                    reported.add(top[0])
-                    what = f"now holds another {type(top[2]).__name__}" if top[2] is not missing else "was removed"
-                    found.append(f"{top[0]} {what}: {label} is no longer the tensor the graph reads "
-                                 f"({_describe(expected)})")
-            elif now is missing or now is None:
-                found.append(f"{label} was removed (the graph reads the {_describe(expected)} it held at capture)")
-            else:
-                found.append(f"{label} was replaced by another {'tensor' if isinstance(now, torch.Tensor) else type(now).__name__} "
-                             f"({_describe(now)}; the graph reads the one it held at capture, {_describe(expected)})")
+        """What changed since the recording, one sentence each (empty when nothing did): every holder re-read by
+        identity, every tensor's address and layout, every module's mode. A holder replaced by one that leads to
+        the same tensors along the same paths (``optimizer.load_state_dict`` of the same state) is no change: the
+        guard then records the new holders (``refresh``)."""
+        rec, found, moved = self.record, [], []
+        owners, keys, ids = self._all_dicts
+        if list(map(id, map(dict.get, owners, keys))) != ids or any(_read(k, c, key) is not e
+                                                                     for k, c, key, e in self._all_other):
+            moved = [e for e in rec.entries if _read(e[0], e[1], e[2]) is not e[3]]
+            found += self._replaced(moved)
         for kind, container, key, expected, label in self._extra:
-            now = _read_entry(kind, container, key)
+            now = _read("attr", container, key)
             if kind == "weakattr":
                 expected = expected()
             if now is not expected or expected is None:
                 found.append(f"{label} was {'removed' if now is None else 'replaced by another ' + _describe(now)} "
                              f"(the graph reads and writes the "
                              f"{_describe(expected) if expected is not None else 'tensor'} it held at capture)")
-        for t, ptr, stride, (shape, dtype, device), label in zip(self.tensors, self._ptrs, self._strides,
-                                                                 self._specs, self.labels):
-            if t.data_ptr() == ptr and t.stride() == stride and tuple(t.shape) == shape and t.dtype == dtype:
+        ts = self.tensors
+        same = (list(map(_data_ptr, ts)) == self._ptrs and list(map(_stride, ts)) == self._strides
+                and list(map(_shape, ts)) == self._shapes and list(map(_dtype, ts)) == self._dtypes)
+        for t, was in zip(ts, self._layouts if not same else ()):
+            now = _layout(t)
+            if now != was:
+                label = rec.label_of(t) or f"a {_describe(t)} tensor held outside the search"
+                what = "new storage" if now[0] != was[0] else "a new layout at the same address"
+                found.append(f"{label} has {what}: shape {was[2]} {str(was[3]).replace('torch.', '')} on {was[4]}, "
+                             f"strides {was[1]} at capture, now {_describe(t)}, strides {now[1]} (.half(), .to(), "
+                             ".float() or .data = ... changed it; the graph reads the old memory as it was laid out "
+                             "then)")
+        if found:
+            return found
+        changed_mode = [(m, was) for m, was in self._modes if m.training != was]
+        if changed_mode:
+            m, was = changed_mode[0]
+            name = next((rec.label(p) for p, o in rec.objects.items() if o is m), type(m).__name__)
+            return [f"mode: {name} is in {'eval' if was else 'training'} mode now, and the graph was captured in "
+                    f"{'training' if was else 'eval'} mode (it would replay {'training' if was else 'eval'}-mode "
+                    "dropout and batch-norm statistics)"
+                    + (f"; {len(changed_mode) - 1} more module(s) changed mode" if len(changed_mode) > 1 else "")]
+        self._released.clear()
+        if moved and refresh:
+            self._record(Record(self.roots, self.tensors))
+        else:
+            self._events, self._countdown = _EVENTS[0], self.full_check_every
+        return []
+
+    def _replaced(self, moved: list) -> list:
+        """Sentences for the holders that changed, or none when every read tensor is still where each of its
+        recorded paths leads (a holder replaced by an equivalent one)."""
+        rec, found, reported = self.record, [], set()
+        for t in self.tensors:
+            path = rec.path_of.get(id(t))
+            if path is None or rec.follow(path) is t:
                 continue
-            was = f"shape {shape} {str(dtype).replace('torch.', '')} on {device}"
-            what = "new storage" if t.data_ptr() != ptr else "a new layout at the same address"
-            found.append(f"{label} has {what}: {was}, strides {stride} at capture, now {_describe(t)}, strides "
-                         f"{t.stride()} (.half(), .to(), .float() or .data = ... changed it; the graph reads the "
-                         "old memory as it was laid out then)")
-        if not found and refresh:
-            self._index(entries + [(k, c, key, e, label, k == "weakattr") for k, c, key, e, label in self._extra])
+            # the first step along the path whose object is no longer the recorded one
+            for i in range(2, len(path) + 1):
+                was, now = rec.objects.get(path[:i]), rec.follow(path[:i])
+                if now is not was:
+                    break
+            top = path[:i]
+            if i < len(path):
+                if top not in reported:
+                    reported.add(top)
+                    what = f"now holds another {type(now).__name__}" if now is not None else "was removed"
+                    found.append(f"{rec.label(top)} {what}: {rec.label(path)} is no longer the tensor the graph "
+                                 f"reads ({_describe(t)})")
+            elif now is None:
+                found.append(f"{rec.label(path)} was removed (the graph reads the {_describe(t)} it held at capture)")
+            else:
+                found.append(f"{rec.label(path)} was replaced by another "
+                             f"{'tensor' if isinstance(now, torch.Tensor) else type(now).__name__} ({_describe(now)}; "
+                             f"the graph reads the one it held at capture, {_describe(t)})")
         return found
 
     def error(self, found: list | None = None) -> StaleGraphError:
-        found = found or self.changes() or ["a recorded tensor changed"]
+        found = found or self.changes(refresh=False) or ["a recorded tensor changed"]
+        if found[0].startswith("mode: "):
+            return stale(f"{found[0][len('mode: '):]}; nothing was copied or replayed",
+                         "call the graph with its modules in the mode they had at capture (model.train() or "
+                         "model.eval()), or capture one graph per mode")
         shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
         return stale(f"something the CUDA graph read at capture changed: {shown}. Replaying would silently use the "
                      "old tensors, or memory that was released; nothing was copied or replayed")
 
     def __repr__(self):
-        return (f"Guard({len(self.tensors)} tensors, {len(self._entries)} holders, "
-                f"{len(self.unplaced)} unplaced)")
-
-
-def _changed(entry) -> bool:
-    kind, container, key, expected, _, _ = entry
-    now = _read_entry(kind, container, key)
-    return now != expected if kind == "values" else now is not expected
+        return f"Guard({len(self.tensors)} tensors, {len(self.record.entries)} holders, {len(self.unplaced)} unplaced)"
 
 
 def _has_storage(t) -> bool:
@@ -630,8 +774,8 @@ def _guard_of(obj):
 
 @contextlib.contextmanager
 def weights_fixed(*graphed):
-    """A block where you promise that no weight the graphs read changes: each graph's guard checks once on entry and
-    once on exit instead of before every call (for a decode loop: once per ``generate`` or per block of tokens).
+    """A block where you promise that no weight the graphs read changes: each graph's guard checks in full once on
+    entry and once on exit instead of on every call (for a decode loop: once per ``generate`` or per block of tokens).
 
     ``graphed``: what the kit returned (``GraphedCallable``, ``BucketedGraphs``, ``GraphedTrainStep``) or
     :class:`Guard` objects. A change inside the block raises :class:`StaleGraphError` at its end: the calls after the
@@ -645,7 +789,7 @@ def weights_fixed(*graphed):
     """
     guards = [g for g in map(_guard_of, graphed) if g is not None]
     for g in guards:
-        g.check()
+        g.check(full=True)
     for g in guards:
         g._held += 1
     failed = False
@@ -659,8 +803,6 @@ def weights_fixed(*graphed):
             g._held -= 1
         if not failed:
             for g in guards:
-                if not g._may_have_changed():
-                    continue
                 found = g.changes()
                 if found:
                     err = g.error(found)
@@ -668,4 +810,3 @@ def weights_fixed(*graphed):
                                  + "; the calls made after that change in the block replayed on the old tensors")
                     err.args = (f"{err.cause}. Fix: {err.fix}.",)
                     raise err
-                g._events = _EVENTS[0]

@@ -188,7 +188,8 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
         raise CaptureError.from_exception(exc) from exc
     if reseeds:
         raise reseed_error(reseeds, "make_graphed_callables' warm-up and capture")
-    checked = _graphed.guard.Guard(mods, reads.tensors) or None
+    # train/eval mode: make_graphed_callables runs a module in the other mode eagerly, so the guard leaves mode alone
+    checked = _graphed.guard.Guard(mods, reads.tensors, check_mode=False) or None
     out = []
     for m, a, g in zip(mods, args, graphed):
         if isinstance(g, torch.nn.Module):

@@ -1,7 +1,8 @@
 """Pictures of a CUDA graph: eager vs graph on one timeline, and the nodes a graph captured.
 
 Depends on torch, matplotlib and the kit's ``graphed.py`` (the stream rule, the recovery after a failed capture and
-the profiler session that leaves no residue): copy ``graphed.py`` with this file into a project.
+the profiler session that leaves no residue): copy ``graphed.py`` with this file into a project; :func:`timeline` also
+needs ``timing.py`` (the GPU-busy union in its caption).
 
 - ``record(fn, *args)`` runs ``fn`` a few times under ``torch.profiler`` and returns the trace (the Chrome-trace
   dict that ``prof.export_chrome_trace`` writes). ``timeline(trace, ax=...)`` draws it: the host's CUDA runtime
@@ -219,7 +220,16 @@ def timeline(trace, ax=None, title: str | None = None, xmax: float | None = None
         ax.broken_barh([(g["start"], max(g["end"] - g["start"], end * 0.001))], (rows["gpu"] - 0.35, 0.7),
                        facecolors=GPU_COLORS.get(g["cat"], "#31a354"), edgecolor="white", linewidth=0.3)
     span = min(_end_of(ev), end)  # this trace's own span: from its first launch to its last activity
-    busy = _graphed.busy_time([(g["start"], g["end"]) for g in ev["gpu"]], end=span)
+    if __package__:
+        from . import timing  # only here: the GPU-busy union of the caption
+    else:  # this file copied beside timing.py, outside the package: that timing.py, never another on sys.path
+        _here, _found = os.path.dirname(os.path.realpath(__file__)), importlib.util.find_spec("timing")
+        if not (_found and _found.origin and os.path.dirname(os.path.realpath(_found.origin)) == _here):
+            raise ImportError(f"{os.path.basename(__file__)} needs the kit's timing.py from its own folder {_here}, "
+                              f"but `import timing` finds {_found and _found.origin or 'nothing'}. Fix: copy "
+                              "cudagraph_kit/timing.py beside it, that folder first on sys.path.")
+        import timing  # type: ignore[import-not-found, no-redef]
+    busy = timing.busy_time([(g["start"], g["end"]) for g in ev["gpu"]], end=span)
     n_kernel = sum(h["kind"] == "kernel" for h in ev["host"] if h["start"] < end)
     n_graph = sum(h["kind"] == "graph" for h in ev["host"] if h["start"] < end)
     ax.set_yticks([rows["gpu"], rows["host"]], ["GPU", "host (CUDA API)"])

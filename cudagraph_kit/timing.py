@@ -54,9 +54,24 @@ else:  # this file copied beside graphed.py, outside the package: that graphed.p
     import graphed as _graphed  # type: ignore[import-not-found, no-redef]
 profiler_session = _graphed.profiler_session
 
-__all__ = ["Timing", "GpuTime", "timeit", "gpu_time", "device_time", "compare", "NOISY_SPREAD"]
+__all__ = ["Timing", "GpuTime", "timeit", "gpu_time", "device_time", "compare", "busy_time", "NOISY_SPREAD"]
 
 NOISY_SPREAD = 0.10  # a variant whose IQR exceeds this fraction of its median gets a note in the table
+
+
+def busy_time(intervals, end=None) -> float:
+    """How long the GPU was busy: the length of the union of ``(start, end)`` intervals (a profile's kernels and
+    copies, which overlap), each clipped at ``end`` if given. ``busy_time([(0, 10), (5, 15), (20, 30)])`` -> 25.
+    Used by :func:`gpu_time` (the floor) and ``show`` (a timeline's caption)."""
+    total, start, stop = 0.0, None, None
+    for s, e in sorted((s, e if end is None else min(e, end)) for s, e in intervals if end is None or s < end):
+        if stop is None or s > stop:
+            total += 0.0 if stop is None else stop - start
+            start, stop = s, e
+        else:
+            stop = max(stop, e)
+    return total + (0.0 if stop is None else stop - start)
+
 
 
 @dataclass
@@ -261,7 +276,7 @@ def gpu_time(fn, *args, calls: int = 20, warmup: int = 3, units_per_call: int | 
             eager += 1
     n = calls * units
     top = sorted(((k, v / n) for k, v in per_name.items()), key=lambda kv: -kv[1])[:5]
-    return GpuTime(busy_us=_graphed.busy_time(intervals) / n, kernels=kernels / n, copies=copies / n,
+    return GpuTime(busy_us=busy_time(intervals) / n, kernels=kernels / n, copies=copies / n,
                    graph_launches=launches / calls, eager_launches=eager / n, top=top)
 
 

@@ -4,7 +4,7 @@ states, is copied into an empty folder of a project, without the package. Each c
 clear no-CUDA error). A helper imports each companion plainly (``from . import graphed`` in a package, ``import
 capture`` when copied, after a check that this finds the graphed.py of its own folder): it never runs a module of
 the same name found first elsewhere on sys.path, never hides an error raised inside a companion, and shares one
-``capture`` module with every other helper copied there."""
+``graphed`` module with every other helper copied there."""
 import ast
 import json
 import os
@@ -20,31 +20,31 @@ PACKAGE = Path(__file__).resolve().parent.parent / "cudagraph_kit"
 
 # helper -> the files it needs beside it (what the README and docs/ARCHITECTURE.md tell a user to copy)
 COMPANIONS = {
-    "capture": ["guard"],
+    "graphed": ["guard"],
     "guard": [],
     "env": [],
-    "timing": ["capture"],
+    "timing": ["graphed"],
     "intervals": [],
-    "show": ["capture"],
+    "show": ["graphed"],
     "state_watch": [],
     "check": ["state_watch"],
-    "verify": ["state_watch"],
-    "advise": ["timing"],
-    "train_step": ["capture"],
-    "partial": ["capture"],
-    "bucket_graphs": ["capture"],
+    "verification": ["state_watch"],
+    "advice": ["timing"],
+    "train_step": ["graphed"],
+    "partial": ["graphed"],
+    "bucket_graphs": ["graphed"],
     "bucket_plan": [],
     "memory": [],
-    "ddp": ["capture"],
+    "ddp": ["graphed"],
 }
 # companions only one function needs, loaded when it runs: helper -> {function: [files]}
-OPTIONAL = {"bucket_plan": {"measure_bucket_costs": ["timing"]}}
+OPTIONAL = {"bucket_plan": {"measure_bucket_costs": ["timing"]}, "show": {"timeline": ["timing"]}}
 # modules that only re-export the helpers above under their old names, for the package (not for copying): none
 PACKAGE_ONLY = set()
 
 # a small call of each helper's main function; `cuda` says whether a GPU is there
 CALLS = {
-    "capture": """
+    "graphed": """
         import graphed
         x = torch.randn(4, 3, device=dev)
         g = graphed.capture(torch.relu, x, eager_fallback=True)
@@ -101,14 +101,14 @@ CALLS = {
         assert "data-dependent shape" in bad.kinds(), bad
         assert all(f.where.startswith("<string>") for f in bad), bad   # the user's line, not the copied files'
     """,
-    "verify": """
+    "verification": """
         import verification
         x = torch.randn(4, 3, device=dev)
         assert verification.verify(lambda t: t * 2, lambda t: t * 2, x).ok
         report = verification.verify(lambda t: t * 3, lambda t: t * 2, x)
         assert not report.ok and "DIVERGES" in str(report), report
     """,
-    "advise": """
+    "advice": """
         import advice
         a = advice.advise(torch.relu, torch.randn(4, device=dev))
         assert isinstance(a, advice.Advice)
@@ -162,7 +162,7 @@ CALLS = {
         x = torch.randn(5, 3, device=dev)
         torch.testing.assert_close(serve(x), torch.relu(x))
         assert serve.stats.padded_rows == 3                        # 5 rows served by the bucket of 8
-        assert bucket_graphs.capture is capture                   # the user's `import graphed` is the same module
+        assert bucket_graphs.graphed is graphed                  # the user's `import graphed` is the same module
     """,
     "intervals": """
         import intervals
@@ -205,7 +205,7 @@ def _run(folder: Path, body: str) -> subprocess.CompletedProcess:
 
 
 def _with_companions(helper: str) -> list:
-    """The helper and every file it needs, its companions' companions too (advise -> timing -> capture)."""
+    """The helper and every file it needs, its companions' companions too (advice -> timing -> graphed)."""
     todo, seen = [helper], []
     while todo:
         name = todo.pop()
@@ -263,7 +263,7 @@ def _copy(folder: Path, *names: str, companions: bool = True) -> Path:
 def test_copied_helpers_share_one_capture_module(tmp_path):
     """Helpers copied into one folder share its graphed.py (one CaptureError class, one capture stream per GPU),
     with the user's own `import graphed` too, whichever is imported first."""
-    folder = _copy(tmp_path / "project", "capture", "guard", "train_step", "partial", "bucket_graphs", "ddp")
+    folder = _copy(tmp_path / "project", "graphed", "guard", "train_step", "partial", "bucket_graphs", "ddp")
     done = _run(folder, """
         import train_step, bucket_graphs
         import graphed
@@ -282,7 +282,7 @@ def test_a_capture_module_elsewhere_on_sys_path_is_never_used(tmp_path):
     decoy = tmp_path / "decoy"
     decoy.mkdir()
     (decoy / "graphed.py").write_text("raise AssertionError('the decoy graphed.py was imported')\n")
-    folder = _copy(tmp_path / "project", "capture", "guard", "train_step", "bucket_graphs")
+    folder = _copy(tmp_path / "project", "graphed", "guard", "train_step", "bucket_graphs")
     found, here = os.path.realpath(decoy / "graphed.py"), os.path.realpath(folder)
     done = _run(folder, f"""
         sys.path.insert(0, {str(decoy)!r})                 # the decoy comes first
@@ -291,9 +291,9 @@ def test_a_capture_module_elsewhere_on_sys_path_is_never_used(tmp_path):
             raise AssertionError("imported with the decoy first on sys.path")
         except ImportError as exc:
             assert str(exc) == ("train_step.py needs the kit's graphed.py from its own folder {here}, but `import "
-                                "capture` finds {found}. Fix: copy cudagraph_kit/graphed.py beside it, that folder "
+                                "graphed` finds {found}. Fix: copy cudagraph_kit/graphed.py beside it, that folder "
                                 "first on sys.path."), exc
-        assert "capture" not in sys.modules and "train_step" not in sys.modules   # the decoy never ran
+        assert "graphed" not in sys.modules and "train_step" not in sys.modules   # the decoy never ran
         sys.path.remove({str(decoy)!r}); sys.path.append({str(decoy)!r})      # now it comes after the folder
         import train_step, bucket_graphs
         assert train_step.CaptureError is bucket_graphs.graphed.CaptureError
@@ -310,8 +310,8 @@ def test_a_capture_module_elsewhere_on_sys_path_is_never_used(tmp_path):
 def test_an_error_inside_the_copied_capture_is_raised_not_hidden(tmp_path, defect, raised):
     """A defect inside graphed.py surfaces as itself, in a plain folder and inside a package of the user's; it is
     never turned into "graphed.py is missing" nor replaced by another capture module."""
-    plain = _copy(tmp_path / "plain", "capture", "train_step")
-    package = _copy(tmp_path / "mypkg", "capture", "train_step")
+    plain = _copy(tmp_path / "plain", "graphed", "train_step")
+    package = _copy(tmp_path / "mypkg", "graphed", "train_step")
     (package / "__init__.py").write_text("")
     for folder in (plain, package):
         text = (folder / "graphed.py").read_text()
@@ -324,19 +324,19 @@ def test_an_error_inside_the_copied_capture_is_raised_not_hidden(tmp_path, defec
 
 def test_inside_a_package_of_the_users(tmp_path):
     """Copied into a package of the user's: the package's graphed.py (a relative import), and without it Python's
-    own ImportError naming capture."""
-    with_capture = _copy(tmp_path / "withcap", "capture", "train_step", "bucket_graphs")
+    own ImportError naming graphed."""
+    with_capture = _copy(tmp_path / "withcap", "graphed", "train_step", "bucket_graphs")
     without = _copy(tmp_path / "nocap", "train_step", companions=False)
     for pkg in (with_capture, without):
         (pkg / "__init__.py").write_text("")
     done = _run(tmp_path, """
-        import withcap.capture, withcap.train_step, withcap.bucket_graphs
+        import withcap.graphed, withcap.train_step, withcap.bucket_graphs
         assert withcap.train_step.CaptureError is withcap.graphed.CaptureError is withcap.bucket_graphs.graphed.CaptureError
         try:
             import nocap.train_step
             raise AssertionError("imported without graphed.py")
         except ImportError as exc:
-            assert str(exc).startswith("cannot import name 'capture' from 'nocap'"), exc
+            assert str(exc).startswith("cannot import name 'graphed' from 'nocap'"), exc
     """)
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stdout[-2000:] + done.stderr[-4000:]
 

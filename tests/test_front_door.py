@@ -71,8 +71,9 @@ def test_the_changelog_names_the_version_that_version_prints():
 
 
 def test_the_package_loads_its_names_on_first_use():
-    """`import cudagraph_kit` imports no torch; every name of `__all__` and `dir()` resolves; a module keeps its own
-    name (`cudagraph_kit.graphed` is the module, its function is `cudagraph_kit.graphed.capture`)."""
+    """`import cudagraph_kit` imports no torch; every name of `__all__` and `dir()` resolves; the names people type
+    give the functions (`cgk.capture(f, x)`, `from cudagraph_kit import capture, verify, advise, ...`), each module
+    stays importable under its own name, and importing a module never rebinds a function's name."""
     code = """if True:
         import sys, types
         import cudagraph_kit as k
@@ -81,12 +82,17 @@ def test_the_package_loads_its_names_on_first_use():
         assert set(k.__all__) <= set(names) and {"capture", "advise", "verify", "show", "__version__"} <= set(names)
         for name in k.__all__:
             assert not isinstance(getattr(k, name), types.ModuleType), name
-        for name in ("capture", "advise", "verify", "check", "timing", "bucket_graphs"):
+        for name in ("graphed", "advice", "verification", "check", "timing", "bucket_graphs", "guard"):
             assert isinstance(getattr(k, name), types.ModuleType), name
-        import cudagraph_kit.graphed as c
-        assert c is k.capture and callable(c.capture) and c.GraphedCallable is k.GraphedCallable
-        from cudagraph_kit import verify
-        assert isinstance(verify, types.ModuleType) and callable(verification.verify)
+        from cudagraph_kit import capture, verify, advise, capture_train_step, graph_modules, capture_buckets
+        for f in (capture, verify, advise, capture_train_step, graph_modules, capture_buckets):
+            assert callable(f) and not isinstance(f, types.ModuleType), f
+        import cudagraph_kit.graphed as g, cudagraph_kit.verification, cudagraph_kit.advice
+        assert k.capture is g.capture is capture and g.GraphedCallable is k.GraphedCallable
+        assert k.verify is cudagraph_kit.verification.verify and k.advise is cudagraph_kit.advice.advise
+        import pkgutil
+        modules = {m.name for m in pkgutil.iter_modules(k.__path__)}
+        assert not modules & set(k.__all__), modules & set(k.__all__)   # no module shares a name with a function
         try:
             k.no_such_name
             raise AssertionError("no AttributeError")

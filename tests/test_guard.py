@@ -86,6 +86,10 @@ CASES = [
 ]
 
 
+# changes that no event reports (same storage, new layout): seen by the full check every FULL_CHECK_EVERY calls
+SCHEDULED = {"same-address-new-strides"}
+
+
 def in_place(m):
     other = net(m[0].weight.device)
     with torch.no_grad():
@@ -110,12 +114,19 @@ def test_the_guard_raises_exactly_when_a_read_tensor_changed(name, build, change
     g = recorded_guard(fn, x)
     assert len(g) == 4 and g.unplaced == []   # 2 weights, 2 biases: what the call read, each placed
     change(m, fn)
-    if raises:
+    if raises and name in SCHEDULED:   # no event reports it: the full check does, within its stated window
+        calls = 0
+        with pytest.raises(StaleGraphError, match="new layout at the same address"):
+            for calls in range(1, guard.FULL_CHECK_EVERY + 1):
+                g.check()
+        assert calls <= guard.FULL_CHECK_EVERY
+    elif raises:
         with pytest.raises(StaleGraphError, match="nothing was copied or replayed") as info:
             g.check()
         assert "capture again" in info.value.fix and "load_state_dict" in info.value.fix
     else:
-        g.check()
+        for _ in range(guard.FULL_CHECK_EVERY + 1):   # through a full check too
+            g.check()
         assert g.changes() == []
 
 
@@ -165,9 +176,9 @@ def test_a_guard_never_watches_another_guard():
         return holder["model"](t)
 
     second = recorded_guard(fn, x)
-    assert all(not label.startswith("Guard") for *_, label, _ in second._entries), second._entries
-    first._index(list(first._entries))   # the first guard rebuilds its lists, as after an event
-    second.check()
+    assert not any(isinstance(e[1], Guard) or isinstance(e[3], Guard) for e in second.record.entries)
+    first._record(guard.Record(m, first.tensors))   # the first guard records anew, as after a replaced holder
+    second.check(full=True)
 
 
 OPT = None   # a global optimizer that a function held by the module names (notebook 02's eager loop)
@@ -187,7 +198,8 @@ def test_an_alias_path_through_an_unrelated_holder_raises_nothing():
     m.log_lr = log_lr   # a plain function attribute of the module
     x = torch.randn(3, 8)
     g = recorded_guard(m, x)
-    assert all("OPT" not in label for *_, label, _ in g._entries), g._entries
+    labels = [g.record.label(e[4]) for e in g.record.entries]
+    assert all("OPT" not in label for label in labels), labels
     OPT = torch.optim.Adam(net().parameters())
     g.check(full=True)
     swap_weight(m)
@@ -303,7 +315,11 @@ def test_capture_and_buckets_raise_exactly_when_a_read_tensor_changed(maker, nam
         torch.testing.assert_close(g(x), fn(x))            # correct before anything else
         before = g(x).clone()
         change(m, fn)
-        if raises:
+        if raises and name in SCHEDULED:   # the full check sees it within its stated window
+            with pytest.raises(StaleGraphError, match="new layout at the same address"):
+                for _ in range(guard.FULL_CHECK_EVERY):
+                    g(x)
+        elif raises:
             with pytest.raises(StaleGraphError, match="nothing was copied or replayed"):
                 g(torch.randn(4, 8, device="cuda"))
             torch.testing.assert_close(g.static_outputs[0] if maker == "capture_buckets" else g.static_outputs,
@@ -324,7 +340,11 @@ def test_graph_modules_raises_exactly_when_a_read_tensor_changed(change, raises)
     eager = functools.partial(torch.nn.Sequential.forward, m)   # the module's own forward, not the graphed one
     torch.testing.assert_close(g(x), eager(x))
     change(m)
-    if raises:
+    if raises and change is transpose_same_address:   # the full check sees it within its stated window
+        with pytest.raises(StaleGraphError, match="new layout at the same address"):
+            for _ in range(guard.FULL_CHECK_EVERY):
+                g(x)
+    elif raises:
         with pytest.raises(StaleGraphError, match="nothing was copied or replayed"):
             g(x)
     else:
@@ -358,9 +378,11 @@ def _llama_like_step(device="cuda"):
 def test_a_train_step_raises_one_error_type_for_every_change(change, match):
     m, opt, step, x, y = _llama_like_step()
     change(m, opt)
+    scheduled = match == "new layout at the same address"   # no event: the full check, within its window
     with pytest.raises(StaleGraphError, match=match):
-        step(x, y)
-    assert step.replays == 2
+        for _ in range(guard.FULL_CHECK_EVERY if scheduled else 1):
+            step(x, y)
+    assert step.replays == 2 or (scheduled and step.replays < 2 + guard.FULL_CHECK_EVERY)
 
 
 @gpu

@@ -8,7 +8,7 @@ import torch
 
 from cudagraph_kit import compare, gpu_time, timeit
 from cudagraph_kit.graphed import capture
-from cudagraph_kit.graphed import busy_time
+from cudagraph_kit.timing import busy_time
 from cudagraph_kit.timing import _calls_for
 
 HAS_CUDA = torch.cuda.is_available()
