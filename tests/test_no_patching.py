@@ -230,6 +230,7 @@ def test_train_step_warm_up_capture_and_replay_patch_nothing():
 @gpu
 def test_gpu_helpers_patch_nothing_while_warming_up_and_capturing():
     from cudagraph_kit import graph_modules, show
+    torch.cuda.init()   # CUDA's lazy initialisation (torch.cuda._initialized, ...) is PyTorch's, not the kit's
     watch = Inspector()
     lin = torch.nn.Linear(8, 8).cuda()
 
