@@ -259,6 +259,8 @@ class BucketedGraphs:
                 del graph
                 graphed.recover_from_failed_capture(device)
                 err = graphed.CaptureError.from_exception(exc)  # .cause, .fix, .original as everywhere in the kit
+                with torch.cuda.stream(stream):
+                    err = graphed.confirm_host_sync(err, self.fn, views, self.no_grad)
                 err.args = (f"bucket of {b} rows: " + str(err),)
                 raise err from exc
             self.graphs[b] = graph

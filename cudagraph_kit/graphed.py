@@ -59,7 +59,7 @@ STALE_FIX = guard.STALE_FIX
 
 __all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "gc_paused",
            "fresh_cublas_workspace", "NoCudaError",
-           "CaptureError", "recover_from_failed_capture", "explain", "Explanation", "explain_capture_failure",
+           "CaptureError", "recover_from_failed_capture", "confirm_host_sync", "explain", "Explanation", "explain_capture_failure",
            "no_cuda_message", "graph_features", "register_generators", "StaleGraphError",
            "reseeding_calls", "ReseedWarning", "profiler_session"]
 
@@ -148,15 +148,23 @@ def explain(exc: BaseException) -> Explanation:
                            f"{type(exc).__name__}: {exc}")
     return Explanation(cause, fix, original)
 
+# CUDA's "operation not permitted when stream is capturing" names no operation: a synchronization with the CPU is the
+# usual one, but not the only one. capture() and capture_buckets() tell which (confirm_host_sync); elsewhere the
+# cause lists the candidates and claims none.
+_NOT_PERMITTED_CAUSE = ("an operation that CUDA cannot record ran during the capture: a synchronization with the CPU "
+                        "(.item(), .cpu(), .tolist(), print of a CUDA tensor, torch.nonzero, boolean-mask indexing "
+                        "or another data-dependent shape), or a call that changes CUDA's state (a reseed, a device "
+                        "allocation outside the graph's pool)")
+_SYNC_CAUSE = "the function synchronizes with the CPU while being captured: {what}"
+
 # (substring of the CUDA/PyTorch error, cause, fix)
 _KNOWN_FAILURES = [
     # first: the text searched includes the error a failure was raised while handling, and the first match wins
     ("set_current_seed", _RESEED_CAUSE, _RESEED_FIX),
-    ("operation not permitted when stream is capturing",
-     "the function synchronizes with the CPU while being captured (.item(), .cpu(), .tolist(), print of a "
-     "CUDA tensor, torch.nonzero, boolean-mask indexing or another data-dependent shape)",
-     "move that work out of the captured function; run it eagerly once under "
-     "torch.cuda.set_sync_debug_mode('error') to find the line"),
+    ("operation not permitted when stream is capturing", _NOT_PERMITTED_CAUSE,
+     "run the function eagerly once under torch.cuda.set_sync_debug_mode('error') to find a synchronizing line "
+     "(cudagraph_kit.check.check_capturable(fn, *args) lists every cause it knows), and move that work out of the "
+     "captured function"),
     ("previous error during capture", "the capture was invalidated by an earlier illegal operation: a CPU "
      "synchronization, or an unsafe call (e.g. a memory allocation) from another thread while capturing in "
      "capture_error_mode='global'",
@@ -228,6 +236,49 @@ def explain_capture_failure(exc: BaseException) -> str:
         return str(exc)
     e = explain(exc)
     return _format_failure(e.cause, e.fix, e.original)
+
+
+def confirm_host_sync(err: "CaptureError", fn, args, no_grad: bool = True) -> "CaptureError":
+    """For a capture that failed where a synchronization with the CPU is a candidate cause (CUDA's "operation not
+    permitted when stream is capturing", an invalidated capture): run ``fn(*args)`` eagerly once with
+    ``torch.cuda.set_sync_debug_mode("error")`` (put back after) and say what it saw. A synchronization there names
+    the operation as the cause; none, and the cause says the function itself did not synchronize. Any other ``err``
+    is returned as it is. Called after :func:`recover_from_failed_capture`.
+
+    Example::
+
+        err = confirm_host_sync(CaptureError.from_exception(exc), fn, static_inputs)
+    """
+    if "synchroniz" not in err.cause:
+        return err
+    before = torch.cuda.get_sync_debug_mode()
+    seen = None
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        with torch.no_grad() if no_grad else torch.enable_grad():
+            fn(*args)
+        torch.cuda.set_sync_debug_mode(before)
+        torch.cuda.synchronize()
+    except RuntimeError as exc:
+        if "synchroniz" in str(exc).lower():
+            seen = str(exc).strip().splitlines()[0]
+    except Exception:  # noqa: BLE001 - the eager call failed otherwise: the capture's own error stands
+        pass
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+    if seen is not None:
+        cause = _SYNC_CAUSE.format(what=seen)
+        fix = ("move that work out of the captured function (compute the value before capture, or keep it on the "
+               "GPU: torch.where instead of if tensor:)")
+    else:
+        cause = (err.cause + "; an eager call of the function under torch.cuda.set_sync_debug_mode('error') "
+                 "synchronized nowhere, so it is not a synchronization in the function itself")
+        fix = ("look for a call that changes CUDA's state inside the function (torch.manual_seed, "
+               "set_rng_state, torch.cuda.empty_cache, a new stream or event); "
+               "cudagraph_kit.check.check_capturable(fn, *args) lists what it finds")
+    new = CaptureError(_format_failure(cause, fix, err.original))
+    new.cause, new.fix, new.original = cause, fix, err.original
+    return new
 
 
 def torch_release() -> tuple:
@@ -684,7 +735,8 @@ def capture(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3,
         except Exception as exc:
             del graph
             recover_from_failed_capture(device)
-            raise CaptureError.from_exception(exc) from exc
+            with torch.cuda.stream(side):
+                raise confirm_host_sync(CaptureError.from_exception(exc), fn, static_inputs, no_grad) from exc
     read = (reads or watching).tensors if check_weights else ()
     checked = guard.Guard(fn, read) if check_weights else None
     return GraphedCallable(fn, static_inputs, out, graph, "graph", calls_per_graph, clone_outputs,

@@ -479,7 +479,7 @@ def test_failed_capture_raises_capture_error_and_the_step_recovers():
     fake.fail_next = RuntimeError("CUDA error: operation not permitted when stream is capturing")
     step(*batches[0])
     step(*batches[1])
-    with pytest.raises(CaptureError, match=r"(?s)synchronizes with the CPU.*Fix:.*Original error: RuntimeError"):
+    with pytest.raises(CaptureError, match=r"(?s)a synchronization with the CPU.*Fix:.*Original error: RuntimeError"):
         step(*batches[2])
     assert step.state == "warmup" and step.graph is None
     for x, y in batches[2:]:  # the same batch again, then the rest: the capture succeeds this time
