@@ -151,10 +151,9 @@ def explain(exc: BaseException) -> Explanation:
 # CUDA's "operation not permitted when stream is capturing" names no operation: a synchronization with the CPU is the
 # usual one, but not the only one. capture() and capture_buckets() tell which (confirm_host_sync); elsewhere the
 # cause lists the candidates and claims none.
-_NOT_PERMITTED_CAUSE = ("an operation that CUDA cannot record ran during the capture: a synchronization with the CPU "
-                        "(.item(), .cpu(), .tolist(), print of a CUDA tensor, torch.nonzero, boolean-mask indexing "
-                        "or another data-dependent shape), or a call that changes CUDA's state (a reseed, a device "
-                        "allocation outside the graph's pool)")
+_NOT_PERMITTED_CAUSE = ("an operation CUDA cannot record ran during the capture: a synchronization with the CPU "
+                        "(.item(), .cpu(), torch.cuda.synchronize(), print of a CUDA tensor, torch.nonzero, "
+                        "boolean-mask indexing) or a call that changes CUDA's state")
 _SYNC_CAUSE = "the function synchronizes with the CPU while being captured: {what}"
 
 # (substring of the CUDA/PyTorch error, cause, fix)
@@ -241,9 +240,11 @@ def explain_capture_failure(exc: BaseException) -> str:
 def confirm_host_sync(err: "CaptureError", fn, args, no_grad: bool = True) -> "CaptureError":
     """For a capture that failed where a synchronization with the CPU is a candidate cause (CUDA's "operation not
     permitted when stream is capturing", an invalidated capture): run ``fn(*args)`` eagerly once with
-    ``torch.cuda.set_sync_debug_mode("error")`` (put back after) and say what it saw. A synchronization there names
-    the operation as the cause; none, and the cause says the function itself did not synchronize. Any other ``err``
-    is returned as it is. Called after :func:`recover_from_failed_capture`.
+    ``torch.cuda.set_sync_debug_mode("error")`` (put back after): an implicit synchronization there (``.item()``,
+    ``.cpu()``, ``torch.nonzero``) names the operation as the cause. Sync debug mode does not see an explicit
+    ``torch.cuda.synchronize()`` nor a call that changes CUDA's state, so when it sees nothing, and for any other
+    ``err``, ``err`` is returned as it is, naming the candidates and claiming none. Called after
+    :func:`recover_from_failed_capture`.
 
     Example::
 
@@ -266,16 +267,11 @@ def confirm_host_sync(err: "CaptureError", fn, args, no_grad: bool = True) -> "C
         pass
     finally:
         torch.cuda.set_sync_debug_mode(before)
-    if seen is not None:
-        cause = _SYNC_CAUSE.format(what=seen)
-        fix = ("move that work out of the captured function (compute the value before capture, or keep it on the "
-               "GPU: torch.where instead of if tensor:)")
-    else:
-        cause = (err.cause + "; an eager call of the function under torch.cuda.set_sync_debug_mode('error') "
-                 "synchronized nowhere, so it is not a synchronization in the function itself")
-        fix = ("look for a call that changes CUDA's state inside the function (torch.manual_seed, "
-               "set_rng_state, torch.cuda.empty_cache, a new stream or event); "
-               "cudagraph_kit.check.check_capturable(fn, *args) lists what it finds")
+    if seen is None:   # sync debug mode sees implicit synchronizations only: claim nothing more than before
+        return err
+    cause = _SYNC_CAUSE.format(what=seen)
+    fix = ("move that work out of the captured function (compute the value before capture, or keep it on the GPU: "
+           "torch.where instead of if tensor:)")
     new = CaptureError(_format_failure(cause, fix, err.original))
     new.cause, new.fix, new.original = cause, fix, err.original
     return new

@@ -36,7 +36,7 @@ How it knows what to watch, without guessing from source code:
      full check on that call.
    - *a full check*: every recorded holder re-read by identity (no new search), the address, strides, shape and
      dtype of every read tensor, the mode of every module on the paths. It runs every ``FULL_CHECK_EVERY`` calls
-     (32; ``guard.full_check_every`` per guard), on entry to and exit from :func:`weights_fixed`, and with
+     (64; ``guard.full_check_every`` per guard), at the end of a :func:`weights_fixed` block, and with
      ``check(full=True)``. A holder replaced by one that leads to the same tensors along the same paths
      (``optimizer.load_state_dict`` of the same state) is no change: the guard then records the new holders.
 
@@ -283,9 +283,9 @@ def _edges(obj):
         yield None, obj, "__self__", obj.__self__, ("method", "__self__"), False
         yield None, obj, "__func__", obj.__func__, ("method", "__func__"), False
     elif isinstance(obj, types.FunctionType):
-        wrapped = getattr(obj, "__wrapped__", None)  # functools.wraps: decorators, torch.compile(fn)
+        wrapped = obj.__dict__.get("__wrapped__")  # functools.wraps keeps it there: decorators, torch.compile(fn)
         if wrapped is not None:
-            yield "attr", obj, "__wrapped__", wrapped, ("fn", "__wrapped__"), False
+            yield "dict", obj.__dict__, "__wrapped__", wrapped, ("fn", "__wrapped__"), False
         if _torch_own_function(obj):
             return  # PyTorch's own functions hold nothing of the caller's but what they wrap
         for var, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
@@ -495,8 +495,8 @@ _HOOK_HANDLES: list = []
 _LIVE_GUARDS = [0]
 _data_ptr = torch.Tensor.data_ptr
 _stride = torch.Tensor.stride
-_shape, _dtype, _training = operator.attrgetter("shape"), operator.attrgetter("dtype"), operator.attrgetter("training")
-FULL_CHECK_EVERY = 32   # calls between two full checks (see the module docstring)
+_shape_dtype = operator.attrgetter("shape", "dtype")
+FULL_CHECK_EVERY = 64   # calls between two full checks (see the module docstring)
 
 
 def _event(module, name, _value):
@@ -592,7 +592,7 @@ class Guard:
         self._extra = list(extra)
         self._layouts = list(map(_layout, self.tensors))
         self._ptrs, self._strides = list(map(_data_ptr, self.tensors)), list(map(_stride, self.tensors))
-        self._shapes, self._dtypes = list(map(_shape, self.tensors)), list(map(_dtype, self.tensors))
+        self._shapes = list(map(_shape_dtype, self.tensors))
         self.full_check_every = FULL_CHECK_EVERY
         self._held = 0
         self._released: list = []   # filled when a read tensor's storage is freed (.half(), .to(), .data = ...)
@@ -617,15 +617,17 @@ class Guard:
         # every call: the holders no hook reports (object attributes, globals, closure cells, defaults, lists, plain
         # dicts, optimizer.state itself); a module's parameters, buffers and submodules when a hook reports them;
         # what optimizer.state and param_groups hold on the schedule
-        self._hot_dicts, self._hot_other = _split([e for e in record.entries if not e[5] and not e[6]] + extra)
-        self._all_dicts, self._all_other = _split(record.entries + extra)
+        # a module's mode is its __dict__["training"]: read with the dicts (the outermost modules' every call)
+        self._modes = [(m, m.training) for m in record.modules] if self.check_mode else []
+        top = [("dict", m.__dict__, "training", m.training) for m in record.top_modules] if self.check_mode else []
+        every = [("dict", m.__dict__, "training", was) for m, was in self._modes]
+        (self._hot_owners, self._hot_keys, self._hot_ids), self._hot_other = _split(
+            [e for e in record.entries if not e[5] and not e[6]] + extra + top)
+        self._all_dicts, self._all_other = _split(record.entries + extra + every)
         self._watched = record.watched
         # unplaced tensors: their address every call (nothing else can tell of their replacement)
         self._loose = [t for t in self.tensors if id(t) not in record.path_of]
         self._loose_ptrs = list(map(_data_ptr, self._loose))
-        self._top = record.top_modules if self.check_mode else []
-        self._top_modes = list(map(_training, self._top))
-        self._modes = [(m, m.training) for m in record.modules] if self.check_mode else []
         self._events = _EVENTS[0]
         self._countdown = self.full_check_every
 
@@ -642,11 +644,9 @@ class Guard:
         if self._held and not full:
             return
         self._countdown -= 1
-        owners, keys, ids = self._hot_dicts
         if (full or self._countdown <= 0 or self._released or (_EVENTS[0] != self._events and self._reported())
-                or (ids and list(map(id, map(dict.get, owners, keys))) != ids)
+                or list(map(id, map(dict.get, self._hot_owners, self._hot_keys))) != self._hot_ids
                 or (self._hot_other and any(_read(k, c, key) is not e for k, c, key, e in self._hot_other))
-                or (self._top and list(map(_training, self._top)) != self._top_modes)
                 or (self._loose and list(map(_data_ptr, self._loose)) != self._loose_ptrs)):
             found = self.changes()
             if found:
@@ -667,9 +667,10 @@ class Guard:
         the same tensors along the same paths (``optimizer.load_state_dict`` of the same state) is no change: the
         guard then records the new holders (``refresh``)."""
         rec, found, moved = self.record, [], []
-        owners, keys, ids = self._all_dicts
-        if list(map(id, map(dict.get, owners, keys))) != ids or any(_read(k, c, key) is not e
-                                                                     for k, c, key, e in self._all_other):
+        owners, keys, ids = self._all_dicts   # every holder, and every module's mode (its __dict__["training"])
+        differ = list(map(id, map(dict.get, owners, keys))) != ids or any(_read(k, c, key) is not e
+                                                                          for k, c, key, e in self._all_other)
+        if differ:
             moved = [e for e in rec.entries if _read(e[0], e[1], e[2]) is not e[3]]
             found += self._replaced(moved)
         for kind, container, key, expected, label in self._extra:
@@ -682,7 +683,7 @@ class Guard:
                              f"{_describe(expected) if expected is not None else 'tensor'} it held at capture)")
         ts = self.tensors
         same = (list(map(_data_ptr, ts)) == self._ptrs and list(map(_stride, ts)) == self._strides
-                and list(map(_shape, ts)) == self._shapes and list(map(_dtype, ts)) == self._dtypes)
+                and list(map(_shape_dtype, ts)) == self._shapes)
         for t, was in zip(ts, self._layouts if not same else ()):
             now = _layout(t)
             if now != was:
@@ -694,7 +695,7 @@ class Guard:
                              "then)")
         if found:
             return found
-        changed_mode = [(m, was) for m, was in self._modes if m.training != was]
+        changed_mode = [(m, was) for m, was in self._modes if m.training != was] if differ else []
         if changed_mode:
             m, was = changed_mode[0]
             name = next((rec.label(p) for p, o in rec.objects.items() if o is m), type(m).__name__)
@@ -774,8 +775,8 @@ def _guard_of(obj):
 
 @contextlib.contextmanager
 def weights_fixed(*graphed):
-    """A block where you promise that no weight the graphs read changes: each graph's guard checks in full once on
-    entry and once on exit instead of on every call (for a decode loop: once per ``generate`` or per block of tokens).
+    """A block where you promise that no weight the graphs read changes: each graph's guard checks on entry (as on any
+    call) and in full on exit, instead of on every call (for a decode loop: once per ``generate`` or block of tokens).
 
     ``graphed``: what the kit returned (``GraphedCallable``, ``BucketedGraphs``, ``GraphedTrainStep``) or
     :class:`Guard` objects. A change inside the block raises :class:`StaleGraphError` at its end: the calls after the
@@ -789,7 +790,7 @@ def weights_fixed(*graphed):
     """
     guards = [g for g in map(_guard_of, graphed) if g is not None]
     for g in guards:
-        g.check(full=True)
+        g.check()
     for g in guards:
         g._held += 1
     failed = False

@@ -335,7 +335,11 @@ def bench_mlp48(kit, old_capture, cfg, rows, checks, failures):
 
         def check(call, tol=None):
             torch.testing.assert_close(call(), expected, **(tol or {}))
-        variants, g = kit_variants(kit, "mlp48", lambda cap: cap(model, x), old_capture, (x,), check, failures)
+        # every graph captured through fresh_cublas_workspace: reduce-overhead, compiled next, frees the cuBLAS
+        # workspaces of its stream, and a graph that baked one in would write into freed memory (08, section 4)
+        from cudagraph_kit.graphed import fresh_cublas_workspace
+        wrapped = fresh_cublas_workspace(model)
+        variants, g = kit_variants(kit, "mlp48", lambda cap: cap(wrapped, x), old_capture, (x,), check, failures)
         ro = compiled_variant("mlp48", model, (x,),
                               lambda call: check(call, {"rtol": 1e-3, "atol": 1e-3}), failures)
         if ro is not None:
@@ -368,7 +372,9 @@ def bench_llama(kit, old_capture, cfg, rows, checks, failures):
             rewind()
             out = call().float()
             torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
-        variants, g = kit_variants(kit, "llama", lambda cap: cap(decode_step, ids, pos), old_capture, (ids, pos),
+        from cudagraph_kit.graphed import fresh_cublas_workspace
+        wrapped = fresh_cublas_workspace(decode_step)   # see bench_mlp48: reduce-overhead frees cuBLAS workspaces
+        variants, g = kit_variants(kit, "llama", lambda cap: cap(wrapped, ids, pos), old_capture, (ids, pos),
                                    check, failures)
         rewind()
         # Inductor keeps fused bf16 intermediates in fp32: these logits (std 0.56) differ from bf16 eager by up to
