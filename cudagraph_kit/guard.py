@@ -394,10 +394,11 @@ def _label(path, objects: dict, roots: list, names: dict) -> str:
 class Record:
     """Where a callable's read tensors are held, found by a breadth-first search from its roots (see :func:`locate`).
 
-    ``entries``: the holders on a shortest path to a read tensor; ``path_of``: one path per placed tensor (by id);
-    ``objects``: what each recorded path led to; ``modules``: the modules on those paths (their train/eval mode is
-    part of what a graph captured); ``watched``: ``(id(module), name)`` of every entry PyTorch's registration hooks
-    report."""
+    ``entries``: the holders on a shortest path to a read tensor, ``(kind, container, key, expected, path, event,
+    cold, weak)`` (``expected`` a weak reference where ``weak``: a tensor only plain holders hold); ``path_of``: one
+    path per placed tensor (by id); ``objects``: what each recorded path led to, tensors aside; ``modules``: the
+    modules on those paths (their train/eval mode is part of what a graph captured); ``watched``: ``(id(module),
+    name)`` of every entry PyTorch's registration hooks report; ``weak``: the ids of the weakly held tensors."""
 
     def __init__(self, roots, targets):
         self.roots = _root_labels(roots)
@@ -443,12 +444,21 @@ class Record:
                     continue
                 done.add((kind, id(container), key))
                 path = path_of[parent] + (step,)
-                self.objects[path] = child
+                if not isinstance(child, torch.Tensor):
+                    self.objects[path] = child
                 self.objects[path_of[parent]] = seen[parent]
                 if kind is not None:
-                    self.entries.append((kind, container, key, child, path, event, parent in cold))
+                    self.entries.append([kind, container, key, child, path, event, parent in cold, False])
                     if event:
                         self.watched.add((parent, key))
+        # a read tensor that only plain holders hold (object attributes, lists, dicts, cells, globals) is held weakly:
+        # replaced there and dropped, it is freed, and its release starts a full check (see Guard)
+        in_module = {id(e[3]) for e in self.entries if e[5] and isinstance(e[3], torch.Tensor)}
+        for e in self.entries:
+            if isinstance(e[3], torch.Tensor) and id(e[3]) not in in_module:
+                e[3], e[7] = weakref.ref(e[3]), True
+        self.entries = [tuple(e) for e in self.entries]
+        self.weak = {id(e[3]()) for e in self.entries if e[7]}
         self.path_of = {i: path_of[i] for i in wanted if i in path_of}
         self.modules = [seen[i] for i in useful if isinstance(seen[i], torch.nn.Module)]
         self.top_modules = [m for m in self.modules if not any(isinstance(seen[p], torch.nn.Module)
@@ -556,12 +566,39 @@ def _describe(t) -> str:
     return f"shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device}"
 
 
-def _split(entries) -> tuple:
-    """``((owners, keys, ids), other)``: the dict entries as three lists (one ``map`` reads them all), the rest as
-    ``(kind, container, key, expected)``."""
-    dicts = [e for e in entries if e[0] == "dict"]
-    return (([e[1] for e in dicts], [e[2] for e in dicts], [id(e[3]) for e in dicts]),
-            [e[:4] for e in entries if e[0] != "dict"])
+class _Holders:
+    """Entries ``(kind, container, key, expected, ...)`` read in one C-level pass per kind: ``changed()`` is True when
+    one of them holds another object than recorded (or can no longer be read)."""
+
+    def __init__(self, entries):
+        by = {kind: [e for e in entries if e[0] == kind] for kind in ("dict", "item", "cell", "attr")}
+        self.dict_owners, self.dict_keys = [e[1] for e in by["dict"]], [e[2] for e in by["dict"]]
+        self.item_lists, self.item_indices = [e[1] for e in by["item"]], [e[2] for e in by["item"]]
+        self.cells = [e[1] for e in by["cell"]]
+        self.attr_objects, self.attr_names = [e[1] for e in by["attr"]], [e[2] for e in by["attr"]]
+        self.nones = [None] * len(by["attr"])
+        self.expected = [id(_expected(e)) for kind in ("dict", "item", "cell", "attr") for e in by[kind]]
+        self.only_dicts = len(by["dict"]) == len(self.expected)
+
+    def changed(self) -> bool:
+        if self.only_dicts:   # the common case: one map
+            return list(map(id, map(dict.get, self.dict_owners, self.dict_keys))) != self.expected
+        try:
+            now = (list(map(id, map(dict.get, self.dict_owners, self.dict_keys)))
+                   + list(map(id, map(operator.getitem, self.item_lists, self.item_indices)))
+                   + list(map(id, map(_cell_contents, self.cells)))
+                   + list(map(id, map(getattr, self.attr_objects, self.attr_names, self.nones))))
+        except (IndexError, ValueError):   # a shorter list, an emptied cell
+            return True
+        return now != self.expected
+
+
+_cell_contents = operator.attrgetter("cell_contents")
+
+
+def _expected(entry):
+    """What an entry held at the recording (None once a weakly held tensor was freed)."""
+    return entry[3]() if len(entry) > 7 and entry[7] else entry[3]
 
 
 def _layout(t) -> tuple:
@@ -576,7 +613,8 @@ class Guard:
     key, expected, label)`` entries the caller knows of (the train step's ``param.grad``; kind "attr", or "weakattr"
     with a weak reference as ``expected``). ``check_mode``: the train/eval mode of the modules on the paths is part
     of what must not change (``graph_modules`` turns it off: ``make_graphed_callables`` runs such a call eagerly).
-    The guard keeps the read tensors alive while it lives. ``len(guard)``: how many tensors it watches;
+    The guard keeps alive the read tensors modules hold; one that only plain holders hold is held weakly (replaced
+    and dropped there, it is freed, which starts a full check). ``len(guard)``: how many tensors it watches;
     ``guard.unplaced``: the read tensors the search could not place, described.
 
     Example::
@@ -587,32 +625,45 @@ class Guard:
 
     def __init__(self, roots, tensors, extra=(), check_mode: bool = True):
         self.roots = roots
-        self.tensors = [t for t in tensors if isinstance(t, torch.Tensor) and _has_storage(t)]
+        tensors = [t for t in tensors if isinstance(t, torch.Tensor) and _has_storage(t)]
         self.check_mode = check_mode
         self._extra = list(extra)
-        self._layouts = list(map(_layout, self.tensors))
-        self._ptrs, self._strides = list(map(_data_ptr, self.tensors)), list(map(_stride, self.tensors))
-        self._shapes = list(map(_shape_dtype, self.tensors))
+        self._layouts = list(map(_layout, tensors))
+        self._ptrs, self._strides = list(map(_data_ptr, tensors)), list(map(_stride, tensors))
+        self._shapes = list(map(_shape_dtype, tensors))
+        self._ids = list(map(id, tensors))
         self.full_check_every = FULL_CHECK_EVERY
         self._held = 0
-        self._released: list = []   # filled when a read tensor's storage is freed (.half(), .to(), .data = ...)
+        self._released: list = []   # filled when a read tensor, or its storage, is freed (.half(), .to(), replaced)
         self._finalizers = []
-        for t in self.tensors + [e[3]() for e in self._extra if e[0] == "weakattr" and e[3]() is not None]:
-            try:
-                fin = weakref.finalize(t.untyped_storage(), self._released.append, 1)
-            except (RuntimeError, TypeError, AttributeError):
-                continue
-            fin.atexit = False
-            self._finalizers.append(fin)
         self._hooked = _acquire_hooks()
         weakref.finalize(self, _cleanup, self._hooked, self._finalizers)
-        self._record(Record(roots, self.tensors))
+        record = Record(roots, tensors)
+        # the guard keeps alive what modules hold (their hooks report a replacement) and what the search could not
+        # place; a tensor only plain holders hold is held weakly, so that replacing it there frees it
+        self._refs = [weakref.ref(t) if id(t) in record.weak else t for t in tensors]
+        watched = tensors + [e[3]() for e in self._extra if e[0] == "weakattr" and e[3]() is not None]
+        for t in watched:
+            objects = [t.untyped_storage()] + ([t] if id(t) in record.weak else [])
+            for obj in objects:
+                try:
+                    fin = weakref.finalize(obj, self._released.append, 1)
+                except (RuntimeError, TypeError, AttributeError):
+                    continue
+                fin.atexit = False
+                self._finalizers.append(fin)
+        self._record(record)
+
+    @property
+    def tensors(self) -> list:
+        """The read tensors, in the order first read (None for a weakly held one that was freed)."""
+        return [r() if type(r) is weakref.ref else r for r in self._refs]
 
     def _record(self, record: Record) -> None:
         """Keep a record and the flat lists the checks read (one C-level pass per kind of holder)."""
         self.record = record
         self.unplaced = [f"a {_describe(t)} tensor held outside the search" for t in self.tensors
-                         if id(t) not in record.path_of]
+                         if t is not None and id(t) not in record.path_of]
         extra = [("attr", c, key, e, None, False, False) for k, c, key, e, _ in self._extra if k == "attr"]
         # every call: the holders no hook reports (object attributes, globals, closure cells, defaults, lists, plain
         # dicts, optimizer.state itself); a module's parameters, buffers and submodules when a hook reports them;
@@ -621,21 +672,20 @@ class Guard:
         self._modes = [(m, m.training) for m in record.modules] if self.check_mode else []
         top = [("dict", m.__dict__, "training", m.training) for m in record.top_modules] if self.check_mode else []
         every = [("dict", m.__dict__, "training", was) for m, was in self._modes]
-        (self._hot_owners, self._hot_keys, self._hot_ids), self._hot_other = _split(
-            [e for e in record.entries if not e[5] and not e[6]] + extra + top)
-        self._all_dicts, self._all_other = _split(record.entries + extra + every)
+        self._hot = _Holders([e for e in record.entries if not e[5] and not e[6] and not e[7]] + extra + top)
+        self._all = _Holders(record.entries + extra + every)
         self._watched = record.watched
         # unplaced tensors: their address every call (nothing else can tell of their replacement)
-        self._loose = [t for t in self.tensors if id(t) not in record.path_of]
+        self._loose = [t for t in self.tensors if t is not None and id(t) not in record.path_of]
         self._loose_ptrs = list(map(_data_ptr, self._loose))
         self._events = _EVENTS[0]
         self._countdown = self.full_check_every
 
     def __len__(self) -> int:
-        return len(self.tensors)
+        return len(self._refs)
 
     def __bool__(self) -> bool:
-        return bool(self.tensors or self.record.entries or self._extra)
+        return bool(self._refs or self.record.entries or self._extra)
 
     def check(self, full: bool = False) -> None:
         """Raise :class:`StaleGraphError` if a read tensor, one of its holders or a module's train/eval mode changed
@@ -645,8 +695,7 @@ class Guard:
             return
         self._countdown -= 1
         if (full or self._countdown <= 0 or self._released or (_EVENTS[0] != self._events and self._reported())
-                or list(map(id, map(dict.get, self._hot_owners, self._hot_keys))) != self._hot_ids
-                or (self._hot_other and any(_read(k, c, key) is not e for k, c, key, e in self._hot_other))
+                or self._hot.changed()
                 or (self._loose and list(map(_data_ptr, self._loose)) != self._loose_ptrs)):
             found = self.changes()
             if found:
@@ -667,11 +716,9 @@ class Guard:
         the same tensors along the same paths (``optimizer.load_state_dict`` of the same state) is no change: the
         guard then records the new holders (``refresh``)."""
         rec, found, moved = self.record, [], []
-        owners, keys, ids = self._all_dicts   # every holder, and every module's mode (its __dict__["training"])
-        differ = list(map(id, map(dict.get, owners, keys))) != ids or any(_read(k, c, key) is not e
-                                                                          for k, c, key, e in self._all_other)
+        differ = self._all.changed()   # every holder, and every module's mode (its __dict__["training"])
         if differ:
-            moved = [e for e in rec.entries if _read(e[0], e[1], e[2]) is not e[3]]
+            moved = [e for e in rec.entries if _read(e[0], e[1], e[2]) is not _expected(e)]
             found += self._replaced(moved)
         for kind, container, key, expected, label in self._extra:
             now = _read("attr", container, key)
@@ -682,6 +729,13 @@ class Guard:
                              f"(the graph reads and writes the "
                              f"{_describe(expected) if expected is not None else 'tensor'} it held at capture)")
         ts = self.tensors
+        freed = [i for i, t in enumerate(ts) if t is None]   # weakly held, freed: replaced or removed there
+        for i in freed:
+            path, was = rec.path_of.get(self._ids[i]), self._layouts[i]
+            found.append(f"{rec.label(path) if path else 'a tensor'} was replaced or removed: the shape {was[2]} "
+                         f"{str(was[3]).replace('torch.', '')} tensor the graph reads was freed")
+        if freed:
+            return found
         same = (list(map(_data_ptr, ts)) == self._ptrs and list(map(_stride, ts)) == self._strides
                 and list(map(_shape_dtype, ts)) == self._shapes)
         for t, was in zip(ts, self._layouts if not same else ()):
@@ -705,7 +759,7 @@ class Guard:
                     + (f"; {len(changed_mode) - 1} more module(s) changed mode" if len(changed_mode) > 1 else "")]
         self._released.clear()
         if moved and refresh:
-            self._record(Record(self.roots, self.tensors))
+            self._record(Record(self.roots, ts))
         else:
             self._events, self._countdown = _EVENTS[0], self.full_check_every
         return []
@@ -715,6 +769,8 @@ class Guard:
         recorded paths leads (a holder replaced by an equivalent one)."""
         rec, found, reported = self.record, [], set()
         for t in self.tensors:
+            if t is None:
+                continue   # freed: reported with the layouts
             path = rec.path_of.get(id(t))
             if path is None or rec.follow(path) is t:
                 continue
@@ -749,7 +805,7 @@ class Guard:
                      "old tensors, or memory that was released; nothing was copied or replayed")
 
     def __repr__(self):
-        return f"Guard({len(self.tensors)} tensors, {len(self.record.entries)} holders, {len(self.unplaced)} unplaced)"
+        return f"Guard({len(self)} tensors, {len(self.record.entries)} holders, {len(self.unplaced)} unplaced)"
 
 
 def _has_storage(t) -> bool:

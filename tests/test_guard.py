@@ -432,3 +432,34 @@ def test_weights_fixed_around_kit_graphs():
                 g(x)
                 m.half()
                 g(x)
+
+
+class Scaled:
+    """A plain object (no module) holding the tensor the call reads, as a cache object holds its buffers."""
+
+    def __init__(self, w):
+        self.w = w
+
+    def __call__(self, x):
+        return x @ self.w
+
+
+def test_a_tensor_held_by_a_plain_attribute_is_watched_by_its_release_and_the_schedule():
+    """A tensor that only a plain attribute holds is held weakly: replaced and dropped, it is freed and the next check
+    raises; replaced while something else keeps it alive, the full check raises within FULL_CHECK_EVERY calls."""
+    x = torch.randn(3, 8)
+    fn = Scaled(torch.randn(8, 4))
+    g = recorded_guard(fn, x)
+    assert len(g) == 1 and g.unplaced == [] and g._hot.expected == []   # nothing to read per call
+    g.check()
+    fn.w = torch.randn(8, 4)                       # the old tensor is dropped: freed
+    with pytest.raises(StaleGraphError, match=r"Scaled\.w was replaced or removed"):
+        g.check()
+    fn = Scaled(torch.randn(8, 4))
+    g = recorded_guard(fn, x)
+    kept = fn.w                                    # kept alive elsewhere: no event
+    fn.w = torch.randn(8, 4)
+    with pytest.raises(StaleGraphError, match=r"Scaled\.w was replaced by another tensor"):
+        for _ in range(guard.FULL_CHECK_EVERY):
+            g.check()
+    assert kept is not None
