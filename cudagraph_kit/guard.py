@@ -23,17 +23,19 @@ How it knows what to watch, without guessing from source code:
    is PyTorch's own (not searched) is decided by the file its code lives in, not by ``__module__``.
 3. **The check** (:meth:`Guard.check`, before every call or replay), split by what PyTorch reports by itself:
 
-   - *every call*: the holders no event reports, re-read by identity (object attributes, globals, closure cells,
-     default arguments, lists, plain dicts, ``optimizer.state`` and ``param_groups`` themselves); the train/eval
-     flag of the outermost modules on the paths; whether a hook reported one of this guard's module entries; whether
-     a read tensor's storage was freed. On a model held by modules alone that is a few comparisons, whatever its size.
+   - *every call*: the holders no event reports that lead to a read tensor through other objects (object
+     attributes, globals, closure cells, default arguments, list items, plain dicts, ``optimizer.state`` and
+     ``param_groups`` themselves), re-read by identity; the train/eval flag of the outermost modules on the paths;
+     whether a hook reported one of this guard's module entries; whether a read tensor, or its storage, was freed.
+     On a model held by modules alone that is a few comparisons, whatever its size.
    - *when an event fires*: PyTorch's global registration hooks (``register_module_parameter_registration_hook`` and
      its two siblings; installed with the first guard, removed with the last) report every parameter, buffer and
      submodule set through ``setattr`` anywhere in the process. Each report is ``(module, name)``; the guard looks
      only at the reports since its last check, so an unrelated module built elsewhere costs a set lookup per report.
-     A report on one of its own module entries (``model.fc = ...``, ``model[0] = ...``), or a read tensor's storage
-     being freed (``.half()``, ``.to()`` or ``.data = ...`` on a tensor whose old memory nothing else holds), starts a
-     full check on that call.
+     A report on one of its own module entries (``model.fc = ...``, ``model[0] = ...``) starts a full check on that
+     call, and so does a freed read tensor or storage: ``.half()``, ``.to()`` or ``.data = ...`` free the old memory
+     where nothing else holds it, and a tensor that only plain holders hold (a cache object's buffers, a global) is
+     held weakly by the guard, so replacing it there frees it.
    - *a full check*: every recorded holder re-read by identity (no new search), the address, strides, shape and
      dtype of every read tensor, the mode of every module on the paths. It runs every ``FULL_CHECK_EVERY`` calls
      (64; ``guard.full_check_every`` per guard), at the end of a :func:`weights_fixed` block, and with
@@ -42,10 +44,12 @@ How it knows what to watch, without guessing from source code:
 
 What no event reports is therefore seen by the next full check, at most ``FULL_CHECK_EVERY - 1`` replays later
 (tested in ``tests/test_guard.py``): a new layout at the same address (``w.data = w.data.t()`` or ``w.data[:k]`` on
-the same storage), ``.half()`` or ``.to()`` while something else keeps the old storage alive, a direct
-``module._parameters[...] = ...`` or ``del module.weight`` (no hook runs), what an optimizer's state dicts hold, and
-the mode of an inner module switched alone (``model.encoder.eval()``). A full check on every call costs about
-0.1-0.3 µs per read tensor on the host; set ``guard.full_check_every = 1`` where that is worth it.
+the same storage), ``.half()`` or ``.to()`` while something else keeps the old storage alive, a tensor replaced in a
+plain holder while something else keeps the old one alive, a direct ``module._parameters[...] = ...`` or ``del
+module.weight`` (no hook runs), what an optimizer's state dicts hold, and the mode of an inner module switched alone
+(``model.encoder.eval()``). A full check costs host time in proportion to the tensors and holders (the README's
+cost line and ``docs/RESULTS.md`` give the measured figures); set ``guard.full_check_every = 1`` where a full check
+on every call is worth it.
 
 What a guard cannot see: a tensor whose holder the search cannot reach (a C++ object, ``__slots__``, a container
 of more than ``MAX_ITEMS`` items, more than ``MAX_DEPTH`` steps away): its address is still checked every call and

@@ -24,7 +24,8 @@ Cases (every graphed or compiled result is compared with eager first):
           so no release happens inside a timed call.
   train   a whole Adam(capturable) training step of 56 ``Linear(64, 64)`` layers (111 parameters): the host time of
           the step's checks before each replay (nothing launched), now and before this change.
-Also: the guard's check alone per call (nothing launched) and per tensor.
+Also: the guard's check alone per call (nothing launched) and per tensor, taken apart: the part every call runs and
+the full check the schedule runs every ``full_check_every`` calls.
 A variant that fails (capture, compile, the comparison with eager, a call, a sample over 5 s) gets a row with
 ``status`` "failed: <why>" and no numbers; the rest of the run goes on (``ok; ...`` notes graph breaks or CUDA graphs
 skipped by Inductor). The files are rewritten after each section, so a run cut short keeps what it measured.
@@ -396,8 +397,17 @@ def add_check(checks: list, failures: dict, case: str, g, n: int) -> None:
     """The default graph's guard check alone (nothing launched), into checks.csv."""
     if g is None or g.guard is None:
         return
-    row = attempt(failures, f"check_{case}", "guard.check",
-                  lambda: {"case": case, "tensors": len(g.guard), "check_us": check_alone_us(g.guard.check, n)})
+    def parts():
+        guard = g.guard
+        every = guard.full_check_every
+        row = {"case": case, "tensors": len(guard), "check_us": check_alone_us(guard.check, n),
+               "full_check_every": every}
+        guard.full_check_every = guard._countdown = 10 ** 9   # the per-call part alone, no scheduled full check
+        row["per_call_part_us"] = check_alone_us(guard.check, n)
+        row["full_check_us"] = check_alone_us(lambda: guard.check(full=True), max(n // 50, 100))
+        guard.full_check_every = guard._countdown = every
+        return row
+    row = attempt(failures, f"check_{case}", "guard.check", parts)
     if row is not None:
         checks.append(row)
 
@@ -456,8 +466,8 @@ def save(out: Path, args, cfg: dict, rows: list, checks: list, failures: dict, c
     pd.DataFrame(rows, columns=["case", "variant", "round", "us_per_call"]).to_csv(out / "rounds.csv", index=False)
     pd.DataFrame(summary).to_csv(out / "results.csv", index=False)   # what the README renders
     checks = [dict(c, per_tensor_us=c["check_us"] / c["tensors"] if c["tensors"] else None) for c in checks]
-    pd.DataFrame(checks, columns=["case", "tensors", "check_us", "per_tensor_us"]).to_csv(out / "checks.csv",
-                                                                                          index=False)
+    pd.DataFrame(checks, columns=["case", "tensors", "check_us", "per_tensor_us", "per_call_part_us", "full_check_us",
+                                  "full_check_every"]).to_csv(out / "checks.csv", index=False)
     try:
         import transformers
         tf_version = transformers.__version__
