@@ -5,7 +5,7 @@ The plan's blocks (``PLAN``) are teaching choices: how many minutes each block g
 a block uses comes from the recorded ``reproduce`` runs, with the GPU named; the rest of a block is reading,
 explaining and the exercises. The blocks must add up to three hours (checked here and by the tests).
 
-    python scripts/facilitator_timings.py          # rewrite docs/FACILITATOR.md between the timings markers
+    python scripts/facilitator_timings.py --write  # rewrite docs/FACILITATOR.md between the timings markers
     python scripts/facilitator_timings.py --check  # exit 1 if the table is stale (the tests run this check)
 
 Each ``figures/reproduce_times*.json`` is one run of every notebook (``python -m cudagraph_kit reproduce``) on one
@@ -19,6 +19,7 @@ Seconds are wall-clock seconds of each notebook's full (not SMOKE) run, compiles
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -144,13 +145,17 @@ def updated(text: str, block: str, plan_block: str | None = None) -> str:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="rewrite the table and the plan in docs/FACILITATOR.md")
+    mode.add_argument("--check", action="store_true", help="exit 1 if they are stale; write nothing")
+    args = ap.parse_args(argv)
     text = GUIDE.read_text()
     runs = load_runs()
     new = updated(text, render(runs, notebook_stems()), render_plan(runs))
-    if "--check" in argv:
+    if args.check:
         if new != text:
-            print(f"{GUIDE.relative_to(ROOT)} is stale: run python scripts/facilitator_timings.py")
+            print(f"{GUIDE.relative_to(ROOT)} is stale: run python scripts/facilitator_timings.py --write")
             return 1
         return 0
     GUIDE.write_text(new)

@@ -16,8 +16,8 @@ Usage::
 """
 from __future__ import annotations
 
+import argparse
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +89,9 @@ def budget(path: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    paths = [Path(a) for a in (argv or sys.argv[1:])] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sources", nargs="*", type=Path, help="notebook sources (default: every notebooks/NN_*.py)")
+    paths = ap.parse_args(argv).sources or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
     print(f"{'notebook':20} {'core words/code':>16} {'limit':>9} {'further':>12} {'exercises':>12} {'longest':>7}")
     for p in paths:
         b = budget(p)

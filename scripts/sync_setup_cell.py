@@ -9,14 +9,15 @@ errors). It is plain Python, no ``!``/``%`` magics, so the .py source and the .i
 badges open ``.../blob/<REPO_REF>/notebooks/NN_name.ipynb``, so a notebook opened from a badge and the kit its setup
 cell clones are the same ref.
 
-    python scripts/sync_setup_cell.py           # rewrite the sources
-    python scripts/sync_setup_cell.py --check   # exit 1 and name the sources that differ
-    python scripts/sync_setup_cell.py --ipynb   # also put it into each committed executed notebook
+    python scripts/sync_setup_cell.py --write           # rewrite the sources
+    python scripts/sync_setup_cell.py --write --ipynb   # also put it into each committed executed notebook
+    python scripts/sync_setup_cell.py --check           # exit 1 and name the sources that differ
 
 The setup cell prints nothing in a checkout (where ``reproduce`` executes the notebooks), so its code can be
 updated in a committed .ipynb without a GPU re-run: ``--ipynb`` rewrites that one cell's code and refuses a
 notebook whose setup cell has outputs.
 """
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -135,22 +136,30 @@ def sync_ipynb(ipynb: Path) -> bool:
     return changed
 
 
-def main(argv):
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="rewrite the setup cell and the badges in the sources")
+    mode.add_argument("--check", action="store_true", help="exit 1 if a source differs; write nothing")
+    ap.add_argument("--ipynb", action="store_true", help="with --write: the committed executed notebooks too")
+    args = ap.parse_args(argv)
+    if args.ipynb and not args.write:
+        ap.error("--ipynb goes with --write")
     sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
-    if "--check" in argv:
+    if args.check:
         stale = [s.name for s in sources if setup_cell_of(s) != canonical()
                  or with_badge_ref(s.read_text()) != s.read_text()]
         if stale:
             sys.exit(f"setup cell or Colab badge differs from scripts/setup_cell.py in: {', '.join(stale)}; "
-                     "run python scripts/sync_setup_cell.py")
+                     "run python scripts/sync_setup_cell.py --write --ipynb")
         print(f"{len(sources)} notebook source(s) carry the canonical setup cell")
         return
     for source in sources:
         print(f"{source.name}: {'updated' if sync(source) else 'already canonical'}")
         ipynb = source.with_suffix(".ipynb")
-        if "--ipynb" in argv and ipynb.is_file():
+        if args.ipynb and ipynb.is_file():
             print(f"{ipynb.name}: {'updated' if sync_ipynb(ipynb) else 'already canonical'}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -4,14 +4,27 @@
   the ref the setup cell clones) and the headline numbers, between their markers;
 - docs/RESULTS.md: all results, between the results markers.
 
-    python scripts/update_readme.py          # rewrite both files between their markers
+    python scripts/update_readme.py --write  # rewrite both files between their markers
     python scripts/update_readme.py --check  # exit 1 if either is stale (the tests run this)
 """
+import argparse
 import json
 import sys
 from pathlib import Path
 
-import pandas as pd
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="rewrite README.md and docs/RESULTS.md between markers")
+    mode.add_argument("--check", action="store_true", help="exit 1 if either is stale; write nothing")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and a mistyped option answer here, before pandas and the course load
+
+import pandas as pd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -795,15 +808,17 @@ def rendered() -> dict:
     return {README: readme, RESULTS_DOC: head + render() + rest.split(END, 1)[1]}
 
 
-def main():
+def main(args: argparse.Namespace):
     stale = [path for path, text in rendered().items() if path.read_text() != text]
-    if "--check" in sys.argv:
+    if args.check:
         if stale:
-            sys.exit(f"{', '.join(p.name for p in stale)}: stale; run python scripts/update_readme.py")
+            sys.exit(f"{', '.join(p.name for p in stale)}: stale; run python scripts/update_readme.py --write")
         return
     for path, text in rendered().items():
-        path.write_text(text)
+        if path in stale:
+            path.write_text(text)
+            print(f"rewrote {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)
