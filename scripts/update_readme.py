@@ -62,14 +62,19 @@ def provenance_paragraph():
         return ""
     note = dirty_note({"run": g.run} for g in report.groups if g.run is not None)
     if report.one_run:
-        g = report.groups[0]
-        return (f"**Where these results come from.** Every result below comes from one `reproduce` run: {g.label}."
-                + (f" {note}" if note else "") + "\n")
-    lines = [f"**Where these results come from.** The results below come from {len(report.groups)} groups of GPU "
-             "runs (`python -m cudagraph_kit check-figures` lists them); compare numbers within a group, not across:",
-             ""]
+        head = (f"**Where these results come from.** Every notebook's result below comes from one `reproduce` run"
+                + (f"; {len(report.apart)} group(s) of results were recorded apart from it, each by a script of its "
+                   "own, and each is shown with its own GPU and date; compare numbers within a group, not across "
+                   "(`python -m cudagraph_kit check-figures` lists them):" if report.apart else ":"))
+    else:
+        head = (f"**Where these results come from.** The notebooks' results below come from {len(report.groups)} "
+                "groups of GPU runs" + (f", and {len(report.apart)} group(s) were recorded apart, each by a script "
+                                        "of its own" if report.apart else "")
+                + " (`python -m cudagraph_kit check-figures` lists them); compare numbers within a group, not across:")
+    lines = [head, ""]
     lines += [f"- {g.label}: {', '.join(f'`{f}`' for f in g.folders)}" for g in report.groups]
     lines += [f"- notebook and results differ: {m}" for m in report.mismatched]
+    lines += [f"- recorded apart, {g.label}: {', '.join(f'`{f}`' for f in g.folders)}" for g in report.apart]
     if note:
         lines += ["", note]
     return "\n".join(lines) + "\n"

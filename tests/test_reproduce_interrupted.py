@@ -227,17 +227,35 @@ def test_check_figures_reports_a_mix_of_runs(checkout, monkeypatch, capsys):
 
 
 def test_the_committed_figures_are_reported_with_their_runs():
-    """Today's figures/ come from several GPU runs: the check says which folders come from which (and does not
-    pretend they are one run)."""
+    """The committed figures/: every notebook's results come from one run (`check-figures` passes); the results
+    recorded apart from it (no run id, no notebook's folder) are listed as such, each with its GPU and date."""
     report = runs.check_figures()
     folders = sorted(p.parent.name for p in rep.FIGURES_DIR.glob("*/env.json"))
-    assert sorted(f for g in report.groups for f in g.folders) == folders
+    assert sorted(f for g in [*report.groups, *report.apart] for f in g.folders) == folders
     text = report.text()
-    for g in report.groups:
+    for g in [*report.groups, *report.apart]:
         assert f"- {g.label}: {', '.join(g.folders)}" in text
-    gpus = {json.loads((rep.FIGURES_DIR / f / "env.json").read_text()).get("gpu") for f in folders}
-    if len(gpus) > 1:
-        assert not report.one_run and "MIXES RESULTS" in text
+    notebooks = {p.stem for p in rep.notebook_sources(rep.NOTEBOOKS_DIR)}
+    for g in report.apart:
+        assert g.run is None and not set(g.folders) & notebooks, g.folders
+    assert report.one_run, text
+    assert main(["check-figures"]) == 0
+
+
+def test_results_without_a_run_id_count_only_where_they_belong_to_a_notebook(checkout, monkeypatch):
+    """A probe's folder (no run id, no notebook) is reported apart; a notebook's folder without a run id mixes."""
+    monkeypatch.setattr(rep, "execute_notebook", FakeKernel())
+    rep.reproduce()
+    probe = checkout / "figures" / "09_probe"
+    probe.mkdir()
+    (probe / "env.json").write_text(json.dumps({"gpu": "Probe GPU", "torch": "2.0", "date": "2020-01-01"}))
+    report = runs.check_figures(checkout / "figures", checkout / "notebooks")
+    assert report.one_run and [g.folders for g in report.apart] == [["09_probe"]], report.text()
+    assert "Recorded apart from any run" in report.text() and "Probe GPU" in report.text()
+    env_path = checkout / "figures" / "92_beta" / "env.json"
+    env_path.write_text(json.dumps({k: v for k, v in json.loads(env_path.read_text()).items() if k != "run"}))
+    report = runs.check_figures(checkout / "figures", checkout / "notebooks")
+    assert not report.one_run and report.group_of("92_beta") in report.groups, report.text()
 
 
 def test_readme_says_which_results_come_from_which_run():
