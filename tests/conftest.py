@@ -1,7 +1,6 @@
-"""Test-session setup: nbval through the kit's plugin (lax mode, the sanitizer, the timeouts, the notebooks' small
-sizes and a results folder of the session's own), the GPU-test stamp, a guard that no test run changes the
-recorded results in figures/, and the benchmark tests (run only when asked for, they report a figure instead of
-gating the suite)."""
+"""Test-session setup: the GPU-test stamp, a guard that no test run changes the recorded results in figures/, and
+the benchmark tests (run only when asked for, they report a figure instead of gating the suite). nbval's setup
+comes from the kit's plugin, which the conftest.py at the checkout's root loads."""
 import json
 import os
 import platform
@@ -17,8 +16,7 @@ import torch
 from cudagraph_kit.course.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT, execute_notebook
 
 # nbval's options and the notebooks' small sizes (CGK_SMOKE=1, CGK_RESULTS_DIR a folder of the session, both
-# unless set): the one line a project built on the kit adds too (CONTRIBUTING.md, "nbval").
-pytest_plugins = ["cudagraph_kit.course.nbval_plugin"]
+# unless set) come from the kit's plugin, which the conftest.py at the checkout's root loads.
 
 HAS_CUDA = torch.cuda.is_available()
 _session = {}
