@@ -5,6 +5,7 @@ The "committed" files here are a stand-in checkout in a temporary folder (notebo
 notebooks); a simulated GPU makes reproduce write there, as it writes the real ones on a GPU."""
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -402,3 +403,36 @@ def test_benchmarks_publish_their_results_whole_or_not_at_all(tmp_path, monkeypa
     assert times["run"]["id"] == run["id"] and list(times["benchmarks"]) == ["fake_bench.py"]
     rep.run_benchmarks(figs, run)  # resumed: done already
     assert "scripts/fake_bench.py: published by this run already; skipped" in capsys.readouterr().out
+
+
+def test_each_published_results_folder_holds_the_versions_the_run_had(checkout, monkeypatch, capsys):
+    """`versions.txt` beside each results folder a run publishes: a requirements file of its versions (torch as it
+    runs, the index of its build, a package it lacked named in a comment), headed by the run; installable by pip's
+    own parser."""
+    from importlib import metadata
+
+    real_version = metadata.version
+
+    def version(name):  # transformers missing from this run, numpy at a version of its own
+        if name == "transformers":
+            raise metadata.PackageNotFoundError(name)
+        return "1.2.3" if name == "numpy" else real_version(name)
+    monkeypatch.setattr(metadata, "version", version)
+    monkeypatch.setattr(rep, "execute_notebook", FakeKernel())
+    rep.reproduce(["91", "92"])
+    run_id = json.loads((checkout / "figures" / "91_alpha" / "env.json").read_text())["run"]["id"]
+    for stem in ("91_alpha", "92_beta"):
+        text = (checkout / "figures" / stem / "versions.txt").read_text()
+        assert f"reproduce run {run_id} ran on (Stand-in GPU; Python {platform.python_version()}" in text, text
+        assert f"\ntorch=={torch.__version__}\n" in text and "\nnumpy==1.2.3\n" in text, text
+        assert "# transformers: not installed in this run" in text, text
+        if "+" in torch.__version__:
+            index = f"--extra-index-url https://download.pytorch.org/whl/{torch.__version__.split('+')[1]}\n"
+            assert index in text
+        from packaging.requirements import Requirement
+        pins = [Requirement(line) for line in text.splitlines() if line and not line.startswith(("#", "--"))]
+        assert {r.name for r in pins} >= {"torch", "numpy", "pandas", "matplotlib"}
+        assert all(str(r.specifier).startswith("==") for r in pins)
+    assert not (checkout / "figures" / "93_gamma" / "versions.txt").exists()  # not published by this run
+    assert "reproduce: versions: torch" in capsys.readouterr().out
+    assert not (rep.PROJECT_ROOT / "figures" / "91_alpha").exists()  # the checkout's own figures/ untouched

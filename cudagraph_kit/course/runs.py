@@ -100,6 +100,50 @@ def new_run(root: Path, gpu: str | None, smoke: bool, constraints: str | None = 
     return run
 
 
+# The packages whose versions a run's results depend on (PyTorch and its pair, the data and plotting stack, the
+# notebooks' transformers, and what executes and checks the notebooks).
+VERSIONED = ("torch", "torchvision", "numpy", "pandas", "matplotlib", "transformers", "papermill", "nbval")
+VERSIONS_FILE = "versions.txt"  # beside each results folder's env.json: every version the run had
+
+
+def installed_versions(packages=VERSIONED) -> dict:
+    """``{package: installed version, or None}`` (``importlib.metadata``; nothing is imported).
+
+    Example: ``installed_versions()["numpy"]`` -> ``"2.4.6"``."""
+    from importlib import metadata
+
+    found = {}
+    for name in packages:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def torch_index(torch_version: str | None) -> str | None:
+    """The index that serves this build of PyTorch: ``2.11.0+cu130`` -> PyTorch's ``cu130`` index, ``+cpu`` -> its
+    CPU index; None for the package registry's own builds (no ``+`` label)."""
+    label = (torch_version or "").partition("+")[2]
+    return f"https://download.pytorch.org/whl/{label}" if label else None
+
+
+def versions_text(run: dict, versions: dict) -> str:
+    """A requirements file of the versions a run ran on (``pip install -r`` it), headed by the run, the device,
+    Python (this process's) and CUDA, which pip does not install. A package the run did not have is named in a
+    comment."""
+    where = run.get("gpu") or "CPU only"
+    lines = [f"# The versions reproduce run {run.get('id')} ran on ({where}; Python {platform.python_version()}, "
+             f"CUDA {run.get('cuda') or '-'}).",
+             "# Install them in a virtual environment made with that Python: pip install -r versions.txt"]
+    index = torch_index(versions.get("torch"))
+    if index:
+        lines.append(f"--extra-index-url {index}")
+    lines += [f"{name}=={version}" if version else f"# {name}: not installed in this run"
+              for name, version in versions.items()]
+    return "\n".join(lines) + "\n"
+
+
 def setup_differences(recorded: dict, now: dict) -> list[str]:
     """What differs between two runs' setups (code, GPU, PyTorch, CUDA, smoke, constraints), as readable lines."""
     return [f"{key}: {recorded.get(key)!r} in run {recorded.get('id')}, {now.get(key)!r} now"
