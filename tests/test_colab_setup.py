@@ -29,15 +29,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import sync_setup_cell  # noqa: E402
 
+from cudagraph_kit.course.paths import git
 from cudagraph_kit.course.reproduce import NOTEBOOKS_DIR, PROJECT_ROOT, _kernel_config, to_ipynb
 
 pytestmark = pytest.mark.notebook
 MARKER = "2000-01-01 (the test's clone)"
 KERNEL = "cgk-colab-test"
-
-
-def _git(*args, cwd):
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True)
 
 
 def _kernel_venv(venv: Path) -> Path:
@@ -70,9 +67,10 @@ def colab(tmp_path_factory):
     env = json.loads(env_json.read_text())
     env["date"] = MARKER  # shows up in show_recorded's caption only if the recorded results came from the clone
     env_json.write_text(json.dumps(env, indent=2) + "\n")
-    _git("init", "-q", "-b", sync_setup_cell.repo_ref(), cwd=remote)  # the ref the badges and the cell name
-    _git("add", "-A", cwd=remote)
-    _git("-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-q", "-m", "snapshot", cwd=remote)
+    git(remote, "init", "-q", "-b", sync_setup_cell.repo_ref(), check=True)  # the ref the badges and the cell name
+    git(remote, "add", "-A", check=True)
+    git(remote, "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-q", "-m", "snapshot",
+        check=True)
 
     fake = base / "fake"
     (fake / "google" / "colab").mkdir(parents=True)  # no google/__init__.py: google stays a namespace package

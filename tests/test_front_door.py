@@ -47,7 +47,8 @@ def test_the_ref_the_badges_and_the_setup_cell_name_exists_in_this_repository():
     assert ref_exists(ref), (
         f"the Colab badges and the setup cell name {ref!r}, which this repository does not hold (no branch, tag or "
         f"origin/{ref}): Colab would fail to open or clone it. Create it (CONTRIBUTING.md, Releases) or set "
-        "REPO_REF in scripts/setup_cell.py to a ref that exists, then run python scripts/sync_setup_cell.py --write --ipynb")
+        "REPO_REF in scripts/setup_cell.py to a ref that exists, then run "
+        "python scripts/sync_setup_cell.py --write --ipynb")
     assert ref_exists("no-such-ref-cgk-0.0.0") is None  # the check can say no
 
 

@@ -57,7 +57,8 @@ def test_source_has_parameters_cell_and_the_canonical_setup_cell(source):
     assert len(tagged) == 1, "exactly one cell tagged 'parameters' (papermill)"
     assert re.search(r"(?m)^SMOKE = ", tagged[0].source)
     assert sync_setup_cell.setup_cell_of(source) == sync_setup_cell.canonical(), (
-        f"{source.name}'s setup cell differs from scripts/setup_cell.py: run python scripts/sync_setup_cell.py --write --ipynb")
+        f"{source.name}'s setup cell differs from scripts/setup_cell.py: run "
+        "python scripts/sync_setup_cell.py --write --ipynb")
     setup_at = next(i for i, c in enumerate(nb.cells) if "google.colab" in c.source)
     assert setup_at < nb.cells.index(tagged[0]), "the setup cell comes before the parameters cell"
 

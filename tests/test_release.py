@@ -1,11 +1,12 @@
 """A version people can pin: pyproject.toml's version against the CHANGELOG, and released sections left as they
 were on their release (CONTRIBUTING.md, "Releases")."""
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 from packaging.version import Version
+
+from cudagraph_kit.course.paths import git
 
 try:
     import tomllib
@@ -67,23 +68,18 @@ def test_the_check_tells_a_release_from_a_development_version():
     assert "first heading" in changelog_state("0.4.0.dev0", log.replace("## Unreleased\n\n- a change\n\n", ""))
 
 
-def _git(*args):
-    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
-    return done.stdout if done.returncode == 0 else None
-
-
 def test_a_released_section_is_never_edited_after_its_release():
     """Each dated section reads as it did in the commit that first carried its heading (the release commit)."""
-    if _git("rev-parse", "--is-shallow-repository") != "false\n":
+    if git(ROOT, "rev-parse", "--is-shallow-repository") != "false":
         pytest.skip("needs the repository's whole history (a clone without --depth)")
     current = sections((ROOT / "CHANGELOG.md").read_text())
     dated = [h for h in current if DATED.match(f"## {h}")]
     assert dated
     for heading in dated:
-        first = _git("log", "--reverse", "--format=%H", "-S", f"## {heading}", "--", "CHANGELOG.md").split()
+        first = git(ROOT, "log", "--reverse", "--format=%H", "-S", f"## {heading}", "--", "CHANGELOG.md").split()
         if not first:  # released in this very working tree, not committed yet
             continue
-        released = sections(_git("show", f"{first[0]}:CHANGELOG.md"))[heading]
+        released = sections(git(ROOT, "show", f"{first[0]}:CHANGELOG.md", check=True))[heading]
         assert current[heading].rstrip() == released.rstrip(), (
             f"CHANGELOG.md's section {heading!r} was edited after its release (commit {first[0][:12]}): restore it "
             "as released and put the change under 'Unreleased'")

@@ -19,6 +19,7 @@ import torch
 
 from cudagraph_kit.course import files, results, runs
 from cudagraph_kit.course import reproduce as rep
+from cudagraph_kit.course.paths import git
 from cudagraph_kit.__main__ import main
 
 STEMS = ("91_alpha", "92_beta", "93_gamma")
@@ -313,7 +314,7 @@ def test_a_real_failing_notebook_publishes_nothing(checkout, monkeypatch, capsys
     rep.reproduce(["91"])
     env = json.loads((checkout / "figures" / "91_alpha" / "env.json").read_text())
     assert env["run"]["gpu"] == "Stand-in GPU"
-    assert env["run"]["commit"] == runs._git(rep.PROJECT_ROOT, "rev-parse", "HEAD")
+    assert env["run"]["commit"] == git(rep.PROJECT_ROOT, "rev-parse", "HEAD")
     assert "fixed" in (checkout / "notebooks" / "91_alpha.ipynb").read_text()
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from cudagraph_kit.course.paths import git
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 NOT_COMMANDS = {
@@ -34,14 +36,11 @@ def tree_state() -> tuple:
     """What `git status` shows, the content of every changed and untracked file (a file already changed before
     the run and changed again shows up too), and when each file of the checkout was last written (a file
     rewritten with the same text shows up too)."""
-    def git(*args):
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, check=True).stdout
-
-    changed = git("ls-files", "--modified", "--others", "--exclude-standard", "-z").decode().split("\0")
+    changed = git(ROOT, "ls-files", "--modified", "--others", "--exclude-standard", "-z", check=True).split("\0")
     digests = {p: hashlib.sha256((ROOT / p).read_bytes()).hexdigest() for p in changed if (ROOT / p).is_file()}
-    files = git("ls-files", "--cached", "--others", "--exclude-standard", "-z").decode().split("\0")
+    files = git(ROOT, "ls-files", "--cached", "--others", "--exclude-standard", "-z", check=True).split("\0")
     written = {p: (ROOT / p).stat().st_mtime_ns for p in files if (ROOT / p).is_file()}
-    return git("status", "--porcelain", "--untracked-files=all"), digests, written
+    return git(ROOT, "status", "--porcelain", "--untracked-files=all", check=True), digests, written
 
 
 def run(script: Path, *args) -> subprocess.CompletedProcess:

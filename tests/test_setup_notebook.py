@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cudagraph_kit.course import setup_notebook as sn
-from cudagraph_kit.course.paths import PROJECT_ROOT, notebook_sources
+from cudagraph_kit.course.paths import PROJECT_ROOT, git, notebook_sources
 
 sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
 import sync_setup_cell  # noqa: E402
@@ -230,16 +230,15 @@ def remote(tmp_path):
     repo = tmp_path / "remote"
     repo.mkdir()
 
-    def git(*args):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repo, check=True,
-                       capture_output=True)
-    git("init", "-q", "-b", "main")
+    def commit(*args):
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@example.com", *args, check=True)
+    commit("init", "-q", "-b", "main")
     (repo / "f").write_text("1")
-    git("add", "f")
-    git("commit", "-qm", "one")
-    git("tag", "v1")
+    commit("add", "f")
+    commit("commit", "-qm", "one")
+    commit("tag", "v1")
     (repo / "f").write_text("2")
-    git("commit", "-qam", "two")
+    commit("commit", "-qam", "two")
     return repo.as_uri()
 
 

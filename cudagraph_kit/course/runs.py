@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,23 +70,17 @@ def file_digests(root: Path, patterns=("**/*",)) -> dict[str, str]:
             for p in tree_files(root, patterns)}
 
 
-def _git(root: Path, *args) -> str | None:
-    try:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def new_run(root: Path, gpu: str | None, smoke: bool, constraints: str | None = None) -> dict:
     """A fresh run record: id, start time, commit (None without git), code fingerprint, GPU, PyTorch, CUDA, and
     ``constraints``: the limits it ran under (the Colab rehearsal's; None for a plain run, and for records written
     before runs carried them)."""
     import torch
 
+    from .paths import git
+
     started = time.gmtime()
-    commit = _git(root, "rev-parse", "HEAD")
-    dirty = bool(_git(root, "status", "--porcelain", "--", "cudagraph_kit", "notebooks/*.py", "scripts")) \
+    commit = git(root, "rev-parse", "HEAD")
+    dirty = bool(git(root, "status", "--porcelain", "--", "cudagraph_kit", "notebooks/*.py", "scripts")) \
         if commit else None
     code = code_fingerprint(root)
     label = (commit[:8] + ("-dirty" if dirty else "")) if commit else f"code-{code[:8]}"
@@ -206,8 +199,9 @@ class FiguresReport:
             lines.append(f"- {g.label}: {', '.join(g.folders)}")
         lines += [f"- notebook and results differ: {m}" for m in self.mismatched]
         if not self.one_run:
-            lines.append("To record them as one run: python -m cudagraph_kit reproduce (on one GPU machine; "
-                         "--resume goes on after an interruption).")
+            lines.append("To record them as one run (maintainers, on one GPU machine; it rewrites the committed "
+                         "notebooks and figures/): python -m cudagraph_kit reproduce (--resume goes on after an "
+                         "interruption).")
         if self.apart:
             lines.append("Recorded apart from any run (no run id, no notebook's folder: a probe, the two-GPU "
                          "sweep, a benchmark run by its own script), so not checked; each is shown with its own GPU "

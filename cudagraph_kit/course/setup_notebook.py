@@ -54,17 +54,18 @@ def run_step(*command) -> None:
                            + (done.stderr or done.stdout).strip())
 
 
-def _version_tuple(text: str) -> tuple:
-    return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:3])
-
-
 def minimum_torch(checkout: Path) -> str | None:
-    """The oldest PyTorch the kit supports: the ``torch>=`` requirement of ``<checkout>/pyproject.toml``."""
-    pyproject = Path(checkout) / "pyproject.toml"
-    if not pyproject.is_file():
-        return None
-    m = re.search(r'"torch\s*>=\s*([\d.]+)', pyproject.read_text())
-    return m.group(1) if m else None
+    """The oldest PyTorch the kit supports: the ``torch>=`` floor among the dependencies of
+    ``<checkout>/pyproject.toml`` (read with tomllib, the requirement with ``packaging``); None without one."""
+    from packaging.requirements import Requirement
+
+    from .paths import pyproject
+
+    for line in pyproject(checkout).get("project", {}).get("dependencies", []):
+        requirement = Requirement(line)
+        if requirement.name == "torch":
+            return next((s.version for s in requirement.specifier if s.operator == ">="), None)
+    return None
 
 
 def check_torch(checkout: Path, found: str | None = None) -> str:
@@ -76,8 +77,10 @@ def check_torch(checkout: Path, found: str | None = None) -> str:
             raise RuntimeError("PyTorch is not installed here. Fix: `pip install torch` (see pytorch.org for "
                                "the build that matches your CUDA), then run this cell again.") from exc
         found = torch.__version__
+    from packaging.version import Version
+
     needed = minimum_torch(checkout)
-    if needed and _version_tuple(found) < _version_tuple(needed):
+    if needed and Version(found).release < Version(needed).release:  # 2.11.0+cu130, 2.6.0a0+git...: the release
         raise RuntimeError(f"cudagraph-kit needs PyTorch {needed} or newer; this runtime has {found}. Fix: "
                            f"`pip install --upgrade \"torch>={needed}\"` (in Colab: then Runtime → Restart session) "
                            "and run this cell again.")
@@ -117,23 +120,20 @@ def clone(repo_url: str, ref: str, dest: Path) -> Path:
     return Path(dest)
 
 
-def _git(checkout: Path, *args) -> str | None:
-    done = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def check_ref(checkout: Path, ref: str) -> None:
     """Raise a clear error if the git checkout ``checkout`` does not hold ``ref`` (its HEAD is not that branch or
     tag), or is a clone that never finished. A folder without ``.git`` is not checked."""
+    from .paths import git
+
     if not (Path(checkout) / ".git").exists():
         return
-    head = _git(checkout, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+    head = git(checkout, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
     if head is None:
         raise RuntimeError(f"setup failed: {checkout} is an unfinished clone (it has no commit). Fix: delete it "
                            f"(`!rm -rf {checkout}`) and run this cell again; it clones {ref!r} afresh.")
-    if _git(checkout, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}") == head:
+    if git(checkout, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}") == head:
         return
-    held = _git(checkout, "symbolic-ref", "--quiet", "--short", "HEAD") or _git(
+    held = git(checkout, "symbolic-ref", "--quiet", "--short", "HEAD") or git(
         checkout, "describe", "--tags", "--exact-match", "HEAD") or head[:12]
     raise RuntimeError(f"setup failed: {checkout} holds {held!r}, but this notebook asks for {ref!r} (REPO_REF). "
                        f"Fix: delete it (`!rm -rf {checkout}`), restart the session (Colab: Runtime → Restart "
@@ -147,9 +147,11 @@ def _installed_from(checkout: Path) -> bool:
     Every distribution of that name on ``sys.path`` counts: the checkout itself is on it too, and the
     ``cudagraph_kit.egg-info`` that building the editable install leaves there has no ``direct_url.json``.
     """
+    from packaging.utils import canonicalize_name
+
     want = Path(checkout).resolve().as_uri()
     for dist in importlib.metadata.distributions():
-        if re.sub(r"[-_.]+", "-", (dist.metadata["Name"] or "").lower()) != DIST:
+        if canonicalize_name(dist.metadata["Name"] or "") != DIST:
             continue
         text = dist.read_text("direct_url.json")
         if text:

@@ -222,7 +222,8 @@ def main(part=None):
     for part in PARTS:
         env = dict(os.environ)
         env.pop("TEARDOWN_CUPTI", None)
-        p = subprocess.run([sys.executable, __file__, "--part", part], capture_output=True, text=True, env=env, timeout=300)
+        p = subprocess.run([sys.executable, __file__, "--part", part], capture_output=True, text=True, env=env,
+                           timeout=300)
         line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
         print(f"== {part}: rc={p.returncode}")
         if line:

@@ -98,7 +98,8 @@ if __name__ == "__main__":
         env = {k: v for k, v in os.environ.items() if k not in ("TEARDOWN_CUPTI", "DISABLE_CUPTI_LAZY_REINIT")}
         env.update(extra, PYTHONUNBUFFERED="1")
         try:
-            p = subprocess.run([sys.executable, __file__, "--case", name], env=env, capture_output=True, text=True, timeout=60)
+            p = subprocess.run([sys.executable, __file__, "--case", name], env=env, capture_output=True, text=True,
+                               timeout=60)
             print(p.stdout, f"[{name}: rc={p.returncode}]", flush=True)
         except subprocess.TimeoutExpired as e:
             print((e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), f"[{name}: TIMEOUT 60 s]", flush=True)
