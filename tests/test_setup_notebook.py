@@ -344,3 +344,16 @@ def test_outside_a_kernel_or_without_mplbackend_nothing_is_switched(monkeypatch)
     assert sn.show_figures_inline() is False
     monkeypatch.setenv("MPLBACKEND", "Agg")
     assert sn.show_figures_inline() is False  # pytest is no Jupyter kernel
+
+
+def test_the_torch_floor_is_read_as_a_requirement_however_it_is_written(tmp_path):
+    """pyproject.toml read with tomllib and the requirement with packaging: spaces, markers, other packages whose
+    names contain "torch", and a local or pre-release build of PyTorch compared by its release."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "k"\nversion = "1"\ndependencies = [\n'
+                                             '  "torchvision>=0.30", "torch >= 2.4 ; python_version >= \'3.9\'"]\n')
+    assert sn.minimum_torch(tmp_path) == "2.4"
+    assert sn.check_torch(tmp_path, found="2.4.0a0+git1234") == "2.4.0a0+git1234"
+    with pytest.raises(RuntimeError, match=r"needs PyTorch 2.4 or newer; this runtime has 2.3.1\+cu121"):
+        sn.check_torch(tmp_path, found="2.3.1+cu121")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "k"\nversion = "1"\ndependencies = ["numpy"]\n')
+    assert sn.minimum_torch(tmp_path) is None and sn.minimum_torch(tmp_path / "nowhere") is None
