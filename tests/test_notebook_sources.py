@@ -41,9 +41,7 @@ def _project_urls():
 
 
 def _setup_constant(name):
-    m = re.search(rf'^{name} = os\.environ\.get\("CGK_\w+", "([^"]+)"\)$', sync_setup_cell.canonical(), re.M)
-    assert m, f"{name} not found in scripts/setup_cell.py"
-    return m.group(1)
+    return dict(zip(("REPO_URL", "REPO_REF"), sync_setup_cell.repo_url_and_ref()))[name]
 
 
 def test_there_are_notebooks():

@@ -1,20 +1,21 @@
 """What every notebook's first cell calls: ``setup(REPO_URL, REPO_REF)`` finds or fetches the kit and its recorded
 results, checks them, and says plainly what to do when something is missing.
 
-The cell itself (``scripts/setup_cell.py``, copied into every notebook by ``scripts/sync_setup_cell.py``) is a few
-lines: in a fresh Colab runtime its first step installs the kit of ``REPO_REF`` (``pip install git+URL@REF``), so
-that this module can be imported; then it calls :func:`setup`, which does the rest.
+The cell itself (``scripts/setup_cell.py``, copied into every notebook by ``scripts/sync_setup_cell.py``) is six
+lines of code: in a fresh Colab runtime it gets the kit once, a shallow clone of ``REPO_REF`` into
+``./cudagraph-kit`` (the notebooks need the checkout's ``figures/``, the recorded GPU results, not only the
+package) installed from that clone (``--no-deps`` so Colab's own torch, numpy, pandas and matplotlib stay as they
+are; with pip's build isolation, so the build uses the setuptools floor of ``pyproject.toml``), so that this module
+can be imported; then it calls :func:`setup`, which does the rest.
 
 In Colab (``google.colab`` loaded), :func:`setup`
 
-- makes a shallow clone of ``ref`` into ``./cudagraph-kit`` (the notebooks need the checkout's ``figures/``, the
-  recorded GPU results, not only the package); if ``git clone`` fails it says why (no such branch or tag, no such
-  repository, no network) and what to do;
-- checks that an existing clone holds ``ref`` (a re-run after ``REPO_REF`` was changed stops and says so);
+- finds the clone, or makes it where the kit was installed from elsewhere; if ``git clone`` fails it says why (no
+  such branch or tag, no such repository, no network) and what to do;
+- checks that the clone holds ``ref`` (a re-run after ``REPO_REF`` was changed stops and says so);
 - checks that the PyTorch it finds is one the kit supports (``torch>=`` in the checkout's ``pyproject.toml``);
-- installs the clone (editable, ``--no-deps`` so Colab's own torch, numpy, pandas and matplotlib stay as they are;
-  with pip's build isolation, so the build uses the setuptools floor of ``pyproject.toml``) unless it is already
-  the installed kit, and makes the rest of the notebook import the kit from the clone;
+- installs the clone the same way unless it is already the installed kit, and makes the rest of the notebook
+  import the kit from the clone;
 - moves into the clone's ``notebooks/`` folder and prints one line saying what it did.
 
 In a Jupyter kernel it also draws figures inline where ``MPLBACKEND`` names another backend
@@ -22,8 +23,8 @@ In a Jupyter kernel it also draws figures inline where ``MPLBACKEND`` names anot
 makes the notebook import that checkout's kit, and prints nothing; it runs no git, no pip, no network. Run twice
 (a re-run cell, a restarted kernel) it reuses the clone and the install. Example (the notebooks' setup cell)::
 
-    from cudagraph_kit.course.setup_notebook import setup
-    checkout = setup("https://github.com/cudagraph-kit/cudagraph-kit", "main")   # the checkout, or None
+    REPO_URL, REPO_REF = "https://github.com/cudagraph-kit/cudagraph-kit", "main"
+    checkout = importlib.import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)
 """
 from __future__ import annotations
 
@@ -142,10 +143,11 @@ def check_ref(checkout: Path, ref: str) -> None:
 
 
 def _installed_from(checkout: Path) -> bool:
-    """True if an installed cudagraph-kit is an editable install of ``checkout``.
+    """True if an installed cudagraph-kit was installed from ``checkout`` (the setup cell's install; an editable
+    install of it counts too).
 
     Every distribution of that name on ``sys.path`` counts: the checkout itself is on it too, and the
-    ``cudagraph_kit.egg-info`` that building the editable install leaves there has no ``direct_url.json``.
+    ``cudagraph_kit.egg-info`` that building an install leaves there has no ``direct_url.json``.
     """
     from packaging.utils import canonicalize_name
 
@@ -154,10 +156,8 @@ def _installed_from(checkout: Path) -> bool:
         if canonicalize_name(dist.metadata["Name"] or "") != DIST:
             continue
         text = dist.read_text("direct_url.json")
-        if text:
-            info = json.loads(text)
-            if info.get("dir_info", {}).get("editable") and info.get("url") == want:
-                return True
+        if text and json.loads(text).get("url") == want:
+            return True
     return False
 
 
@@ -230,7 +230,7 @@ def setup(repo_url: str, ref: str, *, colab: bool | None = None, cwd: Path | Non
         check_ref(checkout, ref)
     found = check_torch(checkout)
     if colab and not _installed_from(checkout):
-        run_step(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--editable", str(checkout))
+        run_step(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", str(checkout))
     use_kit_from(checkout)
     if colab:
         os.chdir(checkout / "notebooks")  # where the notebooks run; the recorded results are in ../figures
