@@ -170,8 +170,8 @@ def pytest_configure(config):
         configure_nbval(config, Path(state["folders"][-1]))
         return
     missing = nbval_missing(config.pluginmanager) or (
-        f"nbval is installed but not loaded (PYTEST_DISABLE_PLUGIN_AUTOLOAD?), so no notebook is checked. Fix: "
-        f"add -p nbval")
+        "nbval is installed but not loaded (PYTEST_DISABLE_PLUGIN_AUTOLOAD?), so no notebook is checked. Fix: "
+        "add -p nbval")
     asked = [flag for flag in MODE_FLAGS if getattr(config.option, flag[2:].replace("-", "_"), False)]
     if asked and not config.pluginmanager.is_blocked("nbval"):
         raise pytest.UsageError(f"{' '.join(asked)} asks for the notebooks, but {missing}")
