@@ -71,7 +71,7 @@ def _version() -> str:
     """This code's version: in a source checkout, pyproject.toml's (an editable install's metadata keeps the version
     it was installed at); otherwise the installed package's metadata. ``"0+unknown"`` when neither is there.
 
-    Example: ``_version()`` -> ``"0.3.0"``."""
+    Example: ``_version()`` -> ``"0.4.0.dev0"``."""
     pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
     if os.path.isfile(pyproject):
         project = _toml_project(pyproject)
@@ -85,19 +85,15 @@ def _version() -> str:
 
 
 def _toml_project(path: str) -> dict:
-    """The ``[project]`` table of a pyproject.toml: tomllib (Python 3.11+) or tomli where installed; else its
-    ``key = "string"`` lines (enough for ``name`` and ``version``)."""
+    """The ``[project]`` table of a pyproject.toml, read with tomllib (Python 3.11+) or tomli (the kit's dependency
+    before 3.11); {} where neither can be imported (a kit installed without its dependencies), so ``_version``
+    falls back to the installed metadata."""
     try:
         import tomllib
     except ImportError:  # Python 3.9/3.10
         try:
             import tomli as tomllib
         except ImportError:
-            tomllib = None
-    if tomllib is not None:
-        with open(path, "rb") as f:
-            return tomllib.load(f).get("project", {})
-    import re
-    with open(path, encoding="utf-8") as f:
-        table = re.split(r"(?m)^\[", f.read().split("\n[project]\n", 1)[-1], maxsplit=1)[0]
-    return dict(re.findall(r'(?m)^(\w+)\s*=\s*"([^"]*)"', table))
+            return {}
+    with open(path, "rb") as f:
+        return tomllib.load(f).get("project", {})

@@ -33,16 +33,15 @@
 # minute on a CPU (small sizes).
 
 # %% tags=["nbval-check-output"]
-# Setup. In Colab, install the kit of REPO_REF; `setup` then clones that ref, with its recorded GPU results.
+# Setup. In a fresh Colab runtime: clone the kit at REPO_REF once (with its recorded GPU results) and install that
+# clone; `setup` then checks it (elsewhere it uses this checkout, silently) and says what to do if something is off.
 import importlib.util, os, subprocess, sys
 from pathlib import Path
-REPO_URL = os.environ.get("CGK_REPO_URL", "https://github.com/cudagraph-kit/cudagraph-kit")
-REPO_REF = os.environ.get("CGK_REPO_REF", "main")
-if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:  # a fresh Colab runtime
-    # If this install fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO_URL}@{REPO_REF}"])
-from cudagraph_kit.course.setup_notebook import setup
-checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently; a failure says why and what to do
+REPO_URL, REPO_REF = "https://github.com/cudagraph-kit/cudagraph-kit", "main"
+if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:
+    # If this fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
+    subprocess.run(f"git clone -q --depth 1 -b {REPO_REF} {REPO_URL} cudagraph-kit && {sys.executable} -m pip install -q --no-deps ./cudagraph-kit", shell=True, check=True)
+checkout = importlib.import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)
 
 # %% tags=["parameters", "nbval-check-output"]
 SMOKE = None       # tiny run (CI / tests): fewer calls, one small compile on a CPU; None: read $CGK_SMOKE ("1" = on)

@@ -13,9 +13,9 @@ always gives the same text.
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import re
-import sys
 import textwrap
 from pathlib import Path
 
@@ -225,9 +225,12 @@ def _replace(text: str, key: str, block: str) -> str:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help=f"rewrite both blocks in {PAGE.relative_to(ROOT)}; "
+                                                         "without it, print them")
+    args = ap.parse_args(argv)
     layout, copy_rule = render_layout(), render_copy_rule()
-    if "--write" in argv:
+    if args.write:
         text = _replace(_replace(PAGE.read_text(), "layout", layout), "copy", copy_rule)
         PAGE.write_text(text)
         print(f"rewrote the layout and the copy rule in {PAGE.relative_to(ROOT)}")

@@ -23,7 +23,7 @@ given=0
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do  # --cpus given: taskset pins to those (the Python side checks the list)
   case "${args[i]}" in
-    --dry-run) dry_run=1 ;;
+    --dry-run|-h|--help) dry_run=1 ;;  # starts nothing: no taskset needed
     --cpus) cpus="${args[i + 1]:-}"; given=1 ;;
     --cpus=*) cpus="${args[i]#--cpus=}"; given=1 ;;
   esac

@@ -9,6 +9,7 @@ the same ``reproduce`` run recorded for that row, so drift between moments shows
     python scripts/crosscheck.py            # needs a CUDA GPU; writes figures/00_crosscheck/ (or $CGK_RESULTS_DIR)
     python scripts/crosscheck.py --refresh-recorded   # re-read recorded_us from figures/ (no GPU)
 """
+import argparse
 import statistics
 import sys
 import time
@@ -16,6 +17,17 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--refresh-recorded", action="store_true",
+                    help="re-read recorded_us in figures/00_crosscheck/results.csv from figures/ (no GPU)")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and a mistyped option answer here, before PyTorch loads
 
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
@@ -185,8 +197,8 @@ def refresh_recorded(root):
     print(df[["case", "variant", "kit_us", "reference_us", "ratio", "recorded_us"]].round(2).to_string(index=False))
 
 
-def main():
-    if "--refresh-recorded" in sys.argv:
+def main(args: argparse.Namespace):
+    if args.refresh_recorded:
         return refresh_recorded(results.recorded_root())
     if not torch.cuda.is_available():
         sys.exit("crosscheck needs a CUDA GPU: it compares graph replays timed by the kit and by plain PyTorch.")
@@ -227,4 +239,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -42,10 +42,40 @@ sys.path.insert(0, str(ROOT))
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 os.environ.update(MULTICAST_OFF)
 
-import torch  # noqa: E402
-
 STEM = "07_data_parallel_sweep"  # notebook 07 saves its own run as 07_data_parallel
 MODELS = ("mlp", "resnet50")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=MODELS, default="mlp")
+    p.add_argument("--mode", choices=("eager", "graph"), default="eager")
+    p.add_argument("--steps", type=int, default=500, help="timed steps")
+    p.add_argument("--warmup-steps", type=int, default=20,
+                   help="untimed steps first (graph mode: at least 17 = 11 eager DDP warm-ups + capture + 5)")
+    p.add_argument("--batch", type=int, default=64, help="batch per rank")
+    p.add_argument("--amp", choices=("bf16", "fp16", "none"), default="none")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-warmup-frac", type=float, default=0.1)
+    p.add_argument("--clip-grad-norm", type=float, default=1.0, help="0 turns clipping off")
+    p.add_argument("--sync-each-step", action="store_true")
+    p.add_argument("--parity-steps", type=int, default=20, help="graph mode: eager-vs-graph steps first (0: skip)")
+    p.add_argument("--distinct-batches", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(ROOT / "build" / "ddp_run"))
+    p.add_argument("--sweep", action="store_true", help="run the eager/graph x MLP/ResNet-50 sweep and save results")
+    p.add_argument("--nproc", type=int, default=2, help="with --sweep: processes (GPUs) per run")
+    p.add_argument("--runs-dir", default=None, help="with --sweep: where the runs' raw files go (build/ddp_runs)")
+    p.add_argument("--smoke", action="store_true", help="with --sweep: few steps")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and a mistyped option answer here, before PyTorch loads
+
+import torch  # noqa: E402
+
 MLP_SIZES = (256, 512, 512, 512, 10)  # input, hidden x3, classes
 
 
@@ -530,33 +560,7 @@ def save_sweep(run_dirs: list, out: Path, seconds: float | None = None) -> Path:
     return folder
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=MODELS, default="mlp")
-    p.add_argument("--mode", choices=("eager", "graph"), default="eager")
-    p.add_argument("--steps", type=int, default=500, help="timed steps")
-    p.add_argument("--warmup-steps", type=int, default=20,
-                   help="untimed steps first (graph mode: at least 17 = 11 eager DDP warm-ups + capture + 5)")
-    p.add_argument("--batch", type=int, default=64, help="batch per rank")
-    p.add_argument("--amp", choices=("bf16", "fp16", "none"), default="none")
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--lr-warmup-frac", type=float, default=0.1)
-    p.add_argument("--clip-grad-norm", type=float, default=1.0, help="0 turns clipping off")
-    p.add_argument("--sync-each-step", action="store_true")
-    p.add_argument("--parity-steps", type=int, default=20, help="graph mode: eager-vs-graph steps first (0: skip)")
-    p.add_argument("--distinct-batches", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(ROOT / "build" / "ddp_run"))
-    p.add_argument("--sweep", action="store_true", help="run the eager/graph x MLP/ResNet-50 sweep and save results")
-    p.add_argument("--nproc", type=int, default=2, help="with --sweep: processes (GPUs) per run")
-    p.add_argument("--runs-dir", default=None, help="with --sweep: where the runs' raw files go (build/ddp_runs)")
-    p.add_argument("--smoke", action="store_true", help="with --sweep: few steps")
-    return p.parse_args(argv)
-
-
-def main(argv=None):
-    args = parse_args(argv)
+def main(args: argparse.Namespace):
     if args.sweep:
         sweep(args.nproc, Path(args.out), args.runs_dir, smoke=args.smoke)
         return
@@ -565,7 +569,7 @@ def main(argv=None):
 
 if __name__ == "__main__":
     try:
-        main()
+        main(ARGS)
     except Exception as exc:  # one clear line per rank on stderr, then the traceback
         print(f"ddp_train.py: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         raise

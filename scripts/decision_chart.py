@@ -4,11 +4,12 @@ Every number on the chart is read here from the recorded results (``figures/<not
 ``env.json``), with the GPU it was measured on; a branch whose result is not recorded is asked as a question
 without a number. Nothing is typed by hand.
 
-    python scripts/decision_chart.py           # write docs/DECISIONS.md and docs/decision_chart.png
+    python scripts/decision_chart.py --write   # write docs/DECISIONS.md and docs/decision_chart.png
     python scripts/decision_chart.py --check   # exit 1 if docs/DECISIONS.md is stale (the tests run this)
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -274,12 +275,16 @@ def draw(f: dict, path: Path = PNG):
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="rewrite docs/DECISIONS.md and docs/decision_chart.png")
+    mode.add_argument("--check", action="store_true", help="exit 1 if docs/DECISIONS.md is stale; write nothing")
+    args = ap.parse_args(argv)
     f = facts()
     text = markdown(f)
-    if "--check" in argv:
+    if args.check:
         if not DOC.is_file() or DOC.read_text() != text:
-            print(f"{DOC.relative_to(ROOT)} is stale: run python scripts/decision_chart.py")
+            print(f"{DOC.relative_to(ROOT)} is stale: run python scripts/decision_chart.py --write")
             return 1
         return 0
     DOC.write_text(text)

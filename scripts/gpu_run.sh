@@ -5,6 +5,12 @@
 #   bash scripts/gpu_run.sh nb 01 02 03      # reproduce these notebooks (writes notebooks/*.ipynb, figures/)
 #   bash scripts/gpu_run.sh bench            # overhead benchmark + cross-check (after the notebooks)
 set -u
+usage() { echo "usage: bash scripts/gpu_run.sh {tests | nb NN ... | bench}"; sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
+case "${1:-}" in
+  -h|--help) usage; exit 0 ;;
+  tests|nb|bench) ;;
+  *) echo "gpu_run.sh: say what to run: tests, nb NN ..., or bench (got '${1:-}')" >&2; usage >&2; exit 2 ;;
+esac
 export PYTHONUNBUFFERED=1  # no MPLBACKEND: the executed notebooks show their figures inline
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
 what=$1; shift

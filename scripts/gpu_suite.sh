@@ -9,6 +9,10 @@
 #   bash scripts/gpu_suite.sh [LOGDIR] [WORKERS]
 #   LEGS="notebooks" bash scripts/gpu_suite.sh LOGDIR    # only some legs: alone benchmark parallel notebooks
 set -uo pipefail
+case "${1:-}" in
+  -h|--help) echo "usage: bash scripts/gpu_suite.sh [LOGDIR] [WORKERS]"; sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -*) echo "gpu_suite.sh: unknown option $1 (usage: bash scripts/gpu_suite.sh [LOGDIR] [WORKERS])" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 logdir="${1:-build/gpu-tests}"; workers="${2:-6}"; legs=" ${LEGS:-alone benchmark parallel notebooks} "
 leg() { [[ "$legs" == *" $1 "* ]]; }

@@ -12,6 +12,7 @@ Usage::
 """
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import sys
@@ -43,7 +44,10 @@ def width(sd: float, n: int, level: float = 0.90) -> float:
 
 
 def main(argv=None) -> int:
-    figures = Path((argv or sys.argv[1:] or ["figures"])[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("figures", nargs="?", type=Path, default=Path("figures"),
+                    help="a results folder with recorded windows (default: figures)")
+    figures = ap.parse_args(argv).figures
     sds = window_log_sds(figures)
     if not sds:
         print(f"no graph rows with three or more windows under {figures}/")

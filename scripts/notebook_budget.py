@@ -16,8 +16,8 @@ Usage::
 """
 from __future__ import annotations
 
+import argparse
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,13 +89,16 @@ def budget(path: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    paths = [Path(a) for a in (argv or sys.argv[1:])] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
-    print(f"{'notebook':20} {'core words/code':>16} {'limit':>9} {'further':>12} {'exercises':>12} {'longest':>7}")
-    for p in paths:
-        b = budget(p)
-        print(f"{b['notebook']:20} {b['core_words']:>9}/{b['core_code']:<6} {b['limit']:>9} "
-              f"{b['further_words']:>6}/{b['further_code']:<5} {b['exercise_words']:>6}/{b['exercise_code']:<5} "
-              f"{b['longest_cell']:>7}{'  over' if b['over'] else ''}")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sources", nargs="*", type=Path, help="notebook sources (default: every notebooks/NN_*.py)")
+    paths = ap.parse_args(argv).sources or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    import pandas as pd
+
+    rows = [{"notebook": b["notebook"], "core words/code": f"{b['core_words']}/{b['core_code']}", "limit": b["limit"],
+             "further": f"{b['further_words']}/{b['further_code']}",
+             "exercises": f"{b['exercise_words']}/{b['exercise_code']}", "longest": b["longest_cell"],
+             "": "over" if b["over"] else ""} for b in map(budget, paths)]
+    print(pd.DataFrame(rows).to_string(index=False))
     return 0
 
 

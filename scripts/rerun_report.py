@@ -68,9 +68,9 @@ def summary(df: pd.DataFrame) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("first", type=Path)
-    ap.add_argument("second", type=Path)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("first", type=Path, help="the first run's results folder (e.g. figures)")
+    ap.add_argument("second", type=Path, help="the second run's results folder")
     args = ap.parse_args(argv)
     df = compare_runs(args.first, args.second)
     if df.empty:

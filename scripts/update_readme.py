@@ -4,14 +4,27 @@
   the ref the setup cell clones) and the headline numbers, between their markers;
 - docs/RESULTS.md: all results, between the results markers.
 
-    python scripts/update_readme.py          # rewrite both files between their markers
+    python scripts/update_readme.py --write  # rewrite both files between their markers
     python scripts/update_readme.py --check  # exit 1 if either is stale (the tests run this)
 """
+import argparse
 import json
 import sys
 from pathlib import Path
 
-import pandas as pd
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="rewrite README.md and docs/RESULTS.md between markers")
+    mode.add_argument("--check", action="store_true", help="exit 1 if either is stale; write nothing")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and a mistyped option answer here, before pandas and the course load
+
+import pandas as pd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -20,6 +33,7 @@ README, RESULTS_DOC = ROOT / "README.md", ROOT / "docs" / "RESULTS.md"
 
 from cudagraph_kit.course import results, runs  # noqa: E402
 from cudagraph_kit.course.claims import load_claims  # noqa: E402
+from cudagraph_kit.course.tables import markdown_table  # noqa: E402
 from cudagraph_kit.intervals import stops_clearing  # noqa: E402
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -49,14 +63,19 @@ def provenance_paragraph():
         return ""
     note = dirty_note({"run": g.run} for g in report.groups if g.run is not None)
     if report.one_run:
-        g = report.groups[0]
-        return (f"**Where these results come from.** Every result below comes from one `reproduce` run: {g.label}."
-                + (f" {note}" if note else "") + "\n")
-    lines = [f"**Where these results come from.** The results below come from {len(report.groups)} groups of GPU "
-             "runs (`python -m cudagraph_kit check-figures` lists them); compare numbers within a group, not across:",
-             ""]
+        head = (f"**Where these results come from.** Every notebook's result below comes from one `reproduce` run"
+                + (f"; {len(report.apart)} group(s) of results were recorded apart from it, each by a script of its "
+                   "own, and each is shown with its own GPU and date; compare numbers within a group, not across "
+                   "(`python -m cudagraph_kit check-figures` lists them):" if report.apart else ":"))
+    else:
+        head = (f"**Where these results come from.** The notebooks' results below come from {len(report.groups)} "
+                "groups of GPU runs" + (f", and {len(report.apart)} group(s) were recorded apart, each by a script "
+                                        "of its own" if report.apart else "")
+                + " (`python -m cudagraph_kit check-figures` lists them); compare numbers within a group, not across:")
+    lines = [head, ""]
     lines += [f"- {g.label}: {', '.join(f'`{f}`' for f in g.folders)}" for g in report.groups]
     lines += [f"- notebook and results differ: {m}" for m in report.mismatched]
+    lines += [f"- recorded apart, {g.label}: {', '.join(f'`{f}`' for f in g.folders)}" for g in report.apart]
     if note:
         lines += ["", note]
     return "\n".join(lines) + "\n"
@@ -179,9 +198,7 @@ def _rerun_table(df):
         if column.endswith("moved"):
             return f"{value:.2f}"
         return str(int(value)) if isinstance(value, float) else str(value)
-    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            + ["| " + " | ".join(cell(c, v) for c, v in zip(header, r)) + " |"
-               for r in df[header].itertuples(index=False)])
+    return markdown_table(header, ([cell(c, v) for c, v in zip(header, r)] for r in df[header].itertuples(index=False)))
 
 
 def rerun_paragraph():
@@ -245,17 +262,17 @@ def gelu_section():
     k80 = {"small": (70.9, 64.9, 1.09), "large": (1320, 1340, 0.99)}
     shapes = {"small": "(1,3,224,224) small", "large": "(32,3,224,224) large"}
     gpu = env.get("gpu", "GPU").replace("NVIDIA ", "")
-    lines = [f"**GELU, eager vs CUDA graph** (notebook 01; {_env_caption(env)}), next to the published Tesla K80 "
-             "figures (PyTorch 1.10):", "",
-             f"| tensor | K80 eager | K80 graph | K80 speedup | {gpu} eager | {gpu} graph | {gpu} speedup | {gpu} floor |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines[2] = lines[2].replace(f"{gpu} speedup |", f"{gpu} speedup (90% prediction interval) |")
+    rows = []
     for case in ("small", "large"):
         e, g = _row(df, case, "eager"), _row(df, case, "graph replay")
         ke, kg, ks = k80[case]
-        lines.append(f"| {shapes[case]} | {ke:g} µs | {kg:g} µs | {ks:.2f}x | {e.median_us:.1f} µs | "
-                     f"{g.median_us:.1f} µs | {g.speedup:.2f}x ({g.speedup_lo:.2f}-{g.speedup_hi:.2f}) | "
-                     f"{g.floor_us:.1f} µs |")
+        rows.append([shapes[case], f"{ke:g} µs", f"{kg:g} µs", f"{ks:.2f}x", f"{e.median_us:.1f} µs",
+                     f"{g.median_us:.1f} µs", f"{g.speedup:.2f}x ({g.speedup_lo:.2f}-{g.speedup_hi:.2f})",
+                     f"{g.floor_us:.1f} µs"])
+    lines = [f"**GELU, eager vs CUDA graph** (notebook 01; {_env_caption(env)}), next to the published Tesla K80 "
+             "figures (PyTorch 1.10):", "",
+             *markdown_table(["tensor", "K80 eager", "K80 graph", "K80 speedup", f"{gpu} eager", f"{gpu} graph",
+                              f"{gpu} speedup (90% prediction interval)", f"{gpu} floor"], rows)]
     lines += claims_block(rec, "01_gelu")
     amort = df[df.calls_per_graph >= 10] if "calls_per_graph" in df else df.iloc[0:0]
     lines += ["", stops_paying_sentence(df)]
@@ -273,18 +290,18 @@ def train_step_section():
         return "_Notebook 02 has no recorded GPU run yet._\n"
     df, env = rec.df, rec.env
     timed = df[df.median_us.notna()]
-    lines = [f"**Training step, eager vs whole-step graph vs `make_graphed_callables`** (notebook 02; "
-             f"{_env_caption(env)}). The blog measured 2.36x for the small MLP + SGD on a K80.", "",
-             f"| case | eager | whole-step graph | speedup ({spread_label(df)}) | graph / floor | "
-             "make_graphed_callables (model only) |",
-             "|---|---|---|---|---|---|"]
+    rows = []
     for case in timed.case.unique():
         e, g, p = (_row(timed, case, v) for v in ("eager", "whole-step graph", "make_graphed_callables"))
         if e is None or g is None:  # other timed tables of the notebook (e.g. the parts of an eager step)
             continue
         part = f"{p.median_us:.0f} µs ({p.speedup:.2f}x)" if p is not None else "-"
-        lines.append(f"| {case} | {e.median_us:.0f} µs | {g.median_us:.0f} µs | {_speedup(g)} | "
-                     f"{'-' if g.vs_floor != g.vs_floor else f'{g.vs_floor:.2f}'} | {part} |")
+        rows.append([case, f"{e.median_us:.0f} µs", f"{g.median_us:.0f} µs", _speedup(g),
+                     "-" if g.vs_floor != g.vs_floor else f"{g.vs_floor:.2f}", part])
+    lines = [f"**Training step, eager vs whole-step graph vs `make_graphed_callables`** (notebook 02; "
+             f"{_env_caption(env)}). The blog measured 2.36x for the small MLP + SGD on a K80.", "",
+             *markdown_table(["case", "eager", "whole-step graph", f"speedup ({spread_label(df)})", "graph / floor",
+                              "make_graphed_callables (model only)"], rows)]
     parity = df[df.case.str.startswith("parity")]
     if len(parity) and "max_abs_param_diff" in parity:
         exact = "; ".join(f"{c.replace('parity ', '')}: {'bitwise equal' if b else f'max diff {d:.1e}'}"
@@ -307,20 +324,21 @@ def jit_compile_section():
     df, env = rec.df, rec.env
     lines = [f"**Fusion and graphs: `jit.script`, `torch.compile`, `reduce-overhead`** (notebook 03; "
              f"{_env_caption(env)}), time per call and speedup over eager ({spread_label(df)}); K80 figures from the "
-             "blog:", "",
-             "| variant | K80 small | small | K80 large | large |", "|---|---|---|---|---|"]
+             "blog:", ""]
     k80 = {"eager": ("70.9 µs", "1320 µs"), "cuda graph, input in place": ("64.9 µs (1.09x)", "1340 µs (0.99x)"),
            "jit.script": ("38.9 µs (1.82x)", "425 µs (3.11x)"),
            "jit.script + graph, input in place": ("35.6 µs (1.99x)", "374 µs (3.53x)")}
     order = ["eager", "cuda graph, input in place", "jit.script", "jit.script + graph, input in place",
              "torch.compile", "torch.compile + graph, input in place", "reduce-overhead, naive"]
+    rows = []
     for v in order:
         cells = []
         for case in ("small", "large"):
             r = _row(df, case, v)
             cells.append("-" if r is None else f"{r.median_us:.1f} µs ({_speedup(r)})")
         ks, kl = k80.get(v, ("-", "-"))
-        lines.append(f"| {v} | {ks} | {cells[0]} | {kl} | {cells[1]} |")
+        rows.append([v, ks, cells[0], kl, cells[1]])
+    lines += markdown_table(["variant", "K80 small", "small", "K80 large", "large"], rows)
     lines += claims_block(rec, "03_jit_compile")
     lines += ["", "\"Input in place\" replays on data already in the graph's static input; copying a new input in "
               "costs one more launch (notebook 03 shows both).", ""]
@@ -356,13 +374,10 @@ def overhead_section():
     lines = [f"**What the kit costs** (`scripts/bench_overhead.py`; {_env_caption(rec.env)}): host time per call, "
              f"without synchronization, median of {rec.env.get('rounds')} interleaved bursts of "
              f"{rec.env.get('calls_per_burst')} calls; in brackets the median difference to the hand-written replay in "
-             "the same round.", "",
-             "| model | " + " | ".join(name for _, name in OVERHEAD_VARIANTS) + " |",
-             "|---|" + "---|" * len(OVERHEAD_VARIANTS)]
-    for case, name in OVERHEAD_CASES.items():
-        read = f" (reads {checks[case].tensors} tensors)" if case in checks else ""
-        lines.append(f"| {name}{read} | " + " | ".join(_overhead_cell(df, case, v) for v, _ in OVERHEAD_VARIANTS)
-                     + " |")
+             "the same round.", ""]
+    rows = [[name + (f" (reads {checks[case].tensors} tensors)" if case in checks else ""),
+             *(_overhead_cell(df, case, v) for v, _ in OVERHEAD_VARIANTS)] for case, name in OVERHEAD_CASES.items()]
+    lines += markdown_table(["model", *(name for _, name in OVERHEAD_VARIANTS)], rows)
     parts = [f"{OVERHEAD_CASES[c]}: {checks[c].check_us:.1f} µs for {checks[c].tensors} tensors "
              f"({checks[c].per_tensor_us * 1000:.0f} ns a tensor)" for c in OVERHEAD_CASES if c in checks]
     if parts:
@@ -382,25 +397,28 @@ def resnet_section():
     inf = df[df.section == "inference"]
     lines = [f"**ResNet-50 inference, eager vs CUDA graph with the input copy** (notebook 04; {_env_caption(env)}), "
              "channels_last, random weights, time per batch; the published V100 figures (MXNet PR) were +17% at "
-             "batch 1 and +0.3% at batch 128:", "",
-             f"| dtype | batch | eager | graph | speedup ({spread_label(df)}) | graph / floor |", "|---|---|---|---|---|---|"]
+             "batch 1 and +0.3% at batch 128:", ""]
+    rows = []
     for (dtype, batch), g in inf.groupby(["dtype", "batch"], sort=False):
         e, c = g[g.variant == "eager"], g[g.variant != "eager"]
         if len(e) and len(c):
             c = c.iloc[0]
-            lines.append(f"| {dtype} | {int(batch)} | {e.median_us.iloc[0] / 1e3:.2f} ms | {c.median_us / 1e3:.2f} ms | "
-                         f"{c.speedup:.2f}x ({c.speedup_lo:.2f}-{c.speedup_hi:.2f}) | {c.vs_floor:.2f} |")
+            rows.append([dtype, int(batch), f"{e.median_us.iloc[0] / 1e3:.2f} ms", f"{c.median_us / 1e3:.2f} ms",
+                         f"{c.speedup:.2f}x ({c.speedup_lo:.2f}-{c.speedup_hi:.2f})", f"{c.vs_floor:.2f}"])
+    lines += markdown_table(["dtype", "batch", "eager", "graph", f"speedup ({spread_label(df)})", "graph / floor"],
+                            rows)
     train = df[(df.section == "training") & df.median_us.notna()]
     if len(train):
         lines += ["", "Whole training step (`capture_train_step`), synthetic data; the pytorch/benchmark V100 fp32 "
-                  "figure was 1.77x at batch 1 and no gain from batch 8:", "",
-                  f"| case | eager | graph | speedup ({spread_label(df)}) | images/s, graph |", "|---|---|---|---|---|"]
+                  "figure was 1.77x at batch 1 and no gain from batch 8:", ""]
+        rows = []
         for case, g in train.groupby("case", sort=False):
             e, c = g[g.variant == "eager"], g[g.variant != "eager"]
             if len(e) and len(c):
                 c = c.iloc[0]
-                lines.append(f"| {case} | {e.median_us.iloc[0] / 1e3:.1f} ms | {c.median_us / 1e3:.1f} ms | "
-                             f"{c.speedup:.2f}x ({c.speedup_lo:.2f}-{c.speedup_hi:.2f}) | {c.images_per_s:,.0f} |")
+                rows.append([case, f"{e.median_us.iloc[0] / 1e3:.1f} ms", f"{c.median_us / 1e3:.1f} ms",
+                             f"{c.speedup:.2f}x ({c.speedup_lo:.2f}-{c.speedup_hi:.2f})", f"{c.images_per_s:,.0f}"])
+        lines += markdown_table(["case", "eager", "graph", f"speedup ({spread_label(df)})", "images/s, graph"], rows)
     lines += claims_block(rec, "04_resnet50")
     lines += ["", f"![ResNet-50 inference sweep on {env.get('gpu')}](figures/04_resnet50/inference_sweep.png)", ""]
     return "\n".join(lines)
@@ -414,13 +432,12 @@ def buckets_section():
     main = df[df.requests.notna() & df.p50_us.notna()] if "requests" in df else df.iloc[0:0]
     lines = [f"**Variable batch sizes: bucketed graphs in one shared pool** (notebook 06; {_env_caption(env)}), a "
              "seeded stream of requests, time per request (speedup over eager with its "
-             f"{spread_label(df)}; p99 latency: one pass, no interval), memory the graphs hold:", "", "| model | variant | graphs | µs per request | speedup | p99 latency | held |",
-             "|---|---|---|---|---|---|---|"]
-    for r in main.itertuples():
-        graphs = "-" if r.graphs != r.graphs else f"{int(r.graphs)}"
-        held = "-" if r.held_mib != r.held_mib else f"{r.held_mib:.1f} MiB"
-        lines.append(f"| {r.case} | {r.variant} | {graphs} | {r.us_per_request:.1f} | {_speedup(r)} | "
-                     f"{r.p99_us:.0f} µs | {held} |")
+             f"{spread_label(df)}; p99 latency: one pass, no interval), memory the graphs hold:", "",
+             *markdown_table(["model", "variant", "graphs", "µs per request", "speedup", "p99 latency", "held"],
+                             ([r.case, r.variant, "-" if r.graphs != r.graphs else f"{int(r.graphs)}",
+                               f"{r.us_per_request:.1f}", _speedup(r), f"{r.p99_us:.0f} µs",
+                               "-" if r.held_mib != r.held_mib else f"{r.held_mib:.1f} MiB"]
+                              for r in main.itertuples()))]
     for ev in env.get("evidence", []):
         if "largest bucket alone" in ev["check"]:
             lines.append("")
@@ -459,12 +476,12 @@ def llm_decode_section():
              f"{env.get('dtype')}, greedy, {env.get('new_tokens')} tokens after a {env.get('prompt_len')}-token prompt), "
              "whole generations timed round-robin" + (f" in {int(gen.windows.max())} windows" if "windows" in gen else "")
              + f"; time per token and speedup over eager ({spread_label(df)}):", "",
-             "| batch | variant | runs as | µs per token | speedup | tokens/s | first call (compile/record) |",
-             "|---|---|---|---|---|---|---|"]
-    for r in gen.itertuples():
-        first = "-" if r.first_call_s != r.first_call_s else f"{r.first_call_s:.1f} s"
-        lines.append(f"| {int(r.batch)} | {r.variant} | {r.executed_as} | {r.us_per_token:.0f} | {_speedup(r)} | "
-                     f"{r.tokens_per_s:,.0f} | {first} |")
+             *markdown_table(["batch", "variant", "runs as", "µs per token", "speedup", "tokens/s",
+                              "first call (compile/record)"],
+                             ([int(r.batch), r.variant, r.executed_as, f"{r.us_per_token:.0f}", _speedup(r),
+                               f"{r.tokens_per_s:,.0f}",
+                               "-" if r.first_call_s != r.first_call_s else f"{r.first_call_s:.1f} s"]
+                              for r in gen.itertuples()))]
     floors = steps.drop_duplicates("batch")
     if len(floors) and "floor_step_us" in floors:
         lines += ["", "GPU-busy floor of one decode step (the kit's graph replayed, profiler): " + ", ".join(
@@ -527,11 +544,11 @@ def data_parallel_section():
     lines = [f"**Data-parallel training, torchrun + DDP, eager vs whole-step graph** (`scripts/ddp_train.py --sweep`; "
              f"{where}, PyTorch {env.get('torch')}, {str(env.get('date', ''))[:10]}); step time from CUDA events per "
              "rank, jitter as p99 / median step time, and how far the ranks' step times sit apart:", "",
-             "| case | variant | step (median) | images/s | speedup | p99 / median | rank-to-rank gap (median) |",
-             "|---|---|---|---|---|---|---|"]
-    for r in df.itertuples():
-        lines.append(f"| {r.case} | {r.variant} | {r.median_us / 1e3:.2f} ms | {r.images_per_s:,.0f} | "
-                     f"{r.throughput_speedup:.2f}x | {r.jitter_p99_over_median:.2f} | {r.step_rank_diff_median_us:.1f} µs |")
+             *markdown_table(["case", "variant", "step (median)", "images/s", "speedup", "p99 / median",
+                              "rank-to-rank gap (median)"],
+                             ([r.case, r.variant, f"{r.median_us / 1e3:.2f} ms", f"{r.images_per_s:,.0f}",
+                               f"{r.throughput_speedup:.2f}x", f"{r.jitter_p99_over_median:.2f}",
+                               f"{r.step_rank_diff_median_us:.1f} µs"] for r in df.itertuples()))]
     lines += ["", "![Per-rank step-time distributions](figures/07_data_parallel_sweep/step_time_distributions.png)", ""]
     return "\n".join(lines)
 
@@ -558,11 +575,11 @@ def crosscheck_section():
              "`reproduce` run, minutes earlier."
              + (f" The {left_out} rows of the kit call `g(x)` are left out: what the kit costs is the interleaved "
                 "benchmark above, not a comparison of two timing methods." if left_out else ""), "",
-             "| case | variant | kit | plain PyTorch | ratio (quartiles) | recorded in notebook |", "|---|---|---|---|---|---|"]
-    for r in df.itertuples():
-        rec_us = "-" if r.recorded_us != r.recorded_us else f"{r.recorded_us:.1f} µs"
-        lines.append(f"| {r.case} | {r.variant} | {r.kit_us:.1f} µs | {r.reference_us:.1f} µs | "
-                     f"{r.ratio:.2f} ({r.ratio_lo:.2f}-{r.ratio_hi:.2f}) | {rec_us} |")
+             *markdown_table(["case", "variant", "kit", "plain PyTorch", "ratio (quartiles)", "recorded in notebook"],
+                             ([r.case, r.variant, f"{r.kit_us:.1f} µs", f"{r.reference_us:.1f} µs",
+                               f"{r.ratio:.2f} ({r.ratio_lo:.2f}-{r.ratio_hi:.2f})",
+                               "-" if r.recorded_us != r.recorded_us else f"{r.recorded_us:.1f} µs"]
+                              for r in df.itertuples()))]
     return "\n".join(lines) + "\n"
 
 
@@ -607,11 +624,12 @@ def drift_paragraph():
     drift = results.drift_summary(ROOT / "figures" / "drift")
     if drift is None:
         return ""
-    rows = ["| control | eager, median of processes | eager spread (max/min) | eager 90% PI, one more process | "
-            "graph replay | graph spread | speedup (90% PI) |", "|---|---|---|---|---|---|---|"]
-    rows += [f"| {r.control} | {r.eager_us:.1f} µs | {r.eager_spread:.2f}x | {r.eager_pi_lo:.1f}-{r.eager_pi_hi:.1f} µs "
-             f"| {r.graph_us:.2f} µs | {r.graph_spread:.2f}x | {r.speedup:.2f}x ({r.speedup_pi_lo:.2f}-"
-             f"{r.speedup_pi_hi:.2f}) |" for r in drift["table"].itertuples()]
+    rows = markdown_table(
+        ["control", "eager, median of processes", "eager spread (max/min)", "eager 90% PI, one more process",
+         "graph replay", "graph spread", "speedup (90% PI)"],
+        ([r.control, f"{r.eager_us:.1f} µs", f"{r.eager_spread:.2f}x", f"{r.eager_pi_lo:.1f}-{r.eager_pi_hi:.1f} µs",
+          f"{r.graph_us:.2f} µs", f"{r.graph_spread:.2f}x",
+          f"{r.speedup:.2f}x ({r.speedup_pi_lo:.2f}-{r.speedup_pi_hi:.2f})"] for r in drift["table"].itertuples()))
     return (f"**Where the drift comes from** (`scripts/probes/probe_drift.py`, {drift['gpu']}, {drift['processes']} "
             f"fresh processes per control): {drift['sentence']}. Notebook 01 shows it; speedups are therefore quoted with "
             "prediction intervals over windows. Per control (`figures/drift/drift_summary.csv`):\n\n"
@@ -688,8 +706,7 @@ def start_here_block():
     base = repository_url().replace("https://github.com/", "https://colab.research.google.com/github/")
     ref = sync_setup_cell.repo_ref()
     rehearsal = rehearsal_rows()
-    lines = ["| # | notebook: what you learn | time (recorded run) | under Colab's limits, H100 compute (rehearsal) "
-             "| Colab |", "|---|---|---|---|---|"]
+    rows = []
     total, gpus = 0.0, set()
     for source in notebook_sources(ROOT / "notebooks"):
         stem = source.stem
@@ -701,8 +718,9 @@ def start_here_block():
         badge = (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
                  f"({base}/blob/{ref}/notebooks/{stem}.ipynb)")
         title, what = NOTEBOOKS.get(stem, (stem[3:].replace("_", " "), ""))
-        lines.append(f"| {stem[:2]} | [{title}](notebooks/{stem}.ipynb): {what} | {when} | "
-                     f"{rehearsal.get(stem, '-')} | {badge} |")
+        rows.append([stem[:2], f"[{title}](notebooks/{stem}.ipynb): {what}", when, rehearsal.get(stem, "-"), badge])
+    lines = markdown_table(["#", "notebook: what you learn", "time (recorded run)",
+                            "under Colab's limits, H100 compute (rehearsal)", "Colab"], rows)
     lines += ["", f"Together about {total / 60:.0f} min on the {' and '.join(sorted(gpus))} GPUs named above (times "
               "measured by `reproduce`, read from `figures/reproduce_times*.json`); a Colab T4 has not been timed."]
     if rehearsal:
@@ -795,15 +813,17 @@ def rendered() -> dict:
     return {README: readme, RESULTS_DOC: head + render() + rest.split(END, 1)[1]}
 
 
-def main():
+def main(args: argparse.Namespace):
     stale = [path for path, text in rendered().items() if path.read_text() != text]
-    if "--check" in sys.argv:
+    if args.check:
         if stale:
-            sys.exit(f"{', '.join(p.name for p in stale)}: stale; run python scripts/update_readme.py")
+            sys.exit(f"{', '.join(p.name for p in stale)}: stale; run python scripts/update_readme.py --write")
         return
     for path, text in rendered().items():
-        path.write_text(text)
+        if path in stale:
+            path.write_text(text)
+            print(f"rewrote {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

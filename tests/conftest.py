@@ -1,7 +1,6 @@
-"""Test-session setup: nbval through the kit's plugin (lax mode, the sanitizer, the timeouts, the notebooks' small
-sizes and a results folder of the session's own), the GPU-test stamp, a guard that no test run changes the
-recorded results in figures/, and the benchmark tests (run only when asked for, they report a figure instead of
-gating the suite)."""
+"""Test-session setup: the GPU-test stamp, a guard that no test run changes the recorded results in figures/, and
+the benchmark tests (run only when asked for, they report a figure instead of gating the suite). nbval's setup
+comes from the kit's plugin, which the conftest.py at the checkout's root loads."""
 import json
 import os
 import platform
@@ -14,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from cudagraph_kit.course.paths import git
 from cudagraph_kit.course.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT, execute_notebook
 
 # nbval's options and the notebooks' small sizes (CGK_SMOKE=1, CGK_RESULTS_DIR a folder of the session, both
-# unless set): the one line a project built on the kit adds too (CONTRIBUTING.md, "nbval").
-pytest_plugins = ["cudagraph_kit.course.nbval_plugin"]
+# unless set) come from the kit's plugin, which the conftest.py at the checkout's root loads.
 
 HAS_CUDA = torch.cuda.is_available()
 _session = {}
@@ -47,18 +46,10 @@ def pytest_configure(config):
                                 "build/benchmarks.")
 
 
-def _git(*args):
-    try:
-        done = subprocess.run(["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, timeout=10)
-        return done.stdout.strip() if done.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def pytest_report_header(config):
     """Stamp the log (the GPU test log included) with the commit and the software it ran on."""
-    commit = _git("rev-parse", "--short=12", "HEAD")
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    commit = git(PROJECT_ROOT, "rev-parse", "--short=12", "HEAD")
+    dirty = bool(git(PROJECT_ROOT, "status", "--porcelain", "--untracked-files=no"))
     device = (f"{torch.cuda.get_device_name(0)} (capability {'.'.join(map(str, torch.cuda.get_device_capability(0)))})"
               if HAS_CUDA else "no CUDA device (GPU tests skipped)")
     return [f"cudagraph-kit commit {commit or 'unknown (not a git checkout)'}"

@@ -4,11 +4,12 @@ The test builds a local git repository from this working tree (the "GitHub" of t
 Colab badges and the setup cell name (``REPO_REF`` of scripts/setup_cell.py, unchanged: the cell clones its own
 default), fakes the ``google.colab`` module (loaded at kernel start, as Colab does), and executes notebook 01
 (SMOKE) from an empty folder in a kernel of its own virtual environment, which cannot import the kit (so the
-cell's ``pip install`` runs, and lands there, never in the environment running the tests). It then checks what
-the cell did: the kit of that ref installed, then ``setup`` made a shallow clone of that ref, an editable install
-of that clone, imported the kit from it, moved the working directory into the clone's notebooks/, showed the
-recorded GPU results from the clone, and kept fresh results apart from them; a restarted kernel reuses all of it;
-a changed ``REPO_REF`` stops with the cause and the fix. That the ref exists in this repository itself is checked
+cell's clone and install run, and the install lands there, never in the environment running the tests). The
+notebook's setup cell names the local repository instead of GitHub (``REPO_URL`` only; its ``REPO_REF`` stays). It
+then checks what the cell did: one shallow clone of that ref, installed from that clone (the kit fetched once),
+then ``setup`` imported the kit from the clone, moved the working directory into the clone's notebooks/, showed
+the recorded GPU results from the clone, and kept fresh results apart from them; a restarted kernel reuses all of
+it; a changed ``REPO_REF`` stops with the cause and the fix. That the ref exists in this repository itself is checked
 by tests/test_front_door.py; ``setup``'s clone errors one by one by tests/test_setup_notebook.py.
 
 The installs are the cell's own, as in Colab: ``--no-deps`` (Colab's PyTorch stays) with pip's build isolation, so
@@ -29,15 +30,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import sync_setup_cell  # noqa: E402
 
+from cudagraph_kit.course.paths import git
 from cudagraph_kit.course.reproduce import NOTEBOOKS_DIR, PROJECT_ROOT, _kernel_config, to_ipynb
 
 pytestmark = pytest.mark.notebook
 MARKER = "2000-01-01 (the test's clone)"
 KERNEL = "cgk-colab-test"
-
-
-def _git(*args, cwd):
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True)
 
 
 def _kernel_venv(venv: Path) -> Path:
@@ -70,9 +68,10 @@ def colab(tmp_path_factory):
     env = json.loads(env_json.read_text())
     env["date"] = MARKER  # shows up in show_recorded's caption only if the recorded results came from the clone
     env_json.write_text(json.dumps(env, indent=2) + "\n")
-    _git("init", "-q", "-b", sync_setup_cell.repo_ref(), cwd=remote)  # the ref the badges and the cell name
-    _git("add", "-A", cwd=remote)
-    _git("-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-q", "-m", "snapshot", cwd=remote)
+    git(remote, "init", "-q", "-b", sync_setup_cell.repo_ref(), check=True)  # the ref the badges and the cell name
+    git(remote, "add", "-A", check=True)
+    git(remote, "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-q", "-m", "snapshot",
+        check=True)
 
     fake = base / "fake"
     (fake / "google" / "colab").mkdir(parents=True)  # no google/__init__.py: google stays a namespace package
@@ -112,16 +111,17 @@ def _setuptools_for_the_build(tmp):
 PROBE = "import cudagraph_kit, os; print(cudagraph_kit.__file__); print(os.getcwd())"
 
 
-def _colab_env(colab, monkeypatch, ref=None, url=None):
+def _colab_env(colab, monkeypatch):
     monkeypatch.setenv("JUPYTER_PATH", str(colab["jupyter"]))
     monkeypatch.setenv("IPYTHONDIR", str(colab["ipython"]))  # its startup file loads google.colab
     monkeypatch.setenv("PYTHONPATH", str(colab["fake"]))  # google.colab importable; no checkout on the path
-    monkeypatch.setenv("CGK_REPO_URL", url or colab["remote"].as_uri())
-    if ref is None:
-        monkeypatch.delenv("CGK_REPO_REF", raising=False)  # the cell's own default, the badges' ref
-    else:
-        monkeypatch.setenv("CGK_REPO_REF", ref)
     monkeypatch.delenv("CGK_RESULTS_DIR", raising=False)  # the defaults are under test
+
+
+def _cloning(cell: str, colab, ref=None, url=None) -> str:
+    """The setup cell, cloning the test's repository (or ``url``) at its own ref (or ``ref``)."""
+    assert sync_setup_cell.CONSTANTS.search(cell), cell
+    return sync_setup_cell.with_repository(cell, url or colab["remote"].as_uri(), ref)
 
 
 def _run_as_colab(colab, monkeypatch, workdir, ref=None, url=None):
@@ -132,9 +132,11 @@ def _run_as_colab(colab, monkeypatch, workdir, ref=None, url=None):
     workdir.mkdir()
     notebook = to_ipynb(NOTEBOOKS_DIR / "01_gelu.py", workdir / "01_gelu.ipynb")
     probed = nbformat.read(notebook, as_version=4)
+    setup = next(c for c in probed.cells if c.cell_type == "code")
+    setup.source = _cloning(setup.source, colab, ref, url)
     probed.cells.append(nbformat.v4.new_code_cell(PROBE))
     nbformat.write(probed, notebook)
-    _colab_env(colab, monkeypatch, ref, url)
+    _colab_env(colab, monkeypatch)
     out = workdir / "01_gelu.out.ipynb"
     try:
         papermill.execute_notebook(str(notebook), str(out), parameters={"SMOKE": True}, cwd=str(workdir),
@@ -176,17 +178,17 @@ def test_notebook_in_colab_clones_installs_and_shows_the_recorded_results(runtim
     text = _text(nb)
     ref = sync_setup_cell.repo_ref()
 
-    # the kit installed, then a shallow clone of the badges' ref, made by setup
+    # one shallow clone of the badges' ref, made by the cell, installed from it; setup found both
     assert f"cudagraph-kit ({ref}) in {clone}, installed; working in {clone / 'notebooks'}" in text
     branch = subprocess.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=clone, capture_output=True, text=True)
     assert branch.stdout.strip() == ref
     shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=clone, capture_output=True,
                              text=True)
     assert shallow.stdout.strip() == "true"
-    # installed into the kernel's environment, editable, from the clone (the environment running the tests untouched)
-    direct_url = next(colab["venv"].glob("lib/python*/site-packages/cudagraph_kit-*.dist-info/direct_url.json"))
+    # installed into the kernel's environment from the clone, once (the environment running the tests untouched)
+    (direct_url,) = colab["venv"].glob("lib/python*/site-packages/cudagraph_kit-*.dist-info/direct_url.json")
     info = json.loads(direct_url.read_text())
-    assert info["dir_info"].get("editable") is True and info["url"] == clone.as_uri()
+    assert info["url"] == clone.as_uri() and "vcs_info" not in info  # from the clone's folder, not from git+URL
     # in this same kernel, every cell after the setup cell imported the kit from the clone
     last = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("output_type") == "stream")
     assert last.splitlines() == [str(clone / "cudagraph_kit" / "__init__.py"),   # one stream message or two: the
@@ -218,7 +220,9 @@ def test_notebook_in_colab_clones_installs_and_shows_the_recorded_results(runtim
     assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout == head
 
     # REPO_REF changed after the clone was made: setup stops, naming what the clone holds and both fixes
-    monkeypatch.setenv("CGK_REPO_REF", "no-such-branch")
+    changed = nbformat.read(workdir / "again.ipynb", as_version=4)
+    changed.cells[0].source = _cloning(changed.cells[0].source, colab, ref="no-such-branch")
+    nbformat.write(changed, workdir / "again.ipynb")
     with pytest.raises(papermill.PapermillExecutionError) as failed:
         papermill.execute_notebook(str(workdir / "again.ipynb"), str(workdir / "changed.out.ipynb"),
                                    cwd=str(workdir), kernel_name=KERNEL, progress_bar=False, config=_kernel_config())
@@ -230,9 +234,9 @@ def test_notebook_in_colab_clones_installs_and_shows_the_recorded_results(runtim
 
 @pytest.mark.parametrize("case", ["missing-ref", "unreachable"])
 def test_a_fresh_runtime_that_cannot_install_the_kit_stops_at_the_install(runtime, monkeypatch, case):
-    """Before the kit is installed nothing of it can explain a failure: the cell stops at its install step, whose
-    command names the repository and the ref, and the traceback shows the cell's comment on what to check (pip's own
-    output goes to the runtime's log, not to the notebook); nothing is cloned."""
+    """Before the kit is there nothing of it can explain a failure: the cell stops at its clone, whose command names
+    the repository and the ref, and the traceback shows the cell's comment on what to check (git's own output goes
+    to the runtime's log, not to the notebook); nothing is cloned or installed."""
     import papermill
 
     colab = runtime
@@ -243,9 +247,10 @@ def test_a_fresh_runtime_that_cannot_install_the_kit_stops_at_the_install(runtim
     with pytest.raises(papermill.PapermillExecutionError) as failed:
         _run_as_colab(colab, monkeypatch, workdir, **bad)
     message = str(failed.value)
-    assert "CalledProcessError" in message and "pip" in message and "install" in message
     url = bad.get("url", colab["remote"].as_uri())
-    assert f"git+{url}@{bad.get('ref', sync_setup_cell.repo_ref())}" in message
-    assert "If this install fails: REPO_REF must name a branch or tag of REPO_URL" in message
+    ref = bad.get("ref", sync_setup_cell.repo_ref())
+    assert "CalledProcessError" in message and f"git clone -q --depth 1 -b {ref} {url} cudagraph-kit" in message
+    assert "If this fails: REPO_REF must name a branch or tag of REPO_URL" in message
     assert "internet access" in message
     assert not (workdir / "cudagraph-kit").exists()
+    assert not list(colab["venv"].glob("lib/python*/site-packages/cudagraph_kit*")), "installed nothing"

@@ -15,7 +15,7 @@ spec.loader.exec_module(chart)
 
 
 def test_decisions_are_current_linked_and_drawn():
-    assert chart.main(["--check"]) == 0, "run python scripts/decision_chart.py"
+    assert chart.main(["--check"]) == 0, "run python scripts/decision_chart.py --write"
     assert chart.PNG.is_file() and chart.PNG.stat().st_size > 20_000
     readme = (ROOT / "README.md").read_text()
     assert "docs/DECISIONS.md" in readme and "docs/CHEATSHEET.md" in readme

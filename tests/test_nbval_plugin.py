@@ -1,6 +1,8 @@
-"""nbval a project can copy: cudagraph_kit.course.nbval_plugin, enabled by one line as CONTRIBUTING.md says, in a
-throwaway project of its own (a notebook, the line, `python -m pytest --nbval-lax`); its options; the count of
-compared cells, the same from the counting script as from nbval's own collection."""
+"""nbval a project can copy: cudagraph_kit.course.nbval_plugin, enabled by one line as the README and CONTRIBUTING.md
+say, in a throwaway project of its own (a notebook, the line, `python -m pytest --nbval-lax`): with nbval, with a
+changed output, without the flag (no notebook runs, as nbval has it), without nbval installed (it says so and names
+the fix); its options; the count of compared cells, the same from the counting script as from nbval's own
+collection; the kit's own `python -m pytest` runs its notebooks."""
 import os
 import re
 import subprocess
@@ -9,10 +11,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from packaging.requirements import Requirement
 
 import cudagraph_kit
 from cudagraph_kit.course import nbval_plugin
 from cudagraph_kit.course.paths import NOTEBOOKS_DIR, PROJECT_ROOT
+
+try:
+    import tomllib
+except ImportError:  # Python 3.9/3.10
+    import tomli as tomllib
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbval")
@@ -26,7 +34,8 @@ SUMMARY = re.compile(r"nbval \((?:lax|strict) mode\): the output of (\d+) of (\d
 
 
 def _docs():
-    return {"CONTRIBUTING.md": (PROJECT_ROOT / "CONTRIBUTING.md").read_text(),
+    return {"README.md": (PROJECT_ROOT / "README.md").read_text(),
+            "CONTRIBUTING.md": (PROJECT_ROOT / "CONTRIBUTING.md").read_text(),
             "ci.yml": (PROJECT_ROOT / ".github" / "workflows" / "ci.yml").read_text(),
             "the plugin's docstring": nbval_plugin.__doc__}
 
@@ -39,6 +48,11 @@ def test_the_docs_give_the_one_line_and_the_command_the_tests_use():
         assert COMMAND in flat, f"{name} does not give the command {COMMAND}"
     for name, text in _docs().items():  # the old recipe (copy conftest functions) is gone
         assert "configure_nbval` and the `pytest_configure`" not in text, name
+    for name in ("README.md", "the plugin's docstring"):  # what to install comes with the recipe
+        assert 'pip install "cudagraph-kit[nbval] @ git+https://github.com/cudagraph-kit/cudagraph-kit"' in (
+            " ".join(_docs()[name].split())), name
+    extra = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["nbval"]
+    assert {Requirement(r).name for r in extra} == {"pytest", "nbval"}
 
 
 def _cell(source, *, out=None, tags=(), number):
@@ -75,16 +89,60 @@ def _project(root: Path, where: str) -> Path:
     return root / "notebooks" / "demo.ipynb"
 
 
-def _pytest(cwd: Path, *args):
+# Put first on the path of a scratch run, it makes nbval look uninstalled: importing it fails as a missing package
+# does (pytest's plugin autoload is off there, as nbval's entry point would otherwise load it).
+NO_NBVAL = """import sys
+class _NoNbval:
+    def find_spec(self, name, path=None, target=None):
+        if name == "nbval" or name.startswith("nbval."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _NoNbval())
+"""
+
+
+def _pytest(cwd: Path, *args, command=tuple(COMMAND.split()[3:]), without_nbval=False):
     """`python -m pytest ARGS` in ``cwd`` as a user starts it: none of this session's CGK_/PYTEST_ variables, the
-    kit under test importable."""
+    kit under test importable; by default the documented command (``--nbval-lax notebooks/``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CGK_", "PYTEST_"))}
     kit = str(Path(cudagraph_kit.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (kit, env.get("PYTHONPATH")) if p)
-    command = COMMAND.split()[3:]  # the documented command: --nbval-lax notebooks/
+    paths = [kit, env.get("PYTHONPATH")]
+    if without_nbval:
+        hide = cwd.parent / "hide-nbval"
+        hide.mkdir(exist_ok=True)
+        (hide / "sitecustomize.py").write_text(NO_NBVAL)
+        paths.insert(0, str(hide))
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     done = subprocess.run([sys.executable, "-m", "pytest", *command, *args], cwd=cwd, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
     return done.returncode, done.stdout + done.stderr
+
+
+def test_a_project_without_the_flag_runs_no_notebook_and_says_how_to_ask(tmp_path):
+    """As nbval has it: a plain `python -m pytest` runs the project's tests, not its notebooks (no kernel starts);
+    the log's header says how to ask for them."""
+    _project(tmp_path / "project", "conftest.py")
+    (tmp_path / "project" / "test_unit.py").write_text("def test_unit():\n    assert True\n")
+    rc, log = _pytest(tmp_path / "project", command=())
+    assert rc == 0 and "1 passed" in log, log
+    assert "demo.ipynb" not in log and "nbval (lax mode)" not in log, log
+    assert "no notebook runs unless asked: --nbval-lax" in log, log
+
+
+def test_without_nbval_the_plugin_says_so_and_names_the_fix(tmp_path):
+    """nbval hidden: a plain run passes its tests and warns, naming what to install; a run that asks for the
+    notebooks stops with that message (exit 4, a usage error) instead of passing without them."""
+    _project(tmp_path / "project", "conftest.py")
+    (tmp_path / "project" / "test_unit.py").write_text("def test_unit():\n    assert True\n")
+    rc, log = _pytest(tmp_path / "project", command=(), without_nbval=True)
+    assert rc == 0 and "1 passed" in log, log
+    fix = "nbval is not installed, so no notebook is checked. Fix: pip install pytest nbval"
+    assert log.count(fix) >= 2, log  # in the header and in the warnings summary
+    assert "PytestConfigWarning" in log, log
+    rc, log = _pytest(tmp_path / "project", without_nbval=True)  # the documented command: --nbval-lax notebooks/
+    assert rc == 4, log
+    assert f"--nbval-lax asks for the notebooks, but {fix}" in log, log
+    assert "passed" not in log, log
 
 
 @pytest.mark.parametrize("where", ["conftest.py", "pyproject.toml"])
@@ -113,6 +171,9 @@ class _PluginManager:
     def hasplugin(self, name):
         return self.has_nbval
 
+    def is_blocked(self, name):
+        return not self.has_nbval  # as with -p no:nbval
+
 
 def _config(has_nbval=True, argv=(), addopts=(), ini=None, **option):
     opt = SimpleNamespace(nbval=False, nbval_lax=False, nbval_sanitize_with=None, nbval_current_env=False,
@@ -124,7 +185,7 @@ def _config(has_nbval=True, argv=(), addopts=(), ini=None, **option):
                            invocation_params=SimpleNamespace(args=list(argv)), stash=pytest.Stash())
 
 
-def test_options_lax_unless_a_mode_was_given(tmp_path, monkeypatch):
+def test_options_leave_the_mode_to_the_project(tmp_path, monkeypatch):
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
 
     def configured(**kw):
@@ -132,7 +193,9 @@ def test_options_lax_unless_a_mode_was_given(tmp_path, monkeypatch):
         nbval_plugin.configure_nbval(config, tmp_path)
         return config.option
 
-    lax = configured()
+    unasked = configured()  # no --nbval/--nbval-lax: nbval runs no notebook (its convention); the rest is set
+    assert not unasked.nbval_lax and not unasked.nbval and unasked.nbval_current_env
+    lax = configured(nbval_lax=True)
     assert lax.nbval_lax and not lax.nbval and lax.nbval_current_env
     assert Path(lax.nbval_sanitize_with).read_text() == nbval_plugin.SANITIZE_RULES
     assert (lax.nbval_cell_timeout, lax.nbval_kernel_startup_timeout) == (
@@ -150,8 +213,8 @@ def test_options_lax_unless_a_mode_was_given(tmp_path, monkeypatch):
     # pytest-xdist: `-n N` alone (dist "load") keeps each notebook on one worker; a --dist given stays
     assert configured(dist="load").dist == "loadfile"
     assert configured(dist="load", argv=["--dist", "load"]).dist == "load"
-    untouched = configured(has_nbval=False)  # -p no:nbval: nothing of nbval is set (or needed)
-    assert not untouched.nbval_lax and untouched.nbval_sanitize_with is None
+    untouched = configured(has_nbval=False, nbval_lax=True)  # -p no:nbval: nothing of nbval is set (or needed)
+    assert untouched.nbval_sanitize_with is None and not untouched.nbval_current_env
 
 
 def test_environment_is_set_for_the_notebooks_and_put_back(monkeypatch):
@@ -172,13 +235,16 @@ def test_environment_is_set_for_the_notebooks_and_put_back(monkeypatch):
 
 def test_the_count_of_compared_cells_is_the_one_nbval_collects():
     """The counting script (`python -m cudagraph_kit.course.nbval_plugin notebooks/*.ipynb`) and the summary
-    line of a real nbval collection over the committed notebooks name the same cells."""
+    line of a real nbval collection over the committed notebooks name the same cells. The collection runs as the
+    README's `python -m pytest` does, on notebooks/ alone: the kit's own configuration (pyproject.toml's addopts,
+    the root conftest.py) asks for nbval, with no option added here."""
     notebooks = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
     counted = {p.name: nbval_plugin.compared_cells(p) for p in notebooks}
     for name, (cells, total) in counted.items():
         print(f"{name}: {len(cells)} of {total} compared: {', '.join(f'Cell {n}' for n, _ in cells)}")
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", PLUGIN, "notebooks"],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "notebooks"],
+                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     m = SUMMARY.search(done.stdout)
     assert m, done.stdout

@@ -41,9 +41,7 @@ def _project_urls():
 
 
 def _setup_constant(name):
-    m = re.search(rf'^{name} = os\.environ\.get\("CGK_\w+", "([^"]+)"\)$', sync_setup_cell.canonical(), re.M)
-    assert m, f"{name} not found in scripts/setup_cell.py"
-    return m.group(1)
+    return dict(zip(("REPO_URL", "REPO_REF"), sync_setup_cell.repo_url_and_ref()))[name]
 
 
 def test_there_are_notebooks():
@@ -57,7 +55,8 @@ def test_source_has_parameters_cell_and_the_canonical_setup_cell(source):
     assert len(tagged) == 1, "exactly one cell tagged 'parameters' (papermill)"
     assert re.search(r"(?m)^SMOKE = ", tagged[0].source)
     assert sync_setup_cell.setup_cell_of(source) == sync_setup_cell.canonical(), (
-        f"{source.name}'s setup cell differs from scripts/setup_cell.py: run python scripts/sync_setup_cell.py")
+        f"{source.name}'s setup cell differs from scripts/setup_cell.py: run "
+        "python scripts/sync_setup_cell.py --write --ipynb")
     setup_at = next(i for i, c in enumerate(nb.cells) if "google.colab" in c.source)
     assert setup_at < nb.cells.index(tagged[0]), "the setup cell comes before the parameters cell"
 
@@ -133,7 +132,7 @@ def test_committed_notebook_matches_source_and_was_executed_on_a_gpu(source):
     assert _cells(executed, "code") == _cells(source_nb, "code"), (
         f"{ipynb.name} is stale: its code differs from {source.name}; re-run reproduce on a GPU")
     assert _cells(executed, "markdown") == _cells(source_nb, "markdown"), (
-        f"{ipynb.name}'s prose differs from {source.name}: run python scripts/sync_markdown.py")
+        f"{ipynb.name}'s prose differs from {source.name}: run python scripts/sync_markdown.py --write")
     outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"], f"{ipynb.name} contains an error output"
     # the environment printout (env_table) names the GPU the outputs came from

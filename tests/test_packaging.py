@@ -51,6 +51,54 @@ def test_every_claimed_floor_is_pinned_in_the_constraints_ci_tests():
     assert python_floor in workflow and "bash .ci/run" in workflow
 
 
+def _declared(requirements) -> dict:
+    """{name: "specifier; marker"} of requirements: the same text for the same requirement however it is spelled."""
+    return {canonicalize_name(r.name): (str(r.specifier) or "any version") + (f"; {r.marker}" if r.marker else "")
+            for r in requirements}
+
+
+def agreement(requirements_txt: str, project: dict) -> list:
+    """What requirements.txt and pyproject's [project] say differently: a requirement of requirements.txt that
+    pyproject does not declare, or declares otherwise (specifier, marker); a dependency of the package that
+    requirements.txt leaves out; a requirement two extras declare differently."""
+    listed = _declared(_requirements(requirements_txt.splitlines()))
+    groups = {"dependencies": project["dependencies"], **project.get("optional-dependencies", {})}
+    declared, problems = {}, []
+    for group, lines in groups.items():
+        for name, spec in _declared(_requirements(lines)).items():
+            if name in declared and declared[name][1] != spec:
+                problems.append(f"{name}: {declared[name][0]} says {declared[name][1]}, {group} says {spec}")
+            declared.setdefault(name, (group, spec))
+    for name, spec in listed.items():
+        if name not in declared:
+            problems.append(f"{name}: in requirements.txt, not in pyproject.toml")
+        elif declared[name][1] != spec:
+            problems.append(f"{name}: requirements.txt says {spec}, pyproject.toml ({declared[name][0]}) says "
+                            f"{declared[name][1]}")
+    problems += [f"{name}: a dependency of the package, missing from requirements.txt"
+                 for name in _declared(_requirements(project["dependencies"])) if name not in listed]
+    return problems
+
+
+def test_requirements_txt_and_pyproject_agree_on_every_shared_requirement():
+    problems = agreement((ROOT / "requirements.txt").read_text(), PYPROJECT["project"])
+    assert not problems, "requirements.txt and pyproject.toml disagree:\n" + "\n".join(problems)
+    listed = _declared(_requirements((ROOT / "requirements.txt").read_text().splitlines()))
+    assert (listed["torch"], listed["torchvision"]) == (">=2.3", ">=0.18"), "torch 2.3's pair is torchvision 0.18"
+
+
+def test_the_agreement_check_names_each_kind_of_difference():
+    project = {"dependencies": ["torch>=2.3", "tomli; python_version < '3.11'"],
+               "optional-dependencies": {"a": ["torchvision>=0.18"], "b": ["torchvision"]}}
+    assert agreement('torch>=2.3\ntomli; python_version<"3.11"  # spelled otherwise\n', project) == [
+        "torchvision: a says >=0.18, b says any version"]
+    project["optional-dependencies"]["b"] = ["torchvision>=0.18"]
+    assert agreement("torch>=2.4\ntomli; python_version < '3.11'\nnumpy\n", project) == [
+        "torch: requirements.txt says >=2.4, pyproject.toml (dependencies) says >=2.3",
+        "numpy: in requirements.txt, not in pyproject.toml"]
+    assert agreement("torch>=2.3\n", project) == ["tomli: a dependency of the package, missing from requirements.txt"]
+
+
 def test_wheel_has_license_course_and_metadata(tmp_path):
     """Built as pip builds it for a user (build isolation: a fresh build environment with pyproject's setuptools
     floor), verbosely, so that the build backend's warnings show: none may be a deprecation."""

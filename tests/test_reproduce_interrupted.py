@@ -5,6 +5,7 @@ The "committed" files here are a stand-in checkout in a temporary folder (notebo
 notebooks); a simulated GPU makes reproduce write there, as it writes the real ones on a GPU."""
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import torch
 
 from cudagraph_kit.course import files, results, runs
 from cudagraph_kit.course import reproduce as rep
+from cudagraph_kit.course.paths import git
 from cudagraph_kit.__main__ import main
 
 STEMS = ("91_alpha", "92_beta", "93_gamma")
@@ -227,17 +229,35 @@ def test_check_figures_reports_a_mix_of_runs(checkout, monkeypatch, capsys):
 
 
 def test_the_committed_figures_are_reported_with_their_runs():
-    """Today's figures/ come from several GPU runs: the check says which folders come from which (and does not
-    pretend they are one run)."""
+    """The committed figures/: every notebook's results come from one run (`check-figures` passes); the results
+    recorded apart from it (no run id, no notebook's folder) are listed as such, each with its GPU and date."""
     report = runs.check_figures()
     folders = sorted(p.parent.name for p in rep.FIGURES_DIR.glob("*/env.json"))
-    assert sorted(f for g in report.groups for f in g.folders) == folders
+    assert sorted(f for g in [*report.groups, *report.apart] for f in g.folders) == folders
     text = report.text()
-    for g in report.groups:
+    for g in [*report.groups, *report.apart]:
         assert f"- {g.label}: {', '.join(g.folders)}" in text
-    gpus = {json.loads((rep.FIGURES_DIR / f / "env.json").read_text()).get("gpu") for f in folders}
-    if len(gpus) > 1:
-        assert not report.one_run and "MIXES RESULTS" in text
+    notebooks = {p.stem for p in rep.notebook_sources(rep.NOTEBOOKS_DIR)}
+    for g in report.apart:
+        assert g.run is None and not set(g.folders) & notebooks, g.folders
+    assert report.one_run, text
+    assert main(["check-figures"]) == 0
+
+
+def test_results_without_a_run_id_count_only_where_they_belong_to_a_notebook(checkout, monkeypatch):
+    """A probe's folder (no run id, no notebook) is reported apart; a notebook's folder without a run id mixes."""
+    monkeypatch.setattr(rep, "execute_notebook", FakeKernel())
+    rep.reproduce()
+    probe = checkout / "figures" / "09_probe"
+    probe.mkdir()
+    (probe / "env.json").write_text(json.dumps({"gpu": "Probe GPU", "torch": "2.0", "date": "2020-01-01"}))
+    report = runs.check_figures(checkout / "figures", checkout / "notebooks")
+    assert report.one_run and [g.folders for g in report.apart] == [["09_probe"]], report.text()
+    assert "Recorded apart from any run" in report.text() and "Probe GPU" in report.text()
+    env_path = checkout / "figures" / "92_beta" / "env.json"
+    env_path.write_text(json.dumps({k: v for k, v in json.loads(env_path.read_text()).items() if k != "run"}))
+    report = runs.check_figures(checkout / "figures", checkout / "notebooks")
+    assert not report.one_run and report.group_of("92_beta") in report.groups, report.text()
 
 
 def test_readme_says_which_results_come_from_which_run():
@@ -294,7 +314,7 @@ def test_a_real_failing_notebook_publishes_nothing(checkout, monkeypatch, capsys
     rep.reproduce(["91"])
     env = json.loads((checkout / "figures" / "91_alpha" / "env.json").read_text())
     assert env["run"]["gpu"] == "Stand-in GPU"
-    assert env["run"]["commit"] == runs._git(rep.PROJECT_ROOT, "rev-parse", "HEAD")
+    assert env["run"]["commit"] == git(rep.PROJECT_ROOT, "rev-parse", "HEAD")
     assert "fixed" in (checkout / "notebooks" / "91_alpha.ipynb").read_text()
 
 
@@ -384,3 +404,36 @@ def test_benchmarks_publish_their_results_whole_or_not_at_all(tmp_path, monkeypa
     assert times["run"]["id"] == run["id"] and list(times["benchmarks"]) == ["fake_bench.py"]
     rep.run_benchmarks(figs, run)  # resumed: done already
     assert "scripts/fake_bench.py: published by this run already; skipped" in capsys.readouterr().out
+
+
+def test_each_published_results_folder_holds_the_versions_the_run_had(checkout, monkeypatch, capsys):
+    """`versions.txt` beside each results folder a run publishes: a requirements file of its versions (torch as it
+    runs, the index of its build, a package it lacked named in a comment), headed by the run; installable by pip's
+    own parser."""
+    from importlib import metadata
+
+    real_version = metadata.version
+
+    def version(name):  # transformers missing from this run, numpy at a version of its own
+        if name == "transformers":
+            raise metadata.PackageNotFoundError(name)
+        return "1.2.3" if name == "numpy" else real_version(name)
+    monkeypatch.setattr(metadata, "version", version)
+    monkeypatch.setattr(rep, "execute_notebook", FakeKernel())
+    rep.reproduce(["91", "92"])
+    run_id = json.loads((checkout / "figures" / "91_alpha" / "env.json").read_text())["run"]["id"]
+    for stem in ("91_alpha", "92_beta"):
+        text = (checkout / "figures" / stem / "versions.txt").read_text()
+        assert f"reproduce run {run_id} ran on (Stand-in GPU; Python {platform.python_version()}" in text, text
+        assert f"\ntorch=={torch.__version__}\n" in text and "\nnumpy==1.2.3\n" in text, text
+        assert "# transformers: not installed in this run" in text, text
+        if "+" in torch.__version__:
+            index = f"--extra-index-url https://download.pytorch.org/whl/{torch.__version__.split('+')[1]}\n"
+            assert index in text
+        from packaging.requirements import Requirement
+        pins = [Requirement(line) for line in text.splitlines() if line and not line.startswith(("#", "--"))]
+        assert {r.name for r in pins} >= {"torch", "numpy", "pandas", "matplotlib"}
+        assert all(str(r.specifier).startswith("==") for r in pins)
+    assert not (checkout / "figures" / "93_gamma" / "versions.txt").exists()  # not published by this run
+    assert "reproduce: versions: torch" in capsys.readouterr().out
+    assert not (rep.PROJECT_ROOT / "figures" / "91_alpha").exists()  # the checkout's own figures/ untouched

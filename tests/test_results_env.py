@@ -138,8 +138,8 @@ def test_reproduce_writes_figures_only_when_recording_on_a_gpu(monkeypatch, tmp_
         (src.stem, out, params, results_dir, kw["run"]["gpu"])) or out)
     monkeypatch.setattr(rep, "_stamp_run", lambda *a: None)
     published = []
-    monkeypatch.setattr(rep, "_publish", lambda stem, nb, res, out_dir, results_dir, run, seconds: published.append(
-        (stem, out_dir, results_dir, run["smoke"])))
+    monkeypatch.setattr(rep, "_publish", lambda stem, nb, res, out_dir, results_dir, run, seconds, **versions:
+                        published.append((stem, out_dir, results_dir, run["smoke"])))
     rep.reproduce(["01"], smoke=True)
     rep.reproduce(["01"])
     rep.reproduce(["01"], out_dir=tmp_path / "nb", results_dir=tmp_path / "res")
@@ -193,12 +193,12 @@ def test_a_regular_pip_install_elsewhere_works_and_says_what_needs_the_checkout(
 
     helper = run("-c", "import cudagraph_kit; from cudagraph_kit.graphed import capture; "
                        "from cudagraph_kit.timing import compare; from cudagraph_kit import capture_buckets; "
-                       "print(cudagraph_kit.__file__); print(graphed.__module__, compare.__module__); "
+                       "print(cudagraph_kit.__file__); print(capture.__module__, compare.__module__); "
                        "print(cudagraph_kit.__version__, capture_buckets.__module__)")
     assert helper.returncode == 0, helper.stderr
     where = Path(helper.stdout.splitlines()[0]).resolve()
     assert venv.resolve() in where.parents and PROJECT_ROOT not in where.parents  # the installed copy, not the checkout
-    assert helper.stdout.splitlines()[1] == "cudagraph_kit.capture cudagraph_kit.timing"
+    assert helper.stdout.splitlines()[1] == "cudagraph_kit.graphed cudagraph_kit.timing"
     try:
         import tomllib
     except ImportError:  # Python 3.9/3.10: requirements.txt installs tomli there
@@ -215,6 +215,9 @@ def test_a_regular_pip_install_elsewhere_works_and_says_what_needs_the_checkout(
         assert f"git clone {rep.repository_url()} cudagraph-kit" in done.stderr
         assert str(where.parent) in done.stderr  # it ran the installed copy, and says where that is
         assert "Traceback" not in done.stderr and "no notebook matches" not in done.stderr
+        # it points at what a learner runs there, never at the maintainers' recording command
+        assert "python -m cudagraph_kit lab" in done.stderr and "python -m cudagraph_kit reproduce --smoke" in done.stderr
+        assert not re.search(r"cudagraph_kit reproduce\s*$", done.stderr, re.M), done.stderr
     recorded = run("-c", "from cudagraph_kit.course import results; results.show_recorded('01_gelu')")
     assert recorded.returncode == 0 and "no source checkout found" in recorded.stdout, recorded.stderr
     assert not list(work.iterdir())  # nothing written into the user's project

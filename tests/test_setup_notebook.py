@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cudagraph_kit.course import setup_notebook as sn
-from cudagraph_kit.course.paths import PROJECT_ROOT, notebook_sources
+from cudagraph_kit.course.paths import PROJECT_ROOT, git, notebook_sources
 
 sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
 import sync_setup_cell  # noqa: E402
@@ -26,22 +26,29 @@ URL, REF = "https://github.com/cudagraph-kit/cudagraph-kit", "main"
 
 # ------------------------------------------------------------------------------------------------ the cell
 def test_the_setup_cell_reads_at_a_glance():
+    """At most 6 lines of code (10 in all); it gets the kit once: one clone at the ref, installed from that clone
+    (no second download: no `pip install git+...`); the rest is `setup`'s."""
     cell = sync_setup_cell.canonical()
     lines = cell.splitlines()
-    assert len(lines) <= sync_setup_cell.MAX_LINES == 10, cell
+    code = sync_setup_cell.code_lines(cell)
+    assert len(code) <= sync_setup_cell.MAX_CODE_LINES == 6 and len(lines) <= sync_setup_cell.MAX_LINES == 10, cell
+    assert sync_setup_cell.code_lines("# a comment\n\n    # another\nx = 1\n") == ["x = 1"]
     assert not [line for line in lines if line.lstrip().startswith(("!", "%"))], "plain Python: no notebook magics"
-    assert "from cudagraph_kit.course.setup_notebook import setup" in cell and "setup(REPO_URL, REPO_REF)" in cell
-    assert "git clone" not in cell, "the clone and its errors live in the kit, not in the cell"
+    assert 'import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)' in cell
+    # the names the notebooks' later cells use from it
+    assert "import importlib.util, os, subprocess, sys" in cell and "from pathlib import Path" in cell
+    assert cell.count("git clone") == 1 and "git+" not in cell and "./cudagraph-kit" in cell
+    assert "If this fails: REPO_REF must name a branch or tag of REPO_URL" in cell  # the failure says what to do
     compile(cell, "setup cell", "exec")  # the .py source is valid Python too
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
 def test_every_notebook_opens_with_the_short_setup_cell(source):
-    """The first code cell of the source and of the committed notebook is the canonical cell, at most 10 lines, and
-    the executed notebook shows no output for it (a checkout's run is silent)."""
+    """The first code cell of the source and of the committed notebook is the canonical cell, at most 6 lines of
+    code, and the executed notebook shows no output for it (a checkout's run is silent)."""
     first = next(c for c in jupytext.read(source).cells if c.cell_type == "code")
     assert first.source == sync_setup_cell.canonical()
-    assert len(first.source.splitlines()) <= 10
+    assert len(sync_setup_cell.code_lines(first.source)) <= 6
     ipynb = source.with_suffix(".ipynb")
     if ipynb.is_file():
         cell = next(c for c in json.loads(ipynb.read_text())["cells"] if c["cell_type"] == "code")
@@ -68,7 +75,7 @@ def test_outside_colab_the_cell_is_silent_offline_and_uses_this_checkout(tmp_pat
     probe = "import cudagraph_kit; print(checkout, cudagraph_kit.__file__, sep='\\n', file=open(OUT, 'w'))"
     out = tmp_path / "probe.txt"
     code = f"{guard}\nOUT = {str(out)!r}\n{sync_setup_cell.canonical()}\n{probe}\n"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CGK_REPO")}
+    env = dict(os.environ)
     done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT / "notebooks", env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -150,8 +157,7 @@ def test_in_colab_it_clones_installs_and_works_in_the_clone_once(capsys, monkeyp
 
     assert sn.setup(URL, "v9.9.9", colab=True) == clone_dir
     assert calls["clone"] == [(URL, "v9.9.9", clone_dir)]
-    assert calls["pip"] == [(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--editable",
-                             str(clone_dir))]
+    assert calls["pip"] == [(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", str(clone_dir))]
     assert calls["use"] == [clone_dir] and Path.cwd() == clone_dir / "notebooks"
     said = capsys.readouterr().out
     assert said == (f"cudagraph-kit (v9.9.9) in {clone_dir}, installed; working in {clone_dir / 'notebooks'}; "
@@ -230,16 +236,15 @@ def remote(tmp_path):
     repo = tmp_path / "remote"
     repo.mkdir()
 
-    def git(*args):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repo, check=True,
-                       capture_output=True)
-    git("init", "-q", "-b", "main")
+    def commit(*args):
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@example.com", *args, check=True)
+    commit("init", "-q", "-b", "main")
     (repo / "f").write_text("1")
-    git("add", "f")
-    git("commit", "-qm", "one")
-    git("tag", "v1")
+    commit("add", "f")
+    commit("commit", "-qm", "one")
+    commit("tag", "v1")
     (repo / "f").write_text("2")
-    git("commit", "-qam", "two")
+    commit("commit", "-qam", "two")
     return repo.as_uri()
 
 
@@ -345,3 +350,16 @@ def test_outside_a_kernel_or_without_mplbackend_nothing_is_switched(monkeypatch)
     assert sn.show_figures_inline() is False
     monkeypatch.setenv("MPLBACKEND", "Agg")
     assert sn.show_figures_inline() is False  # pytest is no Jupyter kernel
+
+
+def test_the_torch_floor_is_read_as_a_requirement_however_it_is_written(tmp_path):
+    """pyproject.toml read with tomllib and the requirement with packaging: spaces, markers, other packages whose
+    names contain "torch", and a local or pre-release build of PyTorch compared by its release."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "k"\nversion = "1"\ndependencies = [\n'
+                                             '  "torchvision>=0.30", "torch >= 2.4 ; python_version >= \'3.9\'"]\n')
+    assert sn.minimum_torch(tmp_path) == "2.4"
+    assert sn.check_torch(tmp_path, found="2.4.0a0+git1234") == "2.4.0a0+git1234"
+    with pytest.raises(RuntimeError, match=r"needs PyTorch 2.4 or newer; this runtime has 2.3.1\+cu121"):
+        sn.check_torch(tmp_path, found="2.3.1+cu121")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "k"\nversion = "1"\ndependencies = ["numpy"]\n')
+    assert sn.minimum_torch(tmp_path) is None and sn.minimum_torch(tmp_path / "nowhere") is None

@@ -204,7 +204,9 @@ def build_report(out: Path, summary, gib: float, previous: dict | None = None) -
 
 
 def table(report: dict) -> str:
-    """The report as an aligned text table."""
+    """The report as an aligned text table (pandas')."""
+    import pandas as pd
+
     heads = ("notebook", "status", "wall s", "GPU reserved", "GPU in use", "kernel RSS", "with children", "bf16",
              "flags")
     keys = ("notebook", "status", "wall_s", "gpu_peak_reserved_gib", "gpu_device_used_peak_gib", "host_peak_rss_gib",
@@ -218,10 +220,8 @@ def table(report: dict) -> str:
         if key == "wall_s":
             return f"{value:.0f}"
         return str(value)
-    lines = [[cell(k, r.get(k)) for k in keys] for r in report["notebooks"].values()]
-    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(heads)]
-    fmt = lambda parts: "  ".join(p.ljust(w) for p, w in zip(parts, widths)).rstrip()  # noqa: E731
-    return "\n".join([fmt(heads), fmt(["-" * w for w in widths]), *map(fmt, lines)])
+    rows = [[cell(k, r.get(k)) for k in keys] for r in report["notebooks"].values()]
+    return pd.DataFrame(rows, columns=heads).to_string(index=False)
 
 
 def write_report(out: Path, report: dict, header: dict) -> None:

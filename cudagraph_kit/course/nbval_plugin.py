@@ -1,6 +1,8 @@
 """nbval over a project's committed notebooks, set up by one line: a pytest plugin.
 
-Enable it with ONE line, either in the ``conftest.py`` at your project's root (beside ``pyproject.toml``)::
+Install pytest and nbval with the kit, its extra ``nbval`` (``pip install "cudagraph-kit[nbval] @
+git+https://github.com/cudagraph-kit/cudagraph-kit"``; beside an installed kit, ``pip install pytest nbval``), then
+enable the plugin with ONE line, either in the ``conftest.py`` at your project's root (beside ``pyproject.toml``)::
 
     pytest_plugins = ["cudagraph_kit.course.nbval_plugin"]
 
@@ -9,11 +11,14 @@ or in ``pyproject.toml``::
     [tool.pytest.ini_options]
     addopts = "-p cudagraph_kit.course.nbval_plugin"
 
-then run ``python -m pytest --nbval-lax notebooks/`` (plain ``python -m pytest`` runs nbval in lax mode too).
+then run ``python -m pytest --nbval-lax notebooks/``. As with nbval itself, the notebooks run when the run asks for
+them: ``--nbval-lax`` (or ``--nbval``, strict: every cell compared) on the command line, or in your configuration
+(``addopts = "-p cudagraph_kit.course.nbval_plugin --nbval-lax"`` runs them on every plain ``python -m pytest``, as
+this kit's own pyproject.toml does); ``-p no:nbval`` turns nbval off. The test log's header says which it is. Where
+nbval is not installed, the plugin says so in the header and in a warning, naming the fix, and a run that asks for
+the notebooks stops with that message instead of passing without them.
 Once loaded, and where nbval is installed, it sets:
 
-- **the mode**: lax (``--nbval-lax``) unless ``--nbval`` (strict: every cell compared) or ``--nbval-lax`` was
-  given; ``-p no:nbval`` still turns nbval off;
 - **the sanitizer**: :data:`SANITIZE_RULES` (object addresses), written to a file of the session, unless
   ``--nbval-sanitize-with`` was given (nbval reads one file: start yours from ``python -m
   cudagraph_kit.course.nbval_plugin --sanitize-config``);
@@ -44,6 +49,7 @@ cudagraph_kit.course.nbval_plugin --list notebooks/*.ipynb`` counts and names th
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import shutil
@@ -74,6 +80,25 @@ replace: 0xADDRESS
 
 _STATE = pytest.StashKey[dict]()
 _COUNTS = pytest.StashKey[dict]()
+INSTALL = 'pip install pytest nbval (the kit\'s extra "nbval" names both: "cudagraph-kit[nbval]")'
+MODE_FLAGS = ("--nbval", "--nbval-lax")
+
+
+def nbval_installed() -> bool:
+    """True if nbval can be imported here (without importing it)."""
+    try:
+        return importlib.util.find_spec("nbval") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def nbval_missing(pluginmanager) -> str | None:
+    """Why nbval will not run in this session, in words, or None where it is loaded (or will be)."""
+    if not nbval_installed():
+        return f"nbval is not installed, so no notebook is checked. Fix: {INSTALL}"
+    if pluginmanager.is_blocked("nbval"):
+        return "nbval is turned off (-p no:nbval): no notebook is checked"
+    return None
 
 
 def _given(config, *flags) -> bool:
@@ -83,7 +108,12 @@ def _given(config, *flags) -> bool:
     return any(a == f or a.startswith(f + "=") for a in map(str, args) for f in flags)
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser, pluginmanager):
+    if nbval_missing(pluginmanager):  # nbval's own flags, so a run that asks for it hears why it cannot
+        group = parser.getgroup("nbval", "Jupyter notebook validation (nbval is not loaded)")
+        for flag in MODE_FLAGS:
+            group.addoption(flag, action="store_true", dest=flag[2:].replace("-", "_"),
+                            help=f"run the notebooks (needs nbval: {INSTALL})")
     parser.addini("nbval_env", type="linelist", default=list(NOTEBOOK_ENV),
                   help="NAME=VALUE lines: environment variables the notebooks' parameters cells read, set for "
                        "the test session unless already set (cudagraph_kit.course.nbval_plugin; default "
@@ -96,8 +126,6 @@ def configure_nbval(config, folder: Path) -> None:
     if not config.pluginmanager.hasplugin("nbval"):
         return
     opt = config.option
-    if not (opt.nbval or opt.nbval_lax):
-        opt.nbval_lax = True
     if opt.nbval_sanitize_with is None:
         rules = Path(folder) / "nbval_sanitize.cfg"
         rules.write_text(SANITIZE_RULES)
@@ -140,6 +168,24 @@ def pytest_configure(config):
     if config.pluginmanager.hasplugin("nbval"):
         state["folders"].append(tempfile.mkdtemp(prefix="cgk-nbval-"))
         configure_nbval(config, Path(state["folders"][-1]))
+        return
+    missing = nbval_missing(config.pluginmanager) or (
+        "nbval is installed but not loaded (PYTEST_DISABLE_PLUGIN_AUTOLOAD?), so no notebook is checked. Fix: "
+        "add -p nbval")
+    asked = [flag for flag in MODE_FLAGS if getattr(config.option, flag[2:].replace("-", "_"), False)]
+    if asked and not config.pluginmanager.is_blocked("nbval"):
+        raise pytest.UsageError(f"{' '.join(asked)} asks for the notebooks, but {missing}")
+    if not config.pluginmanager.is_blocked("nbval"):
+        config.issue_config_time_warning(pytest.PytestConfigWarning(f"{__name__}: {missing}"), stacklevel=2)
+
+
+def pytest_report_header(config):
+    """One line: whether this run checks notebooks, and how to ask where it does not."""
+    if not config.pluginmanager.hasplugin("nbval"):
+        return f"{__name__}: {nbval_missing(config.pluginmanager) or 'nbval is installed but not loaded: add -p nbval'}"
+    if config.option.nbval or config.option.nbval_lax:
+        return f"{__name__}: nbval in {'strict' if config.option.nbval else 'lax'} mode over the notebooks collected"
+    return f"{__name__}: nbval is loaded; no notebook runs unless asked: --nbval-lax (or in addopts)"
 
 
 def pytest_unconfigure(config):

@@ -433,12 +433,16 @@ def _stopped(src: Path, staged: Path, exc: BaseException, committed: list, resum
 
 
 def _publish(stem: str, staged_nb: Path | None, staged_results: Path, out_dir: Path, results_dir: Path,
-             run: dict, seconds: float, key: str = "notebooks") -> None:
+             run: dict, seconds: float, key: str = "notebooks", versions: str = "") -> None:
     """Move a finished notebook's executed copy and results into place, all at once (interrupts held back):
-    each results folder replaces its old one whole, then the notebook, then the run's record of what is done."""
+    each results folder replaces its old one whole, then the notebook, then the run's record of what is done.
+    ``versions`` (the text of :func:`runs.versions_text`) goes into each results folder as ``versions.txt``."""
     from .files import interrupts_deferred, move_file, replace_folder, write_text_atomic
+    from .runs import VERSIONS_FILE
 
     folders = sorted(p for p in staged_results.iterdir() if p.is_dir()) if staged_results.is_dir() else []
+    for folder in folders if versions else []:
+        (folder / VERSIONS_FILE).write_text(versions)
     times_path = times_file(results_dir, run.get("smoke"))
     data = json.loads(times_path.read_text()) if times_path.is_file() else {}
     legacy = results_dir / TIMES_FILE
@@ -494,7 +498,7 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
     require_checkout()
     import torch
 
-    from .runs import new_run
+    from .runs import installed_versions, new_run, versions_text
 
     on_gpu = torch.cuda.is_available()
     sources = [s for s in notebook_sources(NOTEBOOKS_DIR) if not names or any(s.stem.startswith(n) for n in names)]
@@ -518,6 +522,11 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
           f"executed notebooks -> {out_dir}, results -> {results_dir}", flush=True)
     print(f"reproduce: run {run['id']}" + (f" (going on: {len(done_before)} notebook(s) published before)"
                                             if resume else ""), flush=True)
+    installed = installed_versions()  # this job's, written beside each results folder it publishes
+    installed["torch"] = torch.__version__  # the torch that runs (two overlapping installs can disagree)
+    versions = versions_text(run, installed)
+    print("reproduce: versions: " + ", ".join(f"{k} {v or '-'}" for k, v in installed.items())
+          + f", Python {sys.version.split()[0]}; each results folder gets them in versions.txt", flush=True)
     if not on_gpu:
         print("reproduce: CUDA graphs need an NVIDIA GPU; the notebooks run their CPU part and show the "
               "recorded GPU results from figures/ (left untouched).", flush=True)
@@ -576,7 +585,7 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
             _stamp_run(staged_nb, run)
             seconds = round(time.perf_counter() - t0, 1)
             folders = sorted(p.name for p in staged_results.iterdir() if p.is_dir()) if staged_results.is_dir() else []
-            _publish(src.stem, staged_nb, staged_results, out_dir, results_dir, run, seconds)
+            _publish(src.stem, staged_nb, staged_results, out_dir, results_dir, run, seconds, versions=versions)
             summary.add(src.stem, "done", seconds, "-> " + ", ".join(
                 [str(out_dir / f"{src.stem}.ipynb")] + [f"{results_dir / f}{os.sep}" for f in folders]))
             shutil.rmtree(stage, ignore_errors=True)
@@ -584,7 +593,7 @@ def reproduce(names: list[str] | None = None, out_dir=None, smoke: bool = False,
             print(f"[{i}/{len(sources)}] {src.name} done in {seconds:.0f} s; published to {out_dir} and "
                   f"{results_dir}", flush=True)
         if benchmarks and on_gpu and not smoke and (not names or "00" in names):
-            run_benchmarks(results_dir, run, hint())
+            run_benchmarks(results_dir, run, hint(), versions=versions)
     except KeyboardInterrupt as exc:  # between two notebooks, or while one was being published (held back)
         print(f"reproduce: interrupted; what run {run['id']} published so far is whole, nothing of the rest was "
               f"published.\nreproduce: go on with: {hint()}", file=sys.stderr, flush=True)
@@ -625,7 +634,7 @@ _SAVED_SIGTERM: list = []
 BENCHMARKS = {"bench_overhead.py": "00_overhead", "crosscheck.py": "00_crosscheck"}  # scripts/ -> results folder
 
 
-def run_benchmarks(results_dir, run: dict | None = None, resume_hint: str = "") -> None:
+def run_benchmarks(results_dir, run: dict | None = None, resume_hint: str = "", versions: str = "") -> None:
     """Run the overhead benchmark and the kit-vs-plain-PyTorch cross-check (GPU only) and publish their results
     into ``results_dir`` the way notebooks are (staged, then moved in whole; nothing on failure).
 
@@ -669,7 +678,8 @@ def run_benchmarks(results_dir, run: dict | None = None, resume_hint: str = "") 
                 shutil.rmtree(staged_results / name)
         seconds = round(time.perf_counter() - t0, 1)
         if run is not None:
-            _publish(script, None, staged_results, results_dir, results_dir, run, seconds, key="benchmarks")
+            _publish(script, None, staged_results, results_dir, results_dir, run, seconds, key="benchmarks",
+                     versions=versions)
         else:
             from .files import interrupts_deferred, replace_folder
             with interrupts_deferred():

@@ -3,7 +3,10 @@
 ``reproduce`` names each run: when it started, the commit, a fingerprint of the code that makes the results,
 the GPU, PyTorch and CUDA. Every ``env.json`` it records carries that run, and so does each executed
 notebook's metadata. :func:`check_figures` groups a results folder by run and says plainly when it mixes runs
-(``python -m cudagraph_kit check-figures``).
+(``python -m cudagraph_kit check-figures``). What it checks: each notebook's folder (``figures/<notebook>/``) and
+every folder whose ``env.json`` names a run. A folder that names no run and belongs to no notebook was recorded
+apart from any run, by its own script (a probe, the two-GPU sweep, a benchmark run by hand); the report lists it
+as such, with its GPU and date, and it does not count against one run.
 
 Example::
 
@@ -17,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,23 +70,17 @@ def file_digests(root: Path, patterns=("**/*",)) -> dict[str, str]:
             for p in tree_files(root, patterns)}
 
 
-def _git(root: Path, *args) -> str | None:
-    try:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def new_run(root: Path, gpu: str | None, smoke: bool, constraints: str | None = None) -> dict:
     """A fresh run record: id, start time, commit (None without git), code fingerprint, GPU, PyTorch, CUDA, and
     ``constraints``: the limits it ran under (the Colab rehearsal's; None for a plain run, and for records written
     before runs carried them)."""
     import torch
 
+    from .paths import git
+
     started = time.gmtime()
-    commit = _git(root, "rev-parse", "HEAD")
-    dirty = bool(_git(root, "status", "--porcelain", "--", "cudagraph_kit", "notebooks/*.py", "scripts")) \
+    commit = git(root, "rev-parse", "HEAD")
+    dirty = bool(git(root, "status", "--porcelain", "--", "cudagraph_kit", "notebooks/*.py", "scripts")) \
         if commit else None
     code = code_fingerprint(root)
     label = (commit[:8] + ("-dirty" if dirty else "")) if commit else f"code-{code[:8]}"
@@ -95,6 +91,50 @@ def new_run(root: Path, gpu: str | None, smoke: bool, constraints: str | None = 
     if constraints is not None:  # only then: a plain run's record stays as it was
         run["constraints"] = constraints
     return run
+
+
+# The packages whose versions a run's results depend on (PyTorch and its pair, the data and plotting stack, the
+# notebooks' transformers, and what executes and checks the notebooks).
+VERSIONED = ("torch", "torchvision", "numpy", "pandas", "matplotlib", "transformers", "papermill", "nbval")
+VERSIONS_FILE = "versions.txt"  # beside each results folder's env.json: every version the run had
+
+
+def installed_versions(packages=VERSIONED) -> dict:
+    """``{package: installed version, or None}`` (``importlib.metadata``; nothing is imported).
+
+    Example: ``installed_versions()["numpy"]`` -> ``"2.4.6"``."""
+    from importlib import metadata
+
+    found = {}
+    for name in packages:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def torch_index(torch_version: str | None) -> str | None:
+    """The index that serves this build of PyTorch: ``2.11.0+cu130`` -> PyTorch's ``cu130`` index, ``+cpu`` -> its
+    CPU index; None for the package registry's own builds (no ``+`` label)."""
+    label = (torch_version or "").partition("+")[2]
+    return f"https://download.pytorch.org/whl/{label}" if label else None
+
+
+def versions_text(run: dict, versions: dict) -> str:
+    """A requirements file of the versions a run ran on (``pip install -r`` it), headed by the run, the device,
+    Python (this process's) and CUDA, which pip does not install. A package the run did not have is named in a
+    comment."""
+    where = run.get("gpu") or "CPU only"
+    lines = [f"# The versions reproduce run {run.get('id')} ran on ({where}; Python {platform.python_version()}, "
+             f"CUDA {run.get('cuda') or '-'}).",
+             "# Install them in a virtual environment made with that Python: pip install -r versions.txt"]
+    index = torch_index(versions.get("torch"))
+    if index:
+        lines.append(f"--extra-index-url {index}")
+    lines += [f"{name}=={version}" if version else f"# {name}: not installed in this run"
+              for name, version in versions.items()]
+    return "\n".join(lines) + "\n"
 
 
 def setup_differences(recorded: dict, now: dict) -> list[str]:
@@ -128,23 +168,26 @@ class RunGroup:
 
 @dataclass
 class FiguresReport:
-    """What :func:`check_figures` found: the runs, and the notebooks whose executed copy is from another run."""
+    """What :func:`check_figures` found: the runs, the notebooks whose executed copy is from another run, and the
+    results recorded apart from any run (no run id, no notebook's folder), grouped like unnamed runs."""
     root: Path
     groups: list
     mismatched: list  # "<stem>: notebook from run A, results from run B"
+    apart: list = field(default_factory=list)
 
     @property
     def one_run(self) -> bool:
         return len(self.groups) == 1 and self.groups[0].run is not None and not self.mismatched
 
     def group_of(self, folder: str) -> RunGroup | None:
-        return next((g for g in self.groups if folder in g.folders), None)
+        return next((g for g in [*self.groups, *self.apart] if folder in g.folders), None)
 
     def text(self) -> str:
         if not self.groups:
             return f"{self.root}: no recorded results (no <name>/env.json)"
         if self.one_run:
-            head = f"{self.root}: every result comes from one run."
+            head = f"{self.root}: every " + ("notebook's result, and every result that names a run, comes from "
+                                             "one run." if self.apart else "result comes from one run.")
         else:
             unnamed = sum(g.run is None for g in self.groups)
             head = (f"{self.root} MIXES RESULTS: {len(self.groups)} group(s) of results, "
@@ -156,8 +199,14 @@ class FiguresReport:
             lines.append(f"- {g.label}: {', '.join(g.folders)}")
         lines += [f"- notebook and results differ: {m}" for m in self.mismatched]
         if not self.one_run:
-            lines.append("To record them as one run: python -m cudagraph_kit reproduce (on one GPU machine; "
-                         "--resume goes on after an interruption).")
+            lines.append("To record them as one run (maintainers, on one GPU machine; it rewrites the committed "
+                         "notebooks and figures/): python -m cudagraph_kit reproduce (--resume goes on after an "
+                         "interruption).")
+        if self.apart:
+            lines.append("Recorded apart from any run (no run id, no notebook's folder: a probe, the two-GPU "
+                         "sweep, a benchmark run by its own script), so not checked; each is shown with its own GPU "
+                         "and date:")
+            lines += [f"- {g.label}: {', '.join(g.folders)}" for g in self.apart]
         return "\n".join(lines)
 
 
@@ -169,17 +218,30 @@ def _notebook_run(executed: Path) -> str | None:
     return ((meta.get("cudagraph_kit") or {}).get("run") or {}).get("id")
 
 
+def notebook_stems(root: Path, notebooks_dir=None) -> set:
+    """The notebooks whose results folders ``check_figures`` holds to one run: those of ``notebooks_dir``, else of
+    the ``notebooks/`` beside ``root``, else of this checkout."""
+    from .paths import NOTEBOOKS_DIR, notebook_sources
+    for folder in (notebooks_dir, Path(root).parent / "notebooks", NOTEBOOKS_DIR):
+        if folder is not None and Path(folder).is_dir():
+            return {p.stem for p in notebook_sources(Path(folder))}
+    return set()
+
+
 def check_figures(root=None, notebooks_dir=None) -> FiguresReport:
     """Group the results folders under ``root`` (default: the recorded ``figures/``) by the run that made them.
 
-    Folders that name no run (recorded before runs were named) are grouped by GPU, PyTorch and day. With
+    Notebooks' folders that name no run (recorded before runs were named) are grouped by GPU, PyTorch and day;
+    so are folders that name no run and belong to no notebook, apart (``FiguresReport.apart``). With
     ``notebooks_dir``, each ``<name>.ipynb`` there must come from the same run as ``<root>/<name>/``.
     """
     if root is None:
         from .paths import FIGURES_DIR, NOTEBOOKS_DIR
         root, notebooks_dir = FIGURES_DIR, NOTEBOOKS_DIR if notebooks_dir is None else notebooks_dir
     root = Path(root)
+    stems = notebook_stems(root, notebooks_dir)
     groups: dict = {}
+    apart: dict = {}
     mismatched = []
     for env_path in sorted(root.glob("*/env.json")):
         folder = env_path.parent.name
@@ -187,7 +249,8 @@ def check_figures(root=None, notebooks_dir=None) -> FiguresReport:
         run = env.get("run")
         day = str(env.get("date", ""))[:10]
         key = ("run", run["id"]) if run else ("unnamed", env.get("gpu"), env.get("torch"), env.get("cuda"), day)
-        group = groups.setdefault(key, RunGroup(run, env.get("gpu"), env.get("torch"), day))
+        where = groups if run or folder in stems else apart
+        group = where.setdefault(key, RunGroup(run, env.get("gpu"), env.get("torch"), day))
         group.folders.append(folder)
         group.saved.append(str(env.get("date", "")))
         executed = Path(notebooks_dir) / f"{folder}.ipynb" if notebooks_dir is not None else None
@@ -196,5 +259,6 @@ def check_figures(root=None, notebooks_dir=None) -> FiguresReport:
             if (run or {}).get("id") != nb_run:
                 mismatched.append(f"{folder}: notebook from run {nb_run or '(none named)'}, results from run "
                                   f"{(run or {}).get('id') or '(none named)'}")
-    ordered = sorted(groups.values(), key=lambda g: (min(g.saved), g.folders[0]))
-    return FiguresReport(root, ordered, mismatched)
+    def ordered(found):
+        return sorted(found.values(), key=lambda g: (min(g.saved), g.folders[0]))
+    return FiguresReport(root, ordered(groups), mismatched, ordered(apart))

@@ -1,20 +1,21 @@
 """What every notebook's first cell calls: ``setup(REPO_URL, REPO_REF)`` finds or fetches the kit and its recorded
 results, checks them, and says plainly what to do when something is missing.
 
-The cell itself (``scripts/setup_cell.py``, copied into every notebook by ``scripts/sync_setup_cell.py``) is a few
-lines: in a fresh Colab runtime its first step installs the kit of ``REPO_REF`` (``pip install git+URL@REF``), so
-that this module can be imported; then it calls :func:`setup`, which does the rest.
+The cell itself (``scripts/setup_cell.py``, copied into every notebook by ``scripts/sync_setup_cell.py``) is six
+lines of code: in a fresh Colab runtime it gets the kit once, a shallow clone of ``REPO_REF`` into
+``./cudagraph-kit`` (the notebooks need the checkout's ``figures/``, the recorded GPU results, not only the
+package) installed from that clone (``--no-deps`` so Colab's own torch, numpy, pandas and matplotlib stay as they
+are; with pip's build isolation, so the build uses the setuptools floor of ``pyproject.toml``), so that this module
+can be imported; then it calls :func:`setup`, which does the rest.
 
 In Colab (``google.colab`` loaded), :func:`setup`
 
-- makes a shallow clone of ``ref`` into ``./cudagraph-kit`` (the notebooks need the checkout's ``figures/``, the
-  recorded GPU results, not only the package); if ``git clone`` fails it says why (no such branch or tag, no such
-  repository, no network) and what to do;
-- checks that an existing clone holds ``ref`` (a re-run after ``REPO_REF`` was changed stops and says so);
+- finds the clone, or makes it where the kit was installed from elsewhere; if ``git clone`` fails it says why (no
+  such branch or tag, no such repository, no network) and what to do;
+- checks that the clone holds ``ref`` (a re-run after ``REPO_REF`` was changed stops and says so);
 - checks that the PyTorch it finds is one the kit supports (``torch>=`` in the checkout's ``pyproject.toml``);
-- installs the clone (editable, ``--no-deps`` so Colab's own torch, numpy, pandas and matplotlib stay as they are;
-  with pip's build isolation, so the build uses the setuptools floor of ``pyproject.toml``) unless it is already
-  the installed kit, and makes the rest of the notebook import the kit from the clone;
+- installs the clone the same way unless it is already the installed kit, and makes the rest of the notebook
+  import the kit from the clone;
 - moves into the clone's ``notebooks/`` folder and prints one line saying what it did.
 
 In a Jupyter kernel it also draws figures inline where ``MPLBACKEND`` names another backend
@@ -22,8 +23,8 @@ In a Jupyter kernel it also draws figures inline where ``MPLBACKEND`` names anot
 makes the notebook import that checkout's kit, and prints nothing; it runs no git, no pip, no network. Run twice
 (a re-run cell, a restarted kernel) it reuses the clone and the install. Example (the notebooks' setup cell)::
 
-    from cudagraph_kit.course.setup_notebook import setup
-    checkout = setup("https://github.com/cudagraph-kit/cudagraph-kit", "main")   # the checkout, or None
+    REPO_URL, REPO_REF = "https://github.com/cudagraph-kit/cudagraph-kit", "main"
+    checkout = importlib.import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)
 """
 from __future__ import annotations
 
@@ -54,17 +55,18 @@ def run_step(*command) -> None:
                            + (done.stderr or done.stdout).strip())
 
 
-def _version_tuple(text: str) -> tuple:
-    return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:3])
-
-
 def minimum_torch(checkout: Path) -> str | None:
-    """The oldest PyTorch the kit supports: the ``torch>=`` requirement of ``<checkout>/pyproject.toml``."""
-    pyproject = Path(checkout) / "pyproject.toml"
-    if not pyproject.is_file():
-        return None
-    m = re.search(r'"torch\s*>=\s*([\d.]+)', pyproject.read_text())
-    return m.group(1) if m else None
+    """The oldest PyTorch the kit supports: the ``torch>=`` floor among the dependencies of
+    ``<checkout>/pyproject.toml`` (read with tomllib, the requirement with ``packaging``); None without one."""
+    from packaging.requirements import Requirement
+
+    from .paths import pyproject
+
+    for line in pyproject(checkout).get("project", {}).get("dependencies", []):
+        requirement = Requirement(line)
+        if requirement.name == "torch":
+            return next((s.version for s in requirement.specifier if s.operator == ">="), None)
+    return None
 
 
 def check_torch(checkout: Path, found: str | None = None) -> str:
@@ -76,8 +78,10 @@ def check_torch(checkout: Path, found: str | None = None) -> str:
             raise RuntimeError("PyTorch is not installed here. Fix: `pip install torch` (see pytorch.org for "
                                "the build that matches your CUDA), then run this cell again.") from exc
         found = torch.__version__
+    from packaging.version import Version
+
     needed = minimum_torch(checkout)
-    if needed and _version_tuple(found) < _version_tuple(needed):
+    if needed and Version(found).release < Version(needed).release:  # 2.11.0+cu130, 2.6.0a0+git...: the release
         raise RuntimeError(f"cudagraph-kit needs PyTorch {needed} or newer; this runtime has {found}. Fix: "
                            f"`pip install --upgrade \"torch>={needed}\"` (in Colab: then Runtime → Restart session) "
                            "and run this cell again.")
@@ -117,23 +121,20 @@ def clone(repo_url: str, ref: str, dest: Path) -> Path:
     return Path(dest)
 
 
-def _git(checkout: Path, *args) -> str | None:
-    done = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def check_ref(checkout: Path, ref: str) -> None:
     """Raise a clear error if the git checkout ``checkout`` does not hold ``ref`` (its HEAD is not that branch or
     tag), or is a clone that never finished. A folder without ``.git`` is not checked."""
+    from .paths import git
+
     if not (Path(checkout) / ".git").exists():
         return
-    head = _git(checkout, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+    head = git(checkout, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
     if head is None:
         raise RuntimeError(f"setup failed: {checkout} is an unfinished clone (it has no commit). Fix: delete it "
                            f"(`!rm -rf {checkout}`) and run this cell again; it clones {ref!r} afresh.")
-    if _git(checkout, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}") == head:
+    if git(checkout, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}") == head:
         return
-    held = _git(checkout, "symbolic-ref", "--quiet", "--short", "HEAD") or _git(
+    held = git(checkout, "symbolic-ref", "--quiet", "--short", "HEAD") or git(
         checkout, "describe", "--tags", "--exact-match", "HEAD") or head[:12]
     raise RuntimeError(f"setup failed: {checkout} holds {held!r}, but this notebook asks for {ref!r} (REPO_REF). "
                        f"Fix: delete it (`!rm -rf {checkout}`), restart the session (Colab: Runtime → Restart "
@@ -142,20 +143,21 @@ def check_ref(checkout: Path, ref: str) -> None:
 
 
 def _installed_from(checkout: Path) -> bool:
-    """True if an installed cudagraph-kit is an editable install of ``checkout``.
+    """True if an installed cudagraph-kit was installed from ``checkout`` (the setup cell's install; an editable
+    install of it counts too).
 
     Every distribution of that name on ``sys.path`` counts: the checkout itself is on it too, and the
-    ``cudagraph_kit.egg-info`` that building the editable install leaves there has no ``direct_url.json``.
+    ``cudagraph_kit.egg-info`` that building an install leaves there has no ``direct_url.json``.
     """
+    from packaging.utils import canonicalize_name
+
     want = Path(checkout).resolve().as_uri()
     for dist in importlib.metadata.distributions():
-        if re.sub(r"[-_.]+", "-", (dist.metadata["Name"] or "").lower()) != DIST:
+        if canonicalize_name(dist.metadata["Name"] or "") != DIST:
             continue
         text = dist.read_text("direct_url.json")
-        if text:
-            info = json.loads(text)
-            if info.get("dir_info", {}).get("editable") and info.get("url") == want:
-                return True
+        if text and json.loads(text).get("url") == want:
+            return True
     return False
 
 
@@ -228,7 +230,7 @@ def setup(repo_url: str, ref: str, *, colab: bool | None = None, cwd: Path | Non
         check_ref(checkout, ref)
     found = check_torch(checkout)
     if colab and not _installed_from(checkout):
-        run_step(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--editable", str(checkout))
+        run_step(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", str(checkout))
     use_kit_from(checkout)
     if colab:
         os.chdir(checkout / "notebooks")  # where the notebooks run; the recorded results are in ../figures

@@ -5,18 +5,30 @@ requests, MAX_ROWS 64) and history (5000 sizes), captures one graph per size, an
 of each size two ways: the notebook's old probes (pow2 and multiples of 16, ``timeit``, 3 samples, interpolated)
 and every size timed round-robin (``compare``). It plans 18 buckets from each cost model, captures the plans,
 and times them on the stream against the ladder in steps of 4 and exact sizes, round-robin.
-Run on a GPU: ``python scripts/probes/probe_bucket_costs.py OUT_DIR``.
+Run on a GPU: ``python scripts/probes/probe_bucket_costs.py --out OUT_DIR``.
 """
+import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-import torch
-import torch.nn.functional as F
-from torch import nn
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="folder for the probe's CSV and JSON")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and a mistyped option answer here, before PyTorch loads
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
 from cudagraph_kit import capture_buckets, evaluate_buckets, ladder, plan_buckets  # noqa: E402
@@ -136,4 +148,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "."))
+    main(ARGS.out)

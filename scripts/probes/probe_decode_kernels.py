@@ -21,6 +21,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for decode_kernels.csv, decode_steps.csv, env.json")
+    ap.add_argument("--batches", default="1,8,16,32,64")
+    ap.add_argument("--dtype", default="float32", help="notebook 08's DTYPE (float32 in the recorded run)")
+    ap.add_argument("--calls", type=int, default=20, help="profiled calls per (variant, batch)")
+    ap.add_argument("--top", type=int, default=15, help="kernels kept per (variant, batch), by total time")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and a mistyped option answer here, before PyTorch loads
+
 import torch  # noqa: E402
 
 from cudagraph_kit import capture_buckets  # noqa: E402
@@ -73,14 +87,7 @@ def step_time_us(fn, calls=200):
     return statistics.median(times)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for decode_kernels.csv, decode_steps.csv, env.json")
-    ap.add_argument("--batches", default="1,8,16,32,64")
-    ap.add_argument("--dtype", default="float32", help="notebook 08's DTYPE (float32 in the recorded run)")
-    ap.add_argument("--calls", type=int, default=20, help="profiled calls per (variant, batch)")
-    ap.add_argument("--top", type=int, default=15, help="kernels kept per (variant, batch), by total time")
-    args = ap.parse_args()
+def main(args):
     if not torch.cuda.is_available():
         sys.exit("this probe needs a CUDA GPU (it profiles GPU kernels)")
     import pandas as pd
@@ -125,4 +132,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -2,13 +2,24 @@
 
 Repeats the test's setup; for each repetition prints, per size and round, device_time's (µs, queued) with the
 host time that sized the spin, and the profiler's GPU-busy time per call (``gpu_time``) as a reference.
-Run on a GPU: ``python scripts/probes/probe_device_time.py``.
+Run on a GPU: ``python scripts/probes/probe_device_time.py [--reps 6]``.
 """
+import argparse
 import json
 import sys
 from pathlib import Path
 
-import torch
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=6, help="repetitions of the test's setup (default 6)")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and a mistyped option answer here, before PyTorch loads
+
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: scripts/probes/ -> root
 sys.path.insert(0, str(ROOT))
@@ -45,4 +56,4 @@ def main(reps=6):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 6)
+    main(ARGS.reps)

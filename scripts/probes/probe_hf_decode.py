@@ -28,6 +28,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--hidden", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
+                    help='torch.compile mode without CUDA graphs: "max-autotune-no-cudagraphs" or "default"')
+    ap.add_argument("--windows", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=5)
+    ap.add_argument("--skip-hf-generate", action="store_true")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and a mistyped option answer here, before PyTorch loads
+
 import torch  # noqa: E402
 
 from cudagraph_kit import combine_windows, compare  # noqa: E402
@@ -73,23 +96,7 @@ def token_checks(generators: dict, ref, ref_logits) -> dict:
     return checks
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--hidden", type=int, default=768)
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--prompt", type=int, default=32)
-    ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
-                    help='torch.compile mode without CUDA graphs: "max-autotune-no-cudagraphs" or "default"')
-    ap.add_argument("--windows", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=5)
-    ap.add_argument("--skip-hf-generate", action="store_true")
-    args = ap.parse_args()
+def main(args):
     if not torch.cuda.is_available():
         sys.exit("this probe needs a CUDA GPU")
     version, why = hf_status()
@@ -176,4 +183,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -31,9 +31,21 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
-import cudagraph_kit
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--planted-mib", type=int, default=256)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and a mistyped option answer here, before PyTorch loads
+
+import torch  # noqa: E402
+
+import cudagraph_kit  # noqa: E402
 
 
 class CallCounter:
@@ -103,12 +115,7 @@ def one_capture(capture_buckets, mlp, sample, planted_mib: int) -> dict:
     return row
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--planted-mib", type=int, default=256)
-    args = ap.parse_args()
+def main(args):
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     capture_buckets = cudagraph_kit.capture_buckets
@@ -149,4 +156,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

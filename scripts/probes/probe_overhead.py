@@ -2,14 +2,26 @@
 
 Times, round-robin with the order rotated every round, the raw copy+replay, the kit call, and the raw call plus
 each of the kit's hot-path checks alone. Prints per-variant medians and the paired median difference to raw.
-Run on a GPU: ``python scripts/probes/probe_overhead.py``.
+Run on a GPU: ``python scripts/probes/probe_overhead.py [--calls 2000] [--rounds 41]``.
 """
+import argparse
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=2000, help="calls per sample (default 2000)")
+    ap.add_argument("--rounds", type=int, default=41, help="round-robin rounds (default 41)")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and a mistyped option answer here, before PyTorch loads
 
 import torch  # noqa: E402
 
@@ -67,4 +79,4 @@ def main(shape=(1, 3, 224, 224), calls=2000, rounds=41):
 
 
 if __name__ == "__main__":
-    main()
+    main(calls=ARGS.calls, rounds=ARGS.rounds)

@@ -4,6 +4,7 @@ For each setting (allocator config, attention backend) a fresh process captures 
 (max 64 rows) into one shared pool, and for the largest bucket alone; it prints the pool's growth per capture and
 its segments (size, in use, free blocks). Run on a GPU: ``python scripts/probes/probe_pool.py``.
 """
+import argparse
 import json
 import os
 import subprocess
@@ -79,4 +80,5 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

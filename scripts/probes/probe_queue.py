@@ -3,8 +3,7 @@ spin kernel, and the SM clock while eager code leaves the GPU mostly idle. Each 
 
     python scripts/probes/probe_queue.py
 """
-import os, subprocess, sys, time, statistics
-import torch
+import argparse, os, subprocess, sys, time, statistics
 
 CASES = {
     "A_teardown_plain": dict(TEARDOWN_CUPTI="1"),
@@ -12,6 +11,18 @@ CASES = {
     "C_teardown_nolazy_spin_inside": dict(TEARDOWN_CUPTI="1", DISABLE_CUPTI_LAZY_REINIT="1"),
     "D_no_teardown_spin_inside": dict(),
 }
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", choices=[*CASES, "clocks"], help=argparse.SUPPRESS)  # each case's own process
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and a mistyped option answer here, before PyTorch loads
+
+import torch  # noqa: E402
 
 
 def build():
@@ -80,14 +91,15 @@ def clocks():
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        clocks() if sys.argv[1] == "clocks" else child(sys.argv[1])
+    if ARGS.case:
+        clocks() if ARGS.case == "clocks" else child(ARGS.case)
         sys.exit(0)
     for name, extra in list(CASES.items()) + [("clocks", {})]:
         env = {k: v for k, v in os.environ.items() if k not in ("TEARDOWN_CUPTI", "DISABLE_CUPTI_LAZY_REINIT")}
         env.update(extra, PYTHONUNBUFFERED="1")
         try:
-            p = subprocess.run([sys.executable, __file__, name], env=env, capture_output=True, text=True, timeout=60)
+            p = subprocess.run([sys.executable, __file__, "--case", name], env=env, capture_output=True, text=True,
+                               timeout=60)
             print(p.stdout, f"[{name}: rc={p.returncode}]", flush=True)
         except subprocess.TimeoutExpired as e:
             print((e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), f"[{name}: TIMEOUT 60 s]", flush=True)

@@ -3,8 +3,10 @@
 Case A, inference: the 12-layer MLP of notebook 03 (Linear 256 + ReLU, batch 8), compiled three ways.
 Case B, training: the same MLP trained with SGD, forward+backward under reduce-overhead (two graphs, built by
 AOTAutograd and cudagraph trees) against eager and the kit's whole-step graph. Everything is checked against
-eager first; all variants of a case are timed in one ``compare`` (round-robin). Run on a GPU.
+eager first; all variants of a case are timed in one ``compare`` (round-robin).
+Run on a GPU: ``python scripts/probes/probe_reduce_overhead.py``.
 """
+import argparse
 import copy
 import cProfile
 import io
@@ -13,6 +15,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
+
+if __name__ == "__main__":  # no options: --help and a mistyped option answer here, before PyTorch loads
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 
 import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402

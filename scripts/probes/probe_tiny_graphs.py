@@ -4,14 +4,25 @@ launched eagerly? The data behind ``advice.measure_replay_cost`` and ``advise``'
 For k = 1 .. 33 kernels (a chain of multiplies on a 150k-element tensor, and one-element adds) it times, round-robin
 in one ``compare`` window: eager, the raw ``CUDAGraph.replay`` and the kit's ``g.replay()``; then the GPU time of
 the same calls queued behind a spin kernel (``device_time``) for eager and graph. Writes a CSV and a JSON.
-Run on a GPU: ``python scripts/probes/probe_tiny_graphs.py OUT_DIR``.
+Run on a GPU: ``python scripts/probes/probe_tiny_graphs.py --out OUT_DIR``.
 """
+import argparse
 import dataclasses
 import json
 import sys
 from pathlib import Path
 
-import torch
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="folder for the probe's CSV and JSON")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and a mistyped option answer here, before PyTorch loads
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
 from cudagraph_kit.graphed import capture  # noqa: E402
@@ -92,4 +103,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "."))
+    main(ARGS.out)

@@ -4,8 +4,9 @@ lies free in the allocator's cache (still mapped)?
 Runs the "drop" variants of ``two_captures`` again, each try in a fresh process, and classifies each tensor graph 1
 reads by its **whole span**, first and last byte, against ``torch.cuda.memory_snapshot()``: allocated, free in cache,
 or returned to the driver, and whether the span now crosses the end of the segment that holds its first byte.
-Run on a GPU: ``python scripts/probes/probe_two_captures.py TRIES > OUT.jsonl``.
+Run on a GPU: ``python scripts/probes/probe_two_captures.py [--tries 3] > OUT.jsonl``.
 """
+import argparse
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -72,7 +73,9 @@ def drop_probe(variant: str) -> None:
 
 
 if __name__ == "__main__":
-    tries = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tries", type=int, default=3, help="fresh processes per variant (default 3)")
+    tries = ap.parse_args().tries
     jobs = [v for v in VARIANTS for _ in range(tries)]
     with ThreadPoolExecutor(max_workers=3) as pool:
         for variant, r in zip(jobs, pool.map(lambda v: run_isolated(drop_probe, v, timeout=180), jobs)):
