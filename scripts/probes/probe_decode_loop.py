@@ -19,7 +19,7 @@ beside one call of the ``reduce-overhead`` step.
 Writes ``generations.csv`` (one row per variant, batch and round), ``summary.csv`` (medians, µs per token, ratio to
 reduce-overhead), ``host_parts.csv`` and ``env.json`` into ``--out``::
 
-    python scripts/probes/probe_decode_loop.py --out /tmp/decode_loop [--rounds 15] [--tokens 32]
+    python scripts/probes/probe_decode_loop.py [--out build/decode_loop] [--rounds 15] [--tokens 32]
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: sc
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for the CSV and JSON files")
+    ap.add_argument("--out", default="build/decode_loop", help="folder for the CSV and JSON files (default: build/decode_loop)")
     ap.add_argument("--rounds", type=int, default=15, help="round-robin rounds of whole generations (default 15)")
     ap.add_argument("--tokens", type=int, default=32, help="tokens per generation (default 32, as in 08)")
     ap.add_argument("--k", type=int, default=8, help="tokens per replay of the K-step variant (default 8)")
