@@ -42,7 +42,7 @@ REPO_REF = os.environ.get("CGK_REPO_REF", "main")
 if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:  # a fresh Colab runtime
     # If this install fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO_URL}@{REPO_REF}"])
-from cudagraph_kit.course.setup_notebook import setup
+from cudagraph_kit.course.running.setup_notebook import setup
 checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently; a failure says why and what to do
 
 # %% tags=["parameters", "nbval-check-output"]
@@ -66,9 +66,9 @@ from IPython.display import display
 
 from cudagraph_kit import env_table, has_cuda, timeit
 from cudagraph_kit import capture
-from cudagraph_kit.course import figures, results, verdicts
-from cudagraph_kit.course.claims import save_claims, summary
-from cudagraph_kit.course.measure import measure
+from cudagraph_kit.course.measuring import figures, results, verdicts
+from cudagraph_kit.course.measuring.claims import save_claims, summary
+from cudagraph_kit.course.measuring.measure import measure
 
 STEM = "01_gelu"
 CUDA = has_cuda()
@@ -466,7 +466,7 @@ _ = (folder / "headline_vs_sweep.json").write_text(json.dumps(consistency, inden
 
 # %% tags=["nbval-check-output"]
 from cudagraph_kit import compare
-from cudagraph_kit.course.exercises_01 import HOST_COPY_WHY, check_fp16_sweep, check_fused_gelu, check_host_copies
+from cudagraph_kit.course.exercises.nb01_gelu import HOST_COPY_WHY, check_fp16_sweep, check_fused_gelu, check_host_copies
 
 # %% [markdown]
 # ### Exercise 1: one fused kernel instead of five

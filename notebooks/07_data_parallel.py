@@ -45,7 +45,7 @@ REPO_REF = os.environ.get("CGK_REPO_REF", "main")
 if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:  # a fresh Colab runtime
     # If this install fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"git+{REPO_URL}@{REPO_REF}"])
-from cudagraph_kit.course.setup_notebook import setup
+from cudagraph_kit.course.running.setup_notebook import setup
 checkout = setup(REPO_URL, REPO_REF)  # elsewhere: this checkout's kit, silently; a failure says why and what to do
 
 # %% tags=["parameters", "nbval-check-output"]
@@ -68,7 +68,7 @@ from IPython.display import display
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cudagraph_kit import capture_train_step, env_table, has_cuda
-from cudagraph_kit.course import results
+from cudagraph_kit.course.measuring import results
 from cudagraph_kit.ddp import ddp_for_graphs, free_port, setup_distributed_for_graphs
 
 STEM = "07_data_parallel"              # what this notebook runs on this machine
@@ -420,7 +420,7 @@ results.show_takeaways(SWEEP_STEM, [], TAKEAWAYS);
 # (try first).
 
 # %% tags=["nbval-check-output"]
-from cudagraph_kit.course.exercises_07 import check_item_per_step, check_rank_spread
+from cudagraph_kit.course.exercises.nb07_data_parallel import check_item_per_step, check_rank_spread
 
 # %% [markdown]
 # ### Exercise 1: the spread across ranks, from the raw step times

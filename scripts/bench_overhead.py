@@ -164,7 +164,7 @@ def main():
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU: host costs measured on a CPU machine are not results")
     if args.out is None:
-        from cudagraph_kit.course import results
+        from cudagraph_kit.course.measuring import results
         args.out = Path(results.results_root()) / "00_overhead"
     args.out.mkdir(parents=True, exist_ok=True)
     old = None

@@ -29,7 +29,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do  # --cpus given: taskset pins to those (
   esac
 done
 if [ -z "$cpus" ]; then echo "colab_rehearsal.sh: --cpus needs a CPU list, e.g. --cpus 0,1" >&2; exit 2; fi
-command=("$python" -m cudagraph_kit.course.colab_rehearsal)
+command=("$python" -m cudagraph_kit.course.running.colab_rehearsal)
 if [ "$given" = 0 ]; then command+=(--cpus "$cpus"); fi
 command+=("$@")
 if command -v taskset >/dev/null 2>&1; then

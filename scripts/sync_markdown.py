@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jupytext  # noqa: E402
 import nbformat  # noqa: E402
 
-from cudagraph_kit.course.reproduce import notebook_sources  # noqa: E402
+from cudagraph_kit.course.running.reproduce import notebook_sources  # noqa: E402
 
 
 def main():

@@ -18,8 +18,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 README, RESULTS_DOC = ROOT / "README.md", ROOT / "docs" / "RESULTS.md"
 
-from cudagraph_kit.course import results, runs  # noqa: E402
-from cudagraph_kit.course.claims import load_claims  # noqa: E402
+from cudagraph_kit.course.measuring import results  # noqa: E402
+from cudagraph_kit.course.running import runs  # noqa: E402
+from cudagraph_kit.course.measuring.claims import load_claims  # noqa: E402
 from cudagraph_kit.intervals import stops_clearing  # noqa: E402
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -683,7 +684,7 @@ def rehearsal_rows() -> dict:
 def start_here_block():
     """The notebooks in reading order, each with what it teaches, its time on a recorded run and its Colab badge."""
     import sync_setup_cell
-    from cudagraph_kit.course.paths import notebook_sources, repository_url
+    from cudagraph_kit.course.running.paths import notebook_sources, repository_url
 
     base = repository_url().replace("https://github.com/", "https://colab.research.google.com/github/")
     ref = sync_setup_cell.repo_ref()

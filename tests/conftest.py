@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from cudagraph_kit.course.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT, execute_notebook
+from cudagraph_kit.course.running.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT, execute_notebook
 
 # nbval's options and the notebooks' small sizes (CGK_SMOKE=1, CGK_RESULTS_DIR a folder of the session, both
 # unless set): the one line a project built on the kit adds too (CONTRIBUTING.md, "nbval").
-pytest_plugins = ["cudagraph_kit.course.nbval_plugin"]
+pytest_plugins = ["cudagraph_kit.course.running.nbval_plugin"]
 
 HAS_CUDA = torch.cuda.is_available()
 _session = {}
@@ -69,7 +69,7 @@ def pytest_report_header(config):
 
 def figures_snapshot(folder: Path = FIGURES_DIR) -> dict:
     """{relative path: SHA-256} of every file under the recorded results folder (the course's ``file_digests``)."""
-    from cudagraph_kit.course.runs import file_digests
+    from cudagraph_kit.course.running.runs import file_digests
     return file_digests(folder)
 
 

@@ -1,14 +1,17 @@
-"""Notebook 05's helpers on CPU: short causes for tables of errors, the memory claim, the reading of the
-reduce-overhead experiment and advise's table beside the measured timings."""
+"""Notebook 05's readings on CPU: short causes for tables of errors (lessons/pitfalls.py), the memory claim
+(measuring/verdicts.py), the reading of the reduce-overhead experiment, advise's claims (measuring/claims.py) and
+table beside the measured timings (measuring/predictions.py), and the detached eager step (lessons/models.py)."""
 import math
 import types
 
 import pandas as pd
 
-from cudagraph_kit.course.measure import Measured
-from cudagraph_kit.course.nb05_parts import (advise_claim, advise_overall_claim, advise_vs_measured,
-                                             advise_words_claim, eager_step, memory_reading, short_cause,
-                                             show_advise, show_isolated, show_reduce_overhead)
+from cudagraph_kit.course.measuring.measure import Measured
+from cudagraph_kit.course.lessons.models import detached_eager_step
+from cudagraph_kit.course.lessons.pitfalls import short_cause, show_isolated, show_reduce_overhead
+from cudagraph_kit.course.measuring.claims import advise_claim, advise_words_claim
+from cudagraph_kit.course.measuring.predictions import show_advise
+from cudagraph_kit.course.measuring.verdicts import advise_overall_claim, advise_vs_measured, memory_reading
 
 CUDA_ERROR = ("AcceleratorError: CUDA error: operation failed due to a previous error during capture\n"
               "Search for `cudaErrorStreamCaptureInvalidated' in https://docs.nvidia.com/cuda/cuda-runtime-api/")
@@ -121,12 +124,12 @@ def test_show_advise_prints_this_runs_table_or_else_the_recorded_runs(capsys):
     assert printed.startswith("No GPU here") and ("predicted_speedup" in printed or "no recorded GPU run" in printed)
 
 
-def test_eager_step_trains_and_returns_the_detached_loss():
+def test_detached_eager_step_trains_and_returns_the_detached_loss():
     import torch
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
-    step = eager_step(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    step = detached_eager_step(model, torch.optim.SGD(model.parameters(), lr=0.1))
     x, y = torch.randn(8, 4), torch.randn(8, 1)
     first, second = step(x, y), step(x, y)
     assert not first.requires_grad and second < first

@@ -1,5 +1,6 @@
-"""nb03_parts' kernel summary: readable names, kernels of one name added up, the largest first."""
-from cudagraph_kit.course.nb03_parts import _top_kernels
+"""The kernel summary of measuring/breakdowns.py (notebook 03's appendix): readable names, kernels of one name added
+up, the largest first."""
+from cudagraph_kit.course.measuring.breakdowns import _top_kernels
 
 MUL = ("void at::native::vectorized_elementwise_kernel<4, at::native::MulFunctor<float>, std::array<char*, 3ul> >"
        "(int, at::native::MulFunctor<float>, std::array<char*, 3ul>)")

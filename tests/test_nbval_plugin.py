@@ -1,4 +1,4 @@
-"""nbval a project can copy: cudagraph_kit.course.nbval_plugin, enabled by one line as CONTRIBUTING.md says, in a
+"""nbval a project can copy: cudagraph_kit.course.running.nbval_plugin, enabled by one line as CONTRIBUTING.md says, in a
 throwaway project of its own (a notebook, the line, `python -m pytest --nbval-lax`); its options; the count of
 compared cells, the same from the counting script as from nbval's own collection."""
 import os
@@ -11,13 +11,13 @@ from types import SimpleNamespace
 import pytest
 
 import cudagraph_kit
-from cudagraph_kit.course import nbval_plugin
-from cudagraph_kit.course.paths import NOTEBOOKS_DIR, PROJECT_ROOT
+from cudagraph_kit.course.running import nbval_plugin
+from cudagraph_kit.course.running.paths import NOTEBOOKS_DIR, PROJECT_ROOT
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbval")
 
-PLUGIN = "cudagraph_kit.course.nbval_plugin"
+PLUGIN = "cudagraph_kit.course.running.nbval_plugin"
 # The one line, in each of the two places the docs offer (CONTRIBUTING.md, the workflow's comments, the plugin).
 CONFTEST_LINE = f'pytest_plugins = ["{PLUGIN}"]'
 PYPROJECT_LINES = f'[tool.pytest.ini_options]\naddopts = "-p {PLUGIN}"'
@@ -171,7 +171,7 @@ def test_environment_is_set_for_the_notebooks_and_put_back(monkeypatch):
 
 
 def test_the_count_of_compared_cells_is_the_one_nbval_collects():
-    """The counting script (`python -m cudagraph_kit.course.nbval_plugin notebooks/*.ipynb`) and the summary
+    """The counting script (`python -m cudagraph_kit.course.running.nbval_plugin notebooks/*.ipynb`) and the summary
     line of a real nbval collection over the committed notebooks name the same cells."""
     notebooks = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
     counted = {p.name: nbval_plugin.compared_cells(p) for p in notebooks}

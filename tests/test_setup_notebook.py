@@ -1,4 +1,4 @@
-"""The notebooks' setup cell and the kit function it calls (cudagraph_kit.course.setup_notebook.setup): the cell is
+"""The notebooks' setup cell and the kit function it calls (cudagraph_kit.course.running.setup_notebook.setup): the cell is
 short and the same in every notebook; outside Colab it is silent and offline; in Colab ``setup`` clones, checks the
 ref, installs and moves into the clone (clone and install mocked here), and every failure says its cause and fix.
 The whole Colab path, for real, is exercised by tests/test_colab_setup.py."""
@@ -14,8 +14,8 @@ import jupytext
 import pytest
 import torch
 
-from cudagraph_kit.course import setup_notebook as sn
-from cudagraph_kit.course.paths import PROJECT_ROOT, notebook_sources
+from cudagraph_kit.course.running import setup_notebook as sn
+from cudagraph_kit.course.running.paths import PROJECT_ROOT, notebook_sources
 
 sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
 import sync_setup_cell  # noqa: E402
@@ -30,7 +30,7 @@ def test_the_setup_cell_reads_at_a_glance():
     lines = cell.splitlines()
     assert len(lines) <= sync_setup_cell.MAX_LINES == 10, cell
     assert not [line for line in lines if line.lstrip().startswith(("!", "%"))], "plain Python: no notebook magics"
-    assert "from cudagraph_kit.course.setup_notebook import setup" in cell and "setup(REPO_URL, REPO_REF)" in cell
+    assert "from cudagraph_kit.course.running.setup_notebook import setup" in cell and "setup(REPO_URL, REPO_REF)" in cell
     assert "git clone" not in cell, "the clone and its errors live in the kit, not in the cell"
     compile(cell, "setup cell", "exec")  # the .py source is valid Python too
 
@@ -297,12 +297,12 @@ def test_after_setup_the_notebook_imports_the_checkouts_kit(tmp_path):
     shutil.copytree(PROJECT_ROOT / "cudagraph_kit", tmp_path / "copy" / "cudagraph_kit",
                     ignore=shutil.ignore_patterns("__pycache__"))
     code = textwrap.dedent(f"""
-        import cudagraph_kit.course.setup_notebook as sn
+        import cudagraph_kit.course.running.setup_notebook as sn
         print(sn.__file__)
         sn.use_kit_from({str(PROJECT_ROOT)!r})
-        import cudagraph_kit.course.setup_notebook, cudagraph_kit.course.paths
-        print(cudagraph_kit.course.setup_notebook.__file__)
-        print(cudagraph_kit.course.paths.PROJECT_ROOT)
+        import cudagraph_kit.course.running.setup_notebook, cudagraph_kit.course.running.paths
+        print(cudagraph_kit.course.running.setup_notebook.__file__)
+        print(cudagraph_kit.course.running.paths.PROJECT_ROOT)
     """)
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "copy")}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -322,7 +322,7 @@ def test_a_kernel_under_mplbackend_agg_still_draws_figures_into_the_notebook(tmp
     figure = "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2])\nplt.show()"
     outputs = {}
     for switched in (False, True):
-        first = "from cudagraph_kit.course.setup_notebook import show_figures_inline\n" + (
+        first = "from cudagraph_kit.course.running.setup_notebook import show_figures_inline\n" + (
             "print(show_figures_inline())" if switched else "print('left as it is')")
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(first), nbformat.v4.new_code_cell(figure)])
         old = os.environ.get("MPLBACKEND")

@@ -32,8 +32,8 @@ import torch  # noqa: E402
 
 from cudagraph_kit import combine_windows, compare  # noqa: E402
 from cudagraph_kit.graphed import capture, fresh_cublas_workspace  # noqa: E402
-from cudagraph_kit.course.hf_decode import StaticDecoder, hf_status  # noqa: E402
-from cudagraph_kit.course.tiny_llm import first_divergence, hf_generate  # noqa: E402
+from cudagraph_kit.course.lessons.hf_decode import StaticDecoder, hf_status  # noqa: E402
+from cudagraph_kit.course.lessons.tiny_llm import first_divergence, hf_generate  # noqa: E402
 from cudagraph_kit.env import describe  # noqa: E402
 from cudagraph_kit.intervals import ratio_across_windows  # noqa: E402
 

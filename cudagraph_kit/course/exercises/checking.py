@@ -1,4 +1,4 @@
-"""Checks for the notebooks' exercises: each says what is right, what is off, and gives a hint.
+"""How the notebooks' exercises are checked: each check says what is right, what is off, and gives a hint.
 
 A learner fills in an exercise cell (every ``...`` is a placeholder that runs without error) and runs the check
 cell below it. A check never raises on a wrong answer; it returns a :class:`CheckResult` that prints one line per
@@ -11,14 +11,15 @@ thing it looked at:
 Its status is ``correct``, ``CPU part correct`` (everything a CPU can check is right), ``not done yet`` or
 ``not right yet``; ``result.ok`` is True for the first two.
 
-Adding exercises to a notebook: write its checks in that notebook's module (``exercises_NN.py``:
-``@exercise(stem, number, title, runs_on)`` above ``@check(...)``), one ``exercise_<k>`` function per exercise in
-``notebooks/solutions/nbNN_<name>.py``, the exercise cells at the end of the notebook, and a test in
-``tests/test_exercises.py`` that runs the solution against its check (``EXERCISES`` lists them all).
+Adding exercises to a notebook: write its checks in that notebook's module beside this one (``nbNN_<name>.py``, the
+name of its solutions file: ``@exercise(stem, number, title, runs_on)`` above ``@check(...)``), one
+``exercise_<k>`` function per exercise in ``notebooks/solutions/nbNN_<name>.py``, the exercise cells at the end of
+the notebook, and a test in ``tests/test_exercises.py`` that runs the solution against its check (``EXERCISES``
+lists them all).
 
 Example::
 
-    from cudagraph_kit.course.exercises_01 import check_fused_gelu
+    from cudagraph_kit.course.exercises.nb01_gelu import check_fused_gelu
     check_fused_gelu(fused_gelu, fused_table, reference=main_table)   # in a notebook: prints the result
 """
 from __future__ import annotations
@@ -275,11 +276,13 @@ def _graph_row(df):
     return row(df, "graph*")
 
 
-NOTEBOOK_MODULES = [f"cudagraph_kit.course.exercises_{n:02d}" for n in range(1, 9)]  # one per notebook's checks
+NOTEBOOK_MODULES = [f"cudagraph_kit.course.exercises.{name}" for name in (  # one per notebook's checks
+    "nb01_gelu", "nb02_train_step", "nb03_jit_compile", "nb04_resnet50",
+    "nb05_pitfalls", "nb06_variable_shapes", "nb07_data_parallel", "nb08_llm_decode")]
 
 
 def load_all() -> list:
-    """Import every notebook's checks (``exercises_01`` ... ``exercises_08``), which fills ``EXERCISES``; returns
+    """Import every notebook's checks (``nb01_gelu`` ... ``nb08_llm_decode``), which fills ``EXERCISES``; returns
     the modules."""
     import importlib
     return [importlib.import_module(name) for name in NOTEBOOK_MODULES]

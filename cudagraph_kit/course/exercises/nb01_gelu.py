@@ -1,12 +1,12 @@
-"""Checks for notebook 01's exercises (GELU); the machinery is in ``exercises.py``.
+"""Checks for notebook 01's exercises (GELU); the machinery is in ``checking.py``.
 
 Example::
 
-    from cudagraph_kit.course.exercises_01 import check_fused_gelu
+    from cudagraph_kit.course.exercises.nb01_gelu import check_fused_gelu
 """
 from __future__ import annotations
 
-from .exercises import (COMPARE_COLUMNS, _fmt_numel, _graph_row, check, crossover_of, cuda, exercise, gelu_reference, is_todo, max_abs_diff, row, table_rows, torch_calls)
+from .checking import (COMPARE_COLUMNS, _fmt_numel, _graph_row, check, crossover_of, cuda, exercise, gelu_reference, is_todo, max_abs_diff, row, table_rows, torch_calls)
 
 __all__ = ['check_fused_gelu', 'check_fp16_sweep', 'check_host_copies', 'HOST_COPY_WHY']
 

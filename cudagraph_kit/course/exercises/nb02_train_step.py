@@ -1,12 +1,12 @@
-"""Checks for notebook 02's exercises (training step); the machinery is in ``exercises.py``.
+"""Checks for notebook 02's exercises (training step); the machinery is in ``checking.py``.
 
 Example::
 
-    from cudagraph_kit.course.exercises_02 import check_amp_adam
+    from cudagraph_kit.course.exercises.nb02_train_step import check_amp_adam
 """
 from __future__ import annotations
 
-from .exercises import (check, cuda, exercise, is_todo, max_abs_diff, row, table_rows)
+from .checking import (check, cuda, exercise, is_todo, max_abs_diff, row, table_rows)
 
 __all__ = ['check_amp_adam', 'check_lr_schedule', 'check_short_batches', 'STEP_PARTS']
 

@@ -1,12 +1,12 @@
-"""Checks for notebook 03's exercises (jit.script / torch.compile); the machinery is in ``exercises.py``.
+"""Checks for notebook 03's exercises (jit.script / torch.compile); the machinery is in ``checking.py``.
 
 Example::
 
-    from cudagraph_kit.course.exercises_03 import check_compiled_calls_per_graph
+    from cudagraph_kit.course.exercises.nb03_jit_compile import check_compiled_calls_per_graph
 """
 from __future__ import annotations
 
-from .exercises import (COMPARE_COLUMNS, check, cuda, exercise, gelu_reference, is_compiled, is_todo, max_abs_diff, row, table_rows)
+from .checking import (COMPARE_COLUMNS, check, cuda, exercise, gelu_reference, is_compiled, is_todo, max_abs_diff, row, table_rows)
 
 __all__ = ['check_compiled_calls_per_graph', 'check_mlp_depth', 'check_clone_cost', 'check_max_autotune']
 

@@ -1,12 +1,12 @@
-"""Checks for notebook 04's exercises (ResNet-50); the machinery is in ``exercises.py``.
+"""Checks for notebook 04's exercises (ResNet-50); the machinery is in ``checking.py``.
 
 Example::
 
-    from cudagraph_kit.course.exercises_04 import predicted_speedup_at
+    from cudagraph_kit.course.exercises.nb04_resnet50 import predicted_speedup_at
 """
 from __future__ import annotations
 
-from .exercises import (check, cuda, exercise, is_todo, max_abs_diff, table_rows)
+from .checking import (check, cuda, exercise, is_todo, max_abs_diff, table_rows)
 
 __all__ = ['predicted_speedup_at', 'check_batch_prediction', 'check_clip_norms', 'BOUNDS']
 

@@ -1,12 +1,12 @@
-"""Checks for notebook 05's exercises (pitfalls); the machinery is in ``exercises.py``.
+"""Checks for notebook 05's exercises (pitfalls); the machinery is in ``checking.py``.
 
 Example::
 
-    from cudagraph_kit.course.exercises_05 import check_step_counter
+    from cudagraph_kit.course.exercises.nb05_pitfalls import check_step_counter
 """
 from __future__ import annotations
 
-from .exercises import (check, cuda, exercise, is_todo, max_abs_diff)
+from .checking import (check, cuda, exercise, is_todo, max_abs_diff)
 
 __all__ = ['check_step_counter', 'check_clip_without_sync']
 
@@ -19,7 +19,7 @@ def _first_finding(report) -> str:
 
 def _check_learners_verify(report, verified, what, hint):
     """The learner's own ``verify`` report: a ``VerifyReport`` that passed."""
-    from ..verification import VerifyReport
+    from ...verification import VerifyReport
 
     if is_todo(verified):
         report.todo(f"{what}: run verify(...) on your graph and keep its report")
@@ -42,9 +42,9 @@ def check_step_counter(report, ScaledByStepFixed, counter_verify):  # noqa: N803
 
     import torch
 
-    from ..graphed import capture
-    from ..check import check_capturable
-    from ..verification import verify
+    from ...graphed import capture
+    from ...check import check_capturable
+    from ...verification import verify
 
     cls, device, done = ScaledByStepFixed, "cuda" if cuda() else "cpu", False
     if is_todo(cls):
@@ -145,8 +145,8 @@ def check_clip_without_sync(report, clip_to_norm_fixed, clip_verify):
     is larger) without a host read; ``clip_verify``: ``verify`` of its graph against it (GPU)."""
     import torch
 
-    from ..graphed import capture
-    from ..check import check_capturable
+    from ...graphed import capture
+    from ...check import check_capturable
 
     fn, device = clip_to_norm_fixed, "cuda" if cuda() else "cpu"
     torch.manual_seed(0)

@@ -1,12 +1,12 @@
-"""Checks for notebook 06's exercises (variable shapes); the machinery is in ``exercises.py``.
+"""Checks for notebook 06's exercises (variable shapes); the machinery is in ``checking.py``.
 
 Example::
 
-    from cudagraph_kit.course.exercises_06 import check_uniform_plan
+    from cudagraph_kit.course.exercises.nb06_variable_shapes import check_uniform_plan
 """
 from __future__ import annotations
 
-from .exercises import (check, cuda, exercise, is_todo)
+from .checking import (check, cuda, exercise, is_todo)
 
 __all__ = ['check_uniform_plan', 'check_batch_mixing', 'MIXING_WHY']
 
@@ -39,8 +39,8 @@ def check_uniform_plan(report, uniform_sizes, uniform_plan, moved, serve_uniform
     ``capture_buckets`` of the plan; ``reference``: the default ladder's ``BucketedGraphs`` (memory, GPU)."""
     import statistics
 
-    from ..bucket_graphs import ladder
-    from ..bucket_plan import evaluate_buckets, plan_buckets
+    from ...bucket_graphs import ladder
+    from ...bucket_plan import evaluate_buckets, plan_buckets
 
     if is_todo(uniform_sizes):
         report.todo("uniform_sizes: HISTORY sizes drawn uniformly from 1..MAX_ROWS")
@@ -114,7 +114,7 @@ def check_uniform_plan(report, uniform_sizes, uniform_plan, moved, serve_uniform
         report.off("serve_uniform did not capture graphs into one shared pool", "capture_buckets(..., pool='shared'), "
                    "the default, on the GPU.")
         return
-    from ..memory import MemoryLedger
+    from ...memory import MemoryLedger
     ledger = MemoryLedger()
     held = ledger.record("uniform plan", serve_uniform)["held"] / 2 ** 20
     text = f"{k} graphs in one shared pool, holding {held:.1f} MiB"
@@ -142,7 +142,7 @@ def check_batch_mixing(report, BatchMixingBlock, mixing_leak, why, d_block, head
 
     import torch
 
-    from ..bucket_graphs import capture_buckets
+    from ...bucket_graphs import capture_buckets
 
     if is_todo(BatchMixingBlock):
         report.todo("write the class BatchMixingBlock")

@@ -1,12 +1,12 @@
-"""Checks for notebook 07's exercises (data parallel); the machinery is in ``exercises.py``.
+"""Checks for notebook 07's exercises (data parallel); the machinery is in ``checking.py``.
 
 Example::
 
-    from cudagraph_kit.course.exercises_07 import check_rank_spread
+    from cudagraph_kit.course.exercises.nb07_data_parallel import check_rank_spread
 """
 from __future__ import annotations
 
-from .exercises import (check, cuda, exercise, is_todo, table_rows)
+from .checking import (check, cuda, exercise, is_todo, table_rows)
 
 __all__ = ['check_rank_spread', 'check_item_per_step']
 
@@ -14,7 +14,7 @@ __all__ = ['check_rank_spread', 'check_item_per_step']
 def _rank_spread(steps) -> dict:
     """{variant: (rank_median_spread_us, step_rank_diff_p99_us)} from per-step, per-rank times, as the script
     computes them (``cudagraph_kit.ddp.jitter_summary``)."""
-    from ..ddp import jitter_summary
+    from ...ddp import jitter_summary
 
     table = jitter_summary(steps)
     return {v: (r, p) for v, r, p in zip(table["variant"], table["rank_median_spread_us"],

@@ -1,12 +1,12 @@
-"""Checks for notebook 08's exercises (LLM decoding); the machinery is in ``exercises.py``.
+"""Checks for notebook 08's exercises (LLM decoding); the machinery is in ``checking.py``.
 
 Example::
 
-    from cudagraph_kit.course.exercises_08 import check_decode_buckets
+    from cudagraph_kit.course.exercises.nb08_llm_decode import check_decode_buckets
 """
 from __future__ import annotations
 
-from .exercises import (check, cuda, exercise, is_todo)
+from .checking import (check, cuda, exercise, is_todo)
 
 __all__ = ['check_decode_buckets', 'check_low_precision_ties', 'check_k_step_decode', 'TIE_WHY']
 
@@ -19,7 +19,7 @@ def check_decode_buckets(report, few_buckets, serve_few, few_tokens, pad_fractio
     ``capture_buckets`` of the decode step; ``few_tokens``: ``{request id: tokens}`` recorded by the serving loop
     through ``serve_few``; ``pad_fraction``: the share of padding rows on ``observed`` (the stream's batch sizes);
     ``eager_tokens``: the eager loop's record."""
-    from ..bucket_plan import evaluate_buckets, plan_buckets
+    from ...bucket_plan import evaluate_buckets, plan_buckets
 
     if is_todo(few_buckets):
         report.todo("few_buckets = plan_buckets(history, max_graphs=4, max_size=MAX_BATCH)")
@@ -99,7 +99,7 @@ def check_low_precision_ties(report, bf16_tokens, bf16_reference, bf16_divergenc
 
     import torch
 
-    from .tiny_llm import StaticKVCache, TinyLLM, first_divergence, greedy_generate, greedy_generate_no_cache
+    from ..lessons.tiny_llm import StaticKVCache, TinyLLM, first_divergence, greedy_generate, greedy_generate_no_cache
 
     if is_todo(bf16_tokens) or is_todo(bf16_reference):
         report.todo("bf16_tokens and bf16_reference: greedy_generate / greedy_generate_no_cache on the bfloat16 model")
@@ -162,8 +162,8 @@ def check_k_step_decode(report, k4_block, k4_graph, k4_tokens, model, cache, pro
     them for the reference)."""
     import torch
 
-    from .decode import decode_state, generate_blocks, stop_after
-    from .tiny_llm import greedy_generate
+    from ..lessons.decode import decode_state, generate_blocks, stop_after
+    from ..lessons.tiny_llm import greedy_generate
 
     if is_todo(k4_block):
         report.todo("k4_block: def k4_block(tokens, pos, done, stop): four steps of decode_step, in place")

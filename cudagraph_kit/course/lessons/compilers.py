@@ -1,10 +1,13 @@
-"""What the compilers do, probed for notebook 03: TorchScript's fuser read from its optimized graph, a scripted
-function or the reason there is none, and what reading a ``torch.compile(mode="reduce-overhead")`` output after
-the next call does on this PyTorch.
+"""What the compilers do, probed.
+
+TorchScript's fuser read from its optimized graph, a scripted function or the reason there is none, and what reading
+a ``torch.compile(mode="reduce-overhead")`` output after the next call does on this PyTorch (notebook 03); the
+memory reduce-overhead's CUDA graph trees reserve in their one pool (06); how many graphs Dynamo has compiled so far
+(08).
 
 Example::
 
-    from cudagraph_kit.course.compilers import read_after_next_call, script_or_none
+    from cudagraph_kit.course.lessons.compilers import read_after_next_call, script_or_none
     scripted, warned = script_or_none(gelu, [x], warmup=20)
     what, message = read_after_next_call(torch.compile(f, mode="reduce-overhead"), x1, x2, reference=f)
 """
@@ -15,7 +18,8 @@ import warnings
 
 import torch
 
-__all__ = ["fresh", "script_or_none", "torchscript_fuser", "read_after_next_call", "keeping_outputs", "with_mark_step"]
+__all__ = ["fresh", "script_or_none", "torchscript_fuser", "read_after_next_call", "keeping_outputs", "with_mark_step",
+           "graph_trees_pool_bytes", "compiles_so_far"]
 
 
 def fresh(fn):
@@ -91,3 +95,28 @@ def with_mark_step(fn):
         torch.compiler.cudagraph_mark_step_begin()
         return fn(x)
     return call
+
+
+def graph_trees_pool_bytes():
+    """Bytes reserved by the pool of reduce-overhead's CUDA graph trees on this GPU, or None where not readable.
+
+    One pool per GPU and thread, created by the graph trees' manager and shared by every function compiled with
+    mode="reduce-overhead" in the thread (torch/_inductor/cudagraph_trees.py: CUDAGraphTreeManager)."""
+    from ...memory import pool_usage
+
+    try:
+        from torch._inductor import cudagraph_trees  # private API: it may move between PyTorch versions
+        manager = cudagraph_trees.get_container(torch.cuda.current_device()).tree_manager
+        pool = tuple(manager.cuda_graphs_thread_pool)
+    except Exception:
+        return None
+    return pool_usage().get(pool, {}).get("reserved")
+
+
+def compiles_so_far() -> int:
+    """How many graphs Dynamo has compiled in this process (``torch._dynamo``'s own counter); 0 if unreadable."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - a counter PyTorch may rename: then no count
+        return 0

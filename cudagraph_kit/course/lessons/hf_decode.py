@@ -18,7 +18,7 @@ Example::
 
     from transformers import LlamaConfig, LlamaForCausalLM
     from cudagraph_kit.graphed import capture
-    from cudagraph_kit.course.hf_decode import StaticDecoder
+    from cudagraph_kit.course.lessons.hf_decode import StaticDecoder
 
     model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=256, intermediate_size=512,
                                          num_attention_heads=4, num_key_value_heads=2)).cuda().eval()

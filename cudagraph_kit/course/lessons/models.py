@@ -1,10 +1,13 @@
-"""The models, data and eager baselines the lessons train, kept out of the lessons' cells: notebook 02's
-two-layer network with dropout, its optimizers, its regression batches (with a short last batch per epoch) and
-the eager steps a graph is compared with; notebook 03's deeper MLP. Everything lands on the GPU where there is one.
+"""The small models, data and eager baselines the lessons train, kept out of the lessons' cells.
+
+Notebook 02's two-layer network with dropout, its optimizers, its regression batches (with a short last batch per
+epoch) and the eager steps a graph is compared with (05 times them too); notebook 03's deeper MLP; notebook 06's
+MLP. Everything lands on the GPU where there is one. Notebook 04's image models are in ``vision.py``, notebook 08's
+language model in ``tiny_llm.py``.
 
 Example::
 
-    from cudagraph_kit.course.models import make_batches, make_model, make_opt, loss_fn
+    from cudagraph_kit.course.lessons.models import make_batches, make_model, make_opt, loss_fn
     model = make_model(128, 256, 16)                        # Linear, Dropout, Linear, Dropout
     opt = make_opt("Adam(capturable)", model.parameters())  # capturable=True on a GPU
     batches = make_batches(44, 32, 128, 16)                 # epochs of 10 batches of 32 and one of 8
@@ -17,7 +20,7 @@ import math
 import torch
 
 __all__ = ["SEED", "loss_fn", "default_device", "make_model", "make_opt", "make_batches", "eager_step",
-           "eager_amp_step", "amp_pair", "mlp_stack"]
+           "detached_eager_step", "eager_amp_step", "amp_pair", "mlp_stack", "make_mlp"]
 
 SEED = 0
 loss_fn = torch.nn.MSELoss()
@@ -79,6 +82,12 @@ def eager_step(model, opt, forward=None):
     return run
 
 
+def detached_eager_step(model, opt):
+    """``eager_step`` whose ``step(x, y)`` returns the loss detached, as a graph's step does (notebook 05)."""
+    step = eager_step(model, opt)
+    return lambda x, y: step(x, y).detach()
+
+
 def eager_amp_step(model, opt, dtype, scaler):
     """The eager mixed-precision step: the forward under ``torch.autocast``; with a ``GradScaler``, the scaled
     backward, ``scaler.step`` and ``scaler.update``."""
@@ -100,7 +109,7 @@ def eager_amp_step(model, opt, dtype, scaler):
 def amp_pair(base, opt_name, dtype, use_scaler, sample):
     """The eager AMP step and the graphed one (``capture_train_step(..., amp_dtype=dtype, scaler=...)``), each on
     its own copy of ``base`` with its own optimizer and scaler: ``(ref, eager_step, test, graphed_step)``."""
-    from .. import capture_train_step
+    from ... import capture_train_step
 
     ref, test = copy.deepcopy(base), copy.deepcopy(base)
     scaler = (lambda: torch.amp.GradScaler("cuda")) if use_scaler else (lambda: None)
@@ -117,3 +126,11 @@ def mlp_stack(layers: int, width: int, seed: int, device=None):
     for _ in range(layers):
         blocks += [torch.nn.Linear(width, width), torch.nn.ReLU()]
     return torch.nn.Sequential(*blocks).to(device or default_device())
+
+
+def make_mlp(d, h):
+    """Four linear layers with GELU between them: each output row depends on its own input row alone."""
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(d, h), nn.GELU(), nn.Linear(h, h), nn.GELU(), nn.Linear(h, h), nn.GELU(),
+                         nn.Linear(h, d))

@@ -11,7 +11,7 @@ asserts on the very same dicts.
 
 Example::
 
-    from cudagraph_kit.course.pitfall_scripts import WARMUP_VARIANTS, run_isolated, warmup_stream
+    from cudagraph_kit.course.lessons.pitfall_scripts import WARMUP_VARIANTS, run_isolated, warmup_stream
     for variant in WARMUP_VARIANTS:
         r = run_isolated(warmup_stream, variant)          # one fresh process each
         print(r["exit code"], r.get("capture"), r.get("AccumulateGrad warning"))
@@ -84,8 +84,8 @@ def run_isolated(experiment, *args, timeout: float = 120) -> dict:
         raise TypeError(f"run_isolated needs a function defined at the top level of a file, got {experiment!r}: "
                         "the fresh process imports that file and calls the function by its name. Fix: define it "
                         "with def at the top level of a .py file (not a lambda, a nested function or a string)")
-    here = Path(__file__).resolve().parent
-    kit_root = str(here.parents[1]) if here.parent.name == "cudagraph_kit" else None   # so the child can import the kit
+    kit = Path(__file__).resolve().parents[2]                # cudagraph_kit/course/lessons/ -> cudagraph_kit/
+    kit_root = str(kit.parent) if kit.name == "cudagraph_kit" else None   # so the child can import the kit
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [kit_root, os.environ.get("PYTHONPATH")])))
     command = [sys.executable, "-c", _CHILD, str(Path(path).resolve()), name, *map(str, args)]
     try:

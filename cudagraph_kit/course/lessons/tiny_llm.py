@@ -19,7 +19,7 @@ uses).
 Example::
 
     import torch
-    from cudagraph_kit.course.tiny_llm import StaticKVCache, TinyConfig, TinyLLM, greedy_generate, greedy_generate_no_cache
+    from cudagraph_kit.course.lessons.tiny_llm import StaticKVCache, TinyConfig, TinyLLM, greedy_generate, greedy_generate_no_cache
 
     cfg = TinyConfig(vocab_size=256, dim=64, layers=2, heads=4, kv_heads=2, hidden=128)
     model = TinyLLM(cfg, seed=0).eval()

@@ -1,6 +1,7 @@
-"""Notebook 08's parts that are not the lesson: the two compiled variants' builders, the verdicts of its decode-step
-and whole-generation timings, the serving loop's scheduler, the figure, the batch-16 kernel table and two small
-readers (window medians, Dynamo's compile count).
+"""What the lessons run and time beyond one call of a model.
+
+The input pipeline against a training step (notebook 04's appendix), the cases of the advise experiment (05), a
+stream of requests of varying size (06) and a serving loop whose batch changes every step (08).
 
 The serving loop: requests arrive at random (``make_stream``, seeded), each with a one-token prompt and a length;
 at most ``max_batch`` are decoded together; a finished request's hole is filled by the last row (its cache row
@@ -8,7 +9,7 @@ too), so the active requests always fill rows ``0..n-1`` and a bucket's padding 
 
 Example (eager, CPU)::
 
-    from cudagraph_kit.course.nb08_parts import batch_sizes, make_stream, serve_stream
+    from cudagraph_kit.course.lessons.workloads import batch_sizes, make_stream, serve_stream
     stream = make_stream(seed=10, steps=30, max_batch=4, max_gen=8)
     tokens = {}
     serve_stream(lambda t, p: model.decode(t, p, cache), stream, cache, 4, cfg.vocab_size, record=tokens)
@@ -16,17 +17,214 @@ Example (eager, CPU)::
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
+import multiprocessing
+import time
 
 import torch
 
-from .measure import window_medians
+from ..measuring.measure import with_window_medians
+from .models import detached_eager_step
+from .vision import train_batch
 
-__all__ = ["make_stream", "batch_sizes", "serve_stream", "Runs", "serve_table", "step_mode", "profiled_mode",
-           "with_window_medians", "per_batch", "check_row", "first_calls", "setup_table", "attempt", "host_bound",
-           "decode_vs_prefill", "step_claims", "generation_claims", "reduce_overhead_step", "compile_then_capture",
-           "compiles_so_far", "kernel_table", "plot_decode"]
+__all__ = ["SyntheticImages", "feeding_windows", "limited_by", "overlap", "advise_workloads", "draw_sizes",
+           "request_sizes", "request_views", "run_stream", "make_stream", "batch_sizes", "serve_stream",
+           "serve_table"]
+
+
+# --- notebook 04's appendix: the input pipeline against a training step ----------------------------------------
+
+
+class SyntheticImages(torch.utils.data.Dataset):
+    """Random uint8 images and labels, made per sample in the worker (as decoding would be)."""
+
+    def __init__(self, n: int, image: int, classes: int = 1000):
+        self.n, self.image, self.classes = n, image, classes
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        x = torch.randint(0, 256, (3, self.image, self.image), dtype=torch.uint8, generator=g)
+        return x, int(torch.randint(0, self.classes, (1,), generator=g))
+
+
+def _loader(batch: int, steps: int, image: int, workers: int, pin: bool):
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    workers = workers if fork else 0
+    return torch.utils.data.DataLoader(
+        SyntheticImages(batch * (steps + 2), image), batch_size=batch, shuffle=False, drop_last=True,
+        num_workers=workers, pin_memory=pin, persistent_workers=workers > 0,
+        multiprocessing_context="fork" if workers else None, prefetch_factor=4 if workers else None)
+
+
+def _seconds_per_batch(batches, per_batch, steps: int, cuda: bool) -> float:
+    """Seconds per batch over ``steps`` batches, after 2 (a fresh epoch's first batches are start-up)."""
+    for _ in range(2):
+        per_batch(*next(batches))
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        per_batch(*next(batches))
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
+def feeding_windows(step, batch: int, steps: int, image: int, workers: int, device, windows: int, pause_s: float,
+                    case: str, progress=print):
+    """Time the input pipeline against a (graphed) training ``step`` in ``windows`` windows: "loader only"
+    (iterate a DataLoader with ``workers`` workers, pinned memory, copy each batch to ``device``), "step only" (the
+    step on one batch already there) and "loader + step" (the real loop). A loader is a stream with a prefetch
+    queue, not a call to repeat, so each window times ``steps`` batches of a fresh epoch, after 2. Returns one
+    table per window (case, variant, median_us, speedup over "loader only"), for ``combine_windows``."""
+    import pandas as pd
+
+    cuda = torch.device(device).type == "cuda"
+    to_dev = lambda x, y: (x.to(device, non_blocking=True), y.to(device, non_blocking=True))  # noqa: E731
+    loader = _loader(batch, steps, image, workers, cuda)
+    fixed = train_batch(batch, image, device, seed=3)
+    frames = []
+    for w in range(windows):
+        if w:
+            time.sleep(pause_s)
+        t = {"loader only": _seconds_per_batch(iter(loader), to_dev, steps, cuda),
+             "step only": _seconds_per_batch(iter([fixed] * (steps + 2)), step, steps, cuda),
+             "loader + step": _seconds_per_batch(iter(loader), lambda x, y: step(*to_dev(x, y)), steps, cuda)}
+        base = t["loader only"]
+        frames.append(pd.DataFrame([{"case": case, "variant": k, "median_us": v * 1e6, "speedup": base / v}
+                                    for k, v in t.items()]))
+        if progress is not None:
+            progress(f"data feeding window {w + 1}/{windows}: " + ", ".join(f"{k} {v * 1e3:.2f} ms"
+                                                                            for k, v in t.items()))
+    return frames
+
+
+def overlap(frames) -> list:
+    """Per window: the real loop's time over its slower part's (1.0: the loader and the step overlap fully)."""
+    out = []
+    for f in frames:
+        t = f.set_index("variant").median_us
+        out.append(float(t["loader + step"] / max(t["loader only"], t["step only"])))
+    return out
+
+
+def limited_by(frames, verdict: str) -> str:
+    """Which part limits the data feeding, in words: the verdict of "the loader alone is faster than the step alone"
+    where it is definite, else in how many windows the step was the slower part.
+
+    Example::
+
+        limited_by(frames, "unclear")   # 'neither clearly: the training step was the slower part in 5 of 8 windows'
+    """
+    if verdict in ("holds", "fails"):
+        return "the training step" if verdict == "holds" else "the input pipeline"
+    medians = [f.set_index("variant").median_us for f in frames]   # per window
+    n = sum(bool(t["step only"] > t["loader only"]) for t in medians)
+    return f"neither clearly: the training step was the slower part in {n} of {len(frames)} windows"
+
+
+# --- notebook 05: the cases of the advise experiment ---------------------------------------------------------
+
+
+def advise_workloads(gelu):
+    """Section 7's cases, one at a time: ``(case, claim id, args, eager, capture_graph)``. The GELU of notebook 01 on a
+    small and a large tensor, then notebook 02's training steps (two MLP sizes, SGD and ``Adam(capturable=True)``,
+    with dropout). ``eager`` is the function ``advise`` predicts for; ``capture_graph()`` captures its graph only when
+    called, so a notebook can run ``advise`` first, with nothing captured, and returns ``{variant: graphed fn}`` for
+    ``measure`` (the GELU's ``"graph"`` replays the captured input; a step's ``"whole-step graph"`` is the kit's
+    ``capture_train_step``, warmed up and captured, which holds its own model and optimizer)."""
+    import torch
+
+    from ...graphed import capture
+    from ...train_step import capture_train_step
+
+    for case, claim_id, shape in (("GELU small", "gelu_small", (1, 3, 224, 224)),
+                                  ("GELU large", "gelu_large", (32, 3, 224, 224))):
+        x = torch.randn(shape, device="cuda")
+
+        def graph_of(x=x):
+            g = capture(gelu, x)
+            return {"graph": lambda t, g=g: g.replay()}
+        yield case, claim_id, (x,), gelu, graph_of
+
+    for size, label, (n, d_in, h, d_out) in (("32x128x256x16", "mlp_small", (32, 128, 256, 16)),
+                                             ("640x4096x2048x1024", "mlp_large", (640, 4096, 2048, 1024))):
+        for opt_name, opt_label in (("SGD", "sgd"), ("Adam(capturable)", "adam")):
+            torch.manual_seed(0)
+            x, y = torch.randn(n, d_in, device="cuda"), torch.randn(n, d_out, device="cuda")
+
+            def make(seed=0, d_in=d_in, h=h, d_out=d_out, opt_name=opt_name):
+                torch.manual_seed(seed)
+                m = torch.nn.Sequential(torch.nn.Linear(d_in, h), torch.nn.Dropout(0.2),
+                                        torch.nn.Linear(h, d_out), torch.nn.Dropout(0.1)).cuda()
+                o = (torch.optim.SGD(m.parameters(), lr=0.1) if opt_name == "SGD"
+                     else torch.optim.Adam(m.parameters(), lr=1e-3, capturable=True))
+                return m, o
+
+            def graph_of(make=make, x=x, y=y):
+                step = capture_train_step(*make(), torch.nn.functional.mse_loss, (x, y))
+                for _ in range(5):
+                    step(x, y)                              # warm-up, capture, replays
+                return {"whole-step graph": step}
+            yield f"MLP {size}, {opt_name}", f"{label}_{opt_label}", (x, y), detached_eager_step(*make()), graph_of
+
+
+# --- notebook 06: a stream of requests of varying size -------------------------------------------------------
+
+
+def draw_sizes(n, seed, max_rows, overflow_share):
+    """``n`` request sizes: 1..``max_rows``, skewed small (uniform cubed), and a share ``overflow_share`` of them
+    above ``max_rows`` (no bucket covers those)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    sizes = 1 + (max_rows * torch.rand(n, generator=gen) ** 3).floor().long()
+    over = torch.rand(n, generator=gen) < overflow_share
+    big = max_rows + 1 + (torch.rand(n, generator=gen) * max_rows / 2).floor().long()
+    return torch.where(over, big, sizes).tolist()
+
+
+def request_sizes(requests, history, max_rows, overflow_share, seed):
+    """The timed stream's sizes (at least one above ``max_rows``, so the overflow path runs) and a separate draw
+    ``history`` (another seed) for the planner; prints what they look like."""
+    import numpy as np
+
+    stream = draw_sizes(requests, seed, max_rows, overflow_share)
+    if max(stream) <= max_rows:  # make sure the overflow path is exercised
+        stream[len(stream) // 2] = max_rows + 1 + max_rows // 4
+    past = draw_sizes(history, seed + 1, max_rows, overflow_share)
+    s = np.array(stream)
+    print(f"stream: {len(s)} requests, {len(set(stream))} distinct sizes, rows per request: median "
+          f"{np.median(s):.0f}, p90 {np.percentile(s, 90):.0f}, max {s.max()}; {(s > max_rows).sum()} request(s) "
+          f"above MAX_ROWS={max_rows}\nhistory: {history} sizes, {len(set(past))} distinct")
+    return stream, past
+
+
+def request_views(models, stream_sizes, max_rows, device, seed):
+    """Per model: one input tensor of ``2 * max_rows`` rows on the device, and the stream's requests as views into
+    it (no host-to-device copy is timed). Returns ``(data, streams)``."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    offsets = [int(torch.randint(0, 2 * max_rows - n + 1, (1,), generator=gen)) for n in stream_sizes]
+    data, streams = {}, {}
+    for name, (model, row_shape) in models.items():
+        model.to(device).eval()
+        data[name] = torch.randn(2 * max_rows, *row_shape, device=device)
+        streams[name] = [data[name][o:o + n] for o, n in zip(offsets, stream_sizes)]
+        print(f"{name}: rows of shape {row_shape}, {sum(p.numel() for p in model.parameters()):,} parameters")
+    return data, streams
+
+
+def run_stream(fn, requests):
+    """One pass over the stream: every request through ``fn``, back to back."""
+    for x in requests:
+        fn(x)
+
+
+# --- notebook 08: the serving loop ---------------------------------------------------------------------------
 
 
 def make_stream(seed: int, steps: int, max_batch: int, max_gen: int) -> list:
@@ -97,26 +295,13 @@ def serve_stream(step, stream, cache, max_batch: int, vocab_size: int, record=No
     return log
 
 
-class Runs:
-    """``fn()`` as a timed variant that says what it replays: ``mode`` is "eager", or that of ``graphs`` (a kit
-    capture or ``BucketedGraphs``: "graph", or "eager" where it fell back), so ``compare`` labels the row
-    truthfully in windows without the profiler. Example: ``Runs(lambda: serve(graphs, stream), graphs)``."""
-
-    def __init__(self, fn, graphs="eager"):
-        self.fn = fn
-        self.mode = graphs if isinstance(graphs, str) else getattr(graphs, "mode", None)
-
-    def __call__(self):
-        return self.fn()
-
-
 def serve_table(m_serve, strategies: dict, sizes_of: dict, observed: list, same: dict, ledger):
     """The serving loop's table: ``with_window_medians(m_serve)`` plus, per strategy, time per step, tokens per
     second, the share of requests decoded as eager (``same``), its number of graphs, capture time, the memory they
     hold (``ledger.record``), its bucket sizes and the padding share of the computed rows on ``observed``. A strategy
     whose graphs ran eagerly (no GPU) gets no speedup: it would compare eager with eager."""
-    from ..bucket_plan import evaluate_buckets
-    from .measure import ran_eagerly
+    from ...bucket_plan import evaluate_buckets
+    from ..measuring.measure import ran_eagerly
 
     df = with_window_medians(m_serve)
     name = df.variant.str.replace(" (eager fallback)", "", regex=False)
@@ -132,313 +317,3 @@ def serve_table(m_serve, strategies: dict, sizes_of: dict, observed: list, same:
                                   if sizes_of[n] else 0.0)
     df.loc[ran_eagerly(df), [c for c in ("speedup", "speedup_lo", "speedup_hi") if c in df]] = float("nan")
     return df
-
-
-def step_mode(m, case: str, variant: str) -> str:
-    """What ``variant`` ran as in ``case`` of a profiled ``Measured`` ``m`` (the decode step's), as a ``Runs`` mode:
-    "graph" where the profiler saw graph launches, else "eager" (also where the row is missing). A whole generation
-    of that step then needs no profiler of its own to say what it ran as."""
-    try:
-        return "graph" if m.row(case, variant).executed_as == "cuda graph" else "eager"
-    except KeyError:
-        return "eager"
-
-
-def profiled_mode(fn) -> str:
-    """Call ``fn()`` once under the profiler (after one warm call) and return "graph" if it launched a CUDA graph,
-    else "eager"; "eager" without CUDA. For a variant whose graphs are made inside it (``generate`` compiled by
-    ``transformers``): one profiled call of graph replays is cheap, unlike profiling eager generations."""
-    from ..timing import gpu_time
-
-    g = gpu_time(fn, calls=1, warmup=1)
-    return "graph" if g is not None and g.graph_launches > 0 else "eager"
-
-
-def with_window_medians(m):
-    """``m.table`` (a ``Measured``) with each row's per-window medians, ";"-joined (``window_medians_us``), so a
-    saved table lets anyone recompute a ratio between two of its rows window by window."""
-    t = m.table.copy()
-    t["window_medians_us"] = [window_medians(m.windows, c, v, ".6g") for c, v in zip(t.case, t.variant)]
-    return t
-
-
-def per_batch(m, case_of: dict, tokens_per_row: int = 1):
-    """``with_window_medians(m)`` with a ``batch`` column (``case_of``: {batch: case}) and ``tokens_per_s``: every
-    row of the batch makes ``tokens_per_row`` tokens per timed call. Example: ``per_batch(m_gen, GEN_CASE, 32)``."""
-    df = with_window_medians(m)
-    df["batch"] = df.case.map({c: b for b, c in case_of.items()})
-    df["tokens_per_s"] = df.batch * tokens_per_row / (df.median_us * 1e-6)
-    return df
-
-
-def check_row(variant: str, tokens, logits: list, reference, reference_logits: list, batch=None, **extra) -> dict:
-    """One row of a correctness table: ``variant`` (and ``batch``, if given), its greedy tokens against the
-    reference's (``first_divergence``: equal, or where they first differ and whether that is a near tie), the largest
-    |logit difference| over all steps, then ``extra`` columns (e.g. the first call's time)."""
-    from .tiny_llm import first_divergence
-
-    d = first_divergence(tokens, reference, logits, reference_logits)
-    return {"variant": variant, **({} if batch is None else {"batch": batch}), "tokens_equal": d["equal"],
-            "first_step": d["first_step"], "rows_differing": d["rows_differing"], "margin": d["margin"],
-            "logit_diff": d["logit_diff"], "near_tie": bool(d["near_tie"]),
-            "max_logit_diff": max((a.float() - r.float()).abs().max().item() for a, r in zip(logits, reference_logits)),
-            **extra}
-
-
-def first_calls(variants, batches, generate, reference: dict, errors: dict, ledger, skip=lambda label, batch: None):
-    """Each variant's first call at each batch size, checked against the reference and timed (a compile or a
-    recording included): ``generate(label, batch, logits_out)`` returns the tokens, ``reference[batch]`` is
-    (tokens, logits). A variant that fails (``attempt``) or that ``skip(label, batch)`` skips (it returns the
-    reason) stops there, its error in ``errors``. Returns (the ``check_row`` rows, {(variant, batch): seconds},
-    {variant: graph-pool growth in bytes during its first calls, ``MemoryLedger.measure``}).
-
-    Example::
-
-        rows, first_s, pool_growth = first_calls(["eager", "graphs"], [1, 4], generate, eager_ref, {}, MemoryLedger())
-    """
-    import time
-
-    rows, seconds, growth = [], {}, {}
-    for label in variants:
-        with ledger.measure(f"first calls, {label}") as mem:
-            for b in batches:
-                reason = skip(label, b)
-                if reason:
-                    errors.setdefault(label, reason)
-                if label in errors:
-                    break
-                t0, logits = time.perf_counter(), []
-                tokens = attempt(label, lambda: generate(label, b, logits), errors)
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                if tokens is None:
-                    break
-                seconds[label, b] = time.perf_counter() - t0
-                rows.append(check_row(label, tokens, logits, *reference[b], batch=b, first_call_s=seconds[label, b]))
-        growth[label] = mem.get("graph_pool_growth", float("nan"))
-    return rows, seconds, growth
-
-
-def setup_table(rows: list):
-    """What each graphed variant cost to set up, one row per variant: ``rows`` of {variant, compile_s, capture_s,
-    graph_mib[, compiles_in_capture]} (missing values NaN); printed, and returned with ``case`` "setup" for the saved
-    results."""
-    import pandas as pd
-
-    df = pd.DataFrame(rows)
-    print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    return df.assign(case="setup", median_us=float("nan"), speedup=float("nan"))
-
-
-def attempt(label: str, fn, errors: dict):
-    """``fn()``, or None if it raised: the error goes into ``errors[label]`` (for the tables) and is printed with
-    the last frames of its traceback, so that one failing variant does not stop the others.
-
-    Example::
-
-        compiled = attempt("reduce-overhead", build_compiled, variant_errors)
-    """
-    import traceback
-
-    try:
-        return fn()
-    except Exception as exc:  # noqa: BLE001 - any failure of one variant is reported, the notebook goes on
-        errors[label] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-        print(f"{label}: failed, {errors[label]}\n"
-              + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4)[-6:-1]))
-        return None
-
-
-def host_bound(m, claim_id: str, case: str, floor_us: float):
-    """The claim "eager is host-bound in ``case``": eager's time interval over the GPU-busy ``floor_us`` of the
-    step is above 2x, so the GPU sits idle most of each eager step."""
-    from .claims import Claim
-
-    eager, times = m.row(case, "eager"), "an eager step takes {lo:.1f}-{hi:.1f}x the GPU's busy time"
-    return Claim(claim_id, lo=eager.median_pi_lo / floor_us, hi=eager.median_pi_hi / floor_us, above=2.0,
-                 subject=f"{case}: eager against the floor",
-                 holds=f"{case}: {times}: host-bound, the GPU sits idle most of each step",
-                 fails=f"{case}: {times}: at most 2x, so not host-bound by this test",
-                 unclear=f"{case}: {times}: too close to 2x to call")
-
-
-def decode_vs_prefill(m, claim_id: str, decode: tuple, prefill: tuple, what: str, eager_fallback: bool):
-    """The claim "a graph buys a decode step more than it buys prefill": the decode row's speedup over the prefill
-    row's, window by window (``decode`` and ``prefill`` are (case, variant) of ``m``; ``what`` names the decode
-    step in the sentence, e.g. "a decode step at batch 64")."""
-    from ..intervals import prediction_interval
-    from .claims import Claim
-
-    ratios = [float(d) / float(p) for d, p in zip(m.row(*decode).window_speedups.split(";"),
-                                                  m.row(*prefill).window_speedups.split(";"))]
-    lo, hi = prediction_interval(ratios)
-    gains = f"a graph's speedup on {what} is {{lo:.2f}}-{{hi:.2f}}x its speedup on prefill"
-    return Claim(claim_id, lo=lo, hi=hi, eager_fallback=eager_fallback,
-                 subject="a graph's speedup on a decode step against prefill's", holds=gains,
-                 fails=f"a graph's speedup on prefill is {{inv_lo:.2f}}-{{inv_hi:.2f}}x its speedup on {what}",
-                 unclear=gains + ": too close to call")
-
-
-def step_claims(m, step_case: dict, step_cases: dict, floors: dict, prefill_case: str, kit: str, fused: str,
-                eager_fallback: bool) -> list:
-    """Section 7's verdicts from its ``Measured`` ``m``: per batch (``step_case``: {batch: case}; ``step_cases``: {case:
-    (timed variants, inputs)}) the kit's graph (``kit``) against eager, ``reduce-overhead`` against the kit's graph,
-    the compiled step captured by the kit (``fused``) against ``reduce-overhead`` (the aim: more than 5% faster),
-    eager against twice the floor (``floors``: {batch: GPU-busy µs}); then the graph against eager on prefill (the
-    aim: more than 10% faster), and the graph's speedup on a decode step at the largest batch against prefill's."""
-    from .claims import speedup, versus
-
-    out = []
-    for b, case in step_case.items():
-        timed = step_cases[case][0]
-        out.append(speedup(m, f"step_graph_beats_eager_b{b}", case, kit))
-        for cid, fast, slow, above in ((f"step_reduce_overhead_beats_graph_b{b}", "reduce-overhead", kit, 1.0),
-                                       (f"step_fused_graph_beats_reduce_overhead_b{b}", fused, "reduce-overhead", 1.05)):
-            if {fast, slow} <= set(timed):
-                out.append(versus(m, cid, (case, fast), (case, slow), above=above))
-        if b in floors:
-            out.append(host_bound(m, f"step_eager_host_bound_b{b}", case, floors[b]))
-    out.append(speedup(m, "prefill_graph_saves_10pct", prefill_case, "graph", above=1.10))
-    b = max(step_case)
-    out.append(decode_vs_prefill(m, "decode_gains_more_than_prefill", (step_case[b], kit), (prefill_case, "graph"),
-                                 f"a decode step at batch {b}", eager_fallback=eager_fallback))
-    return out
-
-
-def generation_claims(m, gen_case: dict, gen_cases: dict, kit: str, hf_static: str, hf_dynamic: str) -> list:
-    """Section 8's verdicts from its ``Measured`` ``m``, per batch (``gen_case``: {batch: case}): the kit's graphs
-    (``kit``) against eager, ``reduce-overhead`` against the kit's graphs, the kit's graphs against ``transformers``'
-    static-cache ``generate``, and that against its dynamic cache; each only where both variants were timed."""
-    from .claims import speedup, versus
-
-    out = []
-    for b, case in gen_case.items():
-        timed = gen_cases[case][0]
-        out.append(speedup(m, f"generate_graphs_beat_eager_b{b}", case, kit))
-        for cid, fast, slow in ((f"generate_reduce_overhead_beats_graphs_b{b}", "reduce-overhead", kit),
-                                (f"generate_graphs_beat_hf_static_b{b}", kit, hf_static),
-                                (f"generate_hf_static_beats_hf_dynamic_b{b}", hf_static, hf_dynamic)):
-            if {fast, slow} <= set(timed):
-                out.append(versus(m, cid, (case, fast), (case, slow)))
-    return out
-
-
-def reduce_overhead_step(step, cache):
-    """``torch.compile(step, mode="reduce-overhead")`` of a decode step on ``cache``: the cache's buffers are marked as
-    static addresses (``torch._dynamo.mark_static_address``, as ``transformers`` does), so the graphs may write them
-    in place, and every call starts a new step (``cudagraph_mark_step_begin``): the previous step's outputs may then
-    be overwritten."""
-    for buf in (cache.k, cache.v):
-        torch._dynamo.mark_static_address(buf)
-    fn = torch.compile(step, mode="reduce-overhead")
-
-    def compiled(tokens, pos):
-        torch.compiler.cudagraph_mark_step_begin()
-        return fn(tokens, pos)
-    return compiled
-
-
-def compile_then_capture(model, cache, sample_tokens, sample_pos, sizes, ledger, setup: dict):
-    """The decode step compiled in the default mode (Inductor's fused kernels, no CUDA graphs; ``dynamic=True``, so
-    one compile serves every bucket), then captured per bucket by ``capture_buckets`` in one shared pool. It is
-    compiled first on the kind of input the capture passes, views shorter than their buffer (half the largest
-    batch), and at size 1 (PyTorch specializes it), so the capture compiles nothing. ``setup`` receives compile_s,
-    compiles, capture_s, compiles_in_capture and graph_mib (``ledger.record``: pool plus static buffers)."""
-    import time
-
-    from ..bucket_graphs import capture_buckets
-    from ..graphed import fresh_cublas_workspace
-
-    def fused_decode(tokens, pos):   # a function of its own: Dynamo keeps one cache per function
-        return model.decode(tokens, pos, cache)
-    step = fresh_cublas_workspace(torch.compile(fused_decode, dynamic=True))
-    t0, n0 = time.perf_counter(), compiles_so_far()
-    for n in (max(2, len(sample_tokens) // 2), 1):
-        step(sample_tokens[:n], sample_pos[:n])
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    setup.update(compile_s=time.perf_counter() - t0, compiles=compiles_so_far() - n0)
-    n0 = compiles_so_far()
-    graphs = capture_buckets(step, sample_tokens, sample_pos, sizes=sizes)
-    setup.update(capture_s=graphs.capture_seconds, compiles_in_capture=compiles_so_far() - n0,
-                 graph_mib=ledger.record("compile + kit buckets", graphs).get("held", float("nan")) / 2 ** 20)
-    return graphs
-
-
-def compiles_so_far() -> int:
-    """How many graphs Dynamo has compiled in this process (``torch._dynamo``'s own counter); 0 if unreadable."""
-    try:
-        from torch._dynamo.utils import counters
-        return int(counters["stats"]["unique_graphs"])
-    except Exception:  # noqa: BLE001 - a counter PyTorch may rename: then no count
-        return 0
-
-
-def _matmul_kernel(name: str) -> str:
-    """A cuBLAS kernel's family and tile shape, e.g. 'gemm 32x128x8' (the full names run to 200 characters)."""
-    tile = re.search(r"tilesize(\d+x\d+x\d+)", name)
-    return ("gemv" if "gemv" in name else "gemm") + (f" {tile.group(1)}" if tile else "")
-
-
-def kernel_table(folder):
-    """The recorded batch-16 study (``scripts/probes/probe_decode_kernels.py``) in ``folder``: each batch's and variant's top
-    matmul kernel with its time per step and the step's GPU-busy time, and one sentence; ``(None, why)`` if absent."""
-    import pandas as pd
-
-    folder = Path(folder)
-    if not (folder / "decode_kernels.csv").is_file():
-        return None, (f"not recorded ({folder / 'decode_kernels.csv'} is missing): on a GPU, run\n"
-                      "    python scripts/probes/probe_decode_kernels.py --out figures/08_decode_kernels")
-    kernels, steps = pd.read_csv(folder / "decode_kernels.csv"), pd.read_csv(folder / "decode_steps.csv")
-    gemm = kernels[kernels.name.str.contains("gemm|gemv", case=False)].copy()
-    gemm["kernel"] = gemm.name.map(_matmul_kernel)
-    top = gemm.sort_values("total_us", ascending=False).groupby(["variant", "batch"]).head(1)
-    table = top.merge(steps, on=["variant", "batch"]).sort_values(["batch", "variant"])
-    table = table[["batch", "variant", "kernel", "total_us", "busy_us"]].rename(
-        columns={"total_us": "top matmul µs/step", "busy_us": "GPU busy µs/step"}).reset_index(drop=True)
-    graph = table[table.variant == "graph"].set_index("batch")
-    slow = graph["GPU busy µs/step"].idxmax()
-    later = graph[graph.index > slow]
-    if not len(later):
-        return table, ""
-    fast = later["GPU busy µs/step"].idxmin()
-    same = (table.groupby("batch").kernel.nunique() == 1).all()
-    return table, (f"Batch {slow} keeps the GPU busy {graph.loc[slow, 'GPU busy µs/step']:.0f} µs per step and batch "
-                   f"{fast} {graph.loc[fast, 'GPU busy µs/step']:.0f} µs; their top matmul kernels are "
-                   f"{graph.loc[slow, 'kernel']} and {graph.loc[fast, 'kernel']}. Eager and the graph run "
-                   f"{'the same' if same else 'different'} top kernels at each batch.")
-
-
-def plot_decode(step_df, gen_df, serve_df, title: str):
-    """Three panels: time per decode step against the batch (with the floor), tokens per second of whole
-    generations, and the serving loop's time per step per strategy."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8))
-    ax = axes[0]
-    for v, d in step_df.groupby("variant", sort=False):
-        ax.plot(d.batch, d.us_per_step, "o-", label=f"{v} ({d.executed_as.iloc[0]})")
-    f = step_df.drop_duplicates("batch")
-    if f.floor_step_us.notna().any():
-        ax.plot(f.batch, f.floor_step_us, "k--", label="floor (GPU busy, kit graph)")
-    ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="µs per decode step (= per token of a sequence)",
-           title="decode step")
-    ax.legend(fontsize=7)
-    ax = axes[1]
-    for v, d in gen_df.groupby("variant", sort=False):
-        ax.plot(d.batch, d.tokens_per_s, "o-", label=v)
-    ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="tokens / s (whole generation)",
-           title="whole generations")
-    ax.legend(fontsize=7)
-    ax = axes[2]
-    y = np.arange(len(serve_df))
-    ax.barh(y, serve_df.us_per_step, color="C0")
-    ax.set_yticks(y, [f"{v} ({int(g)} graphs)" for v, g in zip(serve_df.variant, serve_df.graphs.fillna(0))],
-                  fontsize=7)
-    for yi, (t, s) in enumerate(zip(serve_df.us_per_step, serve_df.speedup)):
-        ax.text(t, yi, f" {t:.0f} µs, {s:.2f}x", va="center", fontsize=7)
-    ax.set(xlabel="µs per decode step (median pass / steps)", title="serving loop, batch size changing every step")
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    return fig

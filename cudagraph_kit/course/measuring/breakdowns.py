@@ -1,73 +1,108 @@
-"""Notebook 03's figure and its appendix study (where the time of one call goes), kept out of the lesson's cells.
+"""Where the time of a call goes, taken apart.
 
-``plot_times`` draws the notebook's timing table, one panel per case. ``gpu_breakdown`` and ``cpu_breakdown`` are
-the appendix: what the GPU does per call and which CUDA runtime calls the CPU makes (``torch.profiler``), and
-where the CPU time of a call goes by part of PyTorch (``cProfile``). Both profile, so run them after every timing:
-a profiler session slows the launches that come after it in the process.
+An eager training step's parts, each timed with ``measure`` (notebook 02's appendix); what the GPU does per call,
+which CUDA runtime calls the CPU makes (``torch.profiler``) and where the CPU time goes by part of PyTorch
+(``cProfile``; notebook 03's appendix); eager time as kernels x host time per kernel against the GPU-busy floor
+(notebook 04's inference sweep); the top matmul kernels of a recorded decode-step study (notebook 08).
+
+The profiling ones profile, so run them after every timing: a profiler session slows the launches that come after
+it in the process.
 
 Example::
 
-    from cudagraph_kit.course.nb03_parts import cpu_breakdown, plot_times
-    fig = plot_times(df, f"Time per call on {gpu}")          # df: notebook 03's results table
-    cpu_breakdown(compiled, x)                              # the shares of one call's CPU time (GPU only)
+    from cudagraph_kit.course.measuring.breakdowns import breakdown, cpu_breakdown, step_parts
+    parts = step_parts(model, lambda ps: torch.optim.SGD(ps, lr=0.1), loss_fn, x, y)   # {part: fn(x, y)}
+    breakdown(measure({"MLP": parts}), "MLP")             # µs, kernels and share of the step, per part
+    cpu_breakdown(compiled, x)                            # the shares of one call's CPU time (GPU only)
 """
 from __future__ import annotations
 
+import copy
 import re
 from collections import defaultdict
+from pathlib import Path
 
-__all__ = ["plot_times", "runtime_calls", "gpu_breakdown", "cpu_breakdown"]
-
-COLORS = {"cuda graph": "tab:green", "eager": "tab:blue"}
-
-
-def plot_times(df, title: str):
-    """One panel per case of ``df`` (columns case, variant, executed_as, median_us, median_pi_lo/hi, floor_us):
-    bars coloured by how the variant ran, the 90% prediction interval of its time as a whisker, the GPU-busy floor
-    as a tick. Returns the figure.
-
-    Example::
-
-        fig = plot_times(df, "Time per call on an H100")
-    """
-    import matplotlib.pyplot as plt
-
-    cases = list(dict.fromkeys(df["case"]))
-    sizes = df.groupby("case", sort=False).size()
-    fig, axes = plt.subplots(len(cases), 1, figsize=(9, 0.36 * sizes.sum() + 1.2 * len(cases) + 0.8),
-                             gridspec_kw={"height_ratios": [sizes[c] for c in cases]}, squeeze=False)
-    for ax, case in zip(axes[:, 0], cases):
-        d = df[df["case"] == case].iloc[::-1]
-        y = list(range(len(d)))
-        ax.barh(y, d["median_us"], color=[COLORS.get(e, "tab:gray") for e in d["executed_as"]], height=0.7)
-        if {"median_pi_lo", "median_pi_hi"} <= set(d.columns) and d["median_pi_lo"].notna().any():
-            ax.errorbar(d["median_us"], y, fmt="none", ecolor="black", elinewidth=0.8, capsize=2,
-                        xerr=[(d["median_us"] - d["median_pi_lo"]).clip(lower=0).fillna(0),
-                              (d["median_pi_hi"] - d["median_us"]).clip(lower=0).fillna(0)])
-        if "floor_us" in d and d["floor_us"].notna().any():
-            ax.scatter(d["floor_us"], y, marker="|", s=250, color="black", zorder=3)
-        ax.set_yticks(y, [v.replace(" (eager fallback)", "") for v in d["variant"]], fontsize=8)
-        top = d["median_pi_hi"].max() if "median_pi_hi" in d else float("nan")
-        top = max(d["median_us"].max(), top) if top == top else d["median_us"].max()
-        ax.set_xlim(0, top * 1.25)  # room for the value labels inside the axes
-        for yi, v in zip(y, d["median_us"]):
-            ax.text(v + top * 0.01, yi + 0.25, f"{v:.1f}", va="center", fontsize=7)
-        shape = f" ({d['shape'].iloc[0]})" if "shape" in d else ""
-        ax.set(xlabel="time per call (µs)")
-        ax.set_title(f"{case}{shape}", fontsize=9, loc="left")
-        ax.grid(axis="x", alpha=0.3)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()] + [
-        plt.Line2D([], [], marker="|", color="black", ls="", markersize=12)]
-    fig.legend(handles, ["ran as a CUDA graph", "eager launches", "GPU-busy floor"], loc="upper right", fontsize=8,
-               ncol=3, bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(title, fontsize=9, x=0.02, ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 0.965))
-    return fig
+__all__ = ["FB", "PARTS", "step_parts", "breakdown", "runtime_calls", "gpu_breakdown", "cpu_breakdown",
+           "host_time_model", "inference_curves", "kernel_table"]
 
 
+# notebook 02: the parts of an eager training step
+FB = "zero_grad + forward + loss + backward"
+PARTS = ("whole eager step", "zero_grad", "forward + loss", FB, "optimizer.step() alone")
+
+
+def step_parts(base, make_opt, loss_fn, x, y) -> dict:
+    """One callable ``fn(x, y)`` per part of an eager training step (``PARTS``), each on its own copy of ``base``
+    with its own optimizer (``make_opt(params)``), gradients and optimizer state already there."""
+    parts = {}
+    for name in PARTS:
+        m = copy.deepcopy(base)
+        o = make_opt(m.parameters())
+        loss_fn(m(x), y).backward()
+        o.step()
+        if name == "whole eager step":
+            def fn(x, y, m=m, o=o):
+                o.zero_grad(set_to_none=True)
+                loss_fn(m(x), y).backward()
+                o.step()
+        elif name == "zero_grad":
+            def fn(x, y, o=o):
+                o.zero_grad(set_to_none=True)
+        elif name == "forward + loss":
+            def fn(x, y, m=m):
+                return loss_fn(m(x), y)
+        elif name == FB:
+            def fn(x, y, m=m, o=o):
+                o.zero_grad(set_to_none=True)
+                loss_fn(m(x), y).backward()
+        else:
+            def fn(x, y, o=o):
+                o.step()
+        parts[name] = fn
+    return parts
+
+
+def _by_window(m, case, plus, minus=()):
+    """Median over the windows of ``m`` (a ``Measured``) of: the ``plus`` parts' medians minus the ``minus``
+    parts', window by window (a difference of two noisy medians: it can come out negative)."""
+    import statistics
+
+    values = []
+    for f in m.windows:
+        us = f[f.case == case].set_index("variant").median_us
+        values.append(sum(us[v] for v in plus) - sum(us[v] for v in minus))
+    return float(statistics.median(values))
+
+
+def breakdown(m, case):
+    """The parts of ``case``'s eager step: µs (median over windows), kernels (from the profiler, GPU only), µs per
+    kernel and share of the whole step; backward and optimizer.step() by difference."""
+    import pandas as pd
+
+    kern = m.table[m.table.case == case].set_index("variant").get("kernels_per_call")
+    k = (lambda v: float(kern[v])) if kern is not None else (lambda v: float("nan"))  # noqa: E731
+    rows = {
+        "zero_grad": (["zero_grad"], [], k("zero_grad")),
+        "forward + loss": (["forward + loss"], [], k("forward + loss")),
+        "backward (by difference)": ([FB], ["forward + loss", "zero_grad"], k(FB) - k("forward + loss")),
+        "optimizer.step() (by difference)": (["whole eager step"], [FB], k("whole eager step") - k(FB)),
+        "optimizer.step() (timed alone)": (["optimizer.step() alone"], [], k("optimizer.step() alone")),
+        "whole eager step": (["whole eager step"], [], k("whole eager step")),
+    }
+    whole = _by_window(m, case, ["whole eager step"])
+    out = []
+    for part, (plus, minus, kernels) in rows.items():
+        us = _by_window(m, case, plus, minus)
+        out.append({"part": part, "µs": us, "kernels": kernels,
+                    "µs per kernel": us / kernels if kernels == kernels and kernels > 0 else float("nan"),
+                    "share of the step": us / whole})
+    return pd.DataFrame(out)
+
+
+# notebook 03: one call, on the GPU and on the CPU
 def _short_kernel(name: str) -> str:
     """A kernel's readable name (``show.short_kernel_name``); a cuBLAS GEMM as its tile shape."""
-    from ..show import short_kernel_name
+    from ...show import short_kernel_name
 
     tile = re.search(r"tilesize(\d+x\d+x\d+)", name)
     if "gemm" in name and tile:
@@ -113,7 +148,7 @@ def gpu_breakdown(named):
     kernels and the CUDA runtime calls per call (GPU only)."""
     import pandas as pd
 
-    from ..timing import gpu_time
+    from ...timing import gpu_time
 
     rows = []
     for case, name, fn, x in named:
@@ -169,3 +204,80 @@ def cpu_breakdown(fn, x, calls: int = 2000):
     total = sum(per.values())
     return pd.DataFrame([{"where": k, "µs/call (under cProfile)": v / calls * 1e6, "share": f"{v / total:.0%}"}
                          for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v / total >= 0.01])
+
+
+# notebook 04: eager time as kernels x host time, against the floor
+def host_time_model(eager, graph):
+    """Section 1's model of an eager forward: ``max(kernels x host time per kernel, floor)``. ``eager`` and
+    ``graph`` are the sweep's rows indexed by batch (median_us, median_pi_lo/hi, kernels_per_call; floor_us on the
+    graph rows). The host time per kernel is estimated at the smallest batch (where eager is most host-bound):
+    eager time / kernels, with the interval of the eager time. Returns ``(host_us, (lo, hi), table)``; NaN where
+    the profiler counted no kernels (no GPU)."""
+    import pandas as pd
+
+    b0 = eager.index.min()
+    k0 = eager.kernels_per_call[b0] if "kernels_per_call" in eager else float("nan")
+    ok = pd.notna(k0) and k0 > 0
+    host = eager.median_us[b0] / k0 if ok else float("nan")
+    span = (eager.median_pi_lo[b0] / k0, eager.median_pi_hi[b0] / k0) if ok else (float("nan"),) * 2
+    kernels = eager.kernels_per_call if "kernels_per_call" in eager else pd.Series(float("nan"), eager.index)
+    floor = graph.floor_us if "floor_us" in graph else pd.Series(float("nan"), graph.index)
+    line = kernels * host
+    model = pd.concat([line, floor], axis=1).max(axis=1, skipna=False)
+    table = pd.DataFrame({"kernels": kernels, "kernels x host (ms)": line / 1e3, "graph floor (ms)": floor / 1e3,
+                          "model (ms)": model / 1e3, "eager measured (ms)": eager.median_us / 1e3,
+                          "measured / model": eager.median_us / model, "graph (ms)": graph.median_us / 1e3,
+                          "graph / floor": graph.median_us / floor}).round(3)
+    table["bound"] = ["launch-bound" if lv > fv else "GPU-bound" if fv == fv else "-" for lv, fv in zip(line, floor)]
+    return host, span, table
+
+
+def inference_curves(inference, pays: float) -> dict:
+    """Per dtype of the inference table (columns dtype, batch, variant, ...): the eager and graph rows by batch, the
+    host-time model (:func:`host_time_model`; ``launch_us`` is the name exercise 1 reads: the eager host time per
+    kernel, not the launch alone) and the batch from which the graph stops paying (None where it never does)."""
+    curve = {}
+    for dname in dict.fromkeys(inference.dtype):
+        rows = inference[inference.dtype == dname].sort_values("batch")
+        e, g = rows[rows.variant == "eager"].set_index("batch"), rows[rows.variant != "eager"].set_index("batch")
+        host_us, host_span, host_table = host_time_model(e, g)
+        stop_at = next((b for b in g.index if (g.speedup_hi.loc[b:] <= pays).all()), None)
+        curve[dname] = {"eager": e, "graph": g, "host_us": host_us, "launch_us": host_us, "span": host_span,
+                        "model": host_table, "stop": stop_at}
+    return curve
+
+
+# notebook 08: the recorded decode-step kernels
+def _matmul_kernel(name: str) -> str:
+    """A cuBLAS kernel's family and tile shape, e.g. 'gemm 32x128x8' (the full names run to 200 characters)."""
+    tile = re.search(r"tilesize(\d+x\d+x\d+)", name)
+    return ("gemv" if "gemv" in name else "gemm") + (f" {tile.group(1)}" if tile else "")
+
+
+def kernel_table(folder):
+    """The recorded batch-16 study (``scripts/probes/probe_decode_kernels.py``) in ``folder``: each batch's and variant's top
+    matmul kernel with its time per step and the step's GPU-busy time, and one sentence; ``(None, why)`` if absent."""
+    import pandas as pd
+
+    folder = Path(folder)
+    if not (folder / "decode_kernels.csv").is_file():
+        return None, (f"not recorded ({folder / 'decode_kernels.csv'} is missing): on a GPU, run\n"
+                      "    python scripts/probes/probe_decode_kernels.py --out figures/08_decode_kernels")
+    kernels, steps = pd.read_csv(folder / "decode_kernels.csv"), pd.read_csv(folder / "decode_steps.csv")
+    gemm = kernels[kernels.name.str.contains("gemm|gemv", case=False)].copy()
+    gemm["kernel"] = gemm.name.map(_matmul_kernel)
+    top = gemm.sort_values("total_us", ascending=False).groupby(["variant", "batch"]).head(1)
+    table = top.merge(steps, on=["variant", "batch"]).sort_values(["batch", "variant"])
+    table = table[["batch", "variant", "kernel", "total_us", "busy_us"]].rename(
+        columns={"total_us": "top matmul µs/step", "busy_us": "GPU busy µs/step"}).reset_index(drop=True)
+    graph = table[table.variant == "graph"].set_index("batch")
+    slow = graph["GPU busy µs/step"].idxmax()
+    later = graph[graph.index > slow]
+    if not len(later):
+        return table, ""
+    fast = later["GPU busy µs/step"].idxmin()
+    same = (table.groupby("batch").kernel.nunique() == 1).all()
+    return table, (f"Batch {slow} keeps the GPU busy {graph.loc[slow, 'GPU busy µs/step']:.0f} µs per step and batch "
+                   f"{fast} {graph.loc[fast, 'GPU busy µs/step']:.0f} µs; their top matmul kernels are "
+                   f"{graph.loc[slow, 'kernel']} and {graph.loc[fast, 'kernel']}. Eager and the graph run "
+                   f"{'the same' if same else 'different'} top kernels at each batch.")

@@ -8,9 +8,11 @@ gives its own sentence. The notebook prints ``claim.statement`` and saves every 
 Markdown cells quote a claim by id as ``{claim:ID}``; ``quoted_claims`` finds those, and the tests check that
 every quoted id exists in the notebook's saved claims.
 
-Build claims from a ``Measured`` (``course.measure.measure``): ``speedup`` (a variant against its case's
-baseline), ``versus`` (any two rows), ``within_floor``, ``best_of``; ``stops_paying`` reads a sweep and ``faster``
-takes a bare interval. Each renders one plain sentence that says what was measured and which way the interval
+Build claims from a ``Measured`` (``measure.measure``): ``speedup`` (a variant against its case's baseline),
+``versus`` (any two rows), ``within_floor``, ``best_of``, ``host_bound`` (eager against the GPU-busy floor),
+``decode_vs_prefill`` (one speedup against another, window by window); ``stops_paying`` reads a sweep, ``faster``
+takes a bare interval, and ``advise_claim`` / ``advise_words_claim`` hold a prediction of ``advise`` against a
+measured interval. Each renders one plain sentence that says what was measured and which way the interval
 points ("the graph is 5.10-7.30x faster than eager"); ``holds``/``fails``/``unclear`` stay in ``claims.csv``.
 ``summary(claims)`` shows a notebook's findings as one short table.
 
@@ -20,7 +22,7 @@ never a verdict about a graph that was not built.
 
 Example::
 
-    from cudagraph_kit.course.claims import save_claims, speedup, summary
+    from cudagraph_kit.course.measuring.claims import save_claims, speedup, summary
     claims = [speedup(m, "replay_beats_eager_small", "small", "graph replay")]   # m = measure(...)
     summary(claims)                 # 1. small: graph replay is 5.10-7.30x faster than eager
     save_claims(folder, claims)     # claims.csv: claim, statement, verdict, lo, hi, above
@@ -31,11 +33,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..intervals import verdict
+from ...intervals import verdict
 
-__all__ = ["Claim", "faster", "speedup", "versus", "within_floor", "stops_paying", "best_of", "summary", "summary_table",
-           "takeaways", "save_claims", "load_claims", "quoted_claims", "CLAIMS_FILE",
-           "CLAIM_COLUMNS", "EAGER_FALLBACK"]
+__all__ = ["Claim", "faster", "speedup", "versus", "within_floor", "stops_paying", "best_of", "host_bound",
+           "decode_vs_prefill", "WITHIN", "closeness", "advise_claim", "advise_words_claim", "summary", "summary_table",
+           "takeaways", "save_claims", "load_claims", "quoted_claims", "CLAIMS_FILE", "CLAIM_COLUMNS", "EAGER_FALLBACK"]
 
 CLAIMS_FILE = "claims.csv"
 CLAIM_COLUMNS = ["claim", "statement", "verdict", "lo", "hi", "above"]
@@ -210,7 +212,7 @@ def stops_paying(claim_id: str, points, above: float, subject: str, unit: str = 
         stops_paying("graph_stops_paying", [(2**20, 1.5, 2.0), (2**24, 1.0, 1.05)], 1.10, "the graph", " elements")
         # statement: 'the graph stops paying (at most 1.1x) from 16,777,216 elements on'
     """
-    from ..intervals import stops_clearing
+    from ...intervals import stops_clearing
 
     pts = sorted((float(x), lo, hi) for x, lo, hi in points)
     if not pts:
@@ -246,6 +248,105 @@ def best_of(m, claim_id: str, case: str, variants=None, above: float = 1.0) -> C
     best, runner = ranked[0], ranked[1]
     return versus(m, claim_id, (case, best), (case, runner), subject=f"{case}: {best} (fastest)", than=runner,
                   above=above)
+
+
+def host_bound(m, claim_id: str, case: str, floor_us: float):
+    """The claim "eager is host-bound in ``case``": eager's time interval over the GPU-busy ``floor_us`` of the
+    step is above 2x, so the GPU sits idle most of each eager step."""
+    eager, times = m.row(case, "eager"), "an eager step takes {lo:.1f}-{hi:.1f}x the GPU's busy time"
+    return Claim(claim_id, lo=eager.median_pi_lo / floor_us, hi=eager.median_pi_hi / floor_us, above=2.0,
+                 subject=f"{case}: eager against the floor",
+                 holds=f"{case}: {times}: host-bound, the GPU sits idle most of each step",
+                 fails=f"{case}: {times}: at most 2x, so not host-bound by this test",
+                 unclear=f"{case}: {times}: too close to 2x to call")
+
+
+def decode_vs_prefill(m, claim_id: str, decode: tuple, prefill: tuple, what: str, eager_fallback: bool):
+    """The claim "a graph buys a decode step more than it buys prefill": the decode row's speedup over the prefill
+    row's, window by window (``decode`` and ``prefill`` are (case, variant) of ``m``; ``what`` names the decode
+    step in the sentence, e.g. "a decode step at batch 64")."""
+    from ...intervals import prediction_interval
+
+    ratios = [float(d) / float(p) for d, p in zip(m.row(*decode).window_speedups.split(";"),
+                                                  m.row(*prefill).window_speedups.split(";"))]
+    lo, hi = prediction_interval(ratios)
+    gains = f"a graph's speedup on {what} is {{lo:.2f}}-{{hi:.2f}}x its speedup on prefill"
+    return Claim(claim_id, lo=lo, hi=hi, eager_fallback=eager_fallback,
+                 subject="a graph's speedup on a decode step against prefill's", holds=gains,
+                 fails=f"a graph's speedup on prefill is {{inv_lo:.2f}}-{{inv_hi:.2f}}x its speedup on {what}",
+                 unclear=gains + ": too close to call")
+
+
+WITHIN = 1.5  # advise's prediction is "within" when it lies within this factor of the measured speedup
+
+
+def closeness(p, m):
+    """1 when the prediction ``p`` equals the measurement ``m``, 1/x when one is x times the other."""
+    return min(p / m, m / p)
+
+
+def advise_claim(claim_id, case, predicted, lo, hi, within=WITHIN, eager_fallback=False) -> Claim:
+    """The claim "advise's prediction ``predicted`` lies within ``within`` x of the measured speedup", whose 90%
+    prediction interval is ``lo``-``hi``. The claim's interval is the range of ``closeness(predicted, m)`` for m in
+    lo..hi; it holds above 1/within (the whole measured interval within the factor), fails when none of it is."""
+    said = f"advise predicted {predicted:.2f}x before capture; the measured speedup is {lo:.2f}-{hi:.2f}x"
+    if not (lo == lo and hi == hi and 0 < lo <= hi and predicted > 0):
+        return Claim(claim_id, lo=float("nan"), hi=float("nan"), above=1 / within, holds="", fails="",
+                     eager_fallback=eager_fallback, subject=f"{case}: advise's prediction")
+    ends = (closeness(predicted, lo), closeness(predicted, hi))
+    c_lo, c_hi = min(ends), (1.0 if lo <= predicted <= hi else max(ends))
+    said = said.replace("{", "{{").replace("}", "}}")
+    return Claim(claim_id, lo=c_lo, hi=c_hi, above=1 / within, eager_fallback=eager_fallback,
+                 subject=f"{case}: advise's prediction",
+                 holds=f"{case}: {said}, all of it within {within:g}x of the prediction",
+                 fails=f"{case}: {said}, all of it more than {within:g}x away from the prediction",
+                 unclear=f"{case}: {said}, partly within {within:g}x of the prediction and partly beyond")
+
+
+def advise_words_claim(claim_id, case, predicted, lo, hi, about=None, eager_fallback=False) -> Claim:
+    """The claim "the measured speedup went the way advise's words said": advise calls a predicted speedup above
+    ``about`` (``advice.ABOUT``, 1.1) "faster", below ``1 / about`` "slower" and in between "about as fast"
+    (``advice.expected_effect``). The claim holds when the whole measured 90% interval ``lo``-``hi`` lies in the band
+    the words named, fails when none of it does, and is unclear when it straddles the band's edge. So, unlike the
+    within-1.5x claim, it fails when advise says "about as fast" and a graph is measured clearly faster.
+
+    Its interval, on one scale per kind of words so that it is checked against ``above`` like any claim: "faster":
+    the measured speedup itself (above ``about``); "slower": how many times slower, 1/hi to 1/lo (above ``about``);
+    "about as fast": the range of ``min(m, 1/m)`` for m in lo..hi (above ``1 / about``: within the band).
+
+    Example::
+
+        advise_words_claim("advise_words_gelu_large", "GELU large", 1.06, 1.15, 1.20).verdict  # 'fails'
+    """
+    from ...advice import ABOUT, expected_effect
+
+    about = ABOUT if about is None else about
+    effect = expected_effect(predicted, about)
+    subject = f"{case}: advise's words"
+    known = lo == lo and hi == hi and 0 < lo <= hi and effect != "unknown"
+    if not known:
+        return Claim(claim_id, lo=float("nan"), hi=float("nan"), above=about, holds="", fails="",
+                     eager_fallback=eager_fallback, subject=subject)
+    told = {"faster": "faster than eager", "slower": "slower than eager", "about as fast": "about as fast as eager"}
+    band = {"faster": f"more than {about:g}x faster", "slower": f"more than {about:g}x slower",
+            "about as fast": f"within {about:g}x of eager either way"}[effect]
+    said = (f"{case}: advise predicted {predicted:.2f}x and said a graph would be {told[effect]} (its words for "
+            f"{band}); the measured speedup is {lo:.2f}-{hi:.2f}x")
+    said = said.replace("{", "{{").replace("}", "}}")
+    if effect == "faster":
+        c_lo, c_hi, above = lo, hi, about
+        outside = f"none of it {band}"
+    elif effect == "slower":
+        c_lo, c_hi, above = 1 / hi, 1 / lo, about
+        outside = f"none of it {band}"
+    else:
+        ends = (closeness(1.0, lo), closeness(1.0, hi))
+        c_lo, c_hi, above = min(ends), (1.0 if lo <= 1.0 <= hi else max(ends)), 1 / about
+        outside = f"all of it more than {about:g}x " + ("faster" if lo > 1.0 else "slower")
+    return Claim(claim_id, lo=c_lo, hi=c_hi, above=above, eager_fallback=eager_fallback, subject=subject,
+                 holds=f"{said}, all of it {band}, as the words said",
+                 fails=f"{said}, {outside}: the words were wrong",
+                 unclear=f"{said}, partly {band} and partly not: too close to the edge to call")
 
 
 def _rows(claims) -> dict:

@@ -1,6 +1,8 @@
 """Time a notebook's variants one way everywhere: ``measure`` runs them over timing windows and returns a short
-table with intervals and, given ``verdicts``, the experiment's verdict sentences (``course.verdicts``), so a
-notebook makes one call per experiment and shows both with ``results.show(m, stem)``.
+table with intervals and, given ``verdicts``, the experiment's verdict sentences (``verdicts.py`` beside it), so a
+notebook makes one call per experiment and shows both with ``results.show(m, stem)``. Also here: what a measured
+table is read for (each row's window medians, what a variant ran as, several measurements joined into one) and
+``Runs``, a timed variant that says what it replays.
 
 One policy for every notebook:
 
@@ -16,7 +18,7 @@ with Student's t for n - 1 degrees of freedom times sqrt(1 + 1/n), which is 3.4 
 
 Example::
 
-    from cudagraph_kit.course.measure import measure
+    from cudagraph_kit.course.measuring.measure import measure
     m = measure({"small": {"eager": lambda: f(x), "graph": g.replay}}, windows=8)
     results.show(m, "01_gelu")                  # the short table, then the verdicts (given ``verdicts=``)
     m.short()                                   # variant, time, speedup with its interval, floor
@@ -28,10 +30,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..intervals import combine_windows, ratio_across_windows
-from ..timing import compare
+from ...intervals import combine_windows, ratio_across_windows
+from ...timing import compare
 
-__all__ = ["measure", "Measured", "SHORT_COLUMNS", "is_eager_fallback", "ran_eagerly", "window_medians"]
+__all__ = ["measure", "Measured", "SHORT_COLUMNS", "is_eager_fallback", "ran_eagerly", "window_medians", "Runs",
+           "step_mode", "profiled_mode", "with_window_medians", "per_batch", "joined", "cuda_cleanup"]
 
 SHORT_COLUMNS = ["case", "variant", "ran as", "time (µs)", "speedup", "90% interval", "floor (µs)"]
 
@@ -62,7 +65,7 @@ def ran_eagerly(table, cuda: bool | None = None) -> list:
 class Measured:
     """What ``measure`` returns: the combined ``table`` (one row per case and variant, every column of
     ``combine_windows``), the per-window ``windows`` tables it came from, and the ``claims`` its ``verdicts``
-    function built (kept as ``verdicts``: it names the experiment's cases and claims, ``course.verdicts.covers``)."""
+    function built (kept as ``verdicts``: it names the experiment's cases and claims, ``verdicts.covers``)."""
     table: object
     windows: list = field(default_factory=list)
     claims: list = field(default_factory=list)
@@ -144,7 +147,7 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
     ``before_window(w)``: called before window ``w`` (0-based), e.g. to reset a cache. ``progress``: ``"line"`` prints
     one short line that grows as the windows finish ("timing 8 windows: 1 2 3 4 5 6 7 8, 41 s"); a callable is
     called once per window with that window's speedups ("window 3/8: bs1 graph 5.10x, ..."); ``None``: silent.
-    ``verdicts(m)``: builds the experiment's claims from the result (a function of ``course.verdicts``); they land
+    ``verdicts(m)``: builds the experiment's claims from the result (a function of ``verdicts.py``); they land
     in ``m.claims`` and ``results.show(m, stem)`` prints their sentences under the table.
 
     Example::
@@ -187,3 +190,73 @@ def measure(cases: dict, *, windows: int = 8, samples: int = 3, calls: int | Non
     if verdicts is not None:
         m.claims = list(verdicts(m))
     return m
+
+
+class Runs:
+    """``fn()`` as a timed variant that says what it replays: ``mode`` is "eager", or that of ``graphs`` (a kit
+    capture or ``BucketedGraphs``: "graph", or "eager" where it fell back), so ``compare`` labels the row
+    truthfully in windows without the profiler. Example: ``Runs(lambda: serve(graphs, stream), graphs)``."""
+
+    def __init__(self, fn, graphs="eager"):
+        self.fn = fn
+        self.mode = graphs if isinstance(graphs, str) else getattr(graphs, "mode", None)
+
+    def __call__(self):
+        return self.fn()
+
+
+def step_mode(m, case: str, variant: str) -> str:
+    """What ``variant`` ran as in ``case`` of a profiled ``Measured`` ``m`` (the decode step's), as a ``Runs`` mode:
+    "graph" where the profiler saw graph launches, else "eager" (also where the row is missing). A whole generation
+    of that step then needs no profiler of its own to say what it ran as."""
+    try:
+        return "graph" if m.row(case, variant).executed_as == "cuda graph" else "eager"
+    except KeyError:
+        return "eager"
+
+
+def profiled_mode(fn) -> str:
+    """Call ``fn()`` once under the profiler (after one warm call) and return "graph" if it launched a CUDA graph,
+    else "eager"; "eager" without CUDA. For a variant whose graphs are made inside it (``generate`` compiled by
+    ``transformers``): one profiled call of graph replays is cheap, unlike profiling eager generations."""
+    from ...timing import gpu_time
+
+    g = gpu_time(fn, calls=1, warmup=1)
+    return "graph" if g is not None and g.graph_launches > 0 else "eager"
+
+
+def with_window_medians(m):
+    """``m.table`` (a ``Measured``) with each row's per-window medians, ";"-joined (``window_medians_us``), so a
+    saved table lets anyone recompute a ratio between two of its rows window by window."""
+    t = m.table.copy()
+    t["window_medians_us"] = [window_medians(m.windows, c, v, ".6g") for c, v in zip(t.case, t.variant)]
+    return t
+
+
+def per_batch(m, case_of: dict, tokens_per_row: int = 1):
+    """``with_window_medians(m)`` with a ``batch`` column (``case_of``: {batch: case}) and ``tokens_per_s``: every
+    row of the batch makes ``tokens_per_row`` tokens per timed call. Example: ``per_batch(m_gen, GEN_CASE, 32)``."""
+    df = with_window_medians(m)
+    df["batch"] = df.case.map({c: b for b, c in case_of.items()})
+    df["tokens_per_s"] = df.batch * tokens_per_row / (df.median_us * 1e-6)
+    return df
+
+
+def joined(measured: list, verdicts):
+    """One ``Measured`` from several (cases timed in groups, a smaller GPU's way): their tables and their windows
+    joined, and the claims of ``verdicts`` built on the whole."""
+    import pandas as pd
+
+    m = Measured(pd.concat([m.table for m in measured], ignore_index=True),
+                 [pd.concat(ws, ignore_index=True) for ws in zip(*(m.windows for m in measured))], verdicts=verdicts)
+    m.claims = verdicts(m)
+    return m
+
+
+def cuda_cleanup() -> None:
+    """Between experiments on a GPU: wait for it and hand the allocator's cached memory back."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()

@@ -10,7 +10,7 @@ Recorded and fresh results never share a folder:
 
 Example::
 
-    from cudagraph_kit.course import results
+    from cudagraph_kit.course.measuring import results
     folder = results.save("01_gelu", df, figures={"speedup": fig})   # fresh: build/figures/01_gelu
     rec = results.load("01_gelu")           # the recorded GPU run: rec.df, rec.env, rec.pngs
     results.show_recorded("01_gelu")        # in a notebook: caption + table + figures
@@ -23,15 +23,15 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..env import describe, has_cuda
-from .files import interrupts_deferred, replace_folder
+from ...env import describe, has_cuda
+from ..running.files import interrupts_deferred, replace_folder
 
 __all__ = ["save", "load", "show_recorded", "show_figure", "show", "show_takeaways", "beside_recorded", "results_root",
            "recorded_root", "checkout_root", "Recorded",
            "REQUIRED_COLUMNS"]
 
 REQUIRED_COLUMNS = ("case", "variant", "median_us", "speedup")
-_PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the checkout holding cudagraph_kit/course/
+_PACKAGE_PARENT = Path(__file__).resolve().parents[3]  # the checkout holding cudagraph_kit/course/measuring/
 
 
 def _is_checkout(path: Path) -> bool:
@@ -129,7 +129,7 @@ def load(stem: str, root=None) -> Recorded | None:
 
 def _where_recorded_results_live() -> str:
     try:
-        from .paths import repository_url
+        from ..running.paths import repository_url
         return f"the figures/ folder of the repository ({repository_url()})"
     except Exception:  # a copied results.py without the rest of the kit
         return "the project's figures/ folder"
@@ -200,7 +200,7 @@ def show(m, stem: str | None = None, verdicts=None) -> None:
     """Show an experiment's result (``m``, from ``measure``) in a notebook: the short table, then one sentence per
     verdict. Where no graph ran (no GPU, or ``m`` is None: the experiment needs one) CPU times say nothing about
     graphs, so none are shown: with ``stem``, the recorded GPU run's rows and verdicts of the whole experiment
-    follow instead (the cases and claims its ``verdicts`` function covers, ``course.verdicts.covers``), under a
+    follow instead (the cases and claims its ``verdicts`` function covers, ``verdicts.covers``), under a
     caption naming that run.
 
     Example::

@@ -1,12 +1,13 @@
 """Each experiment's verdicts: the claims a notebook states about one measurement, built from what ``measure``
 returned. A notebook passes one of these functions to ``measure(..., verdicts=...)`` and shows the table and its
 sentences with ``results.show(m, stem)``; it builds no claim list of its own. The sentences and their rules are in
-``claims.py``; this module says which comparisons each experiment makes.
+``claims.py``; this module says which comparisons each experiment makes, notebook by notebook, and holds the
+labels its sentences use (the variants' names, a bucket strategy as a noun phrase).
 
 Example::
 
-    from cudagraph_kit.course import results, verdicts
-    from cudagraph_kit.course.measure import measure
+    from cudagraph_kit.course.measuring import results, verdicts
+    from cudagraph_kit.course.measuring.measure import measure
     m = measure({"small": {...}, "large": {...}}, verdicts=verdicts.gelu_headline)
     results.show(m, "01_gelu")   # the short table, then "small: graph replay is 6.80-9.14x faster than eager", ...
 """
@@ -14,13 +15,17 @@ from __future__ import annotations
 
 import re
 
-from .claims import speedup, stops_paying, versus, within_floor
+from .breakdowns import FB
+from .claims import (WITHIN, Claim, advise_claim, advise_words_claim, decode_vs_prefill, host_bound, speedup, stops_paying,
+                     versus, within_floor)
 from .measure import ran_eagerly
 
 __all__ = ["covers", "gelu_headline", "gelu_sweep", "sweep_points", "gelu_calls_per_graph", "train_step", "amp_step",
            "fusion_and_graphs", "reduce_overhead_in_use", "SWEEP_THRESHOLD", "FLOOR_FACTOR", "GRAPH", "GRAPH_FUSED",
            "MODEL_ONLY", "ADAM_DEFAULT", "IP", "RO_MARK", "TRAIN_RO", "TRAIN_KIT", "resnet_inference", "resnet_training",
-           "tag", "GRAPH_INFER", "GRAPH_TRAIN"]
+           "tag", "GRAPH_INFER", "GRAPH_TRAIN", "part_claims", "memory_reading", "advise_vs_measured",
+           "advise_overall_claim", "strategy", "phrase", "SHORT", "stream_verdicts", "step_claims", "generation_claims"]
+
 
 def covers(cases: str, claims: str):
     """Mark a verdicts function with what its experiment covers, as regular expressions: the ``cases`` of its
@@ -58,7 +63,7 @@ def sweep_points(m):
     """A size sweep's table (cases named ``"sweep 2^E"``) with a ``numel`` column, and its crossover: the
     smallest size from which every graph interval lies at or below :data:`SWEEP_THRESHOLD` (None where there is
     none, or where the graph ran eagerly)."""
-    from ..intervals import stops_clearing
+    from ...intervals import stops_clearing
 
     table = m.table.copy()
     table["numel"] = [2 ** int(re.search(r"\^(\d+)", c).group(1)) for c in table.case]
@@ -130,6 +135,16 @@ def amp_step(m) -> list:
             claims.append(versus(m, f"fused_sgd_graph_beats_plain_sgd_graph_{key}", (case, GRAPH_FUSED),
                                  (case, GRAPH)))
     return claims
+
+
+def part_claims(m, case, key, label):
+    """Two claims on ``case``'s parts, window by window: the step without optimizer.step() is faster than the
+    whole step (``optimizer_step_adds_time_<key>``), forward + loss alone is faster than it with backward
+    (``backward_adds_time_<key>``)."""
+    return [versus(m, f"optimizer_step_adds_time_{key}", (case, FB), (case, "whole eager step"),
+                   subject=f"eager {label}: the step without optimizer.step()", than="the whole step"),
+            versus(m, f"backward_adds_time_{key}", (case, "forward + loss"), (case, FB),
+                   subject=f"eager {label}: forward + loss alone", than="forward + loss with zero_grad and backward")]
 
 
 # notebook 03's variants and cases
@@ -262,3 +277,171 @@ def resnet_training(pays: float, optimizers: dict):
                                      than="the fp16 + GradScaler graph"))
         return claims
     return build
+
+
+# notebook 05: the memory of shared pools, advise's predictions against the measured speedups
+def memory_reading(private, shared, batches):
+    """Going further D's reading: ``(rows, claim)`` from the bytes reserved by one graph per batch size in ``batches`` with
+    a private pool each (``private``) and in one shared pool (``shared``). The rows are for results.csv (case
+    "memory: ..."); the claim "shared_pool_saves_memory" holds when the shared pool reserved less (one reading of
+    each, so its interval is the ratio private / shared itself).
+
+    Example::
+
+        rows, claim = memory_reading(600 * 2**20, 200 * 2**20, [512, 256, 128])
+        claim.statement  # '3 graphs reserved 200 MiB in one shared pool, 600 MiB with a private pool each (...)'
+    """
+    case = f"memory: {len(batches)} graphs (batch {batches[0]}..{batches[-1]})"
+    rows = [{"case": case, "variant": v, "reserved_mib": used / 2**20}
+            for v, used in (("private pool per graph", private), ("one shared pool", shared))]
+    ratio = private / shared if shared > 0 else (float("inf") if private > 0 else float("nan"))
+    said = f"{len(batches)} graphs reserved {shared / 2**20:.0f} MiB in one shared pool, {private / 2**20:.0f} MiB"
+    claim = Claim("shared_pool_saves_memory", lo=ratio, hi=ratio, above=1.0,
+                  holds=f"{said} with a private pool each ({{lo:.2f}}x less in the shared pool)",
+                  fails=f"{said} with a private pool each (the shared pool saved nothing)")
+    return rows, claim
+
+
+def advise_vs_measured(predicted, measured, claim_ids):
+    """Section 7's table and claims: for each case of ``predicted`` ({case: advise's ``Advice``}), the prediction
+    beside the graph's timing in ``measured`` (``measure``'s result: an "eager" variant and one graph variant per
+    case), and two claims: ``advise_claim("advise_within_1_5x_" + claim_ids[case], ...)`` (how far off the number
+    is) and ``advise_words_claim("advise_words_" + claim_ids[case], ...)`` (whether advise's words, faster / about as
+    fast / slower, went the way the measurement did; this one can fail near 1x). Returns ``(table, claims)``: a
+    DataFrame with a row per case (empty when nothing was predicted) and the claims, the two of each case in case
+    order. ``advise_overall_claim`` takes these claims and reads the within-1.5x ones.
+    """
+    import pandas as pd
+
+    from ...advice import expected_effect
+
+    rows, case_claims = [], []
+    for case, a in predicted.items():
+        graph_variant = next(v for v in measured.table[measured.table.case == case].variant if v != "eager")
+        graph_row = measured.row(case, graph_variant)
+        lo, hi = measured.interval(case, graph_variant)
+        within = advise_claim(f"advise_within_1_5x_{claim_ids[case]}", case, a.speedup, lo, hi)
+        words = advise_words_claim(f"advise_words_{claim_ids[case]}", case, a.speedup, lo, hi)
+        case_claims += [within, words]
+        rows.append({"source": "05 (this run)", "prediction": "before capture", "case": case,
+                     "nodes": a.kernels_per_call, "eager_us": a.eager_us, "floor_us": a.floor_us,
+                     "graph_gpu_us": a.graph_gpu_us, "predicted_graph_us": a.graph_us,
+                     "predicted_speedup": a.speedup, "advise_says": expected_effect(a.speedup),
+                     "measured_graph_us": graph_row.median_us,
+                     "measured_speedup": graph_row.speedup, "measured_lo": lo, "measured_hi": hi,
+                     "graph_executed_as": graph_row.executed_as, "verdict": within.verdict,
+                     "words_verdict": words.verdict})
+    return pd.DataFrame(rows), case_claims
+
+
+def advise_overall_claim(case_claims, within=WITHIN) -> Claim:
+    """All cases together: holds when every case's claim holds, fails when any fails (the lowest interval). Reads
+    the within-``within`` claims of ``case_claims`` (``advise_vs_measured`` also returns the words' claims)."""
+    case_claims = [c for c in case_claims if not c.claim.startswith("advise_words_")]
+    n = len(case_claims)
+    known = all(c.measured for c in case_claims)
+    verdicts = [c.verdict for c in case_claims]
+    held, failed = verdicts.count("holds"), verdicts.count("fails")
+    return Claim("advise_within_1_5x_all", lo=min(c.lo for c in case_claims) if known else float("nan"),
+                 hi=min(c.hi for c in case_claims) if known else float("nan"), above=1 / within,
+                 subject="advise's predictions",
+                 holds=f"advise's predictions made before capture lie within {within:g}x of the measured speedup in "
+                       f"all {n} cases",
+                 fails=f"advise's predictions made before capture are more than {within:g}x off in {failed} of {n} "
+                       f"cases and within {within:g}x in {held}",
+                 unclear=f"advise's predictions made before capture: within {within:g}x in {held} of {n} cases, the "
+                         f"others partly within and partly beyond")
+
+
+# notebook 06: the bucket strategies' labels and the stream comparison
+def strategy(label: str) -> str:
+    """A variant's strategy: its label without the "(eager fallback)" a CPU run adds."""
+    return str(label).replace(" (eager fallback)", "")
+
+
+_PHRASES = {"exact sizes": "one graph per size", "single bucket": "a single bucket", "default ladder": "the default ladder",
+            "planned": "the planned bucket set", "planned at the best ladder's limits": "the planned bucket set",
+            "reduce-overhead, dynamic=True": "reduce-overhead with dynamic=True"}
+
+
+def phrase(label: str) -> str:
+    """A strategy's label as a singular noun phrase for a claim's sentence ("X is 2x faster than Y"): the table's
+    short labels ("steps of 8 (default)", "reduce-overhead, dynamic=True") read as plurals or lists there."""
+    s = strategy(label)
+    base = s.removesuffix(" (default)")
+    if base == "pow2" or base.startswith("steps of "):   # a fixed ladder; the kit's default says so
+        spacing = "powers of two" if base == "pow2" else base
+        return f"the default ladder ({spacing})" if s != base else f"the ladder in {spacing}"
+    return _PHRASES.get(s, s)
+
+
+SHORT = {"MLP": "mlp", "transformer block": "block"}   # model names in claim ids
+_STREAM_CLAIMS = (r"^(mlp|block)_(default_ladder_beats_(eager|single_bucket|reduce_overhead|reduce_overhead_dynamic)|"
+                  r"single_bucket_beats_eager|planned_beats_default_ladder|reduce_overhead(_dynamic)?_beats_eager)$")
+
+
+@covers(r"^(MLP|transformer block)$", _STREAM_CLAIMS)
+def stream_verdicts(m) -> list:
+    """The stream comparison's claims, per model: the default ladder and a single bucket against eager and against
+    each other, the planned buckets against the default ladder, and (where they ran) both reduce-overhead variants
+    against eager and against the default ladder. Against eager: the speedup's interval; two variants: the ratio
+    of their median passes, window by window."""
+    out = []
+    for name, short in SHORT.items():
+        labels = [strategy(v) for v in m.table[m.table.case == name].variant]
+        if not labels:
+            continue
+        default = next(v for v in labels if v.endswith("(default)") or v == "default ladder")
+        vs_eager = [("default_ladder_beats_eager", default), ("single_bucket_beats_eager", "single bucket")]
+        pairs = [("default_ladder_beats_single_bucket", default, "single bucket"),
+                 ("planned_beats_default_ladder", "planned", default)]
+        if "reduce-overhead" in labels:
+            vs_eager += [("reduce_overhead_beats_eager", "reduce-overhead"),
+                         ("reduce_overhead_dynamic_beats_eager", "reduce-overhead, dynamic=True")]
+            pairs += [("default_ladder_beats_reduce_overhead", default, "reduce-overhead"),
+                      ("default_ladder_beats_reduce_overhead_dynamic", default, "reduce-overhead, dynamic=True")]
+        out += [speedup(m, f"{short}_{cid}", name, v, subject=f"{name}: {phrase(v)}") for cid, v in vs_eager]
+        out += [versus(m, f"{short}_{cid}", (name, fast), (name, slow), subject=f"{name}: {phrase(fast)}",
+                       than=phrase(slow)) for cid, fast, slow in pairs]
+    return out
+
+
+# notebook 08: the decode step and whole generations
+def step_claims(m, step_case: dict, step_cases: dict, floors: dict, prefill_case: str, kit: str, fused: str,
+                eager_fallback: bool) -> list:
+    """Section 7's verdicts from its ``Measured`` ``m``: per batch (``step_case``: {batch: case}; ``step_cases``: {case:
+    (timed variants, inputs)}) the kit's graph (``kit``) against eager, ``reduce-overhead`` against the kit's graph,
+    the compiled step captured by the kit (``fused``) against ``reduce-overhead`` (the aim: more than 5% faster),
+    eager against twice the floor (``floors``: {batch: GPU-busy µs}); then the graph against eager on prefill (the
+    aim: more than 10% faster), and the graph's speedup on a decode step at the largest batch against prefill's."""
+    out = []
+    for b, case in step_case.items():
+        timed = step_cases[case][0]
+        out.append(speedup(m, f"step_graph_beats_eager_b{b}", case, kit))
+        for cid, fast, slow, above in ((f"step_reduce_overhead_beats_graph_b{b}", "reduce-overhead", kit, 1.0),
+                                       (f"step_fused_graph_beats_reduce_overhead_b{b}", fused, "reduce-overhead", 1.05)):
+            if {fast, slow} <= set(timed):
+                out.append(versus(m, cid, (case, fast), (case, slow), above=above))
+        if b in floors:
+            out.append(host_bound(m, f"step_eager_host_bound_b{b}", case, floors[b]))
+    out.append(speedup(m, "prefill_graph_saves_10pct", prefill_case, "graph", above=1.10))
+    b = max(step_case)
+    out.append(decode_vs_prefill(m, "decode_gains_more_than_prefill", (step_case[b], kit), (prefill_case, "graph"),
+                                 f"a decode step at batch {b}", eager_fallback=eager_fallback))
+    return out
+
+
+def generation_claims(m, gen_case: dict, gen_cases: dict, kit: str, hf_static: str, hf_dynamic: str) -> list:
+    """Section 8's verdicts from its ``Measured`` ``m``, per batch (``gen_case``: {batch: case}): the kit's graphs
+    (``kit``) against eager, ``reduce-overhead`` against the kit's graphs, the kit's graphs against ``transformers``'
+    static-cache ``generate``, and that against its dynamic cache; each only where both variants were timed."""
+    out = []
+    for b, case in gen_case.items():
+        timed = gen_cases[case][0]
+        out.append(speedup(m, f"generate_graphs_beat_eager_b{b}", case, kit))
+        for cid, fast, slow in ((f"generate_reduce_overhead_beats_graphs_b{b}", "reduce-overhead", kit),
+                                (f"generate_graphs_beat_hf_static_b{b}", kit, hf_static),
+                                (f"generate_hf_static_beats_hf_dynamic_b{b}", hf_static, hf_dynamic)):
+            if {fast, slow} <= set(timed):
+                out.append(versus(m, cid, (case, fast), (case, slow)))
+    return out

@@ -5,7 +5,7 @@ and swapped in. Short steps that must not be cut in two run with Ctrl-C and SIGT
 
 Example::
 
-    from cudagraph_kit.course.files import write_text_atomic, replace_folder, interrupts_deferred
+    from cudagraph_kit.course.running.files import write_text_atomic, replace_folder, interrupts_deferred
     write_text_atomic(Path("out/times.json"), "{}\\n")
     with interrupts_deferred():
         replace_folder(Path("build/stage/01_gelu"), Path("figures/01_gelu"))

@@ -27,7 +27,7 @@ by ``CGK_KERNEL_HOOK``. It uses the standard library only, so that loading it im
 Example (what the startup file does; ``settings.json`` written by ``reproduce``)::
 
     import importlib.util
-    spec = importlib.util.spec_from_file_location("cgk_kernel_hook", "cudagraph_kit/course/kernel_hook.py")
+    spec = importlib.util.spec_from_file_location("cgk_kernel_hook", "cudagraph_kit/course/running/kernel_hook.py")
     hook = importlib.util.module_from_spec(spec); spec.loader.exec_module(hook)
     hook.install(get_ipython(), "settings.json")
 """
@@ -293,7 +293,7 @@ def install(shell, settings_path=None) -> KernelHook | None:
 
 
 STARTUP_FILE = '''\
-# Written by cudagraph_kit.course.reproduce: loads its kernel hook (stall watchdog; Colab rehearsal's limits).
+# Written by cudagraph_kit.course.running.reproduce: loads its kernel hook (stall watchdog; Colab rehearsal's limits).
 def _cgk_kernel_hook():
     import importlib.util, sys
     spec = importlib.util.spec_from_file_location("cudagraph_kit_kernel_hook", {path!r})

@@ -2,12 +2,12 @@
 
 Enable it with ONE line, either in the ``conftest.py`` at your project's root (beside ``pyproject.toml``)::
 
-    pytest_plugins = ["cudagraph_kit.course.nbval_plugin"]
+    pytest_plugins = ["cudagraph_kit.course.running.nbval_plugin"]
 
 or in ``pyproject.toml``::
 
     [tool.pytest.ini_options]
-    addopts = "-p cudagraph_kit.course.nbval_plugin"
+    addopts = "-p cudagraph_kit.course.running.nbval_plugin"
 
 then run ``python -m pytest --nbval-lax notebooks/`` (plain ``python -m pytest`` runs nbval in lax mode too).
 Once loaded, and where nbval is installed, it sets:

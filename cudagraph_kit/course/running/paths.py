@@ -2,7 +2,7 @@
 
 Example::
 
-    from cudagraph_kit.course.paths import notebook_sources
+    from cudagraph_kit.course.running.paths import notebook_sources
     print([p.stem for p in notebook_sources()])   # ['01_gelu', '02_train_step', ...]
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]  # cudagraph_kit/course/paths.py -> the checkout
+PROJECT_ROOT = Path(__file__).resolve().parents[3]  # cudagraph_kit/course/running/paths.py -> the checkout
 NOTEBOOKS_DIR = PROJECT_ROOT / "notebooks"
 FIGURES_DIR = PROJECT_ROOT / "figures"
 

@@ -7,7 +7,7 @@ error, so an interrupted or failed run never leaves a half-executed notebook or 
 
 Example::
 
-    from cudagraph_kit.course.reproduce import execute_notebook
+    from cudagraph_kit.course.running.reproduce import execute_notebook
     execute_notebook("notebooks/01_gelu.py", "/tmp/01_gelu.ipynb", parameters={"SMOKE": True},
                      results_dir="/tmp/results", progress=True)
 """

@@ -7,7 +7,7 @@ notebook's metadata. :func:`check_figures` groups a results folder by run and sa
 
 Example::
 
-    from cudagraph_kit.course.runs import check_figures
+    from cudagraph_kit.course.running.runs import check_figures
     report = check_figures("figures", notebooks_dir="notebooks")
     print(report.text())          # one paragraph per run, with its folders
     report.one_run                # False for a mix of runs, or folders that name no run

@@ -22,7 +22,7 @@ In a Jupyter kernel it also draws figures inline where ``MPLBACKEND`` names anot
 makes the notebook import that checkout's kit, and prints nothing; it runs no git, no pip, no network. Run twice
 (a re-run cell, a restarted kernel) it reuses the clone and the install. Example (the notebooks' setup cell)::
 
-    from cudagraph_kit.course.setup_notebook import setup
+    from cudagraph_kit.course.running.setup_notebook import setup
     checkout = setup("https://github.com/cudagraph-kit/cudagraph-kit", "main")   # the checkout, or None
 """
 from __future__ import annotations

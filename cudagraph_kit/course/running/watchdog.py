@@ -22,7 +22,7 @@ is still running a cell (Ctrl-C, a stop limit), where the interrupt is what ends
 
 Example::
 
-    from cudagraph_kit.course.watchdog import CellLimits
+    from cudagraph_kit.course.running.watchdog import CellLimits
     CellLimits().for_cell(16.0)      # (120.0, 300.0): stacks after 2 minutes, stop after 5
     CellLimits().for_cell(None)      # (300.0, 1800.0): no recorded time
 """

@@ -1,205 +1,35 @@
-"""Notebook 06's parts that are not the lesson: the request stream, building and measuring every bucket strategy
-(``Strategies``), compiling the reduce-overhead variants, the latency pass, the stream's verdicts
-(``stream_verdicts``, for ``measure``), the results table, the trade-off figure, reading the pool of
-reduce-overhead's CUDA graph trees, and the label helpers. The notebook makes one call per step and says what it does.
+"""Notebook 06's bucket strategies, built, measured and timed on one stream of requests.
+
+Every fixed ladder, one graph per size and the planned bucket set, each in pools of its own with what it holds
+(``Strategies``), the reduce-overhead variants compiled over the stream, the latency pass, the graph launches per
+request and the results table. The notebook makes one call per step and says what it does; the stream itself is in
+``workloads.py``, the strategies' verdicts in ``measuring/verdicts.py``, the trade-off figure in
+``measuring/figures.py``.
 
 Example::
 
-    from cudagraph_kit.course.nb06_parts import plot_tradeoff, strategy
-    strategy("steps of 8 (default) (eager fallback)")   # 'steps of 8 (default)'
-    phrase("steps of 8 (default)")                      # 'the default ladder (steps of 8)'
+    from cudagraph_kit.course.lessons.buckets import Strategies, fixed_ladders
+    fixed, default = fixed_ladders(64, [8, 16])   # {"pow2": "pow2", "steps of 8 (default)": 8, ...}, its default
+    lab = Strategies(models, data, 64, cuda=True)
+    lab.build_ladders(fixed)                        # exact sizes, every ladder, the default one with a pool per graph
 """
 from __future__ import annotations
 
-from .measure import window_medians  # noqa: F401  (the notebook imports it from here)
-from .verdicts import covers
+from ..measuring.measure import window_medians
+from ..measuring.verdicts import strategy
+from .compilers import fresh, graph_trees_pool_bytes
+from .workloads import run_stream
 
-__all__ = ["plot_tradeoff", "graph_trees_pool_bytes", "strategy", "phrase", "window_medians", "draw_sizes",
-           "request_sizes", "make_mlp", "request_views", "fixed_ladders", "run_stream", "Strategies",
-           "compile_variants", "latency_pass", "stream_verdicts", "results_table", "show_results",
-           "launches_per_request", "RESULT_COLUMNS", "SHORT", "MiB"]
-
-
-def strategy(label: str) -> str:
-    """A variant's strategy: its label without the "(eager fallback)" a CPU run adds."""
-    return str(label).replace(" (eager fallback)", "")
-
-
-_PHRASES = {"exact sizes": "one graph per size", "single bucket": "a single bucket", "default ladder": "the default ladder",
-            "planned": "the planned bucket set", "planned at the best ladder's limits": "the planned bucket set",
-            "reduce-overhead, dynamic=True": "reduce-overhead with dynamic=True"}
-
-
-def phrase(label: str) -> str:
-    """A strategy's label as a singular noun phrase for a claim's sentence ("X is 2x faster than Y"): the table's
-    short labels ("steps of 8 (default)", "reduce-overhead, dynamic=True") read as plurals or lists there."""
-    s = strategy(label)
-    base = s.removesuffix(" (default)")
-    if base == "pow2" or base.startswith("steps of "):   # a fixed ladder; the kit's default says so
-        spacing = "powers of two" if base == "pow2" else base
-        return f"the default ladder ({spacing})" if s != base else f"the ladder in {spacing}"
-    return _PHRASES.get(s, s)
-
-
-def graph_trees_pool_bytes():
-    """Bytes reserved by the pool of reduce-overhead's CUDA graph trees on this GPU, or None where not readable.
-
-    One pool per GPU and thread, created by the graph trees' manager and shared by every function compiled with
-    mode="reduce-overhead" in the thread (torch/_inductor/cudagraph_trees.py: CUDAGraphTreeManager)."""
-    import torch
-
-    from ..memory import pool_usage
-
-    try:
-        from torch._inductor import cudagraph_trees  # private API: it may move between PyTorch versions
-        manager = cudagraph_trees.get_container(torch.cuda.current_device()).tree_manager
-        pool = tuple(manager.cuda_graphs_thread_pool)
-    except Exception:
-        return None
-    return pool_usage().get(pool, {}).get("reserved")
-
-
-def plot_tradeoff(df, info, curve, trees_pool_mib, models, order, cuda):
-    """Time, padding and memory of every strategy of each model, one row of three panels per model: time per
-    request against graphs captured (with the prediction interval of the median pass), padded rows with the
-    planner's curve, memory held and setup time (``order``: the bucketed strategies, in the legend's order)."""
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    import torch
-
-    names = list(models)
-    style = {s: (f"C{i}", "osD^v<>P*X"[i % 10]) for i, s in enumerate(order)}   # the same in every panel
-    line_style = [("k", "-"), ("C8", "--"), ("C9", ":")]
-    fig, axes = plt.subplots(len(names), 3, figsize=(21, 6.4 * len(names)), squeeze=False, layout="constrained",
-                             gridspec_kw={"width_ratios": [1.15, 0.95, 1.35]})
-    for row, name in enumerate(names):
-        d = df[df.case == name].copy()
-        d["strategy"] = d.variant.map(strategy)
-        buckets = d[d.strategy.isin(order)].copy()
-        # strategies with the same number of graphs are drawn a little apart (x 1.06 per neighbour), not on top
-        same = buckets.groupby("graphs")
-        buckets["x"] = buckets.graphs * 1.06 ** (same.cumcount() - (same.graphs.transform("size") - 1) / 2)
-        ax = axes[row][0]
-        for r in buckets.itertuples():
-            color, marker = style[r.strategy]
-            lo, hi = getattr(r, "us_per_request_lo", float("nan")), getattr(r, "us_per_request_hi", float("nan"))
-            yerr = ([[max(r.us_per_request - lo, 0)], [max(hi - r.us_per_request, 0)]] if lo == lo and hi == hi
-                    else None)
-            ax.errorbar([r.x], [r.us_per_request], yerr=yerr, fmt=marker, color=color, ms=7, capsize=3,
-                        label=f"{r.strategy} ({r.graphs:.0f} graphs)")
-        for (color, ls), r in zip(line_style, d[~d.strategy.isin(order)].itertuples()):
-            ax.axhline(r.us_per_request, color=color, ls=ls, lw=1.3, label=f"{r.strategy} ({r.executed_as})")
-            lo, hi = getattr(r, "us_per_request_lo", float("nan")), getattr(r, "us_per_request_hi", float("nan"))
-            if lo == lo and hi == hi:
-                ax.axhspan(lo, hi, color=color, alpha=0.10, lw=0)
-        ax.set_xscale("log")
-        ax.set(xlabel="graphs captured", ylabel="µs per request (median pass / requests)", title=f"{name}: time")
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
-
-        ax = axes[row][1]
-        for r in buckets.itertuples():
-            color, marker = style[r.strategy]
-            ax.plot([r.x], [100 * r.pad_fraction], marker, color=color, ms=7)
-        ax.plot([], [], "o", color="0.5", label="a strategy, on the stream (markers as in the time panel)")
-        ax.plot([k for k, _ in curve], [100 * p.pad_fraction for _, p in curve], "-", color="C3", lw=1,
-                label="planner's least padding, on the history")
-        ax.set_xscale("log")
-        ax.set(xlabel="graphs captured", ylabel="padded rows, % of computed rows", title=f"{name}: padding")
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1, frameon=False)
-
-        ax = axes[row][2]
-        mem = pd.DataFrame([{"strategy": k, **v} for k, v in info[name].items()])
-        bars = [(k, g, m, s_) for k, g, m, s_ in zip(mem.strategy, mem.graphs, mem.held_mib, mem.setup_s)]
-        if trees_pool_mib == trees_pool_mib:   # one pool for every compiled variant of both models
-            bars.append(("reduce-overhead: graph trees' pool", float("nan"), trees_pool_mib, float("nan")))
-        top = max([m for _, _, m, _ in bars if m == m] or [1.0])
-        for yi, (k, g, m, s_) in enumerate(bars):
-            shared_trees = k.startswith("reduce-overhead: graph trees")
-            color = "C3" if "one pool per graph" in k else "C8" if shared_trees else "C0"
-            ax.barh(yi, m if m == m else 0, color=color, hatch="//" if shared_trees else None)
-            if shared_trees:
-                text = f"{m:.0f} MiB, all compiled variants of both models together"
-            elif m == m:
-                text = f"{m:.0f} MiB, setup {s_:.2f} s"
-            elif cuda:
-                text = f"not measurable here (one shared pool), setup {s_:.2f} s"
-            else:
-                text = f"no GPU memory (CPU run), setup {s_:.2f} s"
-            ax.text((m if m == m else 0) + 0.02 * top, yi, text, va="center", fontsize=8,
-                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
-        ax.set_yticks(range(len(bars)), [k if g != g else f"{k}, {g:.0f} graphs" for k, g, _, _ in bars], fontsize=8)
-        ax.set_xlim(0, 2.3 * top)
-        ax.invert_yaxis()
-        ax.set(xlabel="memory held, MiB (pools + static buffers)", title=f"{name}: memory and setup time")
-    where = df["device"].iloc[0]
-    note = "" if cuda else " (CPU, eager only: not a GPU result)"
-    fig.suptitle(f"Variable batch sizes: buckets, planner, reduce-overhead. {where}, PyTorch {torch.__version__}{note}",
-                 fontsize=12)  # the constrained layout keeps the legends below the axes inside the figure
-    return fig
-
-
-# ---- the experiment's steps, one call each (the notebook says what each does) ----
+__all__ = ["MiB", "fixed_ladders", "Strategies", "compile_variants", "latency_pass", "results_table", "show_results",
+           "launches_per_request", "RESULT_COLUMNS"]
 
 MiB = 2 ** 20
-SHORT = {"MLP": "mlp", "transformer block": "block"}   # model names in claim ids
-
-
-def draw_sizes(n, seed, max_rows, overflow_share):
-    """``n`` request sizes: 1..``max_rows``, skewed small (uniform cubed), and a share ``overflow_share`` of them
-    above ``max_rows`` (no bucket covers those)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    sizes = 1 + (max_rows * torch.rand(n, generator=gen) ** 3).floor().long()
-    over = torch.rand(n, generator=gen) < overflow_share
-    big = max_rows + 1 + (torch.rand(n, generator=gen) * max_rows / 2).floor().long()
-    return torch.where(over, big, sizes).tolist()
-
-
-def request_sizes(requests, history, max_rows, overflow_share, seed):
-    """The timed stream's sizes (at least one above ``max_rows``, so the overflow path runs) and a separate draw
-    ``history`` (another seed) for the planner; prints what they look like."""
-    import numpy as np
-
-    stream = draw_sizes(requests, seed, max_rows, overflow_share)
-    if max(stream) <= max_rows:  # make sure the overflow path is exercised
-        stream[len(stream) // 2] = max_rows + 1 + max_rows // 4
-    past = draw_sizes(history, seed + 1, max_rows, overflow_share)
-    s = np.array(stream)
-    print(f"stream: {len(s)} requests, {len(set(stream))} distinct sizes, rows per request: median "
-          f"{np.median(s):.0f}, p90 {np.percentile(s, 90):.0f}, max {s.max()}; {(s > max_rows).sum()} request(s) "
-          f"above MAX_ROWS={max_rows}\nhistory: {history} sizes, {len(set(past))} distinct")
-    return stream, past
-
-
-def make_mlp(d, h):
-    """Four linear layers with GELU between them: each output row depends on its own input row alone."""
-    from torch import nn
-
-    return nn.Sequential(nn.Linear(d, h), nn.GELU(), nn.Linear(h, h), nn.GELU(), nn.Linear(h, h), nn.GELU(),
-                         nn.Linear(h, d))
-
-
-def request_views(models, stream_sizes, max_rows, device, seed):
-    """Per model: one input tensor of ``2 * max_rows`` rows on the device, and the stream's requests as views into
-    it (no host-to-device copy is timed). Returns ``(data, streams)``."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    offsets = [int(torch.randint(0, 2 * max_rows - n + 1, (1,), generator=gen)) for n in stream_sizes]
-    data, streams = {}, {}
-    for name, (model, row_shape) in models.items():
-        model.to(device).eval()
-        data[name] = torch.randn(2 * max_rows, *row_shape, device=device)
-        streams[name] = [data[name][o:o + n] for o, n in zip(offsets, stream_sizes)]
-        print(f"{name}: rows of shape {row_shape}, {sum(p.numel() for p in model.parameters()):,} parameters")
-    return data, streams
 
 
 def fixed_ladders(max_rows, spacings):
     """``({label: spacing}, default label)``: powers of two, steps of each spacing and a single bucket (spacing
     None); the kit's default ladder, ``ladder(max_rows)``, is the one labelled "(default)" (or "default ladder")."""
-    from ..bucket_graphs import ladder
+    from ...bucket_graphs import ladder
 
     fixed = {"pow2": "pow2", **{f"steps of {s}": s for s in spacings}}
     if not any(ladder(max_rows, v) == ladder(max_rows) for v in fixed.values()):
@@ -211,12 +41,6 @@ def fixed_ladders(max_rows, spacings):
     return fixed, default
 
 
-def run_stream(fn, requests):
-    """One pass over the stream: every request through ``fn``, back to back."""
-    for x in requests:
-        fn(x)
-
-
 class Strategies:
     """Every bucketed strategy of each model (``built[model][label]``: a ``BucketedGraphs``), each in pools of its
     own, with what it holds read by a ``MemoryLedger`` (``info[model][label]``), and the planner's inputs.
@@ -226,7 +50,7 @@ class Strategies:
     and create workspaces once."""
 
     def __init__(self, models, data, max_rows, cuda):
-        from ..memory import MemoryLedger
+        from ...memory import MemoryLedger
 
         self.models, self.data, self.max_rows, self.cuda = models, data, max_rows, cuda
         self.ledger = MemoryLedger()
@@ -245,7 +69,7 @@ class Strategies:
 
     def build(self, name, label, sizes, pool="shared"):
         """Capture ``sizes`` of model ``name`` (eager fallback without CUDA) and record what it holds."""
-        from ..bucket_graphs import capture_buckets
+        from ...bucket_graphs import capture_buckets
 
         model, _ = self.models[name]
         self.clean_cache()      # start from a clean cache, whatever was built or freed before
@@ -265,7 +89,7 @@ class Strategies:
         pool per graph (measured only, then freed)."""
         import time
 
-        from ..bucket_graphs import capture_buckets, ladder
+        from ...bucket_graphs import capture_buckets, ladder
 
         every = range(1, self.max_rows + 1)
         for name, (model, _) in self.models.items():  # throwaway: kernels and workspaces load once
@@ -286,7 +110,7 @@ class Strategies:
     def plan_for(self, name, max_graphs, reference, history_sizes):
         """``plan_buckets`` on ``history_sizes`` with at most ``max_graphs`` graphs, the measured cost model and,
         on a GPU, no more memory than the ladder ``reference`` needs by the same memory model."""
-        from ..bucket_plan import plan_buckets
+        from ...bucket_plan import plan_buckets
 
         limits = dict(max_graphs=max_graphs, cost=self.cost_model[name], max_size=self.max_rows)
         if self.mem_model[name]:
@@ -297,7 +121,7 @@ class Strategies:
     def plan(self, history_sizes, default, rounds):
         """Measure each model's cost per request size on its exact-size graphs (``measure_bucket_costs``), plan
         as many buckets as the ``default`` ladder has within its memory, and build them as "planned"."""
-        from ..bucket_plan import measure_bucket_costs
+        from ...bucket_plan import measure_bucket_costs
 
         for name in self.models:
             exact = self.built[name]["exact sizes"]
@@ -351,8 +175,6 @@ def compile_variants(models, streams, info, enabled):
 
     import torch
 
-    from .compilers import fresh
-
     compiled = {name: {} for name in models}
     if not enabled:
         return compiled, float("nan")
@@ -405,38 +227,6 @@ def latency_pass(variants, streams, sync):
     return latency, stats
 
 
-_STREAM_CLAIMS = (r"^(mlp|block)_(default_ladder_beats_(eager|single_bucket|reduce_overhead|reduce_overhead_dynamic)|"
-                  r"single_bucket_beats_eager|planned_beats_default_ladder|reduce_overhead(_dynamic)?_beats_eager)$")
-
-
-@covers(r"^(MLP|transformer block)$", _STREAM_CLAIMS)
-def stream_verdicts(m) -> list:
-    """The stream comparison's claims, per model: the default ladder and a single bucket against eager and against
-    each other, the planned buckets against the default ladder, and (where they ran) both reduce-overhead variants
-    against eager and against the default ladder. Against eager: the speedup's interval; two variants: the ratio
-    of their median passes, window by window."""
-    from .claims import speedup, versus
-
-    out = []
-    for name, short in SHORT.items():
-        labels = [strategy(v) for v in m.table[m.table.case == name].variant]
-        if not labels:
-            continue
-        default = next(v for v in labels if v.endswith("(default)") or v == "default ladder")
-        vs_eager = [("default_ladder_beats_eager", default), ("single_bucket_beats_eager", "single bucket")]
-        pairs = [("default_ladder_beats_single_bucket", default, "single bucket"),
-                 ("planned_beats_default_ladder", "planned", default)]
-        if "reduce-overhead" in labels:
-            vs_eager += [("reduce_overhead_beats_eager", "reduce-overhead"),
-                         ("reduce_overhead_dynamic_beats_eager", "reduce-overhead, dynamic=True")]
-            pairs += [("default_ladder_beats_reduce_overhead", default, "reduce-overhead"),
-                      ("default_ladder_beats_reduce_overhead_dynamic", default, "reduce-overhead, dynamic=True")]
-        out += [speedup(m, f"{short}_{cid}", name, v, subject=f"{name}: {phrase(v)}") for cid, v in vs_eager]
-        out += [versus(m, f"{short}_{cid}", (name, fast), (name, slow), subject=f"{name}: {phrase(fast)}",
-                       than=phrase(slow)) for cid, fast, slow in pairs]
-    return out
-
-
 def results_table(m, latency, pad_stats, strategies, errors, requests, device):
     """One row per model and variant: the timing row of ``m`` with its window medians, time per request (median
     pass / requests, with the pass's prediction interval), requests per second, p50 and p99 of the latency pass,
@@ -479,7 +269,7 @@ def show_results(df, stem, cuda):
     """The results table a reader needs (``RESULT_COLUMNS``, rounded): this run's on a GPU; without one, the
     recorded GPU run's rows of the same cases, under a caption naming that run (CPU times say nothing about
     graphs)."""
-    from . import results
+    from ..measuring import results
 
     if cuda:
         results._display(df[RESULT_COLUMNS].round(3), [])
@@ -496,7 +286,7 @@ def show_results(df, stem, cuda):
 def launches_per_request(variants, streams, requests, cuda):
     """``cudaGraphLaunch`` calls per request of one pass over the stream, read with the profiler (``gpu_time``), per
     ``(model, label)``; NaN without CUDA."""
-    from ..timing import gpu_time
+    from ...timing import gpu_time
 
     out = {}
     for name, fns in variants.items():
