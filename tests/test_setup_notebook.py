@@ -309,8 +309,9 @@ def test_after_setup_the_notebook_imports_the_checkouts_kit(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     first, then, root = done.stdout.splitlines()
-    assert first == str(tmp_path / "copy" / "cudagraph_kit" / "course" / "setup_notebook.py")
-    assert then == str(PROJECT_ROOT / "cudagraph_kit" / "course" / "setup_notebook.py") and root == str(PROJECT_ROOT)
+    assert first == str(tmp_path / "copy" / "cudagraph_kit" / "course" / "running" / "setup_notebook.py")
+    assert then == str(PROJECT_ROOT / "cudagraph_kit" / "course" / "running" / "setup_notebook.py")
+    assert root == str(PROJECT_ROOT)
 
 
 # ------------------------------------------------------------------------------------------------ figures

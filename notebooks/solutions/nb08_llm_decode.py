@@ -39,7 +39,7 @@ def exercise_2(cfg, seed, device, prompt, new_tokens):
 def exercise_3(decode_step, model, cache, prompt, prompt_len, new_tokens, stop_token, pad, device):
     """Four decode steps in one function and one graph; the stop token handled on the device."""
     from cudagraph_kit import capture
-from cudagraph_kit.graphed import fresh_cublas_workspace
+    from cudagraph_kit.graphed import fresh_cublas_workspace
     from cudagraph_kit.course.lessons.decode import decode_state, generate_blocks, load_state
 
     def k4_block(tokens, pos, done, stop):
