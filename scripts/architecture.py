@@ -164,7 +164,7 @@ def render_layout() -> str:
             if in_functions:
                 arrows += "   [→ " + ", ".join(sorted(map(_short, in_functions))) + "]"
             end = last and i == len(members) - 1
-            lead = f"{indent}{'└── ' if end else '├── '}{path.name:22} {line_count(path):5}   "
+            lead = f"{indent}{'└── ' if end else '├── '}{path.name:23} {line_count(path):5}   "
             wrap(lead, f"{indent}{' ' if end else '│'}".ljust(len(lead)), arrows, summary(path))
 
     rows(library, "", last=False)
@@ -179,7 +179,7 @@ def render_layout() -> str:
         lines = sum(line_count(known[m]) for m in members)
         uses = folder_imports(folder, known)
         arrows = "→ " + ", ".join(sorted(uses, key=lambda f: (f != "library", f))) if uses else "(nothing)"
-        lead = f"    {'└── ' if end else '├── '}{folder + '/':22} {lines:5}   "
+        lead = f"    {'└── ' if end else '├── '}{folder + '/':23} {lines:5}   "
         wrap(lead, f"    {' ' if end else '│'}".ljust(len(lead)), arrows, folder_summary(folder))
         rows(members, "    " + ("    " if end else "│   "), last=True)
     return "```\n" + "\n".join(out) + "\n```"
