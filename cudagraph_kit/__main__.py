@@ -58,17 +58,17 @@ def main(argv=None) -> int:
         print(env_table())
         return 0
     if args.command == "lab":
-        from .course.reproduce import lab as open_lab
+        from .course.running.reproduce import lab as open_lab
         return open_lab(args.dir, extra_args=unknown)
     if args.command == "check-figures":
-        from .course.paths import NOTEBOOKS_DIR, require_checkout
-        from .course.runs import check_figures
+        from .course.running.paths import NOTEBOOKS_DIR, require_checkout
+        from .course.running.runs import check_figures
         if args.figures is None:
             require_checkout()
         report = check_figures(args.figures, NOTEBOOKS_DIR if args.figures is None else None)
         print(report.text())
         return 0 if report.one_run else 1
-    from .course.reproduce import reproduce
+    from .course.running.reproduce import reproduce
     reproduce(args.names, out_dir=args.out, smoke=args.smoke, results_dir=args.results, resume=args.resume)
     return 0
 

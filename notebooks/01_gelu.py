@@ -42,7 +42,7 @@ REPO_URL, REPO_REF = "https://github.com/cudagraph-kit/cudagraph-kit", "main"
 if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:
     # If this fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
     subprocess.run(f"git clone -q --depth 1 -b {REPO_REF} {REPO_URL} cudagraph-kit && {sys.executable} -m pip install -q --no-deps ./cudagraph-kit", shell=True, check=True)
-checkout = importlib.import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)
+checkout = importlib.import_module("cudagraph_kit.course.running.setup_notebook").setup(REPO_URL, REPO_REF)
 
 # %% tags=["parameters", "nbval-check-output"]
 SMOKE = None           # tiny run (CI / tests): few sizes and calls; None reads $CGK_SMOKE (1 means on)
@@ -65,9 +65,9 @@ from IPython.display import display
 
 from cudagraph_kit import env_table, has_cuda, timeit
 from cudagraph_kit import capture
-from cudagraph_kit.course import figures, results, verdicts
-from cudagraph_kit.course.claims import save_claims, summary
-from cudagraph_kit.course.measure import measure
+from cudagraph_kit.course.measuring import figures, results, verdicts
+from cudagraph_kit.course.measuring.claims import save_claims, summary
+from cudagraph_kit.course.measuring.measure import measure
 
 STEM = "01_gelu"
 CUDA = has_cuda()
@@ -465,7 +465,7 @@ _ = (folder / "headline_vs_sweep.json").write_text(json.dumps(consistency, inden
 
 # %% tags=["nbval-check-output"]
 from cudagraph_kit import compare
-from cudagraph_kit.course.exercises_01 import HOST_COPY_WHY, check_fp16_sweep, check_fused_gelu, check_host_copies
+from cudagraph_kit.course.exercises.nb01_gelu import HOST_COPY_WHY, check_fp16_sweep, check_fused_gelu, check_host_copies
 
 # %% [markdown]
 # ### Exercise 1: one fused kernel instead of five

@@ -44,7 +44,7 @@ REPO_URL, REPO_REF = "https://github.com/cudagraph-kit/cudagraph-kit", "main"
 if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:
     # If this fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
     subprocess.run(f"git clone -q --depth 1 -b {REPO_REF} {REPO_URL} cudagraph-kit && {sys.executable} -m pip install -q --no-deps ./cudagraph-kit", shell=True, check=True)
-checkout = importlib.import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)
+checkout = importlib.import_module("cudagraph_kit.course.running.setup_notebook").setup(REPO_URL, REPO_REF)
 
 
 # %% tags=["parameters", "nbval-check-output"]
@@ -66,13 +66,13 @@ import torch
 from IPython.display import display
 
 from cudagraph_kit import bf16_supported, capture_train_step, env_table, graph_modules, has_cuda
-from cudagraph_kit.course import figures, results, verdicts
-from cudagraph_kit.course.claims import save_claims, summary
-from cudagraph_kit.course.measure import Measured, measure
-from cudagraph_kit.course.models import SEED, amp_pair, eager_amp_step, eager_step, loss_fn, make_batches, \
+from cudagraph_kit.course.lessons.models import SEED, amp_pair, eager_amp_step, eager_step, loss_fn, make_batches, \
     make_model, make_opt
-from cudagraph_kit.course.nb02_train import param_diff, parity_row
-from cudagraph_kit.course.verdicts import ADAM_DEFAULT, GRAPH, GRAPH_FUSED, MODEL_ONLY
+from cudagraph_kit.course.measuring import figures, results, verdicts
+from cudagraph_kit.course.measuring.claims import save_claims, summary
+from cudagraph_kit.course.measuring.correctness import param_diff, parity_row
+from cudagraph_kit.course.measuring.measure import Measured, measure
+from cudagraph_kit.course.measuring.verdicts import ADAM_DEFAULT, GRAPH, GRAPH_FUSED, MODEL_ONLY
 
 STEM = "02_train_step"
 CUDA = has_cuda()
@@ -97,7 +97,7 @@ if not CUDA:
 # docs' (batch 640, 4096 → 2048 → 1024). The data is a learnable regression task, cut into epochs of 10 full
 # batches and one **short last batch** of 8, as a data loader without `drop_last` produces. The builders
 # (`make_model`, `make_opt`, `make_batches`) are in
-# [`cudagraph_kit/course/models.py`](../cudagraph_kit/course/models.py).
+# [`cudagraph_kit/course/lessons/models.py`](../cudagraph_kit/course/lessons/models.py).
 
 # %%
 SIZES = {"32x128x256x16": (32, 128, 256, 16), "640x4096x2048x1024": (640, 4096, 2048, 1024)}
@@ -574,7 +574,7 @@ else:
 # optimizer's loops), the dispatcher and the autograd engine, and the driver's launches. The GPU-busy time of the
 # same kernels is the floor of the whole-step graph in section 5 (an eager row gets no floor of its own: the
 # profiler records kernels launched one by one from Python as running longer than they do). To see where the rest
-# goes, the parts of the step are timed separately (`cudagraph_kit.course.nb02_train.step_parts`), each on its own
+# goes, the parts of the step are timed separately (`cudagraph_kit.course.measuring.breakdowns.step_parts`), each on its own
 # copy of the network and optimizer: the whole eager step; `zero_grad` alone (`set_to_none=True`: no kernel, pure
 # Python); forward + loss; `zero_grad` + forward + loss + backward; `optimizer.step()` alone. Backward and the
 # optimizer follow by difference. Parts timed separately do not add up exactly (caches, allocator state): read them
@@ -587,7 +587,8 @@ else:
 # %%
 from IPython.display import display  # noqa: E402
 
-from cudagraph_kit.course.nb02_train import breakdown, part_claims, step_parts  # noqa: E402
+from cudagraph_kit.course.measuring.breakdowns import breakdown, step_parts  # noqa: E402
+from cudagraph_kit.course.measuring.verdicts import part_claims  # noqa: E402
 
 OPT_KEY = {"SGD": "sgd", "Adam(capturable)": "adam"}
 
@@ -648,7 +649,7 @@ print("saved again with the appendix:", folder, f"({len(claims) + len(appendix_c
 
 # %% tags=["nbval-check-output"]
 from cudagraph_kit import compare
-from cudagraph_kit.course.exercises_02 import STEP_PARTS, check_amp_adam, check_lr_schedule, check_short_batches
+from cudagraph_kit.course.exercises.nb02_train_step import STEP_PARTS, check_amp_adam, check_lr_schedule, check_short_batches
 
 # %% [markdown]
 # ### Exercise 1: Adam with fp16 and a `GradScaler`

@@ -41,7 +41,7 @@ REPO_URL, REPO_REF = "https://github.com/cudagraph-kit/cudagraph-kit", "main"
 if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:
     # If this fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
     subprocess.run(f"git clone -q --depth 1 -b {REPO_REF} {REPO_URL} cudagraph-kit && {sys.executable} -m pip install -q --no-deps ./cudagraph-kit", shell=True, check=True)
-checkout = importlib.import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)
+checkout = importlib.import_module("cudagraph_kit.course.running.setup_notebook").setup(REPO_URL, REPO_REF)
 
 # %% tags=["parameters", "nbval-check-output"]
 SMOKE = None       # tiny run (CI / tests): fewer calls, one small compile on a CPU; None: read $CGK_SMOKE ("1" = on)
@@ -65,14 +65,14 @@ from IPython.display import display
 from cudagraph_kit import env_table, has_cuda
 from cudagraph_kit import capture
 from cudagraph_kit.graphed import fresh_cublas_workspace
-from cudagraph_kit.course import results, verdicts
-from cudagraph_kit.course.claims import save_claims, summary
-from cudagraph_kit.course.measure import Measured, measure
-from cudagraph_kit.course.compilers import (fresh, keeping_outputs, read_after_next_call, script_or_none,
-                                            torchscript_fuser, with_mark_step)
-from cudagraph_kit.course.models import eager_step, mlp_stack
-from cudagraph_kit.course.nb02_train import param_diff
-from cudagraph_kit.course.verdicts import IP, RO_MARK, TRAIN_KIT, TRAIN_RO
+from cudagraph_kit.course.lessons.compilers import (fresh, keeping_outputs, read_after_next_call, script_or_none,
+                                                    torchscript_fuser, with_mark_step)
+from cudagraph_kit.course.lessons.models import eager_step, mlp_stack
+from cudagraph_kit.course.measuring import results, verdicts
+from cudagraph_kit.course.measuring.claims import save_claims, summary
+from cudagraph_kit.course.measuring.correctness import param_diff
+from cudagraph_kit.course.measuring.measure import Measured, measure
+from cudagraph_kit.course.measuring.verdicts import IP, RO_MARK, TRAIN_KIT, TRAIN_RO
 
 STEM = "03_jit_compile"
 CUDA = has_cuda()
@@ -432,10 +432,10 @@ results.show_takeaways(STEM, claims, TAKEAWAYS);
 # costs the CPU a launch; `cudaGraphLaunch` is one graph replay. Then where the CPU time goes: Python's `cProfile`
 # over many calls, grouped by the part of PyTorch it was spent in. cProfile slows Python down, so read the
 # *shares*, not the absolute µs. The `reduce-overhead` variants here are the ones with `mark_step_begin`: by now
-# the process counts generations only by marks. The helpers are in `cudagraph_kit/course/nb03_parts.py`.
+# the process counts generations only by marks. The helpers are in `cudagraph_kit/course/measuring/breakdowns.py`.
 
 # %%
-from cudagraph_kit.course.nb03_parts import cpu_breakdown, gpu_breakdown  # noqa: E402
+from cudagraph_kit.course.measuring.breakdowns import cpu_breakdown, gpu_breakdown  # noqa: E402
 
 if CUDA and COMPILE_CASES:
     c0 = COMPILE_CASES[0]
@@ -502,8 +502,7 @@ results.show_recorded(STEM, columns=["case", "variant", "executed_as", "median_u
 # *towards* it. Saved in `build/figures/03_jit_compile/` by default, never over the recorded run in `figures/`.
 
 # %%
-from cudagraph_kit.course.figures import shown  # noqa: E402
-from cudagraph_kit.course.nb03_parts import plot_times  # noqa: E402
+from cudagraph_kit.course.measuring.figures import plot_times, shown  # noqa: E402
 
 shape_of = {case: "x".join(map(str, SHAPES[case.split(",")[0]])) for case in [*SHAPES, *late]}
 errors_of = {**{(c.split(",")[0], v): e for c in [*SHAPES, *late] for v, e in errors[c.split(",")[0]].items()},
@@ -535,7 +534,7 @@ shown(fig, STEM, "time_per_call");   # without a GPU: the recorded run's figure
 
 # %% tags=["nbval-check-output"]
 from cudagraph_kit import compare  # noqa: F401 (the exercises time with it)
-from cudagraph_kit.course.exercises_03 import check_clone_cost, check_compiled_calls_per_graph, check_max_autotune, check_mlp_depth
+from cudagraph_kit.course.exercises.nb03_jit_compile import check_clone_cost, check_compiled_calls_per_graph, check_max_autotune, check_mlp_depth
 
 # %% [markdown]
 # ### Exercise 1: ten compiled calls in one graph

@@ -43,7 +43,7 @@ REPO_URL, REPO_REF = "https://github.com/cudagraph-kit/cudagraph-kit", "main"
 if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:
     # If this fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
     subprocess.run(f"git clone -q --depth 1 -b {REPO_REF} {REPO_URL} cudagraph-kit && {sys.executable} -m pip install -q --no-deps ./cudagraph-kit", shell=True, check=True)
-checkout = importlib.import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)
+checkout = importlib.import_module("cudagraph_kit.course.running.setup_notebook").setup(REPO_URL, REPO_REF)
 
 # %% tags=["parameters", "nbval-check-output"]
 SMOKE = None            # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
@@ -69,11 +69,11 @@ from IPython.display import display
 
 from cudagraph_kit import bf16_supported, capture_train_step, env_table, has_cuda, usable_gpu_memory
 from cudagraph_kit import capture
-from cudagraph_kit.course import figures, results, verdicts
-from cudagraph_kit.course import nb04_resnet as parts
-from cudagraph_kit.course.claims import save_claims, summary, versus
-from cudagraph_kit.course.measure import Measured, measure
-from cudagraph_kit.course.verdicts import GRAPH_INFER, GRAPH_TRAIN
+from cudagraph_kit.course.lessons import vision
+from cudagraph_kit.course.measuring import breakdowns, correctness, figures, results, verdicts
+from cudagraph_kit.course.measuring.claims import save_claims, summary, versus
+from cudagraph_kit.course.measuring.measure import Measured, cuda_cleanup, joined, measure
+from cudagraph_kit.course.measuring.verdicts import GRAPH_INFER, GRAPH_TRAIN
 
 STEM = "04_resnet50"
 CUDA = has_cuda()
@@ -102,11 +102,11 @@ if not CUDA:
 
 
 def build_model(dtype):
-    return parts.build_model(ARCH, dtype, DEVICE, SEED)
+    return vision.build_model(ARCH, dtype, DEVICE, SEED)
 
 
 def image_batch(n, dtype, seed=1):
-    return parts.image_batch(n, IMAGE, dtype, DEVICE, seed)
+    return vision.image_batch(n, IMAGE, dtype, DEVICE, seed)
 
 
 # %% [markdown]
@@ -146,13 +146,13 @@ for bs in INFER_BATCHES:  # capture and check every case first, then time them a
 m_infer = measure(infer_cases, windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S,
                   verdicts=verdicts.resnet_inference(PAYS))
 del infer_cases, infer_fns, g, fresh, infer, out, ref
-parts.cuda_cleanup()
+cuda_cleanup()
 inference = m_infer.table.merge(pd.DataFrame(checks), on="case")
 inference.loc[inference.variant == "eager", "max_abs_diff"] = 0.0  # the reference itself
 inference["section"], inference["images_per_s"] = "inference", inference.batch / (inference.median_us * 1e-6)
 results.show(m_infer, STEM)   # without a GPU: the recorded GPU run's rows and verdicts
-curve = parts.inference_curves(inference, PAYS)
-fig_infer = figures.shown(parts.plot_inference(
+curve = breakdowns.inference_curves(inference, PAYS)
+fig_infer = figures.shown(figures.plot_inference(
     curve, INFER_BATCHES, PAYS, cuda=CUDA, title=f"{ARCH} inference, {IMAGE}x{IMAGE}, channels_last, eager vs CUDA "
                                                  f"graph on {WHERE}"), STEM, "inference_sweep")
 
@@ -197,14 +197,14 @@ def amps_at(bs):  # on a bf16 GPU the smallest batch also runs fp16 + GradScaler
 # %% tags=["nbval-check-output"]
 def train_case(amp, bs, opt_name, x, y):
     """An eager step and a whole-step graph from the same weights; their losses compared before any timing."""
-    m_eager, m_graph = parts.copies(parts.build_train_model(ARCH, DEVICE, SEED))
+    m_eager, m_graph = vision.copies(vision.build_train_model(ARCH, DEVICE, SEED))
     scaler = (lambda: torch.amp.GradScaler("cuda")) if amp == "fp16+GradScaler" else (lambda: None)
-    eager = parts.eager_train_step(m_eager, parts.make_optimizer(opt_name, m_eager.parameters(), False, CUDA),
-                                   loss_fn, parts.AMP[amp], scaler(), DEVICE)
-    step = capture_train_step(m_graph, parts.make_optimizer(opt_name, m_graph.parameters(), True, CUDA), loss_fn,
-                              (x, y), amp_dtype=parts.AMP[amp], scaler=scaler(), eager_fallback=True)
-    le, lg, rel = parts.check_losses(eager, step, x, y, CHECK_STEPS)
-    case = f"train {amp} bs{bs}, {parts.OPTIMIZERS[opt_name]}"
+    eager = vision.eager_train_step(m_eager, vision.make_optimizer(opt_name, m_eager.parameters(), False, CUDA),
+                                    loss_fn, vision.AMP[amp], scaler(), DEVICE)
+    step = capture_train_step(m_graph, vision.make_optimizer(opt_name, m_graph.parameters(), True, CUDA), loss_fn,
+                              (x, y), amp_dtype=vision.AMP[amp], scaler=scaler(), eager_fallback=True)
+    le, lg, rel = correctness.check_losses(eager, step, x, y, CHECK_STEPS)
+    case = f"train {amp} bs{bs}, {vision.OPTIMIZERS[opt_name]}"
     check = {"case": case, "dtype": amp, "batch": bs, "optimizer": opt_name,
              "max_rel_loss_diff": rel, "losses_eager": " ".join(f"{v:.4f}" for v in le.tolist()),
              "losses_graph": " ".join(f"{v:.4f}" for v in lg.tolist())}
@@ -213,13 +213,13 @@ def train_case(amp, bs, opt_name, x, y):
 
 # %%
 # A GPU with room for every case holds them all at once; a smaller one (a T4) takes one batch and optimizer at a time.
-TRAIN_CASES = [(bs, opt) for bs in TRAIN_BATCHES for opt in parts.OPTIMIZERS]
+TRAIN_CASES = [(bs, opt) for bs in TRAIN_BATCHES for opt in vision.OPTIMIZERS]
 roomy = not CUDA or usable_gpu_memory() >= 60 * 2**30
 measured, train_checks = [], []
 for group in ([TRAIN_CASES] if roomy else [[c] for c in TRAIN_CASES]):
     cases = {}
     for bs, opt in group:
-        x, y = parts.train_batch(bs, IMAGE, DEVICE)
+        x, y = vision.train_batch(bs, IMAGE, DEVICE)
         for amp in amps_at(bs):
             case, spec, check = train_case(amp, bs, opt, x, y)
             cases[case] = spec
@@ -228,15 +228,15 @@ for group in ([TRAIN_CASES] if roomy else [[c] for c in TRAIN_CASES]):
                   f"{CHECK_STEPS} steps (the first step to 1e-3)")
     measured.append(measure(cases, windows=WINDOWS, samples=SAMPLES, pause_s=WINDOW_PAUSE_S))  # one call a sample
     del cases, x, y   # a smaller GPU frees this group's models before the next group's are built
-    parts.cuda_cleanup()
-m_train = parts.joined(measured, verdicts.resnet_training(PAYS, parts.OPTIMIZERS))   # one table, its verdicts
+    cuda_cleanup()
+m_train = joined(measured, verdicts.resnet_training(PAYS, vision.OPTIMIZERS))   # one table, its verdicts
 training = m_train.table.merge(pd.DataFrame(train_checks), on="case")
 training.loc[training.variant == "eager", "max_rel_loss_diff"] = float("nan")  # compared on the graph's row
 training["section"], training["ms_per_step"] = "training", training.median_us / 1e3
 training["images_per_s"] = training.batch / (training.median_us * 1e-6)
 results.show(m_train, STEM)
-fig_train = figures.shown(parts.plot_training(
-    training, GRAPH_TRAIN, footnote="Optimizers: " + "; ".join(parts.OPTIMIZERS.values()),
+fig_train = figures.shown(figures.plot_training(
+    training, GRAPH_TRAIN, footnote="Optimizers: " + "; ".join(vision.OPTIMIZERS.values()),
     title=f"{ARCH} training step, eager vs whole-step graph, on {WHERE}\n(graph rows: speedup, 90% interval)"),
     STEM, "training_throughput")
 
@@ -251,18 +251,18 @@ fig_train = figures.shown(parts.plot_training(
 # held out.
 
 # %% tags=["nbval-check-output"]
-X_train, X_val, Y_train, Y_val = parts.digits_split(DEVICE)
+X_train, X_val, Y_train, Y_val = vision.digits_split(DEVICE)
 DIGITS_BATCH, MAX_NORM = 32, 1.0
 steps_per_epoch = math.ceil(len(X_train) / DIGITS_BATCH)
-warmup_cosine = parts.warmup_cosine
+warmup_cosine = vision.warmup_cosine
 
 
 def small_cnn():
-    return parts.small_cnn(DEVICE, SEED)
+    return vision.small_cnn(DEVICE, SEED)
 
 
 def digits_loader(seed):
-    return parts.digits_loader(X_train, Y_train, DIGITS_BATCH, seed, pin_memory=CUDA)
+    return vision.digits_loader(X_train, Y_train, DIGITS_BATCH, seed, pin_memory=CUDA)
 
 
 # %% tags=["nbval-check-output"]
@@ -297,24 +297,24 @@ def train_digits(graphed, epochs=PARITY_EPOCHS, accumulate=1):
                 lrs.append(opt.param_groups[0]["lr"])
             losses.append(loss.detach())
             calls += 1
-        accs.append(parts.accuracy(model, X_val, Y_val))
+        accs.append(vision.accuracy(model, X_val, Y_val))
     return {"model": model, "losses": torch.stack(losses).float().cpu(), "lrs": lrs, "accs": accs, "step": step}
 
 
 # %%
-runs = parts.deterministic_runs(train_digits, [("eager", False)] + ([("eager, again", False)] if CUDA else [])
-                                + [("graphed", True)])
+runs = vision.deterministic_runs(train_digits, [("eager", False)] + ([("eager, again", False)] if CUDA else [])
+                                 + [("graphed", True)])
 g_step = runs["graphed"]["step"]
 graph_label = "graphed" if g_step.mode == "graph" else "kit, eager fallback (no CUDA)"
 assert runs["eager"]["lrs"] == runs["graphed"]["lrs"], "the LR schedules differ"
-diff, bitwise = parts.compare_params(runs["eager"]["model"], runs["graphed"]["model"])
+diff, bitwise = correctness.compare_params(runs["eager"]["model"], runs["graphed"]["model"])
 print(f"graphed run: {g_step}\nLR schedule identical in both runs; final parameters, graphed vs eager: max |diff| "
       f"{diff:.3g}, bitwise equal: {bitwise}" + ("" if CUDA else " (no GPU: both runs were eager)"))
 labels = {name: graph_label if name == "graphed" else name for name in runs}
 parity_acc = pd.DataFrame({"epoch": range(1, PARITY_EPOCHS + 1), **{labels[k]: r["accs"] for k, r in runs.items()}})
-fig_parity = parts.plot_parity({labels[k]: runs[k]["losses"].numpy() for k in ("eager", "graphed")},
-                               {labels[k]: runs[k]["accs"] for k in ("eager", "graphed")},
-                               f"Digits CNN, warm-up + cosine LR, clipping at {MAX_NORM}: eager vs graphed")
+fig_parity = figures.plot_parity({labels[k]: runs[k]["losses"].numpy() for k in ("eager", "graphed")},
+                                 {labels[k]: runs[k]["accs"] for k in ("eager", "graphed")},
+                                 f"Digits CNN, warm-up + cosine LR, clipping at {MAX_NORM}: eager vs graphed")
 parity_acc
 
 # %% [markdown]
@@ -359,7 +359,7 @@ trn = table.case.str.extract(r"^train (.+?) bs(\d+), ").dropna()       # the mai
 def this_run(experiment, batch):
     """The graph speedup with its interval at the same batch (the sweep's dtype; the main AMP path's SGD)."""
     case, variant = ((f"inference {inf[0].iloc[0]} bs{batch}", GRAPH_INFER) if experiment == "inference" else
-                     (f"train {trn[0].iloc[0]} bs{batch}, {parts.OPTIMIZERS['SGD momentum']}", GRAPH_TRAIN))
+                     (f"train {trn[0].iloc[0]} bs{batch}, {vision.OPTIMIZERS['SGD momentum']}", GRAPH_TRAIN))
     rows = table[(table.case == case) & (table.variant == variant)]
     return ("not measured" if rows.empty else
             f"{rows.speedup.iloc[0]:.2f}x ({rows.speedup_pi_lo.iloc[0]:.2f}-{rows.speedup_pi_hi.iloc[0]:.2f})")
@@ -426,7 +426,7 @@ if CUDA:
     print(f"hand-written ResNet-50 graph == eager on a new input (max |diff| "
           f"{(static_out - expected).abs().max().item():.3g}): OK")
     del model, static_x, static_out, graph, new_x, expected
-    parts.cuda_cleanup()
+    cuda_cleanup()
 else:
     print("skipped: capturing a CUDA graph needs an NVIDIA GPU")
 
@@ -488,10 +488,10 @@ for dname, c in curve.items():
 # eager loop that divides each loss by 4 and steps every 4th batch.
 
 # %%
-acc_runs = parts.deterministic_runs(train_digits, [("eager", False), ("graphed", True)], epochs=ACCUMULATE_EPOCHS,
-                                    accumulate=4)
+acc_runs = vision.deterministic_runs(train_digits, [("eager", False), ("graphed", True)], epochs=ACCUMULATE_EPOCHS,
+                                     accumulate=4)
 acc_step = acc_runs["graphed"]["step"]
-acc_diff, acc_bitwise = parts.compare_params(acc_runs["eager"]["model"], acc_runs["graphed"]["model"])
+acc_diff, acc_bitwise = correctness.compare_params(acc_runs["eager"]["model"], acc_runs["graphed"]["model"])
 acc_loss_diff = (acc_runs["eager"]["losses"] - acc_runs["graphed"]["losses"]).abs().max().item()
 print(f"{acc_step}\ngraphs by window position: {sorted(acc_step.graphs)}; optimizer steps {acc_step.optimizer_steps}")
 print(f"accumulate=4, graphed vs eager after {ACCUMULATE_EPOCHS} epoch(s): max |param diff| {acc_diff:.3g} "
@@ -508,7 +508,7 @@ def final(step, d, b, loss_diff):
 
 
 if "eager, again" in runs:
-    d2, b2 = parts.compare_params(runs["eager"]["model"], runs["eager, again"]["model"])
+    d2, b2 = correctness.compare_params(runs["eager"]["model"], runs["eager, again"]["model"])
     print(f"final parameters, eager vs eager again: max |diff| {d2:.3g}, bitwise equal: {b2}")
 for r in runs.values():
     r["executed_as"] = "cuda graph" if r["step"] is not None and r["step"].mode == "graph" else "eager"
@@ -518,7 +518,7 @@ if "eager, again" in runs:
     finals["eager again vs eager"] = final(None, d2, b2, (
         runs["eager"]["losses"] - runs["eager, again"]["losses"]).abs().max().item())
 finals["accumulate=4, graphed vs eager"] = final(acc_step, acc_diff, acc_bitwise, acc_loss_diff)
-parity = parts.parity_rows(runs, labels, steps_per_epoch, finals)
+parity = correctness.parity_rows(runs, labels, steps_per_epoch, finals)
 
 # %% [markdown]
 # ### D. Save, every verdict, and the recorded GPU run beside this one
@@ -549,29 +549,30 @@ else:  # this run's tiny CPU cases have no recorded twin: the recorded GPU table
 # synthetic `uint8` images that each worker generates as a decoder would hand them over), three measurements per
 # window: **loader only** (iterate and copy to the GPU), **step only** (the graphed step on a batch already there)
 # and **loader + step** (the real loop). A loader is a stream with a prefetch queue, not a call to repeat, so
-# `parts.feeding_windows` times `LOADER_STEPS` batches of a fresh epoch per window; the windows are combined as
+# `workloads.feeding_windows` times `LOADER_STEPS` batches of a fresh epoch per window; the windows are combined as
 # `measure` combines them. If the real loop takes about as long as its slower part, the two overlap, and the slower
 # part is what limits throughput. In the timing table the cell prints last, `speedup` is relative to its first row,
 # the loader alone: a value below 1 means slower than the loader.
 
 # %%
 from cudagraph_kit.intervals import combine_windows, prediction_interval
-from cudagraph_kit.course.claims import Claim
+from cudagraph_kit.course.lessons import workloads
+from cudagraph_kit.course.measuring.claims import Claim
 
-feed_model = parts.build_train_model(ARCH, DEVICE, SEED)
-feed_step = capture_train_step(feed_model, parts.make_optimizer("AdamW", feed_model.parameters(), True, CUDA),
-                               loss_fn, parts.train_batch(LOADER_BATCH, IMAGE, DEVICE), amp_dtype=parts.AMP[MAIN_AMP],
+feed_model = vision.build_train_model(ARCH, DEVICE, SEED)
+feed_step = capture_train_step(feed_model, vision.make_optimizer("AdamW", feed_model.parameters(), True, CUDA),
+                               loss_fn, vision.train_batch(LOADER_BATCH, IMAGE, DEVICE), amp_dtype=vision.AMP[MAIN_AMP],
                                scaler=torch.amp.GradScaler("cuda") if MAIN_AMP == "fp16+GradScaler" else None,
                                eager_fallback=True)
 for _ in range(5):  # warm-up and capture before timing
-    feed_step(*parts.train_batch(LOADER_BATCH, IMAGE, DEVICE, seed=3))
+    feed_step(*vision.train_batch(LOADER_BATCH, IMAGE, DEVICE, seed=3))
 feed_mode = feed_step.mode
 feed_case = (f"data feeding bs{LOADER_BATCH}, {GRAPH_TRAIN} ({feed_step.mode}), AdamW foreach capturable={CUDA}, "
              f"{LOADER_WORKERS} workers")
-frames = parts.feeding_windows(feed_step, LOADER_BATCH, LOADER_STEPS, IMAGE, LOADER_WORKERS, DEVICE, WINDOWS,
-                               WINDOW_PAUSE_S, feed_case)
+frames = workloads.feeding_windows(feed_step, LOADER_BATCH, LOADER_STEPS, IMAGE, LOADER_WORKERS, DEVICE, WINDOWS,
+                                   WINDOW_PAUSE_S, feed_case)
 m_feed = Measured(combine_windows(frames), frames)
-loop_over_slower = prediction_interval(parts.overlap(frames))      # the real loop's time over its slower part's
+loop_over_slower = prediction_interval(workloads.overlap(frames))  # the real loop's time over its slower part's
 took = "data feeding: the real loop takes {lo:.2f}-{hi:.2f}x the time of its slower part alone"
 feed_claims = [
     versus(m_feed, "feed_loader_faster_than_step", (feed_case, "loader only"), (feed_case, "step only"),
@@ -579,13 +580,13 @@ feed_claims = [
     Claim("feed_loop_costs_15pct_over_slower_part", *loop_over_slower, above=1.15, subject="data feeding: the real loop",
           holds=f"{took}: more than 15% over it, so the loader and the step overlap poorly",
           fails=f"{took}: within 15% of it, so the loader and the step overlap", unclear=f"{took}: too close to 1.15x")]
-bound = parts.limited_by(frames, feed_claims[0].verdict)
+bound = workloads.limited_by(frames, feed_claims[0].verdict)
 m_feed.table["executed_as"] = ["cuda graph" if feed_mode == "graph" and v != "loader only" else "eager"
                                for v in m_feed.table.variant]
 feed = m_feed.table.assign(section="data feeding", batch=LOADER_BATCH, bound_by=bound,
                            images_per_s=LOADER_BATCH / (m_feed.table.median_us * 1e-6))
 del feed_model, feed_step
-parts.cuda_cleanup()
+cuda_cleanup()
 folder = results.save(STEM, pd.concat([all_rows, feed], ignore_index=True), figures=FIGURES)
 save_claims(folder, claims + feed_claims)
 print(f"throughput limited by: {bound}")
@@ -605,7 +606,7 @@ m_feed.short()
 import numpy as np
 
 from cudagraph_kit import compare
-from cudagraph_kit.course.exercises_04 import check_batch_prediction, check_clip_norms
+from cudagraph_kit.course.exercises.nb04_resnet50 import check_batch_prediction, check_clip_norms
 
 # %% [markdown]
 # ### Exercise 1: predict, then measure, a batch size between two of the sweep

@@ -47,7 +47,7 @@ REPO_URL, REPO_REF = "https://github.com/cudagraph-kit/cudagraph-kit", "main"
 if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:
     # If this fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
     subprocess.run(f"git clone -q --depth 1 -b {REPO_REF} {REPO_URL} cudagraph-kit && {sys.executable} -m pip install -q --no-deps ./cudagraph-kit", shell=True, check=True)
-checkout = importlib.import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)
+checkout = importlib.import_module("cudagraph_kit.course.running.setup_notebook").setup(REPO_URL, REPO_REF)
 
 # %% tags=["parameters", "nbval-check-output"]
 SMOKE = None                 # tiny run (CI / tests); None reads $CGK_SMOKE (1 means on)
@@ -66,9 +66,9 @@ import torch
 from cudagraph_kit import CaptureError, check_capturable, env_table, explain, has_cuda
 from cudagraph_kit.advice import advise, measure_replay_cost
 from cudagraph_kit import capture
-from cudagraph_kit.course import results
-from cudagraph_kit.course.measure import measure
-from cudagraph_kit.course.nb05_parts import PitfallTable, first_line, still_works
+from cudagraph_kit.course.lessons.pitfalls import PitfallTable, first_line, still_works
+from cudagraph_kit.course.measuring import results
+from cudagraph_kit.course.measuring.measure import measure
 from cudagraph_kit import verify
 
 STEM = "05_pitfalls"
@@ -336,7 +336,7 @@ pitfalls.record("random numbers: reseeding or another generator in the graph", "
 # 1.5x of the prediction, and it lies on the side advise's words named.
 
 # %%
-from cudagraph_kit.course.nb05_parts import advise_workloads
+from cudagraph_kit.course.lessons.workloads import advise_workloads
 
 cost, predicted, timed, claim_ids = None, {}, {}, {}  # per case: advise's prediction, what measure() times, its id
 if CUDA:
@@ -348,7 +348,8 @@ if CUDA:
         print(f"{case}: {predicted[case]}")
 
 # %%
-from cudagraph_kit.course.nb05_parts import advise_overall_claim, advise_vs_measured, show_advise
+from cudagraph_kit.course.measuring.predictions import show_advise
+from cudagraph_kit.course.measuring.verdicts import advise_overall_claim, advise_vs_measured
 
 m_advise = measure(timed, windows=WINDOWS, samples=SAMPLES, pause_s=WINDOW_PAUSE_S) if timed else None
 honest, case_claims = advise_vs_measured(predicted, m_advise, claim_ids)
@@ -385,7 +386,7 @@ results.show_takeaways(STEM, claims, TAKEAWAYS);
 # GPU results. The exercises follow.
 #
 # Experiments that could kill the CUDA context, or need a fresh process, are functions in
-# `cudagraph_kit/course/pitfall_scripts.py`; `run_isolated(fn, *args, timeout=...)` runs one in a fresh
+# `cudagraph_kit/course/lessons/pitfall_scripts.py`; `run_isolated(fn, *args, timeout=...)` runs one in a fresh
 # interpreter and returns the dict it reports, with the exit code, so a crash is a row in a table, not a stalled
 # notebook. The tables of B and C show each error as its type and first clause, then print the first error once,
 # as the experiment reported it.
@@ -398,9 +399,10 @@ import pandas as pd
 from IPython.display import display
 
 from cudagraph_kit import shared_pool
-from cudagraph_kit.course.claims import save_claims, summary
-from cudagraph_kit.course.nb05_parts import eager_step, show_figure
-from cudagraph_kit.course.pitfall_scripts import docs_recipe_capture, run_isolated
+from cudagraph_kit.course.lessons.models import detached_eager_step as eager_step
+from cudagraph_kit.course.lessons.pitfall_scripts import docs_recipe_capture, run_isolated
+from cudagraph_kit.course.measuring.claims import save_claims, summary
+from cudagraph_kit.course.measuring.figures import show_figure
 
 # %% [markdown]
 # ### A. A learning rate frozen into the graph
@@ -493,8 +495,8 @@ pitfalls.record("a learning rate frozen into the graph", "silently wrong", "chec
 # stream with `del loss` before capture. The experiment, a function that `run_isolated` runs in a fresh process:
 
 # %% tags=["nbval-check-output"]
-from cudagraph_kit.course.nb05_parts import short_cause, show_isolated
-from cudagraph_kit.course.pitfall_scripts import WARMUP_VARIANTS, warmup_stream
+from cudagraph_kit.course.lessons.pitfall_scripts import WARMUP_VARIANTS, warmup_stream
+from cudagraph_kit.course.lessons.pitfalls import short_cause, show_isolated
 
 print(inspect.getsource(warmup_stream))
 
@@ -521,7 +523,7 @@ pitfalls.record("warm-up not on a side stream", "warns; the capture can fail", "
 # once in each mode, each in a fresh process.
 
 # %% tags=["nbval-check-output"]
-from cudagraph_kit.course.pitfall_scripts import CAPTURE_ERROR_MODES, background_thread_allocates
+from cudagraph_kit.course.lessons.pitfall_scripts import CAPTURE_ERROR_MODES, background_thread_allocates
 
 print(inspect.getsource(background_thread_allocates))
 
@@ -555,7 +557,8 @@ pitfalls.record("another thread allocating during capture", "raises (in that thr
 # is counted, not timed, so one reading of each is the claim's interval.
 
 # %%
-from cudagraph_kit.course.nb05_parts import memory_reading, plot_memory
+from cudagraph_kit.course.measuring.figures import plot_memory
+from cudagraph_kit.course.measuring.verdicts import memory_reading
 
 memory_rows, fig_mem = [], None
 seen, detected = "needs a GPU", None
@@ -608,12 +611,12 @@ pitfalls.record("memory held by one private pool per graph", "wastes memory (can
 # or stuck compile cannot stall the notebook.
 
 # %% tags=["nbval-check-output"]
-from cudagraph_kit.course.pitfall_scripts import reduce_overhead_pitfalls
+from cudagraph_kit.course.lessons.pitfall_scripts import reduce_overhead_pitfalls
 
 print(inspect.getsource(reduce_overhead_pitfalls))
 
 # %%
-from cudagraph_kit.course.nb05_parts import show_reduce_overhead
+from cudagraph_kit.course.lessons.pitfalls import show_reduce_overhead
 
 ro = run_isolated(reduce_overhead_pitfalls, timeout=300) if CUDA else None
 seen, detected, found_old = show_reduce_overhead(ro, torch.__version__)
@@ -649,12 +652,12 @@ pitfalls.record("reduce-overhead: skipped graphs, overwritten outputs",
 # `torch.cuda.memory_snapshot()`: still allocated, free in the allocator's cache, or returned to the driver.
 
 # %% tags=["nbval-check-output"]
-from cudagraph_kit.course.pitfall_scripts import TWO_CAPTURE_VARIANTS, two_captures
+from cudagraph_kit.course.lessons.pitfall_scripts import TWO_CAPTURE_VARIANTS, two_captures
 
 print(inspect.getsource(two_captures))
 
 # %%
-from cudagraph_kit.course.nb05_parts import two_captures_table, two_captures_verdict
+from cudagraph_kit.course.lessons.pitfalls import two_captures_table, two_captures_verdict
 
 two_rows, seen, detected = [], "needs a GPU", None
 if CUDA:
@@ -746,7 +749,7 @@ else:
 # only `python -m cudagraph_kit reproduce` on a GPU publishes. Appendix B adds its rows and saves again.
 
 # %%
-from cudagraph_kit.course.nb05_parts import result_table
+from cudagraph_kit.course.lessons.pitfalls import result_table
 
 
 def save_all(advice, figures=None):
@@ -788,7 +791,7 @@ print(next((c.statement for c in claims if c.claim == "shared_pool_saves_memory"
 # table), then that run's verdicts. The full table is `figures/05_pitfalls/results.csv`.
 
 # %%
-from cudagraph_kit.course.claims import load_claims
+from cudagraph_kit.course.measuring.claims import load_claims
 
 if m_advise is not None:
     results.beside_recorded(STEM, m_advise.table.assign(case="measured: " + m_advise.table.case))
@@ -812,7 +815,7 @@ if recorded_claims is not None:
 # %% tags=["nbval-check-output"]
 import copy
 
-from cudagraph_kit.course.exercises_05 import check_clip_without_sync, check_step_counter
+from cudagraph_kit.course.exercises.nb05_pitfalls import check_clip_without_sync, check_step_counter
 
 # %% [markdown]
 # ### Exercise 1: a step counter that a graph replays
@@ -927,7 +930,8 @@ pitfalls.record("Python state reached through an object, a container, a class or
 # per notebook and drawn hollow, apart from section 7's predictions.
 
 # %%
-from cudagraph_kit.course.nb05_parts import advice_summary, fitted_row, plot_advise, recorded_headlines
+from cudagraph_kit.course.measuring.figures import plot_advise
+from cudagraph_kit.course.measuring.predictions import advice_summary, fitted_row, recorded_headlines
 
 fitted = pd.DataFrame([row for stem, cases in recorded_headlines(results).items() for case, base, graph in cases
                        for row in [fitted_row(results, stem, case, base, graph, cost) if CUDA else None] if row])

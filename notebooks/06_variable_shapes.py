@@ -43,7 +43,7 @@ REPO_URL, REPO_REF = "https://github.com/cudagraph-kit/cudagraph-kit", "main"
 if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:
     # If this fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
     subprocess.run(f"git clone -q --depth 1 -b {REPO_REF} {REPO_URL} cudagraph-kit && {sys.executable} -m pip install -q --no-deps ./cudagraph-kit", shell=True, check=True)
-checkout = importlib.import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)
+checkout = importlib.import_module("cudagraph_kit.course.running.setup_notebook").setup(REPO_URL, REPO_REF)
 
 # %% tags=["parameters", "nbval-check-output"]
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
@@ -70,10 +70,13 @@ from torch import nn
 from cudagraph_kit import (MemoryLedger, capture_buckets, capture_train_step, env_table, evaluate_buckets, has_cuda,
                            ladder, plan_buckets, pool_usage)
 from cudagraph_kit import capture
-from cudagraph_kit.course import nb06_parts as parts, results
-from cudagraph_kit.course.claims import Claim, save_claims, speedup, summary
-from cudagraph_kit.course.measure import measure
-from cudagraph_kit.course.nb06_parts import MiB, SHORT, Strategies, phrase, run_stream, strategy, window_medians
+from cudagraph_kit.course.lessons import buckets, models, workloads
+from cudagraph_kit.course.lessons.buckets import MiB, Strategies
+from cudagraph_kit.course.lessons.workloads import run_stream
+from cudagraph_kit.course.measuring import figures, results, verdicts
+from cudagraph_kit.course.measuring.claims import Claim, save_claims, speedup, summary
+from cudagraph_kit.course.measuring.measure import measure, window_medians
+from cudagraph_kit.course.measuring.verdicts import SHORT, phrase, strategy
 
 STEM = "06_variable_shapes"
 CUDA = has_cuda()
@@ -108,7 +111,7 @@ if not CUDA:
 # *separate* draw (`HISTORY` sizes, another seed), as a server would from yesterday's traffic.
 
 # %%
-stream_sizes, history_sizes = parts.request_sizes(REQUESTS, HISTORY, MAX_ROWS, OVERFLOW_SHARE, SEED)
+stream_sizes, history_sizes = workloads.request_sizes(REQUESTS, HISTORY, MAX_ROWS, OVERFLOW_SHARE, SEED)
 
 # %% [markdown]
 # ## 2. Two models whose rows never see each other
@@ -139,8 +142,8 @@ class Block(nn.Module):
 
 D_MLP, H_MLP = (256, 1024) if CUDA else (32, 64)
 SEQ, D_BLOCK, HEADS = (64, 256, 4) if CUDA else (8, 32, 2)
-MODELS = {"MLP": (parts.make_mlp(D_MLP, H_MLP), (D_MLP,)), "transformer block": (Block(D_BLOCK, HEADS), (SEQ, D_BLOCK))}
-data, streams = parts.request_views(MODELS, stream_sizes, MAX_ROWS, DEVICE, SEED + 2)
+MODELS = {"MLP": (models.make_mlp(D_MLP, H_MLP), (D_MLP,)), "transformer block": (Block(D_BLOCK, HEADS), (SEQ, D_BLOCK))}
+data, streams = workloads.request_views(MODELS, stream_sizes, MAX_ROWS, DEVICE, SEED + 2)
 
 # %% [markdown]
 # ## 3. Buckets by hand: pad, replay, slice
@@ -213,7 +216,7 @@ del mixes_rows
 # %% [markdown]
 # ## 5. Strategies, and what each one holds in memory
 #
-# For each model, from the same sample, `Strategies` ([`nb06_parts.py`](../cudagraph_kit/course/nb06_parts.py))
+# For each model, from the same sample, `Strategies` ([`buckets.py`](../cudagraph_kit/course/lessons/buckets.py))
 # builds:
 # - **exact sizes**: one graph for every size from 1 to `MAX_ROWS` (no padding; the most graphs);
 # - **fixed ladders**: powers of two, steps of 4, 8 (the kit's default) and 16 (`SPACINGS`), and a **single
@@ -227,7 +230,7 @@ del mixes_rows
 # sharing saves.
 
 # %%
-FIXED, DEFAULT = parts.fixed_ladders(MAX_ROWS, SPACINGS)   # {label: spacing}; DEFAULT: the kit's ladder(MAX_ROWS)
+FIXED, DEFAULT = buckets.fixed_ladders(MAX_ROWS, SPACINGS)   # {label: spacing}; DEFAULT: the kit's ladder(MAX_ROWS)
 lab = Strategies(MODELS, data, MAX_ROWS, CUDA)
 lab.build_ladders(FIXED)                                   # exact sizes, FIXED, and the one-pool-per-graph ladder
 lab.plan(history_sizes, DEFAULT, rounds=3 if small else 5)  # "planned": measured costs, then plan_buckets
@@ -256,7 +259,7 @@ print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:
 # compares with eager at float32 rounding.
 
 # %%
-compiled, TREES_POOL_MIB = parts.compile_variants(MODELS, streams, info, COMPILE)   # {model: {label: fn}}
+compiled, TREES_POOL_MIB = buckets.compile_variants(MODELS, streams, info, COMPILE)   # {model: {label: fn}}
 if not COMPILE:
     print("skipped: mode='reduce-overhead' records CUDA graphs and needs an NVIDIA GPU." if not CUDA
           else "skipped (COMPILE=False).")
@@ -302,11 +305,11 @@ assert (err_table < 1e-3).all().all(), "a variant disagrees with eager: do not t
 # overflows.
 
 # %%
-latency, pad_stats = parts.latency_pass(variants, streams, SYNC)
+latency, pad_stats = buckets.latency_pass(variants, streams, SYNC)
 passes = {name: {label: (lambda fn=fn, reqs=streams[name]: run_stream(fn, reqs)) for label, fn in fns.items()}
           for name, fns in variants.items()}
 timing = measure(passes, windows=WINDOWS, samples=SAMPLES, calls=1, pause_s=WINDOW_PAUSE_S, floor=CUDA,
-                 verdicts=parts.stream_verdicts)
+                 verdicts=verdicts.stream_verdicts)
 claims += timing.claims
 results.show(timing, STEM)   # without a GPU: the recorded GPU run's rows and verdicts
 
@@ -316,9 +319,9 @@ results.show(timing, STEM)   # without a GPU: the recorded GPU run's rows and ve
 # `held_mib` is empty for eager (no graphs) and for `reduce-overhead` (one shared pool, "Going further" C).
 
 # %%
-results_df = parts.results_table(timing, latency, pad_stats, lab, errors, REQUESTS,
-                                 torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)")
-parts.show_results(results_df, STEM, CUDA)   # without a GPU: the recorded GPU run's table
+results_df = buckets.results_table(timing, latency, pad_stats, lab, errors, REQUESTS,
+                                   torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)")
+buckets.show_results(results_df, STEM, CUDA)   # without a GPU: the recorded GPU run's table
 
 # %% [markdown]
 # ## 9. Takeaways
@@ -432,7 +435,7 @@ else:
 # except for the overflow requests; `reduce-overhead` launches one wherever it recorded a graph for that size.
 
 # %%
-launches = parts.launches_per_request(variants, streams, REQUESTS, CUDA)   # in the results table's row order
+launches = buckets.launches_per_request(variants, streams, REQUESTS, CUDA)   # in the results table's row order
 results_df["graph_launches_per_request"] = list(launches.values())
 print(results_df[["case", "variant", "eager_overflows", "graph_launches_per_request"]].to_string(index=False)
       if CUDA else "Graph launches need a GPU: on a CPU no graph runs.")
@@ -445,7 +448,7 @@ print(results_df[["case", "variant", "eager_overflows", "graph_launches_per_requ
 # and setup time; `reduce-overhead`'s variants share the graph trees' one pool, shown as one bar of its own (C).
 
 # %% tags=["nbval-check-output"]
-fig = parts.plot_tradeoff(results_df, info, curve, TREES_POOL_MIB, MODELS, lab.order, CUDA)
+fig = figures.plot_tradeoff(results_df, info, curve, TREES_POOL_MIB, MODELS, lab.order, CUDA)
 plt.show()
 
 # %% [markdown]
@@ -542,7 +545,7 @@ print("\n".join(c.statement for c in claims if "reduce_overhead" in c.claim and 
 # (try first).
 
 # %% tags=["nbval-check-output"]
-from cudagraph_kit.course.exercises_06 import MIXING_WHY, check_batch_mixing, check_uniform_plan
+from cudagraph_kit.course.exercises.nb06_variable_shapes import MIXING_WHY, check_batch_mixing, check_uniform_plan
 
 # %% [markdown]
 # ### Exercise 1: buckets for uniform traffic
@@ -657,7 +660,7 @@ g_one = capture(mlp, data["MLP"][:8], eager_fallback=True)
 demo.record("capture(): MLP, 8 rows", g_one)
 demo.record("capture_buckets(): MLP, default ladder", built["MLP"][DEFAULT])
 with torch.enable_grad():
-    net = parts.make_mlp(D_MLP, H_MLP).to(DEVICE)
+    net = models.make_mlp(D_MLP, H_MLP).to(DEVICE)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     batch = (data["MLP"][:8], data["MLP"][8:16])
     step = capture_train_step(net, opt, nn.MSELoss(), batch, eager_fallback=True)

@@ -45,7 +45,7 @@ REPO_URL, REPO_REF = "https://github.com/cudagraph-kit/cudagraph-kit", "main"
 if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:
     # If this fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
     subprocess.run(f"git clone -q --depth 1 -b {REPO_REF} {REPO_URL} cudagraph-kit && {sys.executable} -m pip install -q --no-deps ./cudagraph-kit", shell=True, check=True)
-checkout = importlib.import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)
+checkout = importlib.import_module("cudagraph_kit.course.running.setup_notebook").setup(REPO_URL, REPO_REF)
 
 # %% tags=["parameters", "nbval-check-output"]
 SMOKE = None          # tiny run for CI and tests; None reads CGK_SMOKE (on when 1)
@@ -67,7 +67,7 @@ from IPython.display import display
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cudagraph_kit import capture_train_step, env_table, has_cuda
-from cudagraph_kit.course import results
+from cudagraph_kit.course.measuring import results
 from cudagraph_kit.ddp import ddp_for_graphs, free_port, setup_distributed_for_graphs
 
 STEM = "07_data_parallel"              # what this notebook runs on this machine
@@ -419,7 +419,7 @@ results.show_takeaways(SWEEP_STEM, [], TAKEAWAYS);
 # (try first).
 
 # %% tags=["nbval-check-output"]
-from cudagraph_kit.course.exercises_07 import check_item_per_step, check_rank_spread
+from cudagraph_kit.course.exercises.nb07_data_parallel import check_item_per_step, check_rank_spread
 
 # %% [markdown]
 # ### Exercise 1: the spread across ranks, from the raw step times

@@ -50,7 +50,7 @@ REPO_URL, REPO_REF = "https://github.com/cudagraph-kit/cudagraph-kit", "main"
 if "google.colab" in sys.modules and importlib.util.find_spec("cudagraph_kit") is None:
     # If this fails: REPO_REF must name a branch or tag of REPO_URL, and the runtime needs internet access.
     subprocess.run(f"git clone -q --depth 1 -b {REPO_REF} {REPO_URL} cudagraph-kit && {sys.executable} -m pip install -q --no-deps ./cudagraph-kit", shell=True, check=True)
-checkout = importlib.import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)
+checkout = importlib.import_module("cudagraph_kit.course.running.setup_notebook").setup(REPO_URL, REPO_REF)
 
 
 # %% tags=["parameters", "nbval-check-output"]
@@ -80,15 +80,14 @@ import torch
 from cudagraph_kit import MemoryLedger, capture_buckets, env_table, gpu_time, has_cuda, ladder
 from cudagraph_kit import capture
 from cudagraph_kit.graphed import fresh_cublas_workspace
-from cudagraph_kit.course import results
-from cudagraph_kit.course.decode import positions_needed
-from cudagraph_kit.course.hf_decode import hf_status
-from cudagraph_kit.course.measure import measure
-from cudagraph_kit.course.nb08_parts import (Runs, attempt, check_row, compile_then_capture, first_calls,
-                                            generation_claims, per_batch, profiled_mode, reduce_overhead_step,
-                                            step_claims, step_mode)
-from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, greedy_generate,
-                                           greedy_generate_no_cache, hf_generate, to_hf_llama)
+from cudagraph_kit.course.lessons.decode import (attempt, check_row, compile_then_capture, first_calls,
+                                                 positions_needed, reduce_overhead_step)
+from cudagraph_kit.course.lessons.hf_decode import hf_status
+from cudagraph_kit.course.lessons.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, greedy_generate,
+                                                   greedy_generate_no_cache, hf_generate, to_hf_llama)
+from cudagraph_kit.course.measuring import results
+from cudagraph_kit.course.measuring.measure import Runs, measure, per_batch, profiled_mode, step_mode
+from cudagraph_kit.course.measuring.verdicts import generation_claims, step_claims
 
 # %%
 STEM = "08_llm_decode"
@@ -133,7 +132,7 @@ if not CUDA:
 # %% [markdown]
 # ## 1. A small LLaMA-style model and a static KV cache
 #
-# `cudagraph_kit/course/tiny_llm.py` holds the model, a small LLaMA (RMSNorm, rotary attention, a SwiGLU MLP) with
+# `cudagraph_kit/course/lessons/tiny_llm.py` holds the model, a small LLaMA (RMSNorm, rotary attention, a SwiGLU MLP) with
 # random weights drawn from a seed, named as in `transformers`' `LlamaForCausalLM`, which section 5 uses.
 #
 # The **static KV cache** holds keys and values for `MAX_BATCH` rows of `MAX_LEN` positions, allocated once. A
@@ -438,7 +437,7 @@ results.show_takeaways(STEM, claims, TAKEAWAYS, missing="skip");
 # every active request, so the batch size moves at every arrival and every finish. A finished request leaves a
 # hole: the last row moves into it (its cache row too), so active requests always fill rows `0..n-1` and a
 # bucket's padding rows are free rows. Tokens and positions stay on the GPU; the host only counts (the loop is
-# `serve_stream` in `cudagraph_kit/course/nb08_parts.py`).
+# `serve_stream` in `cudagraph_kit/course/lessons/workloads.py`).
 #
 # Strategies: eager; the kit's graphs on the vLLM-style ladder (`ladder(MAX_BATCH)`, the graphs of section 4);
 # buckets **planned** by `plan_buckets` from the batch sizes of an earlier stream (another seed), with at most
@@ -452,8 +451,8 @@ results.show_takeaways(STEM, claims, TAKEAWAYS, missing="skip");
 import numpy as np
 
 from cudagraph_kit import evaluate_buckets, plan_buckets
-from cudagraph_kit.course.claims import speedup, versus
-from cudagraph_kit.course.nb08_parts import batch_sizes, make_stream, serve_stream, serve_table
+from cudagraph_kit.course.lessons.workloads import batch_sizes, make_stream, serve_stream, serve_table
+from cudagraph_kit.course.measuring.claims import speedup, versus
 
 
 def serve(step, stream, record=None):
@@ -541,7 +540,7 @@ print(TOOLS.to_string(index=False))
 # between the two and guards that they are equal; the first smaller bucket then fails that guard and compiles
 # again, inside the capture, where a compile costs far more than the capture itself. Warmed up at half the
 # largest batch and at 1 (PyTorch specializes size 1), the two compiles serve every bucket (`compile_then_capture`
-# in `cudagraph_kit/course/nb08_parts.py`).
+# in `cudagraph_kit/course/lessons/decode.py`).
 #
 # The table below gives what each variant cost to set up: compile time (the compiled step's two compiles;
 # `reduce-overhead`'s first calls of section 6, compile and one recording per batch size), capture time (the kit),
@@ -565,7 +564,7 @@ print(TOOLS.to_string(index=False))
 # call).
 
 # %%
-from cudagraph_kit.course.nb08_parts import setup_table
+from cudagraph_kit.course.lessons.decode import setup_table
 
 setup_rows = [{"variant": KIT_GEN, "compile_s": 0.0, "capture_s": graphs.capture_seconds, "graph_mib": kit_held}]
 if fused_graphs is not None:
@@ -585,7 +584,7 @@ else:
 # ### C. Several tokens per replay
 #
 # One graph per token still costs the host one replay, one read of the done flags and one loop turn per token. A
-# graph can hold several decode steps: `k_step(step, K)` (in `cudagraph_kit/course/decode.py`) runs K steps in one
+# graph can hold several decode steps: `k_step(step, K)` (in `cudagraph_kit/course/lessons/decode.py`) runs K steps in one
 # function, each step's argmax becoming the next step's input **on the GPU**. Its state is four tensors (the last
 # tokens, the positions, which rows are done, the stop token) that it updates in place, so replay after replay
 # continues the sequences with nothing copied in between. A row that produces the stop token is marked done on the
@@ -597,8 +596,8 @@ else:
 # the middle of a block.
 
 # %%
-from cudagraph_kit.course.decode import (decode_state, generate_blocks, generation, k_step, load_state,
-                                        mid_block_stop, stop_after)
+from cudagraph_kit.course.lessons.decode import (decode_state, generate_blocks, generation, k_step, load_state,
+                                                mid_block_stop, stop_after)
 
 PAD, K_BATCHES = 0, sorted({1, min(8, MAX_BATCH)})
 kx = prompts[MAX_BATCH]            # batch b decodes the first b of these prompts, in cache rows 0..b-1
@@ -669,7 +668,7 @@ m_k.short()
 # our own model: allocate a `StaticCache` once, make the decode step a function of tensors only (`input_ids` and
 # `position_ids`, both (batch, 1)) that calls the model with that cache and returns the last position's logits,
 # prefill eagerly, capture the step, replay it for every token. `StaticDecoder` in
-# `cudagraph_kit/course/hf_decode.py` is that recipe (also in `docs/CHEATSHEET.md`); here it runs on section 5's
+# `cudagraph_kit/course/lessons/hf_decode.py` is that recipe (also in `docs/CHEATSHEET.md`); here it runs on section 5's
 # `LlamaForCausalLM`, which holds our weights.
 #
 # **The trap.** Where a step writes its key and value depends on the `transformers` version. In 4.x a static cache
@@ -686,7 +685,7 @@ m_k.short()
 
 
 # %%
-from cudagraph_kit.course.hf_decode import StaticDecoder
+from cudagraph_kit.course.lessons.hf_decode import StaticDecoder
 
 HF_KIT, HF_FUSED = "HF step, kit graph", "HF step compiled + kit graph"
 hf_dec, hf_graphs, hf_checks = None, {}, []
@@ -749,7 +748,7 @@ if len(hf_timed) > 1:
 # %% tags=["nbval-check-output"]
 import matplotlib.pyplot as plt
 
-from cudagraph_kit.course.nb08_parts import plot_decode
+from cudagraph_kit.course.measuring.figures import plot_decode
 
 where = torch.cuda.get_device_name(0) if CUDA else "CPU (eager only: not a GPU result)"
 fig = plot_decode(step_df, gen_df, serve_df, f"LLM decoding with a static KV cache: {where}, PyTorch "
@@ -768,7 +767,7 @@ plt.show()
 # committed to this repository (what a reader without a GPU sees).
 
 # %%
-from cudagraph_kit.course.claims import save_claims
+from cudagraph_kit.course.measuring.claims import save_claims
 
 error_rows = pd.DataFrame([{"case": "errors", "variant": v, "error": e} for v, e in variant_errors.items()])
 capture_rows = pd.DataFrame([{"case": "capture", "variant": f"kit bucket {e['size']}", "batch": e["size"],
@@ -794,7 +793,7 @@ recorded = results.beside_recorded(STEM, step_df)   # the decode steps; every ta
 # the graphs ran eagerly).
 
 # %%
-from cudagraph_kit.course.claims import summary
+from cudagraph_kit.course.measuring.claims import summary
 
 B1, KB = BATCHES[0], K_BATCHES[-1]
 HEADLINES = [f"step_graph_beats_eager_b{B1}", f"step_eager_host_bound_b{B1}",
@@ -818,7 +817,7 @@ if set(HEADLINES) - {c.claim for c in claims}:
 # first).
 
 # %% tags=["nbval-check-output"]
-from cudagraph_kit.course.exercises_08 import TIE_WHY, check_decode_buckets, check_k_step_decode, check_low_precision_ties
+from cudagraph_kit.course.exercises.nb08_llm_decode import TIE_WHY, check_decode_buckets, check_k_step_decode, check_low_precision_ties
 
 # %% [markdown]
 # ### Exercise 1: buckets for the serving loop, and what a padding row costs
@@ -891,7 +890,7 @@ check_k_step_decode(k4_block, k4_graph, k4_tokens, model=model, cache=cache, pro
 # around it, which `plan_buckets` (notebook 06) can find from measured costs.
 
 # %% tags=["nbval-check-output"]
-from cudagraph_kit.course.nb08_parts import kernel_table
+from cudagraph_kit.course.measuring.breakdowns import kernel_table
 
 kernels, sentence = kernel_table((results.recorded_root() or Path("figures")) / "08_decode_kernels")
 if kernels is not None:

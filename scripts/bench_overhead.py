@@ -516,7 +516,7 @@ def main(argv=None):
     from cudagraph_kit.train_step import capture_train_step
     kit = {"capture": capture, "weights_fixed": weights_fixed, "capture_train_step": capture_train_step}
     if args.out is None:
-        from cudagraph_kit.course import results
+        from cudagraph_kit.course.measuring import results
         args.out = Path(results.results_root()) / "00_overhead"
     args.out.mkdir(parents=True, exist_ok=True)
     old_capture = old_train = None

@@ -2,7 +2,7 @@
 # The Colab rehearsal: every notebook at full size through `reproduce`, under a Colab T4 runtime's limits, on a
 # bigger GPU (an H100): 2 CPU cores (taskset), GPU memory capped at 15 GiB, no bf16 (CUDAGRAPH_KIT_NO_BF16=1),
 # Inductor's compile threads as on 2 cores. Per notebook: wall time, peak GPU memory, peak host memory of the
-# kernel, in build/colab_rehearsal/rehearsal.{json,csv} and a printed table. cudagraph_kit/course/colab_rehearsal.py
+# kernel, in build/colab_rehearsal/rehearsal.{json,csv} and a printed table. cudagraph_kit/course/running/colab_rehearsal.py
 # describes it all; this script only pins the CPUs and starts it.
 #
 #   bash scripts/colab_rehearsal.sh                  # every notebook (far more than 10 minutes: split it, below)
@@ -29,7 +29,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do  # --cpus given: taskset pins to those (
   esac
 done
 if [ -z "$cpus" ]; then echo "colab_rehearsal.sh: --cpus needs a CPU list, e.g. --cpus 0,1" >&2; exit 2; fi
-command=("$python" -m cudagraph_kit.course.colab_rehearsal)
+command=("$python" -m cudagraph_kit.course.running.colab_rehearsal)
 if [ "$given" = 0 ]; then command+=(--cpus "$cpus"); fi
 command+=("$@")
 if command -v taskset >/dev/null 2>&1; then

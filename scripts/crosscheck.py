@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from cudagraph_kit import capture_train_step, compare, env_table  # noqa: E402
 from cudagraph_kit.graphed import capture  # noqa: E402
-from cudagraph_kit.course import results  # noqa: E402
+from cudagraph_kit.course.measuring import results  # noqa: E402
 
 ROUNDS = 8  # even: half the rounds time the kit first, half the plain loop first
 

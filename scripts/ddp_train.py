@@ -538,7 +538,7 @@ def sweep(nproc: int, out: Path, runs_dir: Path | None = None, smoke: bool = Fal
 
 def save_sweep(run_dirs: list, out: Path, seconds: float | None = None) -> Path:
     """Collect finished runs into ``<out>/07_data_parallel_sweep/``: results.csv, per_rank.csv, steps.csv.gz, env.json, PNGs."""
-    from cudagraph_kit.course import results
+    from cudagraph_kit.course.measuring import results
 
     table, per_rank, steps, meta = collect(run_dirs)
     world = meta[0]["world_size"]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from cudagraph_kit.course.tables import markdown_table  # noqa: E402
+from cudagraph_kit.course.running.tables import markdown_table  # noqa: E402
 
 GUIDE = ROOT / "docs" / "FACILITATOR.md"
 START, END = "<!-- timings:start -->", "<!-- timings:end -->"

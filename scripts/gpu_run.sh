@@ -20,7 +20,7 @@ case "$what" in
            timeout "${NB_TIMEOUT:-420}" python3 -m cudagraph_kit reproduce "$n" > "$OUT/logs/reproduce-$n.log" 2>&1
            echo "notebook $n rc=$?"; grep -E "done in|Error|error" "$OUT/logs/reproduce-$n.log" | tail -3
          done ;;
-  bench) python3 -c "from cudagraph_kit.course.reproduce import run_benchmarks, FIGURES_DIR; run_benchmarks(FIGURES_DIR)" \
+  bench) python3 -c "from cudagraph_kit.course.running.reproduce import run_benchmarks, FIGURES_DIR; run_benchmarks(FIGURES_DIR)" \
            > "$OUT/logs/bench.log" 2>&1; echo "bench rc=$?"; tail -16 "$OUT/logs/bench.log" ;;
 esac
 tar czf "$OUT/gpu-run-$what.tgz" notebooks/*.ipynb figures/ -C "$OUT" logs 2>/dev/null

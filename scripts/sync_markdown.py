@@ -27,7 +27,7 @@ if __name__ == "__main__":
 import jupytext  # noqa: E402
 import nbformat  # noqa: E402
 
-from cudagraph_kit.course.paths import notebook_sources  # noqa: E402
+from cudagraph_kit.course.running.paths import notebook_sources  # noqa: E402
 
 
 def main(args: argparse.Namespace):

@@ -5,7 +5,7 @@ The setup cell is the notebook's first code cell, the one that mentions ``google
 scripts/setup_cell.py, and tests/test_notebook_sources.py checks that every source carries it unchanged. It stays
 short (at most ``MAX_CODE_LINES`` lines of code and ``MAX_LINES`` in all, checked here and by
 tests/test_setup_notebook.py): in a fresh Colab runtime it gets the kit once (a shallow clone of ``REPO_REF``,
-installed from the clone), then calls ``cudagraph_kit.course.setup_notebook.setup``, which does the rest (ref
+installed from the clone), then calls ``cudagraph_kit.course.running.setup_notebook.setup``, which does the rest (ref
 check, PyTorch check, imports from the clone, clear errors). It is plain Python, no ``!``/``%`` magics, so the .py source and the .ipynb cell are the same text. The
 badges open ``.../blob/<REPO_REF>/notebooks/NN_name.ipynb``, so a notebook opened from a badge and the kit its setup
 cell clones are the same ref.
@@ -41,7 +41,7 @@ def canonical() -> str:
     if len(code_lines(text)) > MAX_CODE_LINES or len(lines) > MAX_LINES:
         raise ValueError(f"{SETUP_CELL} has {len(code_lines(text))} lines of code ({len(lines)} in all), more than "
                          f"{MAX_CODE_LINES} ({MAX_LINES}): move the new part into "
-                         "cudagraph_kit/course/setup_notebook.py")
+                         "cudagraph_kit/course/running/setup_notebook.py")
     if any(line.lstrip().startswith(("!", "%")) for line in lines):
         raise ValueError(f"{SETUP_CELL} uses a ! or % magic: jupytext would comment it out in the .py source, so "
                          "the source and the notebook would differ (use subprocess)")

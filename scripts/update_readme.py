@@ -31,9 +31,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 README, RESULTS_DOC = ROOT / "README.md", ROOT / "docs" / "RESULTS.md"
 
-from cudagraph_kit.course import results, runs  # noqa: E402
-from cudagraph_kit.course.claims import load_claims  # noqa: E402
-from cudagraph_kit.course.tables import markdown_table  # noqa: E402
+from cudagraph_kit.course.measuring import results  # noqa: E402
+from cudagraph_kit.course.running import runs  # noqa: E402
+from cudagraph_kit.course.measuring.claims import load_claims  # noqa: E402
+from cudagraph_kit.course.running.tables import markdown_table  # noqa: E402
 from cudagraph_kit.intervals import stops_clearing  # noqa: E402
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -46,7 +47,7 @@ def _env_caption(env):
 
 DIRTY_NOTE = ("A run id is the UTC time `reproduce` started and the first 8 hex digits of the git commit it ran "
               "from; `-dirty` at its end means that `cudagraph_kit/`, `notebooks/*.py` or `scripts/` had uncommitted "
-              "changes when it started (`cudagraph_kit/course/runs.py`), so the commit alone does not name the code "
+              "changes when it started (`cudagraph_kit/course/running/runs.py`), so the commit alone does not name the code "
               "that ran: the code fingerprint in the run's `env.json` (`run.code_sha`) does.")
 
 
@@ -711,7 +712,7 @@ def rehearsal_rows() -> dict:
 def start_here_block():
     """The notebooks in reading order, each with what it teaches, its time on a recorded run and its Colab badge."""
     import sync_setup_cell
-    from cudagraph_kit.course.paths import notebook_sources, repository_url
+    from cudagraph_kit.course.running.paths import notebook_sources, repository_url
 
     base = repository_url().replace("https://github.com/", "https://colab.research.google.com/github/")
     ref = sync_setup_cell.repo_ref()

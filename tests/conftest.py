@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cudagraph_kit.course.paths import git
-from cudagraph_kit.course.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT, execute_notebook
+from cudagraph_kit.course.running.paths import git
+from cudagraph_kit.course.running.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT, execute_notebook
 
 # nbval's options and the notebooks' small sizes (CGK_SMOKE=1, CGK_RESULTS_DIR a folder of the session, both
 # unless set) come from the kit's plugin, which the conftest.py at the checkout's root loads.
@@ -60,7 +60,7 @@ def pytest_report_header(config):
 
 def figures_snapshot(folder: Path = FIGURES_DIR) -> dict:
     """{relative path: SHA-256} of every file under the recorded results folder (the course's ``file_digests``)."""
-    from cudagraph_kit.course.runs import file_digests
+    from cudagraph_kit.course.running.runs import file_digests
     return file_digests(folder)
 
 

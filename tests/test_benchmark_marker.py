@@ -10,7 +10,7 @@ import time
 import pytest
 
 from cudagraph_kit import timeit
-from cudagraph_kit.course.reproduce import PROJECT_ROOT
+from cudagraph_kit.course.running.reproduce import PROJECT_ROOT
 
 SELF = "tests/test_benchmark_marker.py"
 REPORTING = f"{SELF}::test_a_benchmark_reports_its_figure"

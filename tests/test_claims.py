@@ -4,9 +4,9 @@ import math
 import pandas as pd
 import pytest
 
-from cudagraph_kit.course.claims import (EAGER_FALLBACK, Claim, best_of, faster, load_claims, save_claims, speedup,
+from cudagraph_kit.course.measuring.claims import (EAGER_FALLBACK, Claim, best_of, faster, load_claims, save_claims, speedup,
                                          stops_paying, summary, summary_table, versus, within_floor)
-from cudagraph_kit.course.measure import Measured
+from cudagraph_kit.course.measuring.measure import Measured
 
 NEGATIONS = (" not ", " no faster", " never ", "n't ")
 
@@ -83,7 +83,7 @@ def measured(cuda=True):
 
 
 def test_builders_read_a_measurement(monkeypatch):
-    import cudagraph_kit.course.measure as measure_module
+    import cudagraph_kit.course.measuring.measure as measure_module
     monkeypatch.setattr(measure_module, "_cuda", lambda: True)
     m = measured()
     s = speedup(m, "graph_beats_eager", "small", "graph", subject="the graph")
@@ -101,7 +101,7 @@ def test_builders_read_a_measurement(monkeypatch):
 
 
 def test_builders_give_no_graph_verdict_for_an_eager_fallback(monkeypatch):
-    import cudagraph_kit.course.measure as measure_module
+    import cudagraph_kit.course.measuring.measure as measure_module
     monkeypatch.setattr(measure_module, "_cuda", lambda: False)
     m = measured(cuda=False)
     for c in (speedup(m, "a", "small", "graph"), versus(m, "b", ("small", "graph"), ("small", "compiled")),
@@ -143,7 +143,7 @@ def test_an_interval_whose_ends_read_alike_is_one_number_and_sizes_read_with_sep
 
 # ------------------------------------------------------------------------------------------------ takeaways
 def test_takeaways_render_numbers_from_the_claims_and_never_say_more_than_they_found():
-    from cudagraph_kit.course.claims import faster, takeaways
+    from cudagraph_kit.course.measuring.claims import faster, takeaways
     holds = faster("graph_beats_eager", 6.8, 9.14, "small: graph replay")
     unclear = faster("graph_saves_10pct", 1.01, 1.19, "large: graph replay", above=1.10)
     lines = ["A graph made the small GELU {graph_beats_eager} faster.",
@@ -167,9 +167,9 @@ def test_a_cpu_learner_reads_the_recorded_runs_takeaways_labelled_with_its_gpu(c
 
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # a CPU learner's machine, also on a GPU host
-    from cudagraph_kit.course.claims import faster
-    from cudagraph_kit.course.results import show_takeaways
-    from cudagraph_kit.course.paths import FIGURES_DIR
+    from cudagraph_kit.course.measuring.claims import faster
+    from cudagraph_kit.course.measuring.results import show_takeaways
+    from cudagraph_kit.course.running.paths import FIGURES_DIR
     here = [faster("replay_beats_eager_small", 1.0, 1.1, "small: graph replay", eager_fallback=True)]
     shown = show_takeaways("01_gelu", here, ["A graph made the small GELU {replay_beats_eager_small} faster."])
     recorded = pd.read_csv(FIGURES_DIR / "01_gelu" / "claims.csv").set_index("claim").loc["replay_beats_eager_small"]

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from cudagraph_kit.__main__ import main
-from cudagraph_kit.course import reproduce as rep
-from cudagraph_kit.course.paths import NOTEBOOKS_DIR, notebook_sources
+from cudagraph_kit.course.running import reproduce as rep
+from cudagraph_kit.course.running.paths import NOTEBOOKS_DIR, notebook_sources
 
 
 def test_help_is_plain_text(capsys):

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from cudagraph_kit import env as kit_env
-from cudagraph_kit.course import colab_rehearsal as cr
-from cudagraph_kit.course import kernel_hook
-from cudagraph_kit.course import reproduce as rep
-from cudagraph_kit.course import runs
+from cudagraph_kit.course.running import colab_rehearsal as cr
+from cudagraph_kit.course.running import kernel_hook
+from cudagraph_kit.course.running import reproduce as rep
+from cudagraph_kit.course.running import runs
 
 ROOT = rep.PROJECT_ROOT
 
@@ -224,7 +224,7 @@ def test_the_script_dry_run_says_what_it_would_do_and_starts_nothing(tmp_path):
     done = _script("--dry-run", "01", "02", "--resume", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout
-    assert f"taskset -c 0,1 {sys.executable} -m cudagraph_kit.course.colab_rehearsal --cpus 0,1 --dry-run" in text
+    assert f"taskset -c 0,1 {sys.executable} -m cudagraph_kit.course.running.colab_rehearsal --cpus 0,1 --dry-run" in text
     assert "dry run: nothing is started" in text and "2 notebook(s): 01_gelu, 02_train_step" in text
     assert "CUDAGRAPH_KIT_NO_BF16=1 TORCHINDUCTOR_COMPILE_THREADS=2" in text
     assert "limits:       colab-t4: cpus 0,1; gpu memory 15 GiB; no bf16" in text and "resume:" in text

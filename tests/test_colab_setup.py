@@ -30,8 +30,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import sync_setup_cell  # noqa: E402
 
-from cudagraph_kit.course.paths import git
-from cudagraph_kit.course.reproduce import NOTEBOOKS_DIR, PROJECT_ROOT, _kernel_config, to_ipynb
+from cudagraph_kit.course.running.paths import git
+from cudagraph_kit.course.running.reproduce import NOTEBOOKS_DIR, PROJECT_ROOT, _kernel_config, to_ipynb
 
 pytestmark = pytest.mark.notebook
 MARKER = "2000-01-01 (the test's clone)"

@@ -4,9 +4,9 @@ same block captured by the kit gives the same tokens."""
 import pytest
 import torch
 
-from cudagraph_kit.course.decode import (NO_STOP, decode_state, generate_blocks, generation, k_step, load_state,
+from cudagraph_kit.course.lessons.decode import (NO_STOP, decode_state, generate_blocks, generation, k_step, load_state,
                                          mid_block_stop, positions_needed, stop_after)
-from cudagraph_kit.course.tiny_llm import StaticKVCache, TinyConfig, TinyLLM, greedy_generate
+from cudagraph_kit.course.lessons.tiny_llm import StaticKVCache, TinyConfig, TinyLLM, greedy_generate
 
 CFG = TinyConfig(vocab_size=256, dim=64, layers=2, heads=4, kv_heads=2, hidden=128)
 PAD, NEW, L = 0, 13, 8

@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from cudagraph_kit import capture_buckets, capture_train_step, compare
-from cudagraph_kit.course import exercises as _machinery
+from cudagraph_kit.course.exercises import checking as _machinery
 from cudagraph_kit.graphed import capture, fresh_cublas_workspace
 from cudagraph_kit.verification import verify
-from cudagraph_kit.course.exercises import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT, load_all
-from cudagraph_kit.course.reproduce import NOTEBOOKS_DIR
+from cudagraph_kit.course.exercises.checking import CORRECT, CPU_PART_CORRECT, EXERCISES, NOT_DONE, NOT_RIGHT, load_all
+from cudagraph_kit.course.running.reproduce import NOTEBOOKS_DIR
 
-# every notebook's checks (exercises_01 ... exercises_08) and the shared helpers, under one name
+# every notebook's checks (nb01_gelu ... nb08_llm_decode) and the shared helpers, under one name
 exercises = types.SimpleNamespace(**{k: getattr(m, k) for m in (_machinery, *load_all()) for k in dir(m)
                                      if not k.startswith("__")})
 
@@ -68,7 +68,7 @@ def nb01():
 
 
 # notebook 02's workload, as the notebook imports it
-from cudagraph_kit.course.models import eager_amp_step, make_model, make_opt  # noqa: E402
+from cudagraph_kit.course.lessons.models import eager_amp_step, make_model, make_opt  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def fresh(fn):
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
-from cudagraph_kit.course.compilers import with_mark_step  # noqa: E402  (notebook 03's)
+from cudagraph_kit.course.lessons.compilers import with_mark_step  # noqa: E402  (notebook 03's)
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +240,7 @@ def nb07():
 @pytest.fixture(scope="module")
 def nb08():
     """Section 1's model and cache, section 4's capture step and section 10's serving loop, small."""
-    from cudagraph_kit.course.tiny_llm import StaticKVCache, TinyConfig, TinyLLM
+    from cudagraph_kit.course.lessons.tiny_llm import StaticKVCache, TinyConfig, TinyLLM
 
     cfg = TinyConfig(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, hidden=176)
     max_batch, max_gen = 8, 6
@@ -401,8 +401,8 @@ def run_08_2(s):
 
 def nb08_k4(s):
     """Exercise 08.3's inputs: a cache long enough for whole blocks of 4 and a stop token that lands mid-block."""
-    from cudagraph_kit.course.decode import mid_block_stop, positions_needed
-    from cudagraph_kit.course.tiny_llm import StaticKVCache, greedy_generate
+    from cudagraph_kit.course.lessons.decode import mid_block_stop, positions_needed
+    from cudagraph_kit.course.lessons.tiny_llm import StaticKVCache, greedy_generate
 
     length, new = s.prompt.shape[1], 9
     cache = StaticKVCache(s.cfg, s.prompt.shape[0], positions_needed(length, new, 4), device=DEVICE)
@@ -1013,7 +1013,7 @@ def test_08_1_rejects_a_plan_on_the_stream_and_tokens_that_differ(nb08):
 
 
 def test_08_2_rejects_float32_tokens_and_a_wrong_why(nb08):
-    from cudagraph_kit.course.tiny_llm import StaticKVCache, TinyLLM, greedy_generate
+    from cudagraph_kit.course.lessons.tiny_llm import StaticKVCache, TinyLLM, greedy_generate
     kw = {"prompt": nb08.prompt, "cfg": nb08.cfg, "seed": 0, "new_tokens": nb08.new_tokens}
     model = TinyLLM(nb08.cfg, seed=0, device=DEVICE).eval()
     cache = StaticKVCache(nb08.cfg, 4, 32, device=DEVICE)

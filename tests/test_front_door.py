@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cudagraph_kit.course import reproduce as rep
+from cudagraph_kit.course.running import reproduce as rep
 
 try:
     import tomllib
@@ -204,7 +204,7 @@ def test_the_readme_quotes_notebook_02s_own_headline_row():
     the row behind that claim, with the claim's own interval, and the large MLP with the same optimizer."""
     import update_readme
 
-    from cudagraph_kit.course.claims import load_claims
+    from cudagraph_kit.course.measuring.claims import load_claims
 
     source = (ROOT / "notebooks" / "02_train_step.py").read_text()
     takeaways = source.split("TAKEAWAYS = [", 1)[1].split("\n]", 1)[0]

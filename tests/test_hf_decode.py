@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cudagraph_kit.graphed import capture
-from cudagraph_kit.course.hf_decode import (MIN_TRANSFORMERS, StaticDecoder, _version, hf_status,
+from cudagraph_kit.course.lessons.hf_decode import (MIN_TRANSFORMERS, StaticDecoder, _version, hf_status,
                                             write_position_behaviour)
 
 VERSION, WHY = hf_status()

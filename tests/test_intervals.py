@@ -1,5 +1,5 @@
 """Prediction intervals over timing windows (cudagraph_kit/intervals.py) and the claims rendered from them
-(cudagraph_kit/course/claims.py): coverage, verdicts, the combined table, claims.csv, quoted claims."""
+(cudagraph_kit/course/measuring/claims.py): coverage, verdicts, the combined table, claims.csv, quoted claims."""
 import math
 import random
 import re
@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cudagraph_kit.course.claims import CLAIM_COLUMNS, Claim, load_claims, quoted_claims, save_claims
+from cudagraph_kit.course.measuring.claims import CLAIM_COLUMNS, Claim, load_claims, quoted_claims, save_claims
 from cudagraph_kit.intervals import combine_windows, prediction_interval, verdict
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"

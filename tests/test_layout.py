@@ -1,5 +1,6 @@
 """The layout of docs/ARCHITECTURE.md, checked on the source: the library (cudagraph_kit/*.py) never imports the
-course (cudagraph_kit/course/), the imports between modules have no cycle, and the page's generated blocks
+course (cudagraph_kit/course/), each of the course's folders imports only the folders before it, no module is left
+loose in course/ but its ``__init__.py``, the imports between modules have no cycle, and the page's generated blocks
 (``scripts/architecture.py --write``) agree with the code: every module, its arrows, its line count within 5%, and
 the copy rule. Imports are read with ``ast`` from every module, those inside functions included, by the same
 reader that writes the page."""
@@ -14,17 +15,43 @@ MODULES = architecture.modules()
 # The library: every top-level module but __main__, the command line (``python -m cudagraph_kit reproduce``),
 # which opens the course.
 LIBRARY = {m for m, p in MODULES.items() if p.parent == architecture.PACKAGE and m != "cudagraph_kit.__main__"}
-COURSE_MODULES = {m for m, p in MODULES.items() if p.parent == architecture.COURSE}
+COURSE_MODULES = {m for m, p in MODULES.items() if architecture.folder_of(p) is not None}
 GRAPH = architecture.import_graph()
 PAGE = ROOT / "docs" / "ARCHITECTURE.md"
 
 
 def test_the_tree_is_what_the_architecture_describes():
-    assert "cudagraph_kit.graphed" in LIBRARY and "cudagraph_kit.course.exercises_05" in COURSE_MODULES
+    assert "cudagraph_kit.graphed" in LIBRARY and "cudagraph_kit.course.exercises.nb05_pitfalls" in COURSE_MODULES
     assert GRAPH["cudagraph_kit.bucket_graphs"] >= {"cudagraph_kit.graphed"}   # `from . import graphed` is seen
     assert GRAPH["cudagraph_kit.check"] >= {"cudagraph_kit.state_watch"}
-    assert "cudagraph_kit.graphed" in GRAPH["cudagraph_kit.course.exercises_05"]
-    assert "cudagraph_kit.course.tiny_llm" in GRAPH["cudagraph_kit.course.exercises_08"]   # inside a function
+    assert "cudagraph_kit.graphed" in GRAPH["cudagraph_kit.course.exercises.nb05_pitfalls"]   # `from ...graphed`
+    assert "cudagraph_kit.course.lessons.tiny_llm" in GRAPH["cudagraph_kit.course.exercises.nb08_llm_decode"]  # in a function
+    assert "cudagraph_kit.course.running.files" in GRAPH["cudagraph_kit.course.measuring.results"]   # `from ..running`
+
+
+def test_the_course_is_laid_out_in_its_folders():
+    """Every folder of the course is one of COURSE_FOLDERS (a package: its own ``__init__.py``), and course/ itself
+    holds nothing but its ``__init__.py``: no module is left loose beside the folders."""
+    course = architecture.COURSE
+    assert sorted(p.name for p in course.iterdir() if p.is_dir() and p.name != "__pycache__") == \
+        sorted(architecture.COURSE_FOLDERS)
+    assert all((course / f / "__init__.py").is_file() for f in architecture.COURSE_FOLDERS)
+    assert [p.name for p in course.glob("*.py")] == ["__init__.py"]
+    assert not list(course.glob("*/*/*.py")), "the course's folders hold modules, not folders"
+
+
+def test_each_course_folder_imports_only_the_folders_before_it():
+    """running/ imports no other folder; measuring/ only running/; lessons/ measuring/ and running/; exercises/ any
+    of them (and every folder the library), so a folder can be read with only what stands above it."""
+    order = architecture.COURSE_FOLDERS
+    offenders = []
+    for m in sorted(COURSE_MODULES):
+        mine = architecture.folder_of(MODULES[m])
+        for target in sorted(GRAPH[m] & COURSE_MODULES):
+            theirs = architecture.folder_of(MODULES[target])
+            if theirs != mine and (theirs == "" or mine == "" or order.index(theirs) > order.index(mine)):
+                offenders.append(f"{m} -> {target}")
+    assert not offenders, "a course folder imports one below it: " + "; ".join(offenders)
 
 
 def test_no_library_module_imports_the_course():
@@ -91,8 +118,11 @@ def test_the_page_check_sees_drift():
     lines = int(row.split()[2])
     assert not disagreements(page.replace(row, row.replace(f" {lines} ", f" {round(lines * 1.04)} ", 1)))
     assert disagreements(page.replace(row, row.replace(f" {lines} ", f" {round(lines * 1.10)} ", 1)))
-    exercises = next(line for line in page.splitlines() if "exercises_08.py" in line)
-    assert disagreements(page.replace(exercises, exercises.replace(", course.tiny_llm", "")))
+    exercises = next(line for line in page.splitlines() if "nb08_llm_decode.py" in line)
+    assert ", lessons.tiny_llm" in exercises
+    assert disagreements(page.replace(exercises, exercises.replace(", lessons.tiny_llm", "")))
+    moved = next(line for line in page.splitlines() if "── reproduce.py" in line)
+    assert disagreements(page.replace(moved, "")), "a module missing from its folder is seen"
     assert disagreements(page.replace(row, ""))
     assert disagreements(page.replace("| `check.py` | `state_watch.py` |", "| `check.py` | nothing |"))
 

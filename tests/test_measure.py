@@ -3,8 +3,8 @@ import pandas as pd
 import pytest
 
 import cudagraph_kit.timing as timing
-from cudagraph_kit.course.claims import speedup
-from cudagraph_kit.course.measure import measure
+from cudagraph_kit.course.measuring.claims import speedup
+from cudagraph_kit.course.measuring.measure import measure
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def test_measure_times_every_case_in_every_window_and_combines_them(cpu_clock, m
         warmups.append(kw["warmup"])
         return real_compare(variants, *args, floor=floor, **kw)
 
-    import cudagraph_kit.course.measure as measure_module
+    import cudagraph_kit.course.measuring.measure as measure_module
     monkeypatch.setattr(measure_module, "compare", spy)
     m = measure({"small": {"eager": lambda: spend(100 * drift[state["w"]]), "graph": lambda: spend(20)},
                  "large": ({"eager": lambda n: spend(n), "graph": lambda n: spend(n * 0.9)}, (1000,))},
@@ -81,7 +81,7 @@ def test_measure_refuses_bad_input(cpu_clock):
 def test_beside_recorded_puts_this_run_next_to_the_recorded_one(tmp_path, capsys):
     import pandas as pd
 
-    from cudagraph_kit.course import results
+    from cudagraph_kit.course.measuring import results
     recorded = pd.DataFrame({"case": ["small", "small"], "variant": ["eager", "graph"], "median_us": [100.0, 20.0],
                              "speedup": [1.0, 5.0], "speedup_lo": [1.0, 4.5], "speedup_hi": [1.0, 5.5]})
     results.save("01_gelu", recorded, root=tmp_path)
@@ -102,9 +102,9 @@ def test_one_call_per_experiment_gives_the_table_and_its_verdicts(cpu_clock, cap
     verdicts for the same claims, under a caption naming that run; without one, it says so."""
     import json
 
-    from cudagraph_kit.course import verdicts
-    from cudagraph_kit.course.paths import FIGURES_DIR
-    from cudagraph_kit.course.results import show
+    from cudagraph_kit.course.measuring import verdicts
+    from cudagraph_kit.course.running.paths import FIGURES_DIR
+    from cudagraph_kit.course.measuring.results import show
 
     def spend(us):
         cpu_clock.t += us * 1e-6
@@ -143,8 +143,8 @@ def test_one_call_per_experiment_gives_the_table_and_its_verdicts(cpu_clock, cap
 
 
 def test_show_figure_names_the_recorded_run_or_says_where_it_looked(capsys, tmp_path):
-    from cudagraph_kit.course.results import show_figure
-    from cudagraph_kit.course.paths import FIGURES_DIR
+    from cudagraph_kit.course.measuring.results import show_figure
+    from cudagraph_kit.course.running.paths import FIGURES_DIR
     assert show_figure("01_gelu", "timeline") == FIGURES_DIR / "01_gelu" / "timeline.png"
     assert "Recorded on NVIDIA" in capsys.readouterr().out
     assert show_figure("01_gelu", "no_such_picture") is None

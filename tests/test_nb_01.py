@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cudagraph_kit.course.paths import FIGURES_DIR
+from cudagraph_kit.course.running.paths import FIGURES_DIR
 
 pytestmark = pytest.mark.notebook
 

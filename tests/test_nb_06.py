@@ -119,7 +119,7 @@ def test_variable_shapes_notebook_records_correct_and_honest_results(run_noteboo
         assert c.verdict == verdict, c
         assert not any(w in c.statement.split() for w in ("holds", "fails", "nan")), c.statement  # plain words
     claim = claims.set_index("claim")
-    # each strategy is named in the sentences as a singular noun phrase (nb06_parts.phrase), never a bare label
+    # each strategy is named in the sentences as a singular noun phrase (verdicts.phrase), never a bare label
     # such as "steps of 8 (default)" before "is"
     for m, model in (("mlp", "MLP"), ("block", "transformer block")):
         assert claim.loc[f"{m}_default_ladder_beats_eager", "statement"].startswith(f"{model}: the default ladder")
@@ -164,7 +164,7 @@ def test_variable_shapes_notebook_records_correct_and_honest_results(run_noteboo
     ("planned", "the planned bucket set"), ("planned at the best ladder's limits", "the planned bucket set"),
     ("reduce-overhead, dynamic=True", "reduce-overhead with dynamic=True"), ("reduce-overhead", "reduce-overhead")])
 def test_phrase_names_a_strategy_as_a_singular_noun_phrase(label, expected):
-    from cudagraph_kit.course.nb06_parts import phrase
+    from cudagraph_kit.course.measuring.verdicts import phrase
 
     assert phrase(label) == expected
 
@@ -174,7 +174,7 @@ def test_the_stream_verdicts_cover_the_stream_comparison_and_nothing_else():
     the two models' stream rows and their 16 claims, not the appendix's head-to-head, memory or curve rows."""
     from pathlib import Path
 
-    from cudagraph_kit.course.nb06_parts import stream_verdicts
+    from cudagraph_kit.course.measuring.verdicts import stream_verdicts
 
     cases = ["MLP", "transformer block", "MLP: planned vs best fixed ladder", "MLP: memory", "planner curve"]
     assert [bool(stream_verdicts.cases.search(c)) for c in cases] == [True, True, False, False, False]
@@ -188,7 +188,7 @@ def test_the_stream_verdicts_cover_the_stream_comparison_and_nothing_else():
                                                          (16, [4], "pow2 (default)"), (64, [4], "default ladder")])
 def test_fixed_ladders_name_the_kits_default_once(max_rows, spacings, default):
     from cudagraph_kit import ladder
-    from cudagraph_kit.course.nb06_parts import fixed_ladders
+    from cudagraph_kit.course.lessons.buckets import fixed_ladders
 
     fixed, label = fixed_ladders(max_rows, spacings)
     assert label == default and sum("default" in k for k in fixed) == 1 and fixed["single bucket"] is None

@@ -1,4 +1,4 @@
-"""nbval a project can copy: cudagraph_kit.course.nbval_plugin, enabled by one line as the README and CONTRIBUTING.md
+"""nbval a project can copy: cudagraph_kit.course.running.nbval_plugin, enabled by one line as the README and CONTRIBUTING.md
 say, in a throwaway project of its own (a notebook, the line, `python -m pytest --nbval-lax`): with nbval, with a
 changed output, without the flag (no notebook runs, as nbval has it), without nbval installed (it says so and names
 the fix); its options; the count of compared cells, the same from the counting script as from nbval's own
@@ -14,8 +14,8 @@ import pytest
 from packaging.requirements import Requirement
 
 import cudagraph_kit
-from cudagraph_kit.course import nbval_plugin
-from cudagraph_kit.course.paths import NOTEBOOKS_DIR, PROJECT_ROOT
+from cudagraph_kit.course.running import nbval_plugin
+from cudagraph_kit.course.running.paths import NOTEBOOKS_DIR, PROJECT_ROOT
 
 try:
     import tomllib
@@ -25,7 +25,7 @@ except ImportError:  # Python 3.9/3.10
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbval")
 
-PLUGIN = "cudagraph_kit.course.nbval_plugin"
+PLUGIN = "cudagraph_kit.course.running.nbval_plugin"
 # The one line, in each of the two places the docs offer (CONTRIBUTING.md, the workflow's comments, the plugin).
 CONFTEST_LINE = f'pytest_plugins = ["{PLUGIN}"]'
 PYPROJECT_LINES = f'[tool.pytest.ini_options]\naddopts = "-p {PLUGIN}"'
@@ -234,7 +234,7 @@ def test_environment_is_set_for_the_notebooks_and_put_back(monkeypatch):
 
 
 def test_the_count_of_compared_cells_is_the_one_nbval_collects():
-    """The counting script (`python -m cudagraph_kit.course.nbval_plugin notebooks/*.ipynb`) and the summary
+    """The counting script (`python -m cudagraph_kit.course.running.nbval_plugin notebooks/*.ipynb`) and the summary
     line of a real nbval collection over the committed notebooks name the same cells. The collection runs as the
     README's `python -m pytest` does, on notebooks/ alone: the kit's own configuration (pyproject.toml's addopts,
     the root conftest.py) asks for nbval, with no option added here."""

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from cudagraph_kit.course.paths import PROJECT_ROOT
+from cudagraph_kit.course.running.paths import PROJECT_ROOT
 
 sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
 import notebook_budget  # noqa: E402

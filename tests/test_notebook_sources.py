@@ -11,8 +11,8 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from cudagraph_kit.course.reproduce import PROJECT_ROOT, lab, lab_copies, notebook_sources
-from cudagraph_kit.course.reproduce import running_as_root as rep_running_as_root
+from cudagraph_kit.course.running.reproduce import PROJECT_ROOT, lab, lab_copies, notebook_sources
+from cudagraph_kit.course.running.reproduce import running_as_root as rep_running_as_root
 
 sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
 import sync_setup_cell  # noqa: E402

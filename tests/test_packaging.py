@@ -1,4 +1,4 @@
-"""The package as a new user gets it: a wheel with its LICENSE and the course, an sdist without the tests (they
+"""The package as a new user gets it: a wheel with its LICENSE and the whole course, an sdist without the tests (they
 read the notebooks and figures, which stay in the repository), floors that CI really tests."""
 import os
 import subprocess
@@ -112,7 +112,11 @@ def test_wheel_has_license_course_and_metadata(tmp_path):
     (wheel,) = tmp_path.glob("cudagraph_kit-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names), names
-    assert "cudagraph_kit/course/reproduce.py" in names and "cudagraph_kit/graphed.py" in names
+    assert "cudagraph_kit/course/running/reproduce.py" in names and "cudagraph_kit/graphed.py" in names
+    # the course ships whole, every folder of it (docs/ARCHITECTURE.md, "The course ships in the wheel")
+    package = {p.relative_to(ROOT).as_posix() for p in (ROOT / "cudagraph_kit").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert package <= set(names), sorted(package - set(names))
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: Apache-2.0" in metadata.splitlines()  # SPDX (PEP 639), not a classifier
     assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]

@@ -1,7 +1,7 @@
-"""cudagraph_kit.course.paths: the course's one way to ask git, and pyproject.toml read with tomllib."""
+"""cudagraph_kit.course.running.paths: the course's one way to ask git, and pyproject.toml read with tomllib."""
 import pytest
 
-from cudagraph_kit.course.paths import PROJECT_ROOT, git, pyproject
+from cudagraph_kit.course.running.paths import PROJECT_ROOT, git, pyproject
 
 
 def test_git_answers_or_says_none_or_raises_with_gits_words(tmp_path):

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from cudagraph_kit.course.pitfall_scripts import TWO_CAPTURE_VARIANTS, run_isolated, two_captures
+from cudagraph_kit.course.lessons.pitfall_scripts import TWO_CAPTURE_VARIANTS, run_isolated, two_captures
 
 CHILDREN = textwrap.dedent('''
     import json, os, signal, sys, time
@@ -91,7 +91,7 @@ def test_a_gpu_experiment_without_cuda_fails_as_data():
 def test_two_captures_places_each_tensor_by_its_whole_span():
     """A tensor is "allocated" or "free in cache" only if every byte is; one that runs past its segment's end into
     memory handed back to the driver says so, which a first-byte reading missed (notebook 05, "Going further" F)."""
-    from cudagraph_kit.course.pitfall_scripts import span_state
+    from cudagraph_kit.course.lessons.pitfall_scripts import span_state
     segments = [{"address": 1000, "total_size": 300, "blocks": [{"size": 100, "state": "active_allocated"},
                                                                  {"size": 200, "state": "inactive"}]},
                 {"address": 2000, "total_size": 100, "blocks": [{"size": 100, "state": "active_allocated"}]}]

@@ -2,7 +2,7 @@
 of failed capture the same process captures and computes correctly; capture/release cycles leak nothing.
 
 Failures that could damage the CUDA context run in a fresh process (the experiments of
-``cudagraph_kit.course.pitfall_scripts``, which notebook 05 runs too), which then checks that it keeps working.
+``cudagraph_kit.course.lessons.pitfall_scripts``, which notebook 05 runs too), which then checks that it keeps working.
 Run on the GPU machine: ``python -m pytest -m gpu tests/test_pitfalls_gpu.py -s`` (``-s`` prints numbers).
 """
 import functools
@@ -15,7 +15,7 @@ from cudagraph_kit import CaptureError, check_capturable, explain, graph_modules
 from cudagraph_kit.advice import advise
 from cudagraph_kit.graphed import capture
 from cudagraph_kit.verification import verify
-from cudagraph_kit.course.pitfall_scripts import (background_thread_allocates, docs_recipe_capture,
+from cudagraph_kit.course.lessons.pitfall_scripts import (background_thread_allocates, docs_recipe_capture,
                                            failed_capture_then_recovery, run_isolated, two_captures, warmup_stream)
 
 pytestmark = pytest.mark.gpu

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from cudagraph_kit.course.paths import git
+from cudagraph_kit.course.running.paths import git
 
 try:
     import tomllib

@@ -17,9 +17,10 @@ import pandas as pd
 import pytest
 import torch
 
-from cudagraph_kit.course import files, results, runs
-from cudagraph_kit.course import reproduce as rep
-from cudagraph_kit.course.paths import git
+from cudagraph_kit.course.running import files, runs
+from cudagraph_kit.course.measuring import results
+from cudagraph_kit.course.running import reproduce as rep
+from cudagraph_kit.course.running.paths import git
 from cudagraph_kit.__main__ import main
 
 STEMS = ("91_alpha", "92_beta", "93_gamma")
@@ -286,7 +287,7 @@ def test_a_real_failing_notebook_publishes_nothing(checkout, monkeypatch, capsys
 
         # %%
         import pandas as pd
-        from cudagraph_kit.course import results
+        from cudagraph_kit.course.measuring import results
         results.save("91_alpha", pd.DataFrame({"case": ["c"], "variant": ["eager"], "median_us": [2.0],
                                                "speedup": [1.0]}))
 
@@ -324,7 +325,7 @@ import signal, sys, torch
 # SIGINT as ignored, and Python then installs no KeyboardInterrupt handler
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from pathlib import Path
-from cudagraph_kit.course import reproduce as rep
+from cudagraph_kit.course.running import reproduce as rep
 root = Path(sys.argv[1])
 rep.NOTEBOOKS_DIR, rep.FIGURES_DIR, rep.STAGING_DIR = root / "notebooks", root / "figures", root / "staging"
 torch.cuda.is_available = lambda: True
@@ -364,7 +365,7 @@ def test_a_real_notebook_interrupted_midway_publishes_nothing(checkout, sig):
 FAKE_BENCHMARK = '''
 import os, sys
 import pandas as pd
-from cudagraph_kit.course import results
+from cudagraph_kit.course.measuring import results
 seen = results.load("91_alpha", root=results.results_root())  # the notebooks' results it compares with
 results.save("00_fake_bench", pd.DataFrame({"case": ["c"], "variant": ["v"], "speedup": [1.0],
                                             "median_us": [float(seen.df.median_us.iloc[0]) if seen else -1.0]}))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cudagraph_kit.__main__ import main
-from cudagraph_kit.course import reproduce as rep
+from cudagraph_kit.course.running import reproduce as rep
 
 pytestmark = pytest.mark.notebook
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
-from cudagraph_kit.course import reproduce as rep
-from cudagraph_kit.course import runs
-from cudagraph_kit.course import watchdog
-from cudagraph_kit.course.watchdog import CellLimits
+from cudagraph_kit.course.running import reproduce as rep
+from cudagraph_kit.course.running import runs
+from cudagraph_kit.course.running import watchdog
+from cudagraph_kit.course.running.watchdog import CellLimits
 
 pytestmark = pytest.mark.notebook
 

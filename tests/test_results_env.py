@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from cudagraph_kit import describe, env_table
-from cudagraph_kit.course import results
-from cudagraph_kit.course import reproduce as rep
+from cudagraph_kit.course.measuring import results
+from cudagraph_kit.course.running import reproduce as rep
 from cudagraph_kit.__main__ import main
-from cudagraph_kit.course.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT
+from cudagraph_kit.course.running.reproduce import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT
 
 FAKE_ENV = {"gpu": "Stand-in GPU", "driver": "1.0", "torch": "x", "cuda": "12.0", "date": "today"}
 
@@ -218,7 +218,7 @@ def test_a_regular_pip_install_elsewhere_works_and_says_what_needs_the_checkout(
         # it points at what a learner runs there, never at the maintainers' recording command
         assert "python -m cudagraph_kit lab" in done.stderr and "python -m cudagraph_kit reproduce --smoke" in done.stderr
         assert not re.search(r"cudagraph_kit reproduce\s*$", done.stderr, re.M), done.stderr
-    recorded = run("-c", "from cudagraph_kit.course import results; results.show_recorded('01_gelu')")
+    recorded = run("-c", "from cudagraph_kit.course.measuring import results; results.show_recorded('01_gelu')")
     assert recorded.returncode == 0 and "no source checkout found" in recorded.stdout, recorded.stderr
     assert not list(work.iterdir())  # nothing written into the user's project
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cudagraph_kit.course.paths import git
+from cudagraph_kit.course.running.paths import git
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"

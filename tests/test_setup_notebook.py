@@ -1,4 +1,4 @@
-"""The notebooks' setup cell and the kit function it calls (cudagraph_kit.course.setup_notebook.setup): the cell is
+"""The notebooks' setup cell and the kit function it calls (cudagraph_kit.course.running.setup_notebook.setup): the cell is
 short and the same in every notebook; outside Colab it is silent and offline; in Colab ``setup`` clones, checks the
 ref, installs and moves into the clone (clone and install mocked here), and every failure says its cause and fix.
 The whole Colab path, for real, is exercised by tests/test_colab_setup.py."""
@@ -14,8 +14,8 @@ import jupytext
 import pytest
 import torch
 
-from cudagraph_kit.course import setup_notebook as sn
-from cudagraph_kit.course.paths import PROJECT_ROOT, git, notebook_sources
+from cudagraph_kit.course.running import setup_notebook as sn
+from cudagraph_kit.course.running.paths import PROJECT_ROOT, git, notebook_sources
 
 sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
 import sync_setup_cell  # noqa: E402
@@ -34,7 +34,7 @@ def test_the_setup_cell_reads_at_a_glance():
     assert len(code) <= sync_setup_cell.MAX_CODE_LINES == 6 and len(lines) <= sync_setup_cell.MAX_LINES == 10, cell
     assert sync_setup_cell.code_lines("# a comment\n\n    # another\nx = 1\n") == ["x = 1"]
     assert not [line for line in lines if line.lstrip().startswith(("!", "%"))], "plain Python: no notebook magics"
-    assert 'import_module("cudagraph_kit.course.setup_notebook").setup(REPO_URL, REPO_REF)' in cell
+    assert 'import_module("cudagraph_kit.course.running.setup_notebook").setup(REPO_URL, REPO_REF)' in cell
     # the names the notebooks' later cells use from it
     assert "import importlib.util, os, subprocess, sys" in cell and "from pathlib import Path" in cell
     assert cell.count("git clone") == 1 and "git+" not in cell and "./cudagraph-kit" in cell
@@ -302,20 +302,21 @@ def test_after_setup_the_notebook_imports_the_checkouts_kit(tmp_path):
     shutil.copytree(PROJECT_ROOT / "cudagraph_kit", tmp_path / "copy" / "cudagraph_kit",
                     ignore=shutil.ignore_patterns("__pycache__"))
     code = textwrap.dedent(f"""
-        import cudagraph_kit.course.setup_notebook as sn
+        import cudagraph_kit.course.running.setup_notebook as sn
         print(sn.__file__)
         sn.use_kit_from({str(PROJECT_ROOT)!r})
-        import cudagraph_kit.course.setup_notebook, cudagraph_kit.course.paths
-        print(cudagraph_kit.course.setup_notebook.__file__)
-        print(cudagraph_kit.course.paths.PROJECT_ROOT)
+        import cudagraph_kit.course.running.setup_notebook, cudagraph_kit.course.running.paths
+        print(cudagraph_kit.course.running.setup_notebook.__file__)
+        print(cudagraph_kit.course.running.paths.PROJECT_ROOT)
     """)
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "copy")}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     first, then, root = done.stdout.splitlines()
-    assert first == str(tmp_path / "copy" / "cudagraph_kit" / "course" / "setup_notebook.py")
-    assert then == str(PROJECT_ROOT / "cudagraph_kit" / "course" / "setup_notebook.py") and root == str(PROJECT_ROOT)
+    assert first == str(tmp_path / "copy" / "cudagraph_kit" / "course" / "running" / "setup_notebook.py")
+    assert then == str(PROJECT_ROOT / "cudagraph_kit" / "course" / "running" / "setup_notebook.py")
+    assert root == str(PROJECT_ROOT)
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -327,7 +328,7 @@ def test_a_kernel_under_mplbackend_agg_still_draws_figures_into_the_notebook(tmp
     figure = "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2])\nplt.show()"
     outputs = {}
     for switched in (False, True):
-        first = "from cudagraph_kit.course.setup_notebook import show_figures_inline\n" + (
+        first = "from cudagraph_kit.course.running.setup_notebook import show_figures_inline\n" + (
             "print(show_figures_inline())" if switched else "print('left as it is')")
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(first), nbformat.v4.new_code_cell(figure)])
         old = os.environ.get("MPLBACKEND")

@@ -1,7 +1,7 @@
-"""cudagraph_kit.course.tables: the one Markdown table helper of the rendered pages."""
+"""cudagraph_kit.course.running.tables: the one Markdown table helper of the rendered pages."""
 import pytest
 
-from cudagraph_kit.course.tables import markdown_table
+from cudagraph_kit.course.running.tables import markdown_table
 
 
 def test_a_table_has_its_header_rule_and_rows():

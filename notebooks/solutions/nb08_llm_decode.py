@@ -7,8 +7,8 @@ Each ``exercise_<k>`` holds the code of exercise k's cell. Its arguments are the
 import torch
 
 from cudagraph_kit import capture_buckets, evaluate_buckets, plan_buckets
-from cudagraph_kit.course.tiny_llm import (StaticKVCache, TinyLLM, first_divergence, greedy_generate,
-                                           greedy_generate_no_cache)
+from cudagraph_kit.course.lessons.tiny_llm import (StaticKVCache, TinyLLM, first_divergence, greedy_generate,
+                                                   greedy_generate_no_cache)
 
 
 def exercise_1(history, observed, max_batch, graph_step, sample_tokens, sample_pos, serve, stream):
@@ -40,7 +40,7 @@ def exercise_3(decode_step, model, cache, prompt, prompt_len, new_tokens, stop_t
     """Four decode steps in one function and one graph; the stop token handled on the device."""
     from cudagraph_kit import capture
     from cudagraph_kit.graphed import fresh_cublas_workspace
-    from cudagraph_kit.course.decode import decode_state, generate_blocks, load_state
+    from cudagraph_kit.course.lessons.decode import decode_state, generate_blocks, load_state
 
     def k4_block(tokens, pos, done, stop):
         out = []

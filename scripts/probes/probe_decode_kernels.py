@@ -38,7 +38,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 from cudagraph_kit import capture_buckets  # noqa: E402
-from cudagraph_kit.course.tiny_llm import StaticKVCache, TinyConfig, TinyLLM  # noqa: E402
+from cudagraph_kit.course.lessons.tiny_llm import StaticKVCache, TinyConfig, TinyLLM  # noqa: E402
 from cudagraph_kit.env import describe  # noqa: E402
 
 CFG = TinyConfig(vocab_size=8192, dim=512, layers=4, heads=8, kv_heads=2, hidden=1408)   # notebook 08 on a GPU

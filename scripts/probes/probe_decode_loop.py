@@ -51,9 +51,9 @@ def main(argv=None) -> int:
 
     from cudagraph_kit import capture
     from cudagraph_kit.bucket_graphs import ladder
-    from cudagraph_kit.course.decode import decode_state, generate_blocks, k_step, load_state, positions_needed
-    from cudagraph_kit.course.nb08_parts import compile_then_capture, reduce_overhead_step
-    from cudagraph_kit.course.tiny_llm import StaticKVCache, TinyConfig, TinyLLM, greedy_generate
+    from cudagraph_kit.course.lessons.decode import decode_state, generate_blocks, k_step, load_state, positions_needed
+    from cudagraph_kit.course.lessons.decode import compile_then_capture, reduce_overhead_step
+    from cudagraph_kit.course.lessons.tiny_llm import StaticKVCache, TinyConfig, TinyLLM, greedy_generate
     from cudagraph_kit.env import describe
     from cudagraph_kit.graphed import fresh_cublas_workspace
     from cudagraph_kit.guard import weights_fixed

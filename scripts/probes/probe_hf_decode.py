@@ -3,7 +3,7 @@
 A ``LlamaForCausalLM`` built from a config (defaults: 12 layers, hidden 768, 12 query / 4 key-value heads, random
 weights, bfloat16; nothing downloaded), a 32-token prompt, 64 new tokens, greedy:
 
-- ``eager``: the decode step with a ``StaticCache`` (``cudagraph_kit.course.hf_decode.StaticDecoder``), eager;
+- ``eager``: the decode step with a ``StaticCache`` (``cudagraph_kit.course.lessons.hf_decode.StaticDecoder``), eager;
 - ``kit graph``: that step captured by ``cudagraph_kit.graphed``;
 - ``hand graph``: the same step captured by hand (side-stream warm-up, ``torch.cuda.graph``, copy + replay);
 - ``compiled + kit graph``: the step compiled without CUDA graphs (``--compile-mode``, default
@@ -55,8 +55,8 @@ import torch  # noqa: E402
 
 from cudagraph_kit import combine_windows, compare  # noqa: E402
 from cudagraph_kit.graphed import capture, fresh_cublas_workspace  # noqa: E402
-from cudagraph_kit.course.hf_decode import StaticDecoder, hf_status  # noqa: E402
-from cudagraph_kit.course.tiny_llm import first_divergence, hf_generate  # noqa: E402
+from cudagraph_kit.course.lessons.hf_decode import StaticDecoder, hf_status  # noqa: E402
+from cudagraph_kit.course.lessons.tiny_llm import first_divergence, hf_generate  # noqa: E402
 from cudagraph_kit.env import describe  # noqa: E402
 from cudagraph_kit.intervals import ratio_across_windows  # noqa: E402
 

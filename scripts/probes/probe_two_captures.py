@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: scripts/probes/ -> root
-from cudagraph_kit.course.pitfall_scripts import docs_recipe_capture, emit, run_isolated  # noqa: E402
+from cudagraph_kit.course.lessons.pitfall_scripts import docs_recipe_capture, emit, run_isolated  # noqa: E402
 
 VARIANTS = ("keep everything", "drop", "drop, replay right after capture")
 

@@ -1,0 +1,187 @@
+"""What notebook 05's pitfall experiments found, read for its tables.
+
+The pitfall table (what happens without a fix, what finds it, the fix, what this run saw), the check that the
+process still works after a failure, short causes for tables of errors, the runs of experiments made in a process of
+their own (``pitfall_scripts.py``), the reading of the reduce-overhead and two-captures experiments, and the
+notebook's results table.
+
+Example::
+
+    from cudagraph_kit.course.lessons.pitfalls import PitfallTable, short_cause
+    pitfalls = PitfallTable()
+    pitfalls.record("a changing shape", "raises", "check_capturable", "fixed shapes", "seen", True)
+    short_cause("RuntimeError: CUDA error: operation not permitted when stream is capturing")
+    # 'RuntimeError: operation not permitted when stream is capturing'
+"""
+from __future__ import annotations
+
+import re
+
+from ..measuring.predictions import advice_rows
+
+__all__ = ["PitfallTable", "still_works", "first_line", "short_cause", "show_isolated", "show_reduce_overhead",
+           "two_captures_table", "two_captures_verdict", "result_table"]
+
+
+def first_line(text, n=160):
+    """The first line of ``text``, cut to ``n`` characters."""
+    text = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def short_cause(text, n=80):
+    """A short cause for a table cell: an error ``"Type: message"`` becomes its type and the first clause of the
+    message's first line (a leading "CUDA error: " dropped, the type says it), cut to ``n`` characters; any other
+    text its first line, cut the same way. Values that are not text (True, NaN, an exit code) come back as they are.
+
+    Example::
+
+        short_cause("AcceleratorError: CUDA error: operation not permitted when stream is capturing\\n"
+                    "Search for `cudaErrorStreamCaptureUnsupported' in ...")
+        # 'AcceleratorError: operation not permitted when stream is capturing'
+    """
+    if not isinstance(text, str):
+        return text
+    line = first_line(text, n=10**6)
+    error = re.match(r"(\w+(?:Error|Exception|Warning)): (?:CUDA error: )?(.*)", line)
+    if error:
+        clause = re.split(r"(?<=[.;])\s", error[2], maxsplit=1)[0]
+        line = f"{error[1]}: {clause.rstrip('.;')}"
+    return line if len(line) <= n else line[: n - 1] + "…"
+
+
+def show_isolated(rows, columns):
+    """Print the runs of an experiment run in fresh processes (``run_isolated``'s dicts) as a table of ``columns``
+    (those present), each text cut to a short cause (``short_cause``), then the first error once, as the experiment
+    reported it. Returns all the rows, with their full texts, as a DataFrame.
+
+    Example::
+
+        runs = show_isolated([run_isolated(warmup_stream, v) for v in WARMUP_VARIANTS], ["variant", "capture"])
+    """
+    import pandas as pd
+
+    runs = pd.DataFrame(rows)
+    shown = runs[[c for c in columns if c in runs]]
+    print(shown.apply(lambda col: col.map(short_cause)).to_string(index=False))
+    texts = [v for _, row in shown.iterrows() for v in row if isinstance(v, str)]
+    first_error = next((v for v in texts if short_cause(v) != v), None)
+    if first_error is not None:
+        print("\nThe first error, as the experiment reported it:\n" + first_error)
+    return runs
+
+
+def still_works(fn, device="cuda"):
+    """After a failure: eager work and a fresh capture of ``fn`` (an elementwise function), both compared with the
+    CPU. None without CUDA (nothing was captured, so nothing is claimed)."""
+    import torch
+
+    from ...graphed import capture
+
+    if not torch.cuda.is_available():
+        return None
+    x = torch.randn(64, device=device)
+    g = capture(fn, x)
+    y = torch.randn_like(x)
+    return bool(torch.allclose(fn(x).cpu(), fn(x.cpu()), atol=1e-6)
+                and torch.allclose(g(y).cpu(), fn(y.cpu()), atol=1e-6))
+
+
+class PitfallTable:
+    """One row per pitfall: what happens without a fix, what finds it, the fix, what this run saw, whether this
+    run detected it (None: not run here) and whether the process still worked after the failure."""
+
+    def __init__(self):
+        self.rows = []
+
+    def record(self, pitfall, without_fix, found_by, fix, seen, detected, still_works=None):
+        self.rows.append({"pitfall": pitfall, "without a fix": without_fix, "found by": found_by, "fix": fix,
+                          "this run saw": seen, "detected": detected, "process still works": still_works})
+
+    def table(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)[["pitfall", "without a fix", "found by", "fix", "detected",
+                                        "process still works"]] if self.rows else pd.DataFrame()
+
+    def result_rows(self, cuda: bool) -> list[dict]:
+        """The rows for results.csv (case "pitfall: ...")."""
+        return [{"case": f"pitfall: {p['pitfall']}", "variant": p["without a fix"], "median_us": float("nan"),
+                 "speedup": float("nan"), "executed_as": "cuda graph" if cuda else "eager (checks only)",
+                 "found_by": p["found by"], "fix": p["fix"], "seen": p["this run saw"], "detected": p["detected"],
+                 "process_still_works": p["process still works"]} for p in self.rows]
+
+
+def show_reduce_overhead(ro, torch_version):
+    """Print what the reduce-overhead experiment (``pitfall_scripts.reduce_overhead_pitfalls``, its dict ``ro`` from
+    ``run_isolated``; None when it did not run) found, and return ``(seen, detected, found_by)`` for the pitfall
+    table. ``detected``: a skip was logged, a cloned output kept its values, and reading a kept output either raised
+    a RuntimeError or silently held the next call's values. ``found_by``: what finds a kept output on this PyTorch.
+    """
+    if ro is None:
+        return ("needs a GPU", None,
+                "a RuntimeError for a warm-up's or recording's output; for a replay's, comparing it with a clone")
+    if ro.get("exit code"):
+        print("the reduce-overhead experiment did not finish:", ro.get("exit code"), ro.get("stderr", ""))
+    skips = ro.get("skips", 0)
+    print(f"cudagraph_skips: {skips}")
+    for msg in ro.get("messages", []):
+        print("  ", first_line(msg, 200))
+    old_output, clone_keeps = str(ro.get("old output") or ""), ro.get("clone keeps it")
+    print("reading an output kept across calls:", ro.get("old output"), "| with .clone():",
+          "kept" if clone_keeps else clone_keeps)
+    raised, silent = old_output.startswith("RuntimeError"), old_output.startswith("silently")
+    print(f"on PyTorch {torch_version}, a kept output read after the next call "
+          + ("raised a RuntimeError" if raised else
+             "did not raise: it silently held the next call's values" if silent else
+             f"gave: {old_output or 'nothing (the experiment did not finish)'}"))
+    found_by = ("the RuntimeError on reading it" if raised else
+                "comparing it with a clone (a replay's output raises no error)")
+    detected = bool(skips) and clone_keeps is True and (raised or silent)
+    return f"{skips} skip(s) logged; old output: {old_output}", detected, found_by
+
+
+def two_captures_table(jobs, answers):
+    """The two-captures experiment (``pitfall_scripts.two_captures``), one row per try, and a summary per variant
+    (tries, crashes, the most tensors graph 1 read from memory it no longer owned)."""
+    import pandas as pd
+
+    rows = []
+    for (variant, attempt), r in zip(jobs, answers):
+        replay = r.get("replay of graph 1") or f"process died (exit code {r['exit code']}): {r.get('stderr', '')}"
+        states = r.get("graph 1 memory", {})
+        rows.append({"variant": variant, "try": attempt + 1, "replay of graph 1": first_line(replay, 90),
+                     "crashed": replay != "ok",
+                     "graph 1 reads freed memory": sum(n for k, n in states.items() if not k.endswith(": allocated")),
+                     "graph 1 memory": "; ".join(f"{k} {n}" for k, n in sorted(states.items()))})
+    two = pd.DataFrame(rows)
+    summary = two.groupby("variant", sort=False).agg(tries=("try", "size"), crashed=("crashed", "sum"),
+                                                     reads_freed=("graph 1 reads freed memory", "max"))
+    return rows, summary
+
+
+def two_captures_verdict(s) -> tuple[bool, str]:
+    """(detected, one line) from ``two_captures_table``'s summary: keeping everything alive never crashed nor read
+    freed memory, and dropping the first model's objects left graph 1 reading memory it no longer owned."""
+    keep, drop = s.loc["keep everything"], s.loc["drop"]
+    detected = bool(keep.crashed == 0 and keep.reads_freed == 0 and drop.reads_freed > 0)
+    seen = f"drop: {drop.crashed}/{drop.tries} crashed; keep: {keep.crashed}"
+    return detected, seen
+
+
+def result_table(pitfalls, memory_rows, measured, advice, cost, two_rows, cuda):
+    """Notebook 05's results.csv: a row per pitfall, the memory reading, section 7's timings ("measured: ..."), the
+    advise rows and the two-captures tries."""
+    import pandas as pd
+
+    rows = pitfalls.result_rows(cuda)
+    rows += [{**r, "median_us": float("nan"), "speedup": float("nan"), "executed_as": "cuda graph"}
+             for r in memory_rows]
+    if measured is not None:
+        rows += measured.table.assign(case="measured: " + measured.table.case).to_dict("records")
+    rows += advice_rows(advice, cost)
+    rows += [{"case": f"two captures: {r['variant']}", "variant": f"try {r['try']}", "median_us": float("nan"),
+              "speedup": float("nan"), "executed_as": "cuda graph", "seen": r["replay of graph 1"],
+              "crashed": r["crashed"], "reads_freed": r["graph 1 reads freed memory"], "memory": r["graph 1 memory"]}
+             for r in two_rows]
+    return pd.DataFrame(rows)
