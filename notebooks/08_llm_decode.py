@@ -662,6 +662,18 @@ k_df = per_batch(m_k, K_CASE, NEW_TOKENS - 1)     # the decoded tokens of every 
 m_k.short()
 
 # %% [markdown]
+# **Where a decode loop's time goes.** `scripts/probes/probe_decode_loop.py` timed whole generations of this
+# notebook's model on an H200, round-robin: the compiled step captured per bucket (section 5), the same inside
+# `weights_fixed`, K=8 compiled steps per replay, and `reduce-overhead`. It also took one kit call apart on the host.
+# The cell reads what it recorded in `figures/08_decode_loop/`: when the host finishes issuing a generation before the
+# GPU finishes running it, the GPU sets the pace, and a cheaper call or fewer replays cannot shorten the loop.
+
+# %%
+from cudagraph_kit.course.measuring.breakdowns import decode_loop_reading
+
+print(decode_loop_reading((results.recorded_root() or Path("figures")) / "08_decode_loop"))
+
+# %% [markdown]
 # ### D. Your own Hugging Face model
 #
 # The model people want to speed up is usually one they load from `transformers`. The recipe is the same as for

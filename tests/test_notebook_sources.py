@@ -110,6 +110,8 @@ PUBLISHED_SOURCES = {("shu65", "blog-pytorch-notebooks"),  # the 2021 K80 blog's
 # Notebooks whose GPU execution is still owed, with the reason. The test below is an expected failure for them
 # (strict: once the executed notebook is committed it passes, the xfail turns into a failure, and the entry must go).
 AWAITING_GPU_RUN: dict = {
+    "08_llm_decode": "Going further C reads where a decode loop's time goes (figures/08_decode_loop, the probe's H200 "
+                     "run of 2026-11-28); the committed notebook is the 2026-11-27 H100 run until reproduce runs it",
     "05_pitfalls": "takeaways 1-2 say no more than the core shows (verify flags the rebound input and the counter, "
                    "and reminds that outputs are reused; `if tensor:` is not demonstrated); the committed notebook is "
                    "the 2026-11-27 H100 run of the earlier wording until reproduce runs it on a GPU",

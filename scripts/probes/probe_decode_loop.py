@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     host = pd.DataFrame([{"part": k, "host_us_per_call": burst(fn)} for k, fn in parts.items()])
     host.to_csv(out / "host_parts.csv", index=False)
     print(host.round(2).to_string(index=False), flush=True)
-    (out / "env.json").write_text(json.dumps({"env": describe(), "tokens": args.tokens, "rounds": args.rounds,
+    (out / "env.json").write_text(json.dumps({**describe(), "tokens": args.tokens, "rounds": args.rounds,
                                               "k": args.k, "batches": args.batches, "dtype": "float32"}, indent=1,
                                              default=str))
     return 0

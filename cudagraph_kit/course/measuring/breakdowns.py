@@ -3,7 +3,8 @@
 An eager training step's parts, each timed with ``measure`` (notebook 02's appendix); what the GPU does per call,
 which CUDA runtime calls the CPU makes (``torch.profiler``) and where the CPU time goes by part of PyTorch
 (``cProfile``; notebook 03's appendix); eager time as kernels x host time per kernel against the GPU-busy floor
-(notebook 04's inference sweep); the top matmul kernels of a recorded decode-step study (notebook 08).
+(notebook 04's inference sweep); the top matmul kernels of a recorded decode-step study and where a recorded decode loop's time went (notebook
+08).
 
 The profiling ones profile, so run them after every timing: a profiler session slows the launches that come after
 it in the process.
@@ -23,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 __all__ = ["FB", "PARTS", "step_parts", "breakdown", "runtime_calls", "gpu_breakdown", "cpu_breakdown",
-           "host_time_model", "inference_curves", "kernel_table"]
+           "host_time_model", "inference_curves", "kernel_table", "decode_loop_reading"]
 
 
 # notebook 02: the parts of an eager training step
@@ -281,3 +282,36 @@ def kernel_table(folder):
                    f"{fast} {graph.loc[fast, 'GPU busy µs/step']:.0f} µs; their top matmul kernels are "
                    f"{graph.loc[slow, 'kernel']} and {graph.loc[fast, 'kernel']}. Eager and the graph run "
                    f"{'the same' if same else 'different'} top kernels at each batch.")
+
+
+def decode_loop_reading(folder) -> str:
+    """What ``scripts/probes/probe_decode_loop.py`` recorded in ``folder``, in plain sentences (notebook 08, "Going
+    further" C): each variant's time per token against ``reduce-overhead`` (the median of per-round ratios and their
+    range), whether the host or the GPU set the pace, and one kit call taken apart on the host."""
+    import json
+
+    import pandas as pd
+
+    folder = Path(folder)
+    if not (folder / "summary.csv").is_file():
+        return (f"not recorded ({folder / 'summary.csv'} is missing): on a GPU, run\n"
+                "    python scripts/probes/probe_decode_loop.py --out figures/08_decode_loop")
+    summary, env = pd.read_csv(folder / "summary.csv"), json.loads((folder / "env.json").read_text())
+    parts = pd.read_csv(folder / "host_parts.csv").set_index("part").host_us_per_call
+    lines = [f"{env.get('gpu')}, {str(env.get('date', ''))[:10]}, {env.get('rounds')} rounds of whole generations of "
+             f"{env.get('tokens')} tokens, round-robin; each variant's time against reduce-overhead's (median of the "
+             "per-round ratios, lowest-highest):"]
+    for variant, rows in summary[summary.variant != "reduce-overhead"].groupby("variant", sort=False):
+        lines.append(f"- {variant}: " + "; ".join(
+            f"batch {r.batch} {r.ratio_median:.2f}x ({r.ratio_min:.2f}-{r.ratio_max:.2f}x)" for r in rows.itertuples()))
+    first = summary[summary.batch == summary.batch.min()].set_index("variant")
+    kit = first.loc["compile + kit graph per bucket"]
+    pace = ("before the GPU finished: the loop waits for the GPU, so host time saved per call does not shorten it"
+            if kit.host_ms < kit.ms else "after the GPU: the host sets the loop's pace")
+    lines.append(f"At batch {summary.batch.min()} the host issued a whole generation through the kit's graphs in "
+                 f"{kit.host_ms:.1f} ms of its {kit.ms:.1f} ms, {pace}.")
+    copy = parts.get("copy 2 inputs in", float("nan"))
+    lines.append(f"One kit call costs the host {parts['whole kit call']:.0f} µs: copying the two inputs in "
+                 f"{copy:.0f} µs, the guard {parts['guard.check()']:.1f} µs, the replay {parts['replay']:.1f} µs; one "
+                 f"reduce-overhead call {parts['reduce-overhead call']:.0f} µs.")
+    return "\n".join(lines)
