@@ -396,7 +396,7 @@ def overhead_section():
     now, before = checks.get("train_step_checks_now"), checks.get("train_step_checks_before_change")
     if now is not None and before is not None:
         lines.append(f"A whole-step graph's checks before each replay (Adam, {now.tensors} parameters): "
-                     f"{now.check_us:.0f} µs, {before.check_us:.0f} µs before the guard.")
+                     f"{now.check_us:.0f} µs, {before.check_us:.0f} µs before this change.")
     return "\n".join(lines) + "\n"
 
 
