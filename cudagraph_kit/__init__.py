@@ -54,7 +54,7 @@ def __getattr__(name: str):
     elif name == "__version__":
         value = _version()
     elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        value = importlib.import_module(f".{name}", __name__)  # a module: cudagraph_kit.capture, cudagraph_kit.show
+        value = importlib.import_module(f".{name}", __name__)  # a module: cudagraph_kit.graphed, cudagraph_kit.show
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
