@@ -76,6 +76,7 @@ from __future__ import annotations
 import contextlib
 import dis
 import functools
+import itertools
 import operator
 import os
 import sys
@@ -584,6 +585,38 @@ class _Holders:
         self.expected = [id(_expected(e)) for kind in ("dict", "item", "cell", "attr") for e in by[kind]]
         self.only_dicts = len(by["dict"]) == len(self.expected)
 
+    def quick(self, loose: list, loose_ptrs: list):
+        """A function that is True when a holder of these entries, or the address of a ``loose`` tensor, changed:
+        made once per recording, what it reads bound as locals (the per-call part of :meth:`Guard.check`)."""
+        try:
+            held = list(self._now())
+        except (IndexError, ValueError):
+            held = None
+        if held is None or list(map(id, held)) != self.expected:
+            return lambda: True   # already changed: the next check looks at everything
+        if not loose and self.only_dicts and len(held) <= 2:   # one or two holders: the common case
+            if not held:
+                return lambda: False
+            (d1, k1, e1), (d2, k2, e2) = (list(zip(self.dict_owners, self.dict_keys, held)) * 2)[:2]
+            return lambda: d1.get(k1) is not e1 or d2.get(k2) is not e2
+        now, is_not = self._now, operator.is_not
+
+        def changed():
+            try:
+                if any(map(is_not, now(), held)):
+                    return True
+            except (IndexError, ValueError):   # a shorter list, an emptied cell
+                return True
+            return bool(loose) and list(map(_data_ptr, loose)) != loose_ptrs
+        return changed
+
+    def _now(self):
+        """What every entry holds now, in the order of ``expected`` (an iterator)."""
+        return itertools.chain(map(dict.get, self.dict_owners, self.dict_keys),
+                               map(operator.getitem, self.item_lists, self.item_indices),
+                               map(_cell_contents, self.cells),
+                               map(getattr, self.attr_objects, self.attr_names, self.nones))
+
     def changed(self) -> bool:
         if self.only_dicts:   # the common case: one map
             return list(map(id, map(dict.get, self.dict_owners, self.dict_keys))) != self.expected
@@ -646,6 +679,7 @@ class Guard:
         # the guard keeps alive what modules hold (their hooks report a replacement) and what the search could not
         # place; a tensor only plain holders hold is held weakly, so that replacing it there frees it
         self._refs = [weakref.ref(t) if id(t) in record.weak else t for t in tensors]
+        self._any_weak = any(type(r) is weakref.ref for r in self._refs)
         watched = tensors + [e[3]() for e in self._extra if e[0] == "weakattr" and e[3]() is not None]
         for t in watched:
             objects = [t.untyped_storage()] + ([t] if id(t) in record.weak else [])
@@ -661,6 +695,8 @@ class Guard:
     @property
     def tensors(self) -> list:
         """The read tensors, in the order first read (None for a weakly held one that was freed)."""
+        if not self._any_weak:
+            return list(self._refs)
         return [r() if type(r) is weakref.ref else r for r in self._refs]
 
     def _record(self, record: Record) -> None:
@@ -682,6 +718,7 @@ class Guard:
         # unplaced tensors: their address every call (nothing else can tell of their replacement)
         self._loose = [t for t in self.tensors if t is not None and id(t) not in record.path_of]
         self._loose_ptrs = list(map(_data_ptr, self._loose))
+        self._quick = self._hot.quick(self._loose, self._loose_ptrs)
         self._events = _EVENTS[0]
         self._countdown = self.full_check_every
 
@@ -699,8 +736,7 @@ class Guard:
             return
         self._countdown -= 1
         if (full or self._countdown <= 0 or self._released or (_EVENTS[0] != self._events and self._reported())
-                or self._hot.changed()
-                or (self._loose and list(map(_data_ptr, self._loose)) != self._loose_ptrs)):
+                or self._quick()):
             found = self.changes()
             if found:
                 raise self.error(found)

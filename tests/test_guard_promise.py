@@ -136,6 +136,71 @@ def test_optimizer_state_keyed_by_tensors_raises_no_false_alarm(make_optimizer):
         g.check(full=True)
 
 
+class _CacheLayer:
+    """A plain object holding plain tensors, as a transformers ``StaticCache`` layer holds its keys and values."""
+
+    def __init__(self):
+        self.keys, self.values = torch.zeros(4, 8), torch.zeros(4, 8)
+
+
+class _Cache:
+    def __init__(self, n):
+        self.layers = [_CacheLayer() for _ in range(n)]
+
+
+def _cached_step():
+    model, cache = torch.nn.Linear(8, 8), _Cache(3)
+
+    def step(x):
+        h = model(x)
+        for layer in cache.layers:
+            h = h + layer.keys.sum(0) + layer.values.sum(0)
+        return h
+    return model, cache, step
+
+
+@pytest.mark.parametrize("replace", [
+    lambda cache: cache.layers.__setitem__(1, _CacheLayer()),
+    lambda cache: setattr(cache, "layers", [_CacheLayer() for _ in cache.layers]),
+], ids=["one-layer", "the-list"])
+def test_a_cache_layer_replaced_and_dropped_raises_on_the_next_call(replace):
+    """Promise: a cache's layer (a plain object holding plain tensors, as a ``StaticCache`` holds its keys and
+    values), or the list of them, replaced and dropped, raises on the very next call."""
+    model, cache, step = _cached_step()
+    x = torch.randn(4, 8)
+    g = watched_guard(step, step, x)
+    assert len(g) == 2 + 2 * 3          # the weight, the bias, keys and values of three layers
+    passes_every_check(g)
+    replace(cache)
+    with pytest.raises(StaleGraphError, match=r"cache\.layers"):
+        g.check()
+
+
+def test_a_cache_layer_replaced_while_kept_alive_raises_by_the_next_full_check():
+    """A layer replaced while something else keeps the old one alive (so nothing is freed) raises too, at the latest
+    by the next full check (``full_check_every`` calls)."""
+    model, cache, step = _cached_step()
+    x = torch.randn(4, 8)
+    g = watched_guard(step, step, x)
+    kept = cache.layers[2]
+    cache.layers[2] = _CacheLayer()
+    calls = 0
+    with pytest.raises(StaleGraphError, match=r"cache\.layers\[2\]"):
+        for calls in range(1, g.full_check_every + 1):
+            g.check()
+    assert kept is not None and calls <= g.full_check_every
+
+
+def test_a_replaced_module_next_to_a_cache_raises_on_the_next_call():
+    """What leads to a module's tensors (kept alive by the guard) is read on every call."""
+    model, cache, step = _cached_step()
+    x = torch.randn(4, 8)
+    g = watched_guard(step, step, x)
+    step.__closure__[[c.cell_contents for c in step.__closure__].index(model)].cell_contents = torch.nn.Linear(8, 8)
+    with pytest.raises(StaleGraphError, match="model"):
+        g.check()
+
+
 def _torch_looking_wrapper(fn):
     """A hand-made wrapper that copies ``__module__`` from a torch class, as ``functools.wraps`` does for a module."""
     def wrapped(*args, **kwargs):
