@@ -541,12 +541,16 @@ class GraphedCallable:
         self.clone_outputs = clone_outputs
         self.pool = pool
         self._specs = tuple((s.shape, s.dtype, s.device) for s in static_inputs)
-        # hot-path shortcut for __call__: graph mode, one tensor input, outputs returned as they are
-        self._fast = None
-        if graph is not None and len(static_inputs) == 1 and not clone_outputs:
-            s0 = static_inputs[0]
-            self._fast = (s0, s0.shape, s0.dtype, s0.get_device(), graph.replay, static_outputs,
-                          self.guard.check if self.guard is not None else None)
+        # hot-path shortcuts for __call__: graph mode, one tensor input (or two: a decode step's tokens and
+        # positions), outputs returned as they are
+        self._fast = self._fast2 = None
+        if graph is not None and len(static_inputs) in (1, 2) and not clone_outputs:
+            check = self.guard.check if self.guard is not None else None
+            specs = tuple(x for s in static_inputs for x in (s, s.shape, s.dtype, s.get_device()))
+            if len(static_inputs) == 1:
+                self._fast = specs + (graph.replay, static_outputs, check)
+            else:
+                self._fast2 = specs + (graph.replay, static_outputs, check)
 
     def _check(self, args) -> None:
         if len(args) != len(self.static_inputs):
@@ -577,6 +581,25 @@ class GraphedCallable:
                 check_weights()
             if a is not static:
                 static.copy_(a)
+            replay()
+            return outputs
+        fast = self._fast2
+        if fast is not None and len(args) == 2:
+            s0, shape0, dtype0, device0, s1, shape1, dtype1, device1, replay, outputs, check_weights = fast
+            a0, a1 = args
+            try:
+                ok = (a0.shape == shape0 and a0.dtype is dtype0 and a0.get_device() == device0
+                      and a1.shape == shape1 and a1.dtype is dtype1 and a1.get_device() == device1)
+            except AttributeError:
+                ok = False
+            if not ok:
+                self._check(args)
+            if check_weights is not None:
+                check_weights()
+            if a0 is not s0:
+                s0.copy_(a0)
+            if a1 is not s1:
+                s1.copy_(a1)
             replay()
             return outputs
         if len(args) != len(self.static_inputs) or self.graph is None:

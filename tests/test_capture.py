@@ -196,6 +196,28 @@ def test_wrong_number_of_arguments_is_refused():
     assert graph.replays == 0
 
 
+def test_two_input_fast_path_copies_both_and_refuses_a_mismatch_in_either_before_touching_the_graph():
+    """Two inputs (a decode step's tokens and positions) take their own short path: both copied in, the static
+    input itself never copied onto itself, and a wrong second argument refused before the first is copied."""
+    g, graph = _graphed(torch.matmul, torch.randn(3, 5), torch.randn(5, 2))
+    s0, s1 = g.static_inputs
+    a, b = torch.randn(3, 5), torch.randn(5, 2)
+    out = g(a, b)
+    assert out is g.static_outputs and graph.replays == 1
+    torch.testing.assert_close(out, a @ b)
+    version = s1._version
+    g(torch.zeros(3, 5), s1)
+    assert s1._version == version and graph.replays == 2
+    torch.testing.assert_close(out, torch.zeros(3, 2))
+    before0 = s0.clone()
+    with pytest.raises(ValueError, match=r"argument 1: .*got shape \(2, 5\)"):
+        g(torch.ones(3, 5), torch.randn(2, 5))
+    with pytest.raises(ValueError, match=r"argument 0: .*got shape \(3, 5\) float64"):
+        g(torch.ones(3, 5, dtype=torch.float64), b)
+    assert graph.replays == 2
+    torch.testing.assert_close(s0, before0)
+
+
 def test_general_path_several_inputs_and_cloned_outputs():
     g, graph = _graphed(torch.matmul, torch.randn(3, 5), torch.randn(5, 2), clone_outputs=True)
     a, b = torch.randn(3, 5), torch.randn(5, 2)
