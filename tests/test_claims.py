@@ -113,7 +113,8 @@ def test_stops_paying_reads_verdicts_not_points():
     pts = [(2**20, 1.5, 2.0), (2**22, 0.9, 1.4), (2**24, 1.0, 1.05)]
     c = stops_paying("stops", pts, 1.10, "the graph", " elements")
     assert c.verdict == "holds"
-    assert c.statement == "the graph stops paying (at most 1.1x) from 16,777,216 elements on (too close to call at 4,194,304 elements)"
+    # one verdict about one interval per sentence: the unclear point below (2**22) is not folded into it
+    assert c.statement == "the graph stops paying (at most 1.1x) from 16,777,216 elements on"
     pays = stops_paying("stops", [(1, 2.0, 3.0), (2, 1.5, 1.9)], 1.10, "the graph")
     assert pays.verdict == "fails" and pays.statement.startswith("the graph pays at every point measured, up to 2")
     assert all(plain(c.statement) for c in (c, pays))
@@ -148,13 +149,17 @@ def test_takeaways_render_numbers_from_the_claims_and_never_say_more_than_they_f
     unclear = faster("graph_saves_10pct", 1.01, 1.19, "large: graph replay", above=1.10)
     lines = ["A graph made the small GELU {graph_beats_eager} faster.",
              "It said: {graph_beats_eager:statement}.",
-             "The large one saved at least 10%: {graph_saves_10pct}.",
-             "Correct before fast."]
+             "Large work gains little, since the GPU's work dominates: it saved {graph_saves_10pct}.",
+             "Correct before fast.",
+             "Large: {graph_saves_10pct}."]
     shown = takeaways(lines, [holds, unclear])
     assert shown[0] == "A graph made the small GELU 6.80-9.14x faster."
     assert shown[1] == "It said: small: graph replay is 6.80-9.14x faster than eager."
-    assert shown[2] == f"Measured instead: {unclear.statement}."      # unclear: the line's claim is not made
+    # unclear: the line keeps its lesson, and its claim becomes the measured finding (never an unmade claim)
+    assert shown[2] == f"Large work gains little, since the GPU's work dominates. Measured: {unclear.statement}."
+    assert "saved 1.01" not in shown[2] and "instead" not in shown[2]
     assert shown[3] == "Correct before fast."
+    assert shown[4] == f"Measured: {unclear.statement}."    # no lesson of four words or more: the finding alone
     with pytest.raises(KeyError, match="never_made"):
         takeaways(["{never_made}"], [holds])
     assert takeaways(["{never_made} is left out.", "Kept."], [holds], missing="skip") == ["Kept."]

@@ -221,13 +221,12 @@ def stops_paying(claim_id: str, points, above: float, subject: str, unit: str = 
     at = found["from"]
     x, lo, hi = next(p for p in pts if p[0] == float(at)) if at is not None else pts[-1]
     shown = lambda v: f"{int(v):,}" if float(v).is_integer() else f"{v:g}"  # noqa: E731
-    before = (f" (too close to call at {shown(found['unclear_before'])}{unit})"
-              if found["unclear_before"] is not None else "")
     span = f"{_x(lo)}-{_x(hi)}x" if lo == lo else "?"
+    # one verdict per sentence: the point just below x, where the interval may straddle ``above``, is not named here
     # verdict: holds when the sweep's interval at x lies at or below ``above`` (checked with below=True)
     return Claim(claim_id, lo=lo, hi=hi, above=above * (1 + 1e-12), below=True, subject=subject,
                  eager_fallback=eager_fallback,
-                 holds=f"{subject} stops paying (at most {above:g}x) from {shown(x)}{unit} on{before}",
+                 holds=f"{subject} stops paying (at most {above:g}x) from {shown(x)}{unit} on",
                  fails=f"{subject} pays at every point measured, up to {shown(x)}{unit} ({span} there)",
                  unclear=f"{subject} at {shown(x)}{unit}: {span}, too close to {above:g}x to call")
 
@@ -359,8 +358,10 @@ def _rows(claims) -> dict:
 def takeaways(lines, claims, missing: str = "raise") -> list[str]:
     """A notebook's closing takeaways, with their numbers rendered from ``claims`` (Claims, or the DataFrame of a
     recorded ``claims.csv``). Each line is plain words that quote claims by id: ``{id}`` becomes the claim's
-    interval ("6.80-9.14x"), ``{id:statement}`` its sentence. A line whose quoted claims do not all hold is
-    replaced by what was measured ("Measured instead: ..."), so a takeaway never says more than its run found. A line
+    interval ("6.80-9.14x"), ``{id:statement}`` its sentence. Write a line as "lesson: evidence". A line whose
+    quoted claims do not all hold keeps its lesson (the words before the first quote, up to their last ": " or
+    ". ") and states what was measured as a finding: "lesson. Measured: <each quoted claim's sentence>.", so a
+    takeaway never says more than its run found (a lesson of fewer than four words is left out). A line
     quoting a claim the run did not make raises ``KeyError`` (a misspelt id), or with ``missing="skip"`` is left out
     (a notebook whose runs make different claims: no compiler, no ``transformers``).
 
@@ -383,8 +384,20 @@ def takeaways(lines, claims, missing: str = "raise") -> list[str]:
             out.append(_TAKEAWAY_QUOTE.sub(lambda m: str(rows[m.group(1)]["statement"]) if m.group(2)
                                            else span(rows[m.group(1)]), line))
         else:
-            out.append("Measured instead: " + "; ".join(str(rows[i]["statement"]) for i in dict.fromkeys(ids)) + ".")
+            found = "Measured: " + "; ".join(str(rows[i]["statement"]) for i in dict.fromkeys(ids)) + "."
+            lesson = _lesson(line)
+            out.append(f"{lesson}. {found}" if lesson else found)
     return out
+
+
+def _lesson(line: str) -> str:
+    """The lesson of a takeaway line: its words before the first quoted claim, up to their last ": " or ". " (""
+    where that leaves fewer than four words)."""
+    first = _TAKEAWAY_QUOTE.search(line)
+    head = line[:first.start()] if first else line
+    cut = max(head.rfind(": "), head.rfind(". "))
+    lesson = head[:cut].strip() if cut >= 0 else ""
+    return lesson if len(lesson.split()) >= 4 else ""
 
 
 def summary_table(claims):
