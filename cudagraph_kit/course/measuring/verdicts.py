@@ -52,10 +52,10 @@ _OPT_KEY = {"SGD": "sgd", "Adam(capturable)": "adam"}
 
 @covers(r"^(small|large)$", r"^(replay|copy_replay)_(beats_eager|saves_10pct)_")
 def gelu_headline(m) -> list:
-    """Notebook 01, section 4: the graph against eager on the small and the large tensor, replay and ``g(x)``."""
+    """Notebook 01, section 4: the graph against eager on the small and the large tensor, replay and ``g(x)``. One
+    claim per interval: the large replay's is asked one question, whether it saves more than 10%."""
     return [speedup(m, "replay_beats_eager_small", "small", "graph replay"),
             speedup(m, "copy_replay_beats_eager_small", "small", "graph copy+replay"),
-            speedup(m, "replay_beats_eager_large", "large", "graph replay"),
             speedup(m, "replay_saves_10pct_large", "large", "graph replay", above=SWEEP_THRESHOLD)]
 
 
