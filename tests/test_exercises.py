@@ -519,7 +519,33 @@ def test_01_1_rejects_the_hand_written_gelu_and_an_approximation(nb01):
     tanh = lambda x: torch.nn.functional.gelu(x, approximate="tanh")  # noqa: E731
     _off(exercises.check_fused_gelu(tanh, t), "differs from the hand-written GELU", "approximate")
     reordered = t.iloc[::-1].reset_index(drop=True)
-    _off(exercises.check_fused_gelu(torch.nn.functional.gelu, reordered), "baseline 'eager'")
+    g = capture(torch.nn.functional.gelu, nb01.inputs["small"], eager_fallback=True)
+    _off(exercises.check_fused_gelu(torch.nn.functional.gelu, reordered, g), "baseline 'eager'")
+
+
+def test_01_1_refuses_a_table_with_no_graph_captured(nb01, monkeypatch):
+    """A table whose 'graph replay' row is a name on an eager call proves nothing: the check reads the graph itself.
+    Without one it says what to pass; with an eager one (no GPU, or a capture that fell back) it never says ✔ about
+    the graph or the table."""
+    fused, x = torch.nn.functional.gelu, nb01.inputs["small"]
+    named_only = compare({"eager": lambda: fused(x), "graph replay": lambda: fused(x)}, case="small", samples=2,
+                         calls=2)
+    no_graph = exercises.check_fused_gelu(fused, named_only)     # no captured object: not done, never passed
+    assert not no_graph.ok and "g = capture(fused_gelu" in no_graph.text, no_graph
+    eager_g = capture(fused, x.cpu(), eager_fallback=True)        # mode == "eager": nothing was captured
+    assert eager_g.mode == "eager"
+    _off(exercises.check_fused_gelu(fused, named_only, "graph replay"), "not the graph that capture() returns")
+    monkeypatch.setattr(checking_module(), "cuda", lambda: True)  # as on a GPU, where the learner's capture fell back
+    _off(exercises.check_fused_gelu(..., named_only, eager_g), "nothing was captured")   # (no function run)
+    monkeypatch.setattr(checking_module(), "cuda", lambda: False)  # a CPU: the graph part is not checked, and says so
+    on_cpu = exercises.check_fused_gelu(fused, named_only, eager_g)
+    assert "nothing was captured here" in on_cpu.text and "was checked" in on_cpu.text, on_cpu
+    assert not any("table" in text or "graph" in text.split(":")[0] for mark, text in on_cpu.lines if mark == "✔"), on_cpu
+
+
+def checking_module():
+    import sys
+    return sys.modules[exercises.check_fused_gelu.__module__]
 
 
 def test_01_2_rejects_a_float32_table_and_a_wrong_crossover(nb01):
@@ -538,22 +564,23 @@ def test_01_3_rejects_a_wrong_explanation_and_a_message_that_is_not_the_kits():
 
 
 def test_02_1_rejects_a_wrong_list_of_eager_parts():
+    # each misplaced part gets its concrete next step: the call, its argument, and why
     _off(exercises.check_amp_adam({"backward", "optimizer.step"}, ..., ...), "inside the graph: ['backward']",
-         "also eager")
+         "also eager", "scaler.scale(loss).backward()", "scaler.step(opt)", "read on the CPU", "scaler.update()")
     _off(exercises.check_amp_adam({"the optimiser"}, ..., ...), "not parts of a step")
 
 
 def test_02_1_says_zero_grad_is_not_run_at_all_after_capture():
     """zero_grad added to the right answer: not "inside the graph" (capture_train_step runs it once before the
     capture and never around a replay; test_train_step checks that); the hint points to the recipe's zero_grad, and
-    for the other parts to the AMP section, 6."""
+    for a misplaced backward says what the graph captures."""
     right = {"unscale + inf check", "optimizer.step", "scaler.update"}
     result = exercises.check_amp_adam(right | {"zero_grad"}, ..., ...)
     _off(result, "zero_grad is not run at all after capture, neither eagerly nor inside the graph",
-         "read section 2, point 3")
+         "section 2, point 3")
     assert "inside the graph" not in result.text.replace("neither eagerly nor inside the graph", "")
     _off(exercises.check_amp_adam(right | {"zero_grad", "backward"}, ..., ...), "inside the graph: ['backward']",
-         "zero_grad is not run at all", "read section 6")
+         "zero_grad is not run at all", "the whole backward replay")
 
 
 def test_02_2_rejects_a_float_lr_and_a_schedule_that_never_moved(nb02):

@@ -22,7 +22,7 @@ def exercise_1(x, samples, calls):
     torch.testing.assert_close(g(x), fused_gelu(x))  # correct before fast
     fused_table = compare({"eager": lambda: fused_gelu(x), "graph replay": g.replay}, case="small",
                           samples=samples, calls=calls)
-    return {"fused_gelu": fused_gelu, "fused_table": fused_table}
+    return {"fused_gelu": fused_gelu, "fused_table": fused_table, "g": g}
 
 
 def exercise_2(gelu, sweep_min_exp, sweep_max_exp, device, samples, calls, crossover):

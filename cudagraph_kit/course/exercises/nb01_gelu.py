@@ -6,16 +6,17 @@ Example::
 """
 from __future__ import annotations
 
-from .checking import (COMPARE_COLUMNS, _fmt_numel, _graph_row, check, crossover_of, cuda, exercise, gelu_reference, is_todo, max_abs_diff, row, table_rows, torch_calls)
+from .checking import (COMPARE_COLUMNS, _fmt_numel, _graph_row, check, crossover_of, cuda, exercise, gelu_reference, is_todo, max_abs_diff, row, table_problem, table_rows, torch_calls)
 
 __all__ = ['check_fused_gelu', 'check_fp16_sweep', 'check_host_copies', 'HOST_COPY_WHY']
 
 
 @exercise("01_gelu", 1, "one fused kernel instead of five", "cpu+gpu")
 @check("01.1")
-def check_fused_gelu(report, fused_gelu, fused_table, reference=None):
+def check_fused_gelu(report, fused_gelu, fused_table, g=..., reference=None):
     """``fused_gelu``: one call to ``torch.nn.functional.gelu``; ``fused_table``: ``compare`` of eager vs its graph
-    replay; ``reference``: the notebook's ``main_table`` (hand-written GELU) for the side-by-side."""
+    replay; ``g``: the graph that was timed (``capture(fused_gelu, x)``): the graph part is checked on it, never on a
+    row's name; ``reference``: the notebook's ``main_table`` (hand-written GELU) for the side-by-side."""
     import torch
 
     if is_todo(fused_gelu):
@@ -39,6 +40,38 @@ def check_fused_gelu(report, fused_gelu, fused_table, reference=None):
             else:
                 report.off(f"fused_gelu calls {len(calls)} torch functions ({', '.join(calls)}), not one",
                            "return torch.nn.functional.gelu(x): one fused op.")
+    if is_todo(g):
+        report.todo("pass the graph you timed: g = capture(fused_gelu, x, eager_fallback=True), then "
+                    "check_fused_gelu(fused_gelu, fused_table, g, reference=main_table)")
+        return
+    if not (hasattr(g, "mode") and callable(getattr(g, "replay", None))):
+        report.off(f"g is a {type(g).__name__}, not the graph that capture() returns",
+                   "g = capture(fused_gelu, x, eager_fallback=True): the object whose g.replay you timed.")
+        return
+    if not cuda():   # the table's form can be checked here; what it times cannot: no ✔ for a row's name
+        problem = None if is_todo(fused_table) else table_problem(fused_table)
+        if is_todo(fused_table):
+            report.todo("time it: fused_table = compare({'eager': ..., 'graph replay': g.replay}, case='small', ...)")
+        elif problem:
+            report.off(problem, "one call: compare({'eager': lambda: fused_gelu(x), 'graph replay': g.replay}, "
+                                "case='small', samples=SAMPLES, calls=CALLS).")
+        report.needs_gpu(f"nothing was captured here: CUDA graphs need an NVIDIA GPU, so on this CPU g ran fused_gelu "
+                         f"eagerly (g.mode == {g.mode!r}) and neither g nor the timing table was checked")
+        return
+    if g.mode != "graph" or getattr(g, "graph", None) is None:
+        report.off(f"g ran eagerly (g.mode == {g.mode!r}): nothing was captured, so its table times eager against "
+                   "eager", "capture on a CUDA tensor: g = capture(fused_gelu, inputs['small']); if it falls back, "
+                   "the warning names the cause.")
+        return
+    static_in, static_out = g.static_inputs[0], g.static_outputs
+    static_out = static_out[0] if isinstance(static_out, (tuple, list)) else static_out
+    g.replay()
+    err = max_abs_diff(static_out, gelu_reference(static_in))
+    if err > 1e-5:
+        report.off(f"replaying g does not compute the GELU of its static input (max |diff| {err:.2g})",
+                   "capture fused_gelu itself: g = capture(fused_gelu, x).")
+        return
+    report.right("g is a captured CUDA graph (g.mode == 'graph'), and a replay computes the GELU")
     rows = table_rows(report, fused_table, ["graph*"],
                       todo="time it: fused_table = compare({'eager': ..., 'graph replay': ...}, case='small', ...)",
                       missing="no row named 'graph ...' in the table",
@@ -48,10 +81,6 @@ def check_fused_gelu(report, fused_gelu, fused_table, reference=None):
     if rows is None:
         return
     (graph,) = rows
-    if not cuda():
-        report.right("the table has eager as its baseline and a graph row, labelled eager on this CPU")
-        report.needs_gpu("the speedup and the kernels per call need an NVIDIA GPU (on a CPU both rows run eagerly)")
-        return
     if graph["executed_as"] != "cuda graph":
         report.off(f"the '{graph['variant']}' row ran as {graph['executed_as']}, not as a CUDA graph",
                    "time g.replay of g = capture(fused_gelu, x).")

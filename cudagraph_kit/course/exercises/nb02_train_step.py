@@ -20,6 +20,24 @@ _NOT_RUN_WHY = ("zero_grad is not run at all after capture, neither eagerly nor 
                 "on other shapes call zero_grad)")
 
 
+# one concrete next step per misplaced part: which call, which argument, why (train_step.py, GraphedTrainStep)
+_PART_HINTS = {
+    "zero_grad": "zero_grad: see section 2, point 3 of the recipe (set_to_none=True once, right before capture).",
+    "forward": "forward: capture_train_step(..., amp_dtype=torch.float16) runs the model under "
+               "torch.autocast(cache_enabled=False) inside the graph, so the forward replays.",
+    "loss": "loss: loss_fn(model(x), y) is captured with the forward, so it replays too.",
+    "backward": "backward: the graph captures scaler.scale(loss).backward(); the scale is a tensor on the GPU, so "
+                "the multiply and the whole backward replay. Only what comes after the backward runs eagerly.",
+    "unscale + inf check": "unscale + inf check: scaler.step(opt) first unscales the gradients and looks for "
+                           "inf/NaN. With Adam(capturable=True) (not fused) that answer is read on the CPU, which a "
+                           "capture forbids, so the kit calls scaler.step(opt) eagerly after each replay.",
+    "optimizer.step": "optimizer.step: scaler.step(opt) calls opt.step() only when no gradient was inf, a choice "
+                      "made on the CPU after the check, so the optimizer step runs inside scaler.step, eagerly.",
+    "scaler.update": "scaler.update: scaler.update() sets the next scale from what scaler.step found (halve it "
+                     "after an inf, grow it after many clean steps); it runs after scaler.step, so eagerly too.",
+}
+
+
 @exercise("02_train_step", 1, "Adam with fp16 and a GradScaler", "cpu+gpu")
 @check("02.1")
 def check_amp_adam(report, still_eager, amp_adam_table, max_param_diff, reference=None):
@@ -40,9 +58,7 @@ def check_amp_adam(report, still_eager, amp_adam_table, max_param_diff, referenc
                 ([f"also eager: {sorted(missing)}"] if missing else [])
                 + ([f"inside the graph: {sorted(extra - not_run)}"] if extra - not_run else [])
                 + ([_NOT_RUN_WHY] if not_run else [])),
-                "read section 2, point 3 of the recipe (zero_grad right before capture)" if extra == not_run and
-                not missing else "read section 6: what does scaler.step need to know before it lets the optimizer "
-                "step, and where is that known?")
+                " ".join(_PART_HINTS[p] for p in STEP_PARTS if p in missing | extra))
         else:
             report.right("scaler.step (unscale, inf check on the CPU, then optimizer.step) and scaler.update run "
                          "eagerly after each replay: with Adam that is the whole update, many launches per step")
