@@ -465,6 +465,17 @@ class Record:
         self.entries = [tuple(e) for e in self.entries]
         self.weak = {id(e[3]()) for e in self.entries if e[7]}
         self.path_of = {i: path_of[i] for i in wanted if i in path_of}
+        # the read tensors each holder on the paths leads to (by id): a holder replaced by one that leads to other
+        # tensors is a change, even where another path still reaches the old ones
+        self.below: dict = {}
+        for target in self.path_of:
+            stack, met = [target], set()
+            while stack:
+                node = stack.pop()
+                if node not in met:
+                    met.add(node)
+                    self.below.setdefault(node, set()).add(target)
+                    stack.extend(parent for parent, *_ in in_edges.get(node, ()) if parent in useful)
         self.modules = [seen[i] for i in useful if isinstance(seen[i], torch.nn.Module)]
         self.top_modules = [m for m in self.modules if not any(isinstance(seen[p], torch.nn.Module)
                                                                for p, *_ in in_edges.get(id(m), ()))]
@@ -601,16 +612,34 @@ class _Holders:
                 return lambda: False
             (d1, k1, e1), (d2, k2, e2) = (list(zip(self.dict_owners, self.dict_keys, held)) * 2)[:2]
             return lambda: d1.get(k1) is not e1 or d2.get(k2) is not e2
+        if not loose and len(held) <= 4:   # a few holders (a wrapper's closure, a bound method): one test each
+            t1, t2, t3, t4 = (self._tests(held) + [_false] * 3)[:4]
+
+            def few():
+                try:
+                    return t1() or t2() or t3() or t4()
+                except (IndexError, ValueError):   # a shorter list, an emptied cell
+                    return True
+            return few
         now, is_not = self._now, operator.is_not
 
         def changed():
             try:
                 if any(map(is_not, now(), held)):
                     return True
-            except (IndexError, ValueError):   # a shorter list, an emptied cell
+            except (IndexError, ValueError):
                 return True
             return bool(loose) and list(map(_data_ptr, loose)) != loose_ptrs
         return changed
+
+    def _tests(self, held: list) -> list:
+        """One function per entry, True when it no longer holds its object (in the order of ``expected``)."""
+        held = iter(held)
+        return ([(lambda d=d, k=k, e=next(held): d.get(k) is not e) for d, k in zip(self.dict_owners, self.dict_keys)]
+                + [(lambda c=c, i=i, e=next(held): c[i] is not e) for c, i in zip(self.item_lists, self.item_indices)]
+                + [(lambda c=c, e=next(held): c.cell_contents is not e) for c in self.cells]
+                + [(lambda o=o, n=n, e=next(held): getattr(o, n, None) is not e)
+                   for o, n in zip(self.attr_objects, self.attr_names)])
 
     def _now(self):
         """What every entry holds now, in the order of ``expected`` (an iterator)."""
@@ -633,6 +662,10 @@ class _Holders:
 
 
 _cell_contents = operator.attrgetter("cell_contents")
+
+
+def _false() -> bool:
+    return False
 
 
 def _expected(entry):
@@ -799,12 +832,32 @@ class Guard:
                     f"{'training' if was else 'eval'} mode (it would replay {'training' if was else 'eval'}-mode "
                     "dropout and batch-norm statistics)"
                     + (f"; {len(changed_mode) - 1} more module(s) changed mode" if len(changed_mode) > 1 else "")]
+        new = Record(self.roots, ts) if moved else None
+        if moved:
+            found = self._led_elsewhere(moved, new)
+            if found:
+                return found
         self._released.clear()
         if moved and refresh:
-            self._record(Record(self.roots, ts))
+            self._record(new)
         else:
             self._events, self._countdown = _EVENTS[0], self.full_check_every
         return []
+
+    def _led_elsewhere(self, moved: list, new: Record) -> list:
+        """Sentences for the replaced holders that now lead to other read tensors than at the recording (``new``: a
+        record of the objects as they are now). A holder replaced by an equivalent one leads to the same tensors."""
+        rec, found = self.record, []
+        for e in moved:
+            was = _expected(e)
+            if isinstance(was, torch.Tensor) or was is None:
+                continue   # a replaced or freed read tensor is reported with the layouts
+            now = _read(e[0], e[1], e[2])
+            led = rec.below.get(id(was), set())
+            if new.below.get(id(now), set()) != led:
+                what = f"now holds another {type(now).__name__}" if now is not None else "was removed"
+                found.append(f"{rec.label(e[4])} {what} (the graph reads the {len(led)} tensor(s) the old one led to)")
+        return found
 
     def _replaced(self, moved: list) -> list:
         """Sentences for the holders that changed, or none when every read tensor is still where each of its

@@ -201,6 +201,27 @@ def test_a_replaced_module_next_to_a_cache_raises_on_the_next_call():
         g.check()
 
 
+def test_a_few_holders_each_replaced_or_emptied_raise_on_the_next_call():
+    """A wrapper's few holders (its ``__wrapped__``, its closure cell) are each read on every call: replaced, or the
+    cell emptied, the next call raises StaleGraphError (never a bare ValueError)."""
+    from cudagraph_kit.graphed import fresh_cublas_workspace
+    for change in ("wrapped", "cell", "emptied"):
+        model = torch.nn.Linear(8, 8)
+        wrapped = fresh_cublas_workspace(model)
+        x = torch.randn(4, 8)
+        g = watched_guard(wrapped, wrapped, x)
+        passes_every_check(g)
+        cell = wrapped.__closure__[[c.cell_contents for c in wrapped.__closure__].index(model)]
+        if change == "wrapped":
+            wrapped.__wrapped__ = torch.nn.Linear(8, 8)
+        elif change == "cell":
+            cell.cell_contents = torch.nn.Linear(8, 8)
+        else:
+            del cell.cell_contents
+        with pytest.raises(StaleGraphError):
+            g.check()
+
+
 def _torch_looking_wrapper(fn):
     """A hand-made wrapper that copies ``__module__`` from a torch class, as ``functools.wraps`` does for a module."""
     def wrapped(*args, **kwargs):
