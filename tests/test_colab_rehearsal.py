@@ -134,6 +134,25 @@ def test_cpus_and_alloc_conf():
     assert cr.environment({"alloc_conf": None}) == {"CUDAGRAPH_KIT_NO_BF16": "1", "TORCHINDUCTOR_COMPILE_THREADS": "2"}
 
 
+def test_the_cap_is_what_a_t4_leaves_after_the_measured_cuda_context(monkeypatch):
+    """A T4 has 15,360 MiB, its CUDA context included: the cap is that less the context the probe measured, rounded
+    down to 1/16 GiB; a cap given by hand wins."""
+    assert cr.t4_cap_gib(0) == 15.0 and cr.t4_cap_gib(530 * 2**20) == 14.4375
+    assert cr.t4_cap_gib(530 * 2**20) == cr.t4_cap_gib(540 * 2**20)   # a few MiB apart: the same cap
+    probe = {"cuda": True, "torch": "x", "gpu": "NVIDIA H200", "total_bytes": 140 * 2**30, "capability": [9, 0],
+             "context_bytes": 530 * 2**20}
+
+    def fake_python(code, env=None, timeout=120):
+        out = json.dumps(probe) if code == cr._PROBE else "0.1"
+        return SimpleNamespace(returncode=0, stdout=out + "\n", stderr="")
+    monkeypatch.setattr(cr, "_python", fake_python)
+    gpu = cr.probe_gpu()
+    assert gpu["context_mib"] == 530 and gpu["gib"] == 14.4375
+    assert gpu["fraction"] == pytest.approx(14.4375 / 140)
+    assert "15,360 MiB less this machine's CUDA context (530 MiB)" in gpu["why"]
+    assert cr.probe_gpu(10)["gib"] == 10
+
+
 NOTEBOOK = '''\
 # %% tags=["parameters"]
 SMOKE = False

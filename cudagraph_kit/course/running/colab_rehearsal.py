@@ -6,8 +6,11 @@ bf16 tensor cores, about 12.7 GiB of host memory. The rehearsal imposes what can
 
 - **2 CPU cores**: the process (and every kernel and subprocess it starts) is pinned to ``--cpus`` (default
   ``0,1``; ``scripts/colab_rehearsal.sh`` runs it under ``taskset -c 0,1`` as well);
-- **15 GiB of GPU memory**: every notebook kernel caps PyTorch's caching allocator with
-  ``torch.cuda.set_per_process_memory_fraction(15 GiB / total)`` (:mod:`.kernel_hook`), and where this PyTorch reads
+- **what a T4 leaves PyTorch's allocator**: a T4 has 15,360 MiB, and its CUDA context (driver, kernels loaded,
+  cuBLAS handles) takes part of that outside the allocator. The probe measures the context on this machine (memory in
+  use on the device less what the allocator reserved, after a first matmul) and caps the allocator at 15,360 MiB less
+  that, rounded down to 1/16 GiB (``--gpu-memory-gib`` names another cap). Every notebook kernel caps PyTorch's caching
+  allocator with ``torch.cuda.set_per_process_memory_fraction(cap / total)`` (:mod:`.kernel_hook`), and where this PyTorch reads
   ``per_process_memory_fraction`` from ``PYTORCH_CUDA_ALLOC_CONF`` (probed first, in a subprocess), that is set too,
   so the notebooks' own subprocesses (05's pitfall scripts, 07's torchrun) are capped as well. The cap binds the
   allocator only: the CUDA context, cuBLAS workspaces and graph executables lie outside it, as they do on a T4;
@@ -40,7 +43,8 @@ from pathlib import Path
 
 from .paths import FIGURES_DIR, NOTEBOOKS_DIR, PROJECT_ROOT
 
-T4_GPU_MEMORY_GIB = 15.0        # what a Colab T4 offers PyTorch (15,360 MiB on the card)
+T4_CARD_MIB = 15360             # a Colab T4's memory, CUDA context included
+T4_GPU_MEMORY_GIB = 15.0        # the cap when no context could be measured (no GPU: nothing is capped then)
 COLAB_HOST_MEMORY_GIB = 12.7    # a free Colab runtime's host memory
 T4_CPUS = "0,1"                 # 2 cores
 COMPILE_THREADS = 2             # Inductor's choice on 2 cores
@@ -67,6 +71,10 @@ info = {"cuda": torch.cuda.is_available(), "torch": torch.__version__}
 if info["cuda"]:
     p = torch.cuda.get_device_properties(0)
     info.update(gpu=p.name, total_bytes=int(p.total_memory), capability=list(torch.cuda.get_device_capability(0)))
+    a = torch.ones(64, 64, device="cuda")
+    (a @ a).sum().item()   # the context with cuBLAS loaded, as after a notebook's first matmul
+    free, total = torch.cuda.mem_get_info(0)
+    info["context_bytes"] = int(total - free - torch.cuda.memory_reserved(0))
 print(json.dumps(info))
 """
 _PROBE_ALLOC_CONF = r"""
@@ -87,9 +95,21 @@ def alloc_conf_with_fraction(fraction: float, existing: str | None = None) -> st
     return ",".join(kept + [f"per_process_memory_fraction:{fraction:.6f}"])
 
 
-def probe_gpu(gib: float = T4_GPU_MEMORY_GIB) -> dict:
-    """This machine's GPU (in a subprocess), the fraction of it that is ``gib``, and whether this PyTorch takes that
-    fraction from ``PYTORCH_CUDA_ALLOC_CONF`` (then the notebooks' subprocesses are capped too)."""
+def t4_cap_gib(context_bytes: int) -> float:
+    """What a T4 leaves PyTorch's allocator once a CUDA context of ``context_bytes`` is loaded, in GiB, rounded down
+    to 1/16 GiB (so that a context a few MiB larger on another call gives the same cap, and ``--resume`` goes on).
+
+    Example::
+
+        t4_cap_gib(530 * 2**20)    # 14.4375
+    """
+    return int((T4_CARD_MIB * 2**20 - context_bytes) / 2**30 * 16) / 16
+
+
+def probe_gpu(gib: float | None = None) -> dict:
+    """This machine's GPU (in a subprocess), its CUDA context, the cap (``gib``, or what a T4 leaves after that
+    context: :func:`t4_cap_gib`) as a fraction of it, and whether this PyTorch takes that fraction from
+    ``PYTORCH_CUDA_ALLOC_CONF`` (then the notebooks' subprocesses are capped too)."""
     done = _python(_PROBE)
     if done.returncode != 0:
         return {"cuda": False, "why": f"the probe failed: {done.stderr.strip()[-300:]}"}
@@ -97,6 +117,9 @@ def probe_gpu(gib: float = T4_GPU_MEMORY_GIB) -> dict:
     if not info["cuda"]:
         info["why"] = "no CUDA device: nothing to cap (the kernels say so too)"
         return info
+    context = info.get("context_bytes")
+    info["context_mib"] = round(context / 2**20) if context is not None else None
+    info["gib"] = gib = gib if gib is not None else (t4_cap_gib(context) if context is not None else T4_GPU_MEMORY_GIB)
     info["fraction"] = min(1.0, gib * 2**30 / info["total_bytes"])
     conf = alloc_conf_with_fraction(info["fraction"], os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     check = _python(_PROBE_ALLOC_CONF, {"PYTORCH_CUDA_ALLOC_CONF": conf})
@@ -106,7 +129,9 @@ def probe_gpu(gib: float = T4_GPU_MEMORY_GIB) -> dict:
         seen = None
     info["alloc_conf_supported"] = seen is not None and abs(seen - info["fraction"]) < 1e-4
     info["alloc_conf"] = conf if info["alloc_conf_supported"] else None
-    info["why"] = (f"{gib:g} GiB of {info['total_bytes'] / 2**30:.1f} GiB = fraction {info['fraction']:.4f}: in every "
+    info["why"] = ((f"a T4's {T4_CARD_MIB:,} MiB less this machine's CUDA context ({info['context_mib']:,} MiB): "
+                    if context is not None and gib == t4_cap_gib(context) else "")
+                   + f"{gib:g} GiB of {info['total_bytes'] / 2**30:.1f} GiB = fraction {info['fraction']:.4f}: in every "
                    "kernel (set_per_process_memory_fraction)" + (
                        " and, through PYTORCH_CUDA_ALLOC_CONF, in the notebooks' subprocesses"
                        if info["alloc_conf_supported"] else
@@ -241,7 +266,7 @@ def write_report(out: Path, report: dict, header: dict) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=COMMAND, description="Run every notebook at full size through reproduce under a Colab T4 runtime's "
-        "limits (2 CPU cores, 15 GiB of GPU memory, no bf16, Inductor's compile threads as on 2 cores) and record "
+        "limits (2 CPU cores, the GPU memory a T4 leaves after its CUDA context, no bf16, Inductor's compile threads as on 2 cores) and record "
         "each notebook's wall time and peak GPU and host memory. Writes build/colab_rehearsal/ unless --out says "
         "where; never figures/ or notebooks/.")
     parser.add_argument("names", nargs="*", help="notebook name prefixes, e.g. 01 02 (default: all)")
@@ -249,7 +274,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="say what would run, with which limits; start nothing")
     parser.add_argument("--out", default=None, help=f"output folder (default: {DEFAULT_OUT.relative_to(PROJECT_ROOT)})")
     parser.add_argument("--cpus", default=T4_CPUS, help="CPUs to pin to, as taskset -c reads them (default: 0,1)")
-    parser.add_argument("--gpu-memory-gib", type=float, default=T4_GPU_MEMORY_GIB, help="GPU memory cap (default 15)")
+    parser.add_argument("--gpu-memory-gib", type=float, default=None,
+                        help=f"GPU memory cap (default: a T4's {T4_CARD_MIB:,} MiB less the CUDA context measured here)")
     parser.add_argument("--compile-threads", type=int, default=COMPILE_THREADS,
                         help="TORCHINDUCTOR_COMPILE_THREADS (default 2, as Inductor picks on 2 cores)")
     parser.add_argument("--limit-scale", type=float, default=2.0,
@@ -279,8 +305,9 @@ def main(argv=None) -> int:
     if not sources:
         raise SystemExit(f"colab rehearsal: no notebook matches {args.names!r}")
     gpu = probe_gpu(args.gpu_memory_gib)
+    gib = gpu.get("gib", args.gpu_memory_gib or T4_GPU_MEMORY_GIB)
     env = environment(gpu, args.compile_threads)
-    label = constraints_label(cpus or [], args.gpu_memory_gib, args.compile_threads)
+    label = constraints_label(cpus or [], gib, args.compile_threads)
     limits = CellLimits(scale=args.limit_scale)
     now_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     print(f"colab rehearsal{' (dry run: nothing is started)' if args.dry_run else ''}: {len(sources)} notebook(s): "
@@ -301,12 +328,12 @@ def main(argv=None) -> int:
     try:
         with constrained(env, cpus):
             rep.reproduce(args.names, out_dir=out / "notebooks", results_dir=out / "figures", resume=args.resume,
-                          limits=limits, kernel={"gpu_memory_gib": args.gpu_memory_gib,
+                          limits=limits, kernel={"gpu_memory_gib": gib,
                                                  "stats_dir": str(out / "kernel_stats"), "report_env": REPORT_ENV},
                           benchmarks=False, constraints=label, summary=summary,
                           command=" ".join([COMMAND, *([f"--out {args.out}"] if args.out else []),
                                             *([] if args.cpus == T4_CPUS else [f"--cpus {args.cpus}"]),
-                                            *([] if args.gpu_memory_gib == T4_GPU_MEMORY_GIB else
+                                            *([] if args.gpu_memory_gib is None else
                                               [f"--gpu-memory-gib {args.gpu_memory_gib:g}"]),
                                             *([] if args.compile_threads == COMPILE_THREADS else
                                               [f"--compile-threads {args.compile_threads}"])]))
@@ -315,7 +342,7 @@ def main(argv=None) -> int:
         if not summary.rows:
             raise
     previous = json.loads((out / "rehearsal.json").read_text()) if (out / "rehearsal.json").is_file() else None
-    report = build_report(out, summary, args.gpu_memory_gib, previous)
+    report = build_report(out, summary, gib, previous)
     write_report(out, report, {"constraints": label, "gpu": gpu, "environment": env,
                                "cell_limits": limits.describe()})
     print(f"\ncolab rehearsal: run {summary.run_id} ({label}); {out / 'rehearsal.json'}, {out / 'rehearsal.csv'}\n"
