@@ -66,7 +66,7 @@ from IPython.display import display
 from cudagraph_kit import env_table, has_cuda, timeit
 from cudagraph_kit import capture
 from cudagraph_kit.course.measuring import figures, results, verdicts
-from cudagraph_kit.course.measuring.claims import save_claims, summary
+from cudagraph_kit.course.measuring.claims import save_claims
 from cudagraph_kit.course.measuring.measure import measure
 
 STEM = "01_gelu"
@@ -100,12 +100,13 @@ results.show_figure(STEM, "timeline");   # the recorded run's; "Going further" d
 
 # %% [markdown]
 # ## 2. Capture and replay by hand
-# The workload is the GELU above, on two tensors. Capturing it takes three rules:
-# 1. **Warm up on a side stream** before capturing, as PyTorch's CUDA-graphs notes require: the first calls
-#    create state (allocator blocks, library handles) that belongs to the stream they ran on, and a capture runs
-#    on a side stream of its own. `wait_stream` in both directions keeps the order.
-# 2. **Static memory.** The graph replays fixed addresses: it reads `static_input` and writes `static_output`,
-#    the very tensors that existed during capture. New data must be *copied into* `static_input`; the result
+# The workload is the GELU above, on two tensors. To [**capture**](../docs/GLOSSARY.md) it once and
+# [**replay**](../docs/GLOSSARY.md) it takes three rules:
+# 1. **[Warm up](../docs/GLOSSARY.md) on a side stream** before capturing, as PyTorch's CUDA-graphs notes require:
+#    the first calls create state (allocator blocks, library handles) that belongs to the stream they ran on, and
+#    a capture runs on a side stream of its own. `wait_stream` in both directions keeps the order.
+# 2. **[Static memory](../docs/GLOSSARY.md).** The graph replays fixed addresses: it reads `static_input` and
+#    writes `static_output`, the very tensors that existed during capture. New data must be *copied into* `static_input`; the result
 #    appears in `static_output` and is overwritten by the next replay.
 # 3. **No CPU synchronization inside** (`.item()`, `print(tensor)`, data-dependent shapes): notebook 05 shows
 #    what happens otherwise.
@@ -144,7 +145,7 @@ else:
 # ## 3. The same with the kit, checked against eager
 # `cudagraph_kit.graphed` does the same steps and checks every call: a tensor of another shape, dtype or device
 # is refused with a clear error before it can touch the graph. Without a GPU, `eager_fallback=True` runs the
-# function eagerly and labels it `eager`.
+# function eagerly and labels it `eager` (an [**eager fallback**](../docs/GLOSSARY.md)).
 
 # %%
 graphs = {case: capture(gelu, x, eager_fallback=True) for case, x in inputs.items()}
@@ -161,8 +162,9 @@ for case, g in graphs.items():
 # ending with a `torch.cuda.synchronize()`. The host's speed drifts over minutes, and eager times move with it
 # far more than replays do, so it times `WINDOWS` windows a pause apart and quotes each speedup with a 90%
 # [**prediction interval**](../docs/GLOSSARY.md): where one more window should land. In the last window the
-# profiler reads the [**floor**](../docs/GLOSSARY.md), the time the GPU was busy per call. A verdict says
-# "faster" only when the whole interval lies above the threshold.
+# profiler reads the [**floor**](../docs/GLOSSARY.md), the time the GPU was busy per call. A
+# [**verdict**](../docs/GLOSSARY.md) says "faster" only when the whole interval lies above the threshold; each
+# interval gets one verdict (for the large tensor: does the graph save more than 10%?).
 #
 # Two ways to call the graph: `graph replay` (`g.replay()` on data already in place) and `graph copy+replay`
 # (`g(x)`, which first copies new data into the static input: what a real caller pays).
@@ -175,7 +177,8 @@ m = measure({case: {"eager": lambda x=x: gelu(x),
             windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S, verdicts=verdicts.gelu_headline)
 main_table = m.table
 main_table["max_abs_err"] = [0.0 if v == "eager" else max_err[c] for c, v in zip(main_table.case, main_table.variant)]
-results.show(m, STEM)   # without a GPU: the recorded GPU run's rows and verdicts
+results.show(m.part(claims=["replay_beats_eager_small", "copy_replay_beats_eager_small", "replay_saves_10pct_large"]),
+             STEM)   # without a GPU: the recorded GPU run's rows and verdicts
 
 # %% [markdown]
 # On a fast GPU the small tensor is [**launch-bound**](../docs/GLOSSARY.md): its five kernels finish long
@@ -186,7 +189,8 @@ results.show(m, STEM)   # without a GPU: the recorded GPU run's rows and verdict
 # From 4 K to 33 M elements: while the GPU work per call is shorter than the CPU's launch cost, eager time is
 # flat and the graph wins; once the GPU work dominates, both approach the floor. The **crossover** is read from
 # intervals: the smallest size from which the graph's whole interval lies at or below 1.10x (at most 10% gained),
-# at that size and every larger one.
+# at that size and every larger one. The table shows three sizes; the figure shows them all ("Going further" C has
+# every row).
 
 # %%
 exps = list(range(SWEEP_MIN_EXP, SWEEP_MAX_EXP + 1))
@@ -197,9 +201,9 @@ for e in exps:  # capture every size first (and check it against eager), then ti
     torch.testing.assert_close(gs(xs), gelu(xs))
     sweep_cases[f"sweep 2^{e}"] = {"eager": lambda xs=xs: gelu(xs), "graph replay": gs.replay}
 ms = measure(sweep_cases, windows=WINDOWS, samples=SAMPLES, calls=CALLS, pause_s=WINDOW_PAUSE_S,
-             verdicts=verdicts.gelu_sweep, progress=lambda line: print(line.split(":")[0], f"of {len(exps)} sizes"))
+             verdicts=verdicts.gelu_sweep)
 sweep, crossover = verdicts.sweep_points(ms)
-results.show(ms, STEM)
+results.show(ms.part(cases=r"\^(12|22|25)$"), STEM)   # the smallest size, the crossover's region, the largest
 
 # %%
 fig_sweep = figures.shown(figures.size_sweep(sweep, crossover, f"GELU eager vs CUDA graph on {WHERE}"), STEM,
@@ -277,8 +281,8 @@ if shown is not None:
 TAKEAWAYS = [
     "A CUDA graph replaces many kernel launches with one: it made the small GELU {replay_beats_eager_small} "
     "faster than eager, because its launches, not the GPU, were the bottleneck.",
-    "Feeding the graph new data costs a copy into its static input: `g(x)` was {copy_replay_beats_eager_small} "
-    "faster than eager, less than the replay alone.",
+    "Feeding the graph new data costs one copy into its static input: `g(x)` was {copy_replay_beats_eager_small} "
+    "faster than eager.",
     "Large work gains little, since the GPU's work dominates: {graph_stops_paying:statement}.",
     "A graph has a launch cost too, and capturing several calls per graph spreads it: "
     "{many_calls_near_floor:statement}.",
@@ -365,16 +369,16 @@ else:
     print("The bandwidth and the floors come from the GPU; the recorded run has them (figures/01_gelu).")
 
 # %% [markdown]
-# ### C. Every verdict of this run, and the recorded run beside it
-# The takeaways quote a few verdicts; here is each one this run computed, and this run's table beside the GPU
-# run recorded in `figures/` (its caption names that run's GPU, date and id).
+# ### C. Every row and verdict of this run, and the recorded run beside it
+# Sections 4-6 showed a part; here is every row and every verdict this run computed (without a GPU, the recorded
+# run's), then this run's table beside the GPU run recorded in `figures/` (its caption names that run's GPU, date
+# and id).
 
 # %%
+for experiment in (m, ms, mk):
+    results.show(experiment, STEM)
 if CUDA:
-    summary(m.claims + ms.claims + mk.claims)
     recorded = results.beside_recorded(STEM, main_table)
-else:
-    print("No GPU here: sections 4-6 showed the recorded run's rows and verdicts (all in figures/01_gelu).")
 
 # %% [markdown]
 # ### D. Save the results
@@ -470,10 +474,10 @@ from cudagraph_kit.course.exercises.nb01_gelu import HOST_COPY_WHY, check_fp16_s
 # %% [markdown]
 # ### Exercise 1: one fused kernel instead of five
 # `torch.nn.functional.gelu` computes the same function in **one** kernel (its default, `approximate="none"`, is
-# the erf form used here). Define `fused_gelu`, capture it with `capture(..., eager_fallback=True)`, check it
-# against eager, and time eager against `g.replay` on the small tensor in one `compare` (imported
-# above). Predict first: is the graph's speedup larger or smaller than for the
-# hand-written GELU in section 4, and why? (Going further: run the size sweep of section 5 with it. Where is the
+# the erf form used here). Define `fused_gelu`, capture it as `g = capture(fused_gelu, x, eager_fallback=True)`,
+# check it against eager, and time eager against `g.replay` on the small tensor in one `compare` (imported
+# above). The check reads `g` itself: on a CPU nothing is captured, and it says so. Predict first: is the graph's
+# speedup larger or smaller than for the hand-written GELU in section 4, and why? (Going further: run the size sweep of section 5 with it. Where is the
 # crossover now?)
 
 # %% tags=["nbval-check-output"]
@@ -481,10 +485,11 @@ def fused_gelu(x):
     ...  # your code: one call
 
 
-fused_table = ...  # compare({"eager": ..., "graph replay": ...}, case="small", samples=SAMPLES, calls=CALLS)
+g = ...            # capture(fused_gelu, inputs["small"], eager_fallback=True)
+fused_table = ...  # compare({"eager": ..., "graph replay": g.replay}, case="small", samples=SAMPLES, calls=CALLS)
 
 # %% tags=["nbval-check-output"]
-check_fused_gelu(fused_gelu, fused_table, reference=main_table)
+check_fused_gelu(fused_gelu, fused_table, g, reference=main_table)
 
 # %% [markdown]
 # ### Exercise 2: the size sweep in float16

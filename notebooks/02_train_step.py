@@ -59,15 +59,14 @@ AMP_STEPS = 100       # steps of each eager-vs-graph AMP training run
 
 # %%
 import copy
-import warnings
 
 import pandas as pd
 import torch
 from IPython.display import display
 
 from cudagraph_kit import bf16_supported, capture_train_step, env_table, graph_modules, has_cuda
-from cudagraph_kit.course.lessons.models import SEED, amp_pair, eager_amp_step, eager_step, loss_fn, make_batches, \
-    make_model, make_opt
+from cudagraph_kit.course.lessons.models import SEED, StreamWarningNote, amp_pair, eager_amp_step, eager_step, \
+    loss_fn, make_batches, make_model, make_opt
 from cudagraph_kit.course.measuring import figures, results, verdicts
 from cudagraph_kit.course.measuring.claims import save_claims, summary
 from cudagraph_kit.course.measuring.correctness import param_diff, parity_row
@@ -115,8 +114,8 @@ print(f"{len(batches)} batches, sizes: {sorted({len(x) for x, _ in batches}, rev
 # 2. **Warm up on a side stream**: a few real steps create the optimizer state and initialize cuBLAS outside
 #    the graph.
 # 3. **`zero_grad(set_to_none=True)` right before capture**, so the captured backward *allocates* the `.grad`
-#    tensors from the graph's private memory. Every replay writes fresh gradients into them: no `zero_grad` is
-#    needed in the loop.
+#    tensors from the graph's private memory (its [pool](../docs/GLOSSARY.md)). Every replay writes fresh
+#    gradients into them: no `zero_grad` is needed in the loop.
 # 4. **Capture** forward, loss, backward and `optimizer.step()` under `torch.cuda.graph`.
 # 5. **Train**: per batch, `copy_` into the static tensors and `replay()`.
 #
@@ -187,9 +186,12 @@ else:
 model = make_model(D_IN, H, D_OUT)
 opt = make_opt("SGD", model.parameters())
 step = capture_train_step(model, opt, loss_fn, batches[0], eager_fallback=True)
+seen = None
 for i, (x, y) in enumerate(batches[:12]):
     loss = step(x, y)
-    print(f"call {i + 1:2d}: batch {len(x):2d} rows, mode={step.mode}, state={step.state:8s} loss={loss.item():.4f}")
+    if (len(x), step.state) != seen:   # a line where something changes: warm-up, capture, a short batch
+        print(f"call {i + 1:2d}: batch {len(x):2d} rows, mode={step.mode}, state={step.state:8s} loss={loss.item():.4f}")
+    seen = (len(x), step.state)
 print(step)
 del model, opt, step
 
@@ -222,14 +224,13 @@ for opt_name, dropout in [("SGD", False), ("Adam(capturable)", False), ("SGD", T
     case = f"parity MLP {N}x{D_IN}x{H}x{D_OUT}, {opt_name}, {'dropout' if dropout else 'no dropout'}"
     parity_rows.append(parity_row(case, ref, test, base, ref_losses, losses, step, dropout))
     curves[case] = (ref_losses, losses, step.mode)
-    print(f"{case}: max |param diff| = {parity_rows[-1]['max_abs_param_diff']:.3g} (bitwise equal: "
-          f"{parity_rows[-1]['params_bitwise_equal']}); {step.eager_steps} steps ran eagerly"
-          + ("" if CUDA else " (no GPU: all of them, so this compares eager with eager)"))
     if opt_name.startswith("Adam"):
         adam_runs = (base, ref, test, step)  # "Going further" looks at Adam's last bits
     if not dropout:  # correct before fast: without dropout the graph must train like eager
         assert parity_rows[-1]["max_abs_param_diff"] < 1e-5, parity_rows[-1]
 parity = pd.DataFrame(parity_rows)
+if not CUDA:
+    print("No GPU here: every step ran eagerly, so these runs compare eager with eager; the recorded GPU run's rows:")
 rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's parity rows
 shown = parity if CUDA else rec.df[rec.df.case.isin(parity.case)] if rec else parity.iloc[0:0]
 display(shown[["case", "max_abs_param_diff", "params_bitwise_equal", "steps_with_different_loss",
@@ -252,15 +253,15 @@ fig_loss = figures.loss_curves(curves, f"Same seed, same batches: eager vs graph
 #   loss, `zero_grad` and the optimizer step stay eager. ("Going further" A shows the plain PyTorch call.)
 #
 # In the Adam cases every variant uses `Adam(capturable=True)`, so both sides run the same math; one more row
-# times the default eager `Adam()` ("Going further" B says why). As in notebook 01, `measure` times
+# times the default eager `Adam()` ("Going further" B says why). The table below shows the SGD rows and five
+# verdicts; "Going further" C has the Adam rows and every verdict. As in notebook 01, `measure` times
 # [windows](../docs/GLOSSARY.md) a pause apart and quotes each speedup with its 90% prediction interval; the
 # last window reads the [floor](../docs/GLOSSARY.md).
 
 # %%
-STREAM_WARNING = "AccumulateGrad node's stream does not match"  # autograd's warning: "Going further" H
 step_cases = {}  # case -> (variants, (x, y), options), as measure() takes them
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
+stream_note = StreamWarningNote()   # autograd's AccumulateGrad stream warning: noted, not shown ("Going further" H)
+with stream_note.watch("section 5's make_graphed_callables rows", f"MLP {next(iter(SIZES))}, SGD"):
     for size, (n, d_in, h, d_out) in SIZES.items():
         x, y = torch.randn(n, d_in, device=DEVICE), torch.randn(n, d_out, device=DEVICE)
         for opt_name in ["SGD", "Adam(capturable)"]:
@@ -277,14 +278,11 @@ with warnings.catch_warnings(record=True) as caught:
                 for _ in range(4):
                     fn(x, y)
             step_cases[f"MLP {size}, {opt_name}"] = (variants, (x, y), WARM)
-stream_warning_from = next((["section 5's make_graphed_callables rows", next(iter(step_cases))] for w in caught
-                            if STREAM_WARNING in str(w.message)), None)
-for w in caught:  # any other warning is shown as usual
-    if STREAM_WARNING not in str(w.message):
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 m = measure(step_cases, **TIMING, verdicts=verdicts.train_step)
 timing = m.table  # every column (the exercises read it)
-results.show(m, STEM)   # without a GPU: the recorded GPU run's rows and verdicts
+results.show(m.part(cases=r", SGD$", claims=[  # SGD's rows; the Adam rows and every verdict: "Going further" C
+    "graph_beats_eager_small_sgd", "model_only_beats_eager_small_sgd", "graph_beats_model_only_small_sgd",
+    "graph_beats_eager_docs_sgd", "graph_within_floor_docs_sgd"]), STEM)   # no GPU: the recorded GPU run's
 
 # %%
 fig_time = figures.shown(figures.step_times(timing, f"Training step time on {WHERE}",
@@ -331,7 +329,6 @@ for label, dtype, use_scaler in AMP_CASES:
         losses = torch.stack([step(xb, yb) for xb, yb in batches[:AMP_STEPS]]).float().cpu()
         case = f"parity MLP {N}x{D_IN}x{H}x{D_OUT}, {opt_name}, AMP {label}, no dropout"
         amp_parity_rows.append(parity_row(case, ref, test, base, ref_losses, losses, step, False))
-        print(f"{case}: max |param diff| = {amp_parity_rows[-1]['max_abs_param_diff']:.3g}")
         assert amp_parity_rows[-1]["max_abs_param_diff"] < 1e-4, "the graphed AMP step must train like eager"
     base = make_model(D_IN, H, D_OUT, dropout=False)
     variants = {"eager": amp_pair(base, "SGD", dtype, use_scaler, (x, y))[1]}  # the eager step of a pair
@@ -341,6 +338,10 @@ for label, dtype, use_scaler in AMP_CASES:
             fn(x, y)
     amp_cases[f"MLP {N}x{D_IN}x{H}x{D_OUT}, SGD, AMP {label}"] = (variants, (x, y), WARM)
 amp_parity = pd.DataFrame(amp_parity_rows)
+if amp_parity_rows:
+    print("AMP parity, graph vs eager, max |param diff|: " + "; ".join(   # case: "parity MLP ..., SGD, AMP bf16, ..."
+        f"{r['case'].split(', ', 1)[1].removesuffix(', no dropout')}: {r['max_abs_param_diff']:.3g}"
+        for r in amp_parity_rows))
 amp = measure(amp_cases, **TIMING, verdicts=verdicts.amp_step) if amp_cases else None
 amp_timing = amp.table if amp else timing.iloc[0:0]  # the exercises read it
 results.show(amp, STEM, verdicts.amp_step)   # without a GPU: the recorded AMP rows and verdicts
@@ -371,14 +372,15 @@ REFERENCE = pd.DataFrame([  # (case, variant, K80 eager, K80 graph, H100 eager, 
             "H100 ref floor µs"]).astype({c: float for c in ["K80 eager µs", "K80 graph µs"]})
 REFERENCE["K80 speedup"] = REFERENCE["K80 eager µs"] / REFERENCE["K80 graph µs"]
 REFERENCE["H100 ref speedup"] = REFERENCE["H100 ref eager µs"] / REFERENCE["H100 ref graph µs"]
-print(REFERENCE.round(2).to_string(index=False))
+print(REFERENCE.drop(columns=["K80 speedup", "H100 ref speedup"]).round(2).to_string(index=False))   # speedups: below
 
 # %%
 rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's rows
 now = m.short() if CUDA else Measured(rec.df).short(cuda=True) if rec else None
 if now is not None:
     print("This run:" if CUDA else f"{rec.caption}:")
-    display(REFERENCE[["case", "variant", "K80 speedup", "H100 ref speedup"]].merge(
+    sgd = REFERENCE[REFERENCE.case.str.endswith(", SGD")]   # the rows of section 5's table; the rest: "Going further" C
+    display(sgd[["case", "variant", "K80 speedup", "H100 ref speedup"]].merge(
         now[["case", "variant", "time (µs)", "speedup", "90% interval"]], on=["case", "variant"]).round(2))
 
 # %% [markdown]
@@ -398,9 +400,10 @@ TAKEAWAYS = [
     "`zero_grad(set_to_none=True)` before capture, then `copy_` + `replay()` per batch.",
     "It trains like the eager loop: the same parameters where the arithmetic is the same; dropout draws fresh "
     "masks on every replay.",
-    "On the small network the whole-step graph was {graph_beats_eager_small_sgd} faster than eager with SGD, and "
-    "{graph_beats_model_only_small_sgd} faster than graphing the model only, whose loss and optimizer stay eager.",
-    "Where the step is GPU-bound (the docs size) a graph can only remove the launch gaps: "
+    "Graphing the whole step removes far more launches than graphing the model only: on the small network the "
+    "whole-step graph was {graph_beats_eager_small_sgd} faster than eager and {graph_beats_model_only_small_sgd} "
+    "faster than `make_graphed_callables`.",
+    "Where the GPU's work fills the step (the docs size), a graph can only remove the gaps between kernels: "
     "{graph_beats_eager_docs_sgd:statement}.",
     "AMP works the same way: bf16 on compute capability 8.0 or newer, else fp16 with the scaler's step after "
     "each replay.",
@@ -427,8 +430,7 @@ if CUDA:
     eager_model = make_model(D_IN, H, D_OUT, dropout=False)
     plain_model = copy.deepcopy(eager_model)
     sample_x = torch.randn(N, D_IN, device="cuda")             # a data batch: requires_grad=False, as in training
-    with warnings.catch_warnings(record=True) as caught:       # autograd warns once per process: note it here
-        warnings.simplefilter("always")
+    with stream_note.watch("the plain make_graphed_callables cell", f"MLP {N}x{D_IN}x{H}x{D_OUT}, SGD"):
         plain_model = torch.cuda.make_graphed_callables(plain_model, (sample_x,))
         x_new, y_new = torch.randn(N, D_IN, device="cuda"), torch.randn(N, D_OUT, device="cuda")
         outputs = {}
@@ -436,12 +438,6 @@ if CUDA:
             out = module(x_new)
             loss_fn(out, y_new).backward()                    # autograd runs the captured backward graph
             outputs[name] = out.detach().clone()
-    for w in caught:
-        if STREAM_WARNING in str(w.message):  # autograd warns once per process: section 5 may have had it
-            stream_warning_from = stream_warning_from or ["the plain make_graphed_callables cell",
-                                                          f"MLP {N}x{D_IN}x{H}x{D_OUT}, SGD"]
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     torch.testing.assert_close(outputs["make_graphed_callables"], outputs["eager"])
     for a, b in zip(plain_model.parameters(), eager_model.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
@@ -463,14 +459,14 @@ else:
 # ungraphed performance. So the Adam cases time one more row, `default eager Adam (capturable=False)`, whose
 # speedup is over the capturable eager row. (Notebook 04 uses the default AdamW as its eager baseline.)
 #
-# ### C. Every verdict of this run, and the recorded run beside it
+# ### C. Every row and verdict of this run, and the recorded run beside it
+# Sections 5 and 6 showed a part; here is every row and every verdict (without a GPU, the recorded run's).
 
 # %%
+for experiment in (m, amp):
+    results.show(experiment, STEM, verdicts.amp_step if experiment is amp else None)
 if CUDA:
-    summary(claims)
     recorded = results.beside_recorded(STEM, pd.concat([timing, amp_timing], ignore_index=True))
-else:
-    print("No GPU here: sections 4-6 showed the recorded run's rows and verdicts (all in figures/02_train_step).")
 
 # %% [markdown]
 # ### D. Dropout inside a graph
@@ -490,7 +486,7 @@ else:
 
 # %%
 FIGURES = {"loss_curves": fig_loss, "step_time": fig_time}
-run_env = {"accumulate_grad_stream_warning": stream_warning_from, "amp_cases": [label for label, _, _ in AMP_CASES],
+run_env = {"accumulate_grad_stream_warning": stream_note.raised_by, "amp_cases": [label for label, _, _ in AMP_CASES],
            "plain_make_graphed_callables_grad_err": plain_grad_err, "adam_tensor_hparams_check": None,
            "windows": WINDOWS}
 
@@ -629,11 +625,12 @@ else:
 # detached), and the eager loop stays on one stream. The cost is a few cross-stream event waits per step in the
 # `make_graphed_callables` rows; results are unaffected. Silence it with
 # `torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)` once you know where it comes from.
-# Section 5's timing cell records whether it came from its `make_graphed_callables` rows (the first in this
-# process to make one), and shows any other warning as usual.
+# Section 5's timing cell notes, through `StreamWarningNote` (`cudagraph_kit/course/lessons/models.py`), whether it
+# came from its `make_graphed_callables` rows (the first in this process to make one), and shows any other warning
+# as usual.
 
 # %%
-print("AccumulateGrad stream warning:", f"raised by {stream_warning_from[0]}" if stream_warning_from else
+print("AccumulateGrad stream warning:", f"raised by {stream_note.raised_by[0]}" if stream_note.raised_by else
       "not raised in this run")
 folder = save_run([timing, amp_timing, parts_m.table, parity, amp_parity], claims + appendix_claims)
 print("saved again with the appendix:", folder, f"({len(claims) + len(appendix_claims)} verdicts)")

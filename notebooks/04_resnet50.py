@@ -115,8 +115,9 @@ def image_batch(n, dtype, seed=1):
 # The sweep uses the kit: `g = capture(infer, x)`, and `g(x)` copies and replays (a real caller has its input in
 # some other tensor, so the graph's time includes that copy). Every graph is first checked against eager on a
 # fresh input. Then `measure` times eager and graph at every batch size in `WINDOWS`
-# [windows](../docs/GLOSSARY.md); the verdicts say at which batches the graph **pays** (its speedup interval lies
-# above `PAYS`, more than 10% faster) and from which batch on it stops paying.
+# [windows](../docs/GLOSSARY.md); the [verdicts](../docs/GLOSSARY.md) say at which batches the graph **pays** (its
+# speedup interval lies above `PAYS`, more than 10% faster) and from which batch on it stops paying. The table shows
+# batches 1, 32 and 128; the figure shows every batch, and "Going further" D every row and verdict.
 
 # %%
 INFER_DTYPES = {"fp16": torch.float16} if CUDA else {"fp32 (CPU)": torch.float32}  # fp16 convolutions: GPU only
@@ -150,7 +151,8 @@ cuda_cleanup()
 inference = m_infer.table.merge(pd.DataFrame(checks), on="case")
 inference.loc[inference.variant == "eager", "max_abs_diff"] = 0.0  # the reference itself
 inference["section"], inference["images_per_s"] = "inference", inference.batch / (inference.median_us * 1e-6)
-results.show(m_infer, STEM)   # without a GPU: the recorded GPU run's rows and verdicts
+results.show(m_infer.part(cases=r" bs(1|32|128)$", claims=r"_bs(1|32|128)_graph_pays$|_pays_at_large_batches$"),
+             STEM)   # without a GPU: the recorded GPU run's rows and verdicts
 curve = breakdowns.inference_curves(inference, PAYS)
 fig_infer = figures.shown(figures.plot_inference(
     curve, INFER_BATCHES, PAYS, cuda=CUDA, title=f"{ARCH} inference, {IMAGE}x{IMAGE}, channels_last, eager vs CUDA "
@@ -224,17 +226,18 @@ for group in ([TRAIN_CASES] if roomy else [[c] for c in TRAIN_CASES]):
             case, spec, check = train_case(amp, bs, opt, x, y)
             cases[case] = spec
             train_checks.append(check)
-            print(f"{case}: eager and graphed losses agree within {100 * check['max_rel_loss_diff']:.2f}% over "
-                  f"{CHECK_STEPS} steps (the first step to 1e-3)")
     measured.append(measure(cases, windows=WINDOWS, samples=SAMPLES, pause_s=WINDOW_PAUSE_S))  # one call a sample
     del cases, x, y   # a smaller GPU frees this group's models before the next group's are built
     cuda_cleanup()
+print(f"{len(train_checks)} cases: eager and graphed losses agree within "
+      f"{100 * max(c['max_rel_loss_diff'] for c in train_checks):.2f}% over {CHECK_STEPS} steps (every case: "
+      "\"Going further\" C)")
 m_train = joined(measured, verdicts.resnet_training(PAYS, vision.OPTIMIZERS))   # one table, its verdicts
 training = m_train.table.merge(pd.DataFrame(train_checks), on="case")
 training.loc[training.variant == "eager", "max_rel_loss_diff"] = float("nan")  # compared on the graph's row
 training["section"], training["ms_per_step"] = "training", training.median_us / 1e3
 training["images_per_s"] = training.batch / (training.median_us * 1e-6)
-results.show(m_train, STEM)
+results.show(m_train.part(cases="SGD momentum", claims="sgdmomentum_graph_pays$"), STEM)   # AdamW: "Going further" D
 fig_train = figures.shown(figures.plot_training(
     training, GRAPH_TRAIN, footnote="Optimizers: " + "; ".join(vision.OPTIMIZERS.values()),
     title=f"{ARCH} training step, eager vs whole-step graph, on {WHERE}\n(graph rows: speedup, 90% interval)"),
@@ -308,8 +311,9 @@ g_step = runs["graphed"]["step"]
 graph_label = "graphed" if g_step.mode == "graph" else "kit, eager fallback (no CUDA)"
 assert runs["eager"]["lrs"] == runs["graphed"]["lrs"], "the LR schedules differ"
 diff, bitwise = correctness.compare_params(runs["eager"]["model"], runs["graphed"]["model"])
-print(f"graphed run: {g_step}\nLR schedule identical in both runs; final parameters, graphed vs eager: max |diff| "
-      f"{diff:.3g}, bitwise equal: {bitwise}" + ("" if CUDA else " (no GPU: both runs were eager)"))
+print(f"graphed run: {g_step.replays} replays, {g_step.eager_steps} eager steps (warm-up, short batches). LR schedule "
+      f"identical in both runs; final parameters, graphed vs eager: max |diff| {diff:.3g}, bitwise equal: {bitwise}"
+      + ("" if CUDA else " (no GPU: both runs were eager)"))
 labels = {name: graph_label if name == "graphed" else name for name in runs}
 parity_acc = pd.DataFrame({"epoch": range(1, PARITY_EPOCHS + 1), **{labels[k]: r["accs"] for k, r in runs.items()}})
 fig_parity = figures.plot_parity({labels[k]: runs[k]["losses"].numpy() for k in ("eager", "graphed")},
@@ -347,7 +351,6 @@ PUBLISHED = pd.DataFrame([
     ("training", "plain PyTorch, H100, bf16, SGD (reference)", 128, 34.1, 33.0),
 ], columns=["experiment", "published setup", "batch", "published eager ms", "published graph ms"])
 PUBLISHED["published speedup"] = PUBLISHED["published eager ms"] / PUBLISHED["published graph ms"]
-print(PUBLISHED.round(2).to_string(index=False))
 
 # %%
 rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's rows
@@ -366,15 +369,15 @@ def this_run(experiment, batch):
 
 
 print("This run:" if CUDA else f"{rec.caption}:" if rec is not None else "No recorded GPU run found.")
-PUBLISHED[["experiment", "published setup", "batch", "published speedup"]].round(2).assign(
+PUBLISHED.round(2).assign(
     **{"speedup (90% interval)": [this_run(e, b) for e, b in zip(PUBLISHED.experiment, PUBLISHED.batch)]})
 
 # %% [markdown]
 # **Why they differ.** The gain is the host time a graph removes, over the time the GPU needs anyway. On the V100
 # of the MXNet run the graph still took 2.32 of the eager 2.82 ms at batch 1, so launches were at most 17% of the
 # eager time; a Hopper GPU finishes the same kernels several times faster while the host time per op stays, so the
-# eager forward is host-bound up to larger batches and the graph gains far more. The shape is the same everywhere:
-# the gain shrinks as the batch grows and fades once the GPU is busy.
+# eager forward is [host-bound](../docs/GLOSSARY.md) up to larger batches and the graph gains far more. The shape
+# is the same everywhere: the gain shrinks as the batch grows and fades once the GPU is busy.
 #
 # ## 5. Takeaways
 # Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).
@@ -390,7 +393,8 @@ TAKEAWAYS = [
     f"A whole training step, optimizer, clipping and LR schedule included, is one graph with `capture_train_step`: "
     f"at batch {T0} with SGD momentum it was {{train_{AMP0}_bs{T0}_sgdmomentum_graph_pays}} faster than eager, "
     "and the loop changed by three lines.",
-    "The graphed digits run follows the eager one: the same LR schedule and the validation accuracy of section 3.",
+    "A graph should change the speed, not the result: train one loop eagerly and graphed from the same seed and "
+    "compare them epoch by epoch, as section 3 does.",
 ]
 results.show_takeaways(STEM, m_infer.claims + m_train.claims, TAKEAWAYS);
 
@@ -519,6 +523,9 @@ if "eager, again" in runs:
         runs["eager"]["losses"] - runs["eager, again"]["losses"]).abs().max().item())
 finals["accumulate=4, graphed vs eager"] = final(acc_step, acc_diff, acc_bitwise, acc_loss_diff)
 parity = correctness.parity_rows(runs, labels, steps_per_epoch, finals)
+print(f"section 2's training cases, eager vs graphed losses over {CHECK_STEPS} steps (the first step to 1e-3):")
+for c in train_checks:
+    print(f"  {c['case']}: within {100 * c['max_rel_loss_diff']:.2f}%")
 
 # %% [markdown]
 # ### D. Save, every verdict, and the recorded GPU run beside this one
@@ -534,8 +541,9 @@ all_rows = pd.concat([inference, training, parity], ignore_index=True).assign(ar
 folder = results.save(STEM, all_rows, figures=FIGURES)
 save_claims(folder, claims)
 print("saved to", folder)
-if CUDA:  # every verdict, and this GPU's times beside the recorded run's, case by case
-    summary(claims)
+for experiment in (m_infer, m_train):   # every row and verdict of sections 1 and 2 (without a GPU: the recorded run's)
+    results.show(experiment, STEM)
+if CUDA:  # this GPU's times beside the recorded run's, case by case
     recorded = results.beside_recorded(STEM, pd.concat([m_infer.table, m_train.table], ignore_index=True))
 else:  # this run's tiny CPU cases have no recorded twin: the recorded GPU table as it is
     recorded = results.show_recorded(STEM, columns=["case", "variant", "executed_as", "median_us", "speedup",

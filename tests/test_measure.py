@@ -115,7 +115,7 @@ def test_one_call_per_experiment_gives_the_table_and_its_verdicts(cpu_clock, cap
                 windows=3, samples=2, calls=4, pause_s=0, sleep=lambda s: None, progress=None,
                 verdicts=verdicts.gelu_headline)
     assert [c.claim for c in m.claims] == ["replay_beats_eager_small", "copy_replay_beats_eager_small",
-                                           "replay_beats_eager_large", "replay_saves_10pct_large"]
+                                           "replay_saves_10pct_large"]   # one claim per interval
     show(m)
     out = capsys.readouterr().out
     assert out.startswith("No GPU here: no graph ran, so no times are shown") and "µs" not in out
@@ -129,6 +129,13 @@ def test_one_call_per_experiment_gives_the_table_and_its_verdicts(cpu_clock, cap
     replay = rows[(rows.case == "small") & (rows.variant == "graph replay")].iloc[0]
     assert f"{replay.speedup_pi_lo:.2f}-{replay.speedup_pi_hi:.2f}x" in out   # the recorded row, its interval
     assert "sweep" not in out                                                  # only the cases of this experiment
+    # a core shows a part: the cases and claims it names, here and read from the recorded run alike
+    part = m.part(cases="^small$", claims=["copy_replay_beats_eager_small"])
+    assert set(part.table.case) == {"small"} and [c.claim for c in part.claims] == ["copy_replay_beats_eager_small"]
+    show(part, "01_gelu")
+    out = capsys.readouterr().out
+    assert f"- {recorded.loc['copy_replay_beats_eager_small', 'statement']}" in out and "large" not in out
+    assert f"- {recorded.loc['replay_beats_eager_small', 'statement']}" not in out
     # a CPU run that timed fewer cases still shows the whole recorded experiment (the cases and claims it covers)
     small_only = measure({"small": {"eager": lambda: spend(100), "graph replay": lambda: spend(20)}},
                          windows=2, samples=2, calls=4, pause_s=0, sleep=lambda s: None, progress=None,

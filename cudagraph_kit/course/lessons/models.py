@@ -14,13 +14,16 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import warnings
 
 import torch
 
 __all__ = ["SEED", "loss_fn", "default_device", "make_model", "make_opt", "make_batches", "eager_step",
-           "detached_eager_step", "eager_amp_step", "amp_pair", "mlp_stack", "make_mlp"]
+           "detached_eager_step", "eager_amp_step", "amp_pair", "mlp_stack", "make_mlp", "StreamWarningNote",
+           "ACCUMULATE_GRAD_STREAM_WARNING"]
 
 SEED = 0
 loss_fn = torch.nn.MSELoss()
@@ -134,3 +137,35 @@ def make_mlp(d, h):
 
     return nn.Sequential(nn.Linear(d, h), nn.GELU(), nn.Linear(h, h), nn.GELU(), nn.Linear(h, h), nn.GELU(),
                          nn.Linear(h, d))
+
+
+ACCUMULATE_GRAD_STREAM_WARNING = "AccumulateGrad node's stream does not match"   # autograd's, once per process
+
+
+class StreamWarningNote:
+    """Where autograd's ``AccumulateGrad`` stream warning came from (notebook 02, "Going further" H explains it:
+    ``make_graphed_callables`` creates the parameters' accumulate nodes on its side stream). ``watch(where, case)``
+    keeps that one warning out of a cell's output and notes the first place it came from in ``raised_by``
+    (``[where, case]``; autograd raises it once per process); every other warning is shown as usual.
+
+    Example::
+
+        note = StreamWarningNote()
+        with note.watch("section 5's make_graphed_callables rows", "MLP 32x128x256x16, SGD"):
+            partial = graph_modules(model, (x,))
+        note.raised_by   # None, or ["section 5's make_graphed_callables rows", "MLP 32x128x256x16, SGD"]
+    """
+
+    def __init__(self):
+        self.raised_by = None
+
+    @contextlib.contextmanager
+    def watch(self, where: str, case: str):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield self
+        for w in caught:
+            if ACCUMULATE_GRAD_STREAM_WARNING in str(w.message):
+                self.raised_by = self.raised_by or [where, case]
+            else:   # any other warning: shown as usual
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

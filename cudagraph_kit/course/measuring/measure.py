@@ -61,6 +61,18 @@ def ran_eagerly(table, cuda: bool | None = None) -> list:
     return [is_eager_fallback(v, cuda) or is_eager_fallback(r, cuda) for v, r in zip(table.variant, ran_as)]
 
 
+class _Covers:
+    """What ``Measured.part`` keeps, in the shape ``verdicts.covers`` gives a verdicts function: ``cases`` and
+    ``claims``, each with a ``search`` method (so ``results.show`` reads the same part of a recorded run)."""
+
+    class _Test:
+        def __init__(self, test):
+            self.search = lambda name: test(str(name))
+
+    def __init__(self, cases, claims):
+        self.cases, self.claims = self._Test(cases), self._Test(claims)
+
+
 @dataclass
 class Measured:
     """What ``measure`` returns: the combined ``table`` (one row per case and variant, every column of
@@ -96,6 +108,31 @@ class Measured:
         slow = (slow[0], self.label(*slow))
         fast = (fast[0], self.label(*fast))
         return ratio_across_windows(self.windows, slow, fast)
+
+    def part(self, cases=None, claims=None) -> "Measured":
+        """The part of this measurement a notebook's core shows (``results.show(m.part(...), stem)``): the rows of
+        the ``cases`` whose names match (a regular expression, searched) and the ``claims`` named (a list of ids, in
+        that order, or a regular expression). Without a GPU ``show`` reads the same selection from the recorded run.
+        "Going further" shows the whole ``m``.
+
+        Example::
+
+            results.show(m.part(cases=r", SGD$", claims=["graph_beats_eager_small_sgd"]), "02_train_step")
+        """
+        import re
+
+        t = self.table
+        keep_case = (lambda c: True) if cases is None else (lambda c: bool(re.search(cases, str(c))))
+        keep_claim = ((lambda i: True) if claims is None else (lambda i: bool(re.search(claims, str(i))))
+                      if isinstance(claims, str) else (lambda i: i in set(claims)))
+        said = [c for c in self.claims if keep_claim(c.claim)]
+        if claims is not None and not isinstance(claims, str):
+            said = [c for i in claims for c in said if c.claim == i]
+        builder = self.verdicts
+        whole = getattr(builder, "cases", None), getattr(builder, "claims", None)
+        shown = _Covers(lambda c: (whole[0] is None or bool(whole[0].search(c))) and keep_case(c),
+                        lambda i: (whole[1] is None or bool(whole[1].search(i))) and keep_claim(i))
+        return Measured(t[[keep_case(c) for c in t.case]].reset_index(drop=True), self.windows, said, shown)
 
     def short(self, cases=None, cuda: bool | None = None):
         """The table a reader needs: case, variant, what it ran as, median time, speedup, its interval and the
