@@ -130,8 +130,7 @@ class Strategies:
             ref = self.built[name][default].sizes
             self.plans[name] = self.plan_for(name, len(ref), ref, history_sizes)
             self.built[name]["planned"] = self.build(name, "planned", self.plans[name].sizes)
-            print(f"{name}: planned {self.plans[name].n_graphs} buckets {self.plans[name].sizes}; the default "
-                  f"ladder: {list(ref)}")
+            print(f"{name}: planned {self.plans[name].n_graphs} buckets {self.plans[name].sizes}")
         self.order = [s for s in self.order if s != "planned"] + ["planned"]
 
     def memory(self):

@@ -269,18 +269,20 @@ def kernel_table(folder):
     gemm["kernel"] = gemm.name.map(_matmul_kernel)
     top = gemm.sort_values("total_us", ascending=False).groupby(["variant", "batch"]).head(1)
     table = top.merge(steps, on=["variant", "batch"]).sort_values(["batch", "variant"])
+    busy, batch, name = "GPU busy (µs/step)", "batch (sequences)", "top matmul kernel (cuBLAS)"   # units
     table = table[["batch", "variant", "kernel", "total_us", "busy_us"]].rename(
-        columns={"total_us": "top matmul µs/step", "busy_us": "GPU busy µs/step"}).reset_index(drop=True)
-    graph = table[table.variant == "graph"].set_index("batch")
-    slow = graph["GPU busy µs/step"].idxmax()
+        columns={"batch": batch, "kernel": name, "total_us": "top matmul (µs/step)", "busy_us": busy}
+    ).reset_index(drop=True)
+    graph = table[table.variant == "graph"].set_index(batch)
+    slow = graph[busy].idxmax()
     later = graph[graph.index > slow]
     if not len(later):
         return table, ""
-    fast = later["GPU busy µs/step"].idxmin()
-    same = (table.groupby("batch").kernel.nunique() == 1).all()
-    return table, (f"Batch {slow} keeps the GPU busy {graph.loc[slow, 'GPU busy µs/step']:.0f} µs per step and batch "
-                   f"{fast} {graph.loc[fast, 'GPU busy µs/step']:.0f} µs; their top matmul kernels are "
-                   f"{graph.loc[slow, 'kernel']} and {graph.loc[fast, 'kernel']}. Eager and the graph run "
+    fast = later[busy].idxmin()
+    same = (table.groupby(batch)[name].nunique() == 1).all()
+    return table, (f"Batch {slow} keeps the GPU busy {graph.loc[slow, busy]:.0f} µs per step and batch "
+                   f"{fast} {graph.loc[fast, busy]:.0f} µs; their top matmul kernels are "
+                   f"{graph.loc[slow, name]} and {graph.loc[fast, name]}. Eager and the graph run "
                    f"{'the same' if same else 'different'} top kernels at each batch.")
 
 

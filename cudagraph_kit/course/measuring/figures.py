@@ -18,7 +18,7 @@ from .verdicts import strategy
 
 __all__ = ["shown", "show_figure", "size_sweep", "calls_per_graph", "loss_curves", "step_times", "plot_times",
            "plot_inference", "plot_training", "plot_parity", "plot_memory", "plot_advise", "plot_tradeoff",
-           "plot_decode"]
+           "plot_decode", "speedups"]
 
 
 def shown(fig, stem: str, name: str):
@@ -431,4 +431,73 @@ def plot_decode(step_df, gen_df, serve_df, title: str):
     ax.set(xlabel="µs per decode step (median pass / steps)", title="serving loop, batch size changing every step")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
+    return fig
+
+
+# every experiment's table: the speedups with their intervals
+def speedups(table, title: str, cuda: bool | None = None):
+    """Each variant's speedup over its case's baseline (the case's first row, eager) with its 90% prediction
+    interval, one panel per case, a line at 1x: a point with a whisker per variant, green where it ran as a CUDA
+    graph, blue where it ran eagerly. ``table``: a ``measure`` table or a recorded ``results.csv`` (columns case,
+    variant, speedup, speedup_pi_lo/hi or speedup_lo/hi; executed_as where known). A graph that ran eagerly (its
+    label or ``executed_as`` says so; without CUDA every graph: ``cuda``, as in ``ran_eagerly``) gets no point, only
+    the words "ran eagerly": its speedup would compare eager with eager. Put where the table was measured (GPU,
+    date) in ``title``. Returns the figure.
+
+    Example::
+
+        fig = speedups(recorded.df, "Recorded on NVIDIA H100, 2026-11-27: speedup over eager")
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    lo_col, hi_col = (("speedup_pi_lo", "speedup_pi_hi") if "speedup_pi_lo" in table else ("speedup_lo", "speedup_hi"))
+    eager = ran_eagerly(table, cuda)
+    ran_as = table["executed_as"] if "executed_as" in table else ["eager"] * len(table)
+    rows = [dict(case=str(c), variant=str(v).replace(" (eager fallback)", ""), s=s, lo=lo, hi=hi, fallback=e,
+                 graph=(r == "cuda graph"))
+            for (c, v, s, lo, hi, r, e), first in zip(
+                zip(table["case"], table["variant"], table["speedup"], table[lo_col], table[hi_col], ran_as, eager),
+                ~table["case"].duplicated())
+            if not first]   # each case's first row is its baseline: 1x by definition
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    if not cases:
+        raise ValueError("speedups needs a table with at least one variant besides each case's baseline.")
+    sizes = [sum(r["case"] == c for r in rows) for c in cases]
+    fig, axes = plt.subplots(len(cases), 1, figsize=(9, 0.32 * sum(sizes) + 0.75 * len(cases) + 0.9),
+                             gridspec_kw={"height_ratios": sizes}, squeeze=False, sharex=True)
+    drawn = [r for r in rows if not r["fallback"] and r["s"] == r["s"]]
+    values = [v for r in drawn for v in (r["s"], r["lo"], r["hi"]) if v == v and v > 0] + [1.0]
+    left, right = min(values) / 1.5, max(values) * 3.0   # room for the value labels right of the whiskers
+    for ax, case in zip(axes[:, 0], cases):
+        mine = [r for r in rows if r["case"] == case][::-1]
+        for y, r in enumerate(mine):
+            if r["fallback"] or r["s"] != r["s"]:
+                ax.text(1.0, y, "  ran eagerly: no graph result", va="center", fontsize=7, color="dimgray")
+                continue
+            color = "tab:green" if r["graph"] else "tab:blue"
+            has_interval = r["lo"] == r["lo"] and r["hi"] == r["hi"]
+            if has_interval:
+                ax.errorbar(r["s"], y, xerr=[[max(r["s"] - r["lo"], 0)], [max(r["hi"] - r["s"], 0)]], fmt="o",
+                            color=color, ecolor=color, elinewidth=1.2, capsize=3, markersize=5)
+            else:
+                ax.plot(r["s"], y, "o", color=color, markersize=5)
+            text = f"{r['s']:.2f}x" + (f" ({r['lo']:.2f}-{r['hi']:.2f})" if has_interval else "")
+            ax.text(max(r["hi"] if has_interval else r["s"], r["s"]) * 1.06, y, text, va="center", fontsize=7)
+        ax.axvline(1.0, color="black", lw=1, ls="--")
+        ax.set_yticks(range(len(mine)), [r["variant"] for r in mine], fontsize=8)
+        ax.set_ylim(-0.7, len(mine) - 0.3)
+        ax.set_xscale("log")
+        ax.set_xlim(left, right)
+        ax.set_xticks([t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if left <= t <= right])
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(case, fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3, which="both")
+    axes[-1, 0].set_xlabel("speedup over the case's baseline (log scale; dashed line: 1x, as fast as the baseline)")
+    handles = [plt.Line2D([], [], marker="o", color=c, ls="") for c in ("tab:green", "tab:blue")]
+    fig.legend(handles, ["ran as a CUDA graph", "ran eagerly"], loc="upper right", fontsize=8, ncol=2,
+               bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"{title}\nwhisker: 90% prediction interval over the timing windows", fontsize=9, x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     return fig

@@ -24,7 +24,8 @@ __all__ = ["covers", "gelu_headline", "gelu_sweep", "sweep_points", "gelu_calls_
            "fusion_and_graphs", "reduce_overhead_in_use", "SWEEP_THRESHOLD", "FLOOR_FACTOR", "GRAPH", "GRAPH_FUSED",
            "MODEL_ONLY", "ADAM_DEFAULT", "IP", "RO_MARK", "TRAIN_RO", "TRAIN_KIT", "resnet_inference", "resnet_training",
            "tag", "GRAPH_INFER", "GRAPH_TRAIN", "part_claims", "memory_reading", "advise_vs_measured",
-           "advise_overall_claim", "strategy", "phrase", "SHORT", "stream_verdicts", "step_claims", "generation_claims"]
+           "advise_overall_claim", "strategy", "phrase", "SHORT", "stream_verdicts", "step_claims", "generation_claims", "as_ran",
+           "as_ran_label"]
 
 
 def covers(cases: str, claims: str):
@@ -407,6 +408,22 @@ def stream_verdicts(m) -> list:
 
 
 # notebook 08: the decode step and whole generations
+def as_ran_label(variant: str, executed_as) -> str:
+    """A label true to what ran: one that promises compiled graphs ("... (compiled...)") on a row whose
+    ``executed_as`` is "eager" (no CUDA graph launched: a compile that fell back, a recorded run before a fix) reads
+    "<label without the promise> (ran eagerly)"; any other label stays as it is."""
+    variant = str(variant)
+    if " (compiled" in variant and str(executed_as) == "eager":
+        return variant.split(" (compiled")[0] + " (ran eagerly)"
+    return variant
+
+
+def as_ran(m, case: str, variant: str) -> str:
+    """``variant`` of ``case`` in a sentence, named by ``as_ran_label`` from its row's ``executed_as``."""
+    return as_ran_label(variant, m.row(case, variant).get("executed_as", ""))
+
+
+@covers(r"^(decode step, batch \d+|prefill, .+)$", r"^(step_|prefill_graph_saves_10pct$|decode_gains_more_than_prefill$)")
 def step_claims(m, step_case: dict, step_cases: dict, floors: dict, prefill_case: str, kit: str, fused: str,
                 eager_fallback: bool) -> list:
     """Section 7's verdicts from its ``Measured`` ``m``: per batch (``step_case``: {batch: case}; ``step_cases``: {case:
@@ -431,10 +448,13 @@ def step_claims(m, step_case: dict, step_cases: dict, floors: dict, prefill_case
     return out
 
 
+@covers(r"^generate, batch \d+$", r"^generate_")
 def generation_claims(m, gen_case: dict, gen_cases: dict, kit: str, hf_static: str, hf_dynamic: str) -> list:
     """Section 8's verdicts from its ``Measured`` ``m``, per batch (``gen_case``: {batch: case}): the kit's graphs
     (``kit``) against eager, ``reduce-overhead`` against the kit's graphs, the kit's graphs against ``transformers``'
-    static-cache ``generate``, and that against its dynamic cache; each only where both variants were timed."""
+    static-cache ``generate``, and that against its dynamic cache; each only where both variants were timed. A
+    sentence names each variant as it ran (``as_ran``): a static-cache ``generate`` labelled compiled that ran
+    eagerly is called so."""
     out = []
     for b, case in gen_case.items():
         timed = gen_cases[case][0]
@@ -443,5 +463,6 @@ def generation_claims(m, gen_case: dict, gen_cases: dict, kit: str, hf_static: s
                                 (f"generate_graphs_beat_hf_static_b{b}", kit, hf_static),
                                 (f"generate_hf_static_beats_hf_dynamic_b{b}", hf_static, hf_dynamic)):
             if {fast, slow} <= set(timed):
-                out.append(versus(m, cid, (case, fast), (case, slow)))
+                out.append(versus(m, cid, (case, fast), (case, slow), subject=f"{case}: {as_ran(m, case, fast)}",
+                                  than=as_ran(m, case, slow)))
     return out
