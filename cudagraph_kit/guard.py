@@ -38,8 +38,8 @@ How it knows what to watch, without guessing from source code:
      held weakly by the guard, so replacing it there frees it.
    - *a full check*: every recorded holder re-read by identity (no new search), the address, strides, shape and
      dtype of every read tensor, the mode of every module on the paths. It runs every ``FULL_CHECK_EVERY`` calls
-     (128; ``guard.full_check_every`` per guard), at the end of a :func:`weights_fixed` block, and with
-     ``check(full=True)``. A holder replaced by one that leads to the same tensors along the same paths
+     (128; ``guard.full_check_every`` per guard; inside a :func:`weights_fixed` block, at its end when one fell due)
+     and with ``check(full=True)``. A holder replaced by one that leads to the same read tensors
      (``optimizer.load_state_dict`` of the same state) is no change: the guard then records the new holders.
 
 What no event reports is therefore seen by the next full check, at most ``FULL_CHECK_EVERY - 1`` replays later
@@ -766,14 +766,15 @@ class Guard:
     def check(self, full: bool = False) -> None:
         """Raise :class:`StaleGraphError` if a read tensor, one of its holders or a module's train/eval mode changed
         since the recording. Per call it looks only at what no event reports; see the module docstring for what is
-        checked when. Inside :func:`weights_fixed` it returns at once. ``full=True`` checks everything now."""
-        if self._held and not full:
-            return
+        checked when. Inside :func:`weights_fixed` it only counts the call. ``full=True`` checks everything now."""
         self._countdown -= 1
+        if self._held and not full:
+            return   # inside weights_fixed(): its exit checks (and runs the full check when one is due)
         if (full or self._countdown <= 0 or self._released or (_EVENTS[0] != self._events and self._reported())
                 or self._quick()):
             found = self.changes()
             if found:
+                self._countdown = 0   # a stale graph stays refused: the next call checks in full again
                 raise self.error(found)
 
     def _reported(self) -> bool:
@@ -926,12 +927,14 @@ def _guard_of(obj):
 
 @contextlib.contextmanager
 def weights_fixed(*graphed):
-    """A block where you promise that no weight the graphs read changes: each graph's guard checks on entry (as on any
-    call) and in full on exit, instead of on every call (for a decode loop: once per ``generate`` or block of tokens).
+    """A block where you promise that no weight the graphs read changes: each graph's guard checks on entry and on exit
+    (as on any call), and the calls between skip the check (for a decode loop: once per ``generate`` or block of
+    tokens). The calls inside still count toward the schedule of full checks, which the exit check runs when due.
 
     ``graphed``: what the kit returned (``GraphedCallable``, ``BucketedGraphs``, ``GraphedTrainStep``) or
-    :class:`Guard` objects. A change inside the block raises :class:`StaleGraphError` at its end: the calls after the
-    change replayed on the old tensors, and the error says so.
+    :class:`Guard` objects. A change inside the block that an event reports (a weight replaced, re-typed or moved)
+    raises :class:`StaleGraphError` at its end, and the error says that the calls after the change replayed on the
+    old tensors; what no event reports shows at the next full check, as outside a block.
 
     Example::
 
@@ -955,10 +958,10 @@ def weights_fixed(*graphed):
             g._held -= 1
         if not failed:
             for g in guards:
-                found = g.changes()
-                if found:
-                    err = g.error(found)
+                try:
+                    g.check()
+                except StaleGraphError as err:
                     err.cause = ("inside weights_fixed(), " + err.cause.replace("; nothing was copied or replayed", "")
                                  + "; the calls made after that change in the block replayed on the old tensors")
                     err.args = (f"{err.cause}. Fix: {err.fix}.",)
-                    raise err
+                    raise

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Colab rehearsal: every notebook at full size through `reproduce`, under a Colab T4 runtime's limits, on a
-# bigger GPU (an H100): 2 CPU cores (taskset), GPU memory capped at 15 GiB, no bf16 (CUDAGRAPH_KIT_NO_BF16=1),
+# bigger GPU (an H200): 2 CPU cores (taskset), GPU memory capped at what a T4 leaves after its CUDA context, no bf16 (CUDAGRAPH_KIT_NO_BF16=1),
 # Inductor's compile threads as on 2 cores. Per notebook: wall time, peak GPU memory, peak host memory of the
 # kernel, in build/colab_rehearsal/rehearsal.{json,csv} and a printed table. cudagraph_kit/course/running/colab_rehearsal.py
 # describes it all; this script only pins the CPUs and starts it.

@@ -222,6 +222,17 @@ def test_a_few_holders_each_replaced_or_emptied_raise_on_the_next_call():
             g.check()
 
 
+def test_a_stale_graph_stays_refused_on_every_later_call():
+    """Once a change raised, the next calls raise too (the event that reported it is not needed twice)."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    x = torch.randn(4, 8)
+    g = watched_guard(model, model, x)
+    replace_weight(model[2])
+    for _ in range(3):
+        with pytest.raises(StaleGraphError, match=r"2\.weight was replaced"):
+            g.check()
+
+
 def _torch_looking_wrapper(fn):
     """A hand-made wrapper that copies ``__module__`` from a torch class, as ``functools.wraps`` does for a module."""
     def wrapped(*args, **kwargs):
