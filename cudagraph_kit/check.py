@@ -505,7 +505,13 @@ def _instrumented(recorder):
                 recorder.entry_streams[i] = _stream_key(torch.cuda.current_stream(i))
             # host synchronizations: PyTorch warns on each one in sync debug mode
             previous = torch.cuda.get_sync_debug_mode()
-            torch.cuda.set_sync_debug_mode("warn")
+            with warnings.catch_warnings():
+                # PyTorch's notice (once per process) that the mode "is a prototype feature and does not yet detect all
+                # synchronizing operations": the recorder also watches the usual ones itself (scalar reads, printing,
+                # synchronize calls, blocking copies), so the notice tells a caller of check_capturable nothing.
+                # Only this message is silenced, only around this call.
+                warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype feature")
+                torch.cuda.set_sync_debug_mode("warn")
             stack.callback(torch.cuda.set_sync_debug_mode, previous)
         stack.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("always", message=".*synchronizing CUDA operation")

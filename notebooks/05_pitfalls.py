@@ -15,8 +15,8 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/05_pitfalls.ipynb)
 #
-# A CUDA graph records GPU work once and replays it. Everything that is *not* GPU work is left behind at
-# capture: Python numbers, `if` decisions, values read on the CPU, the shapes of that one call. Some mistakes make
+# A [CUDA graph](../docs/GLOSSARY.md) records GPU work once and [replays](../docs/GLOSSARY.md) it. Everything that is *not* GPU work is left behind at
+# [capture](../docs/GLOSSARY.md): Python numbers, `if` decisions, values read on the CPU, the shapes of that one call. Some mistakes make
 # the capture fail with a cryptic CUDA error; the worse ones capture fine and then compute the wrong thing, silently.
 #
 # **What you'll learn**
@@ -60,16 +60,15 @@ POOL_BATCHES = [1024, 768, 512, 384, 256, 192, 128, 64]   # batch sizes captured
 
 # %%
 import os
+import warnings
 
 import torch
 
-from cudagraph_kit import CaptureError, check_capturable, env_table, explain, has_cuda
+from cudagraph_kit import CaptureError, capture, check_capturable, env_table, has_cuda, verify
 from cudagraph_kit.advice import advise, measure_replay_cost
-from cudagraph_kit import capture
-from cudagraph_kit.course.lessons.pitfalls import PitfallTable, first_line, still_works
+from cudagraph_kit.course.lessons.pitfalls import brief, brief_error, first_line, outcome
 from cudagraph_kit.course.measuring import results
 from cudagraph_kit.course.measuring.measure import measure
-from cudagraph_kit import verify
 
 STEM = "05_pitfalls"
 CUDA = has_cuda()
@@ -85,31 +84,30 @@ print(env_table())
 if not CUDA:
     print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run only does the checks that are honest on\n"
           ">>> a CPU (check_capturable on Python state, value reads, data-dependent shapes, optimizers, seeding);\n"
-          ">>> nothing is captured, and the GPU results recorded in figures/ are shown instead.")
+          ">>> nothing is captured. Each demo shows what the recorded GPU run in figures/ saw instead.")
 
 # %% [markdown]
-# ## 0. How this notebook keeps score
-# Every pitfall below ends with a row in a table: what happens without the fix (it **raises**, it is **silently
-# wrong**, it **warns**, or it **crashes the process**), which tool finds it, the fix, and whether this run found
-# it. After a failure, `still_works(gelu)` checks that the process still works: eager work and a fresh capture,
-# both compared with the CPU. "Going further" H shows the whole table.
+# ## 0. How to read the demos
+# Each pitfall below is a short demo: the mistake, what it does (it **raises**, or it is **silently wrong**), the
+# tool that finds it, and the fix. `print(brief(report))` shows what `check_capturable` found, one line per finding
+# with the line of your code it points at (`print(report)` adds each finding's explanation and fix). Each demo ends
+# with `outcome(...)`: it notes what the demo found for the table in "Going further" H, and without a GPU it prints
+# what the recorded GPU run saw in that demo.
 
 # %% tags=["nbval-check-output"]
 def gelu(x):
     return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
 
 
-pitfalls = PitfallTable()
-claims = []  # the comparisons this run measured (section 7, and the memory one under Going further)
 X = torch.randn(256, device=DEVICE) + 2.0
 
 # %% [markdown]
-# ## 1. A value read on the CPU: `.item()`, `print`, `if tensor:`
-# Reading a GPU value into Python makes the CPU wait for the GPU (a *host synchronization*). During capture
-# nothing has run yet, so there is no value to read: CUDA refuses with *"operation not permitted when stream
-# is capturing"*. `check_capturable` finds every such line before you capture; PyTorch's own sync debug mode
-# (`torch.cuda.set_sync_debug_mode`) is one of the things it uses, and switching it on prints PyTorch's warning
-# that the mode "is a prototype feature": expected, and the kit's other checks cover what it misses.
+# ## 1. A value read on the CPU: `.item()`, `print`
+# Reading a GPU value into Python (`.item()`, `print` of a GPU tensor, `if tensor:`) makes the CPU wait for the GPU (a [*host synchronization*](../docs/GLOSSARY.md)). During
+# capture nothing has run yet, so there is no value to read: CUDA refuses with *"operation not
+# permitted when stream is capturing"*. `check_capturable` runs the function eagerly under inspection and finds
+# every such line before you capture (PyTorch's sync debug mode, `torch.cuda.set_sync_debug_mode`, is one of the
+# things it uses).
 
 # %%
 def scale_by_mean(x):
@@ -124,19 +122,21 @@ def log_while_computing(x):
 
 
 report_item = check_capturable(scale_by_mean, X)
-print(report_item)
 report_print = check_capturable(log_while_computing, X)
-print(report_print)
+print(brief(report_item), brief(report_print), sep="\n")
+
+# %% [markdown]
+# Capturing `scale_by_mean` anyway fails. The kit turns the CUDA error into a `CaptureError` that names the cause
+# and the fix. The fix keeps the mean on the GPU.
 
 # %%
-seen = "not captured (no GPU)"
+error = None
 if CUDA:
     try:
         capture(scale_by_mean, X)
-        seen = "captured without error (unexpected)"
     except CaptureError as e:
-        print(explain(e))
-        seen = "CaptureError: " + explain(e).cause
+        error = e
+        print(brief_error(e))
 
 
 def scale_by_mean_fixed(x):
@@ -144,23 +144,19 @@ def scale_by_mean_fixed(x):
 
 
 report_fixed = check_capturable(scale_by_mean_fixed, X)
-print(report_fixed)
-if CUDA:
-    g = capture(scale_by_mean_fixed, X)
-    print(verify(g, scale_by_mean_fixed, X))
-pitfalls.record(".item() / print of a GPU tensor in the graph", "raises (capture fails)", "check_capturable: host sync",
-                "keep values on the GPU; read them after the replay", seen,
-                "host sync" in report_item.kinds() and "host sync" in report_print.kinds() and report_fixed.ok, still_works(gelu))
+print("fixed:", brief(report_fixed))
+outcome("host sync", found=[report_item, report_print], fixed=report_fixed, error=error)
 
 # %% [markdown]
 # ## 2. Rebinding a static input instead of copying into it
-# A graph reads the *memory* it was captured with. `static_input = new_batch` only gives the name a new
-# tensor; the graph still reads the old one and happily returns the result for the old data. Nothing raises.
-# The fix is `static_input.copy_(new_batch)` (the kit's `GraphedCallable` does it for you). `verify` catches
-# the mistake: it fills the graph's input buffers with NaN before each call and compares with eager.
+# A graph reads the *memory* it was captured with (its [static inputs](../docs/GLOSSARY.md)).
+# `static_input = new_batch` only gives the name a new tensor; the graph still reads the old one and returns the
+# result for the old data. Nothing raises. The fix is `static_input.copy_(new_batch)` (the kit's `GraphedCallable`
+# does it for you). `verify` catches the mistake: it fills the graph's input buffers with NaN before each call and
+# compares the graph with eager. The demo captures by hand, with a [warm-up](../docs/GLOSSARY.md) on a side stream.
 
 # %%
-seen, detected = "needs a GPU", None
+bad = good = None
 if CUDA:
     graph_input = torch.randn(256, device="cuda")
     side = torch.cuda.Stream()
@@ -186,30 +182,29 @@ if CUDA:
     print(f"rebinding: max |graph - eager| = {(replay_rebinding(new) - gelu(new)).abs().max().item():.3g}")
     bad = verify(replay_rebinding, gelu, graph_input, static_inputs=[graph_input])
     good = verify(replay_copying, gelu, graph_input, static_inputs=[graph_input])
-    print(bad, good, sep="\n")
-    seen, detected = first_line(str(bad)), (not bad.ok) and good.ok
-pitfalls.record("rebinding a static input instead of copy_", "silently wrong", "verify",
-                "static_input.copy_(new) (the kit's g(x) copies for you)", seen, detected, still_works(gelu))
+    print(*str(bad).splitlines()[:2], "copying: " + first_line(good), sep="\n")
+outcome("rebinding", bad=bad, good=good)
 
 # %% [markdown]
 # ## 3. Keeping an output across replays
 # A graph writes its outputs into the same memory at every replay. Keep the tensor a call returned, call
-# again, and the kept tensor now holds the *new* result: a list of losses becomes one loss N times.
+# again, and the kept tensor now holds the *new* result: a list of losses becomes one loss N times. `verify`
+# compares each call's output with eager right after the call, so it finds no mismatch here; what it does say is
+# that every call returns the same output memory. The fix: clone what you keep, or `capture(..., clone_outputs=True)`.
 
 # %%
-seen, detected = "needs a GPU", None
+kept = eager = report = fixed = None
 if CUDA:
     g = capture(gelu, torch.randn(4, device="cuda"))
-    kept = [g(torch.full((4,), v, device="cuda")) for v in (1.0, 2.0, 3.0)]
-    print("three calls, three kept outputs:", [round(k[0].item(), 4) for k in kept],
-          "| eager:", [round(gelu(torch.tensor(v)).item(), 4) for v in (1.0, 2.0, 3.0)])
+    outputs = [g(torch.full((4,), v, device="cuda")) for v in (1.0, 2.0, 3.0)]   # three calls, outputs kept
+    kept = [round(out[0].item(), 4) for out in outputs]                          # read after the third call
+    eager = [round(gelu(torch.tensor(v)).item(), 4) for v in (1.0, 2.0, 3.0)]
+    print("three calls, three kept outputs:", kept, "| eager:", eager)
     report = verify(g, gelu, g.static_inputs[0])
     print(report)
     g_clone = capture(gelu, torch.randn(4, device="cuda"), clone_outputs=True)
     fixed = verify(g_clone, gelu, g_clone.static_inputs[0])
-    seen, detected = "verify: outputs_reused", report.outputs_reused and not fixed.outputs_reused
-pitfalls.record("keeping an output across replays", "silently wrong", "verify (outputs reused)",
-                "clone what you keep, or capture(..., clone_outputs=True)", seen, detected)
+outcome("kept output", kept=kept, eager=eager, report=report, fixed=fixed)
 
 # %% [markdown]
 # ## 4. A changing shape
@@ -229,29 +224,26 @@ def positives_fixed(x):
 
 
 report_shape = check_capturable(positives, torch.randn(256, device=DEVICE))
-print(report_shape)
 report_shape_fixed = check_capturable(positives_fixed, torch.randn(256, device=DEVICE))
-print(report_shape_fixed)
-seen = "check_capturable: data-dependent shape"
+print(brief(report_shape), brief(report_shape_fixed), sep="\n")
+refused = None
 if CUDA:
     g = capture(gelu, torch.randn(8, 64, device="cuda"))
     try:
         g(torch.randn(5, 64, device="cuda"))
     except ValueError as e:
-        print("the kit refuses:", first_line(e, 200))
-        seen += "; g(other shape): ValueError"
-pitfalls.record("a changing shape", "raises (kit) / silently wrong (plain copy_ broadcasts)",
-                "check_capturable: data-dependent shape; the kit's shape check",
-                "fixed shapes (pad, torch.where) or one graph per size", seen,
-                "data-dependent shape" in report_shape.kinds() and report_shape_fixed.ok, still_works(gelu))
+        refused = e
+        print("the kit refuses:", first_line(e, 130))
+outcome("shape", found=report_shape, fixed=report_shape_fixed, refused=refused)
 
 # %% [markdown]
 # ## 5. A Python counter frozen into the graph
 # Python code does not run when a graph replays. A counter incremented in `forward`, a flag, a learning
 # rate that a scheduler changes: the graph keeps the value it saw at capture. `check_capturable` calls the
-# function twice and reports Python values that changed, with the line that changed them; with a GPU, `verify`
-# shows what the frozen value does. The fix keeps the value in a GPU tensor updated in place: exercise 1 asks you
-# to write it for this counter, and Going further A shows it for a learning rate.
+# function twice and reports Python values that changed, with the line that changed them. With a GPU, `verify`
+# first calls eager twice on identical inputs: here even eager disagrees with itself, and it names the value that
+# changed. The fix keeps the value in a GPU tensor updated in place: exercise 1 asks you to write it for this
+# counter, and Going further A shows it for a learning rate.
 
 # %%
 class ScaledByStep(torch.nn.Module):
@@ -266,16 +258,14 @@ class ScaledByStep(torch.nn.Module):
 
 
 report_counter = check_capturable(ScaledByStep().to(DEVICE), torch.randn(4, 16, device=DEVICE))
-print(report_counter)
-seen, detected = "needs a GPU", "Python state" in report_counter.kinds()
+print(brief(report_counter))
+frozen = None
 if CUDA:
     m = ScaledByStep().cuda()
     g = capture(m, torch.randn(4, 16, device="cuda"))
     frozen = verify(g, m, g.static_inputs[0])
-    print("counter:", frozen)
-    seen, detected = first_line(frozen), detected and not frozen.ok
-pitfalls.record("a Python counter frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
-                "keep it in a GPU tensor updated in place", seen, detected)
+    print("verify:", *str(frozen).splitlines()[1:2])   # its cause line: the value that changed, and where
+outcome("counter", found=report_counter, frozen=frozen)
 
 # %% [markdown]
 # ## 6. Random numbers
@@ -283,8 +273,7 @@ pitfalls.record("a Python counter frozen into the graph", "silently wrong", "che
 # kernel's offset relative to a per-graph base and moves the generator on before every replay, so each replay
 # draws new numbers (notebook 02 explains the mechanism). What breaks is drawing from another `torch.Generator`
 # (capture fails unless it is registered with the graph) and reseeding inside the captured function
-# (`torch.manual_seed` cannot run during capture, and replays would never reseed). The capture below that fails on
-# purpose ends a graph with nothing in it, so PyTorch also warns "The CUDA Graph is empty": expected here.
+# (`torch.manual_seed` cannot run during capture, and replays would never reseed).
 
 # %%
 def noisy(x):
@@ -293,8 +282,8 @@ def noisy(x):
 
 
 report_seed = check_capturable(noisy, X)
-print(report_seed)
-seen, detected = "check_capturable: RNG (reseeding)", "RNG" in report_seed.kinds()
+print(brief(report_seed))
+report_gen = error = masks_differ = same_as_eager = None
 if CUDA:
     gen = torch.Generator(device="cuda")
 
@@ -302,41 +291,37 @@ if CUDA:
         return x + 0.1 * torch.randn(x.shape, device=x.device, generator=gen)
 
     report_gen = check_capturable(noisy_own_generator, X)
-    print(report_gen)
     try:
-        capture(noisy_own_generator, X)
-        seen += "; own generator captured without error"
-        detected = False
+        with warnings.catch_warnings():  # the capture fails before any kernel, so PyTorch also warns that the
+            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")  # graph is empty: expected here
+            capture(noisy_own_generator, X)
     except CaptureError as e:
-        print(explain(e))
-        seen += "; own generator: CaptureError"
-        detected = detected and "RNG" in report_gen.kinds()
+        error = e
+        print(brief_error(e))
     # the default generator: new numbers at every replay, and the same numbers as eager from the same state
     dropout = capture(lambda t: torch.nn.functional.dropout(t, 0.5), torch.ones(1000, device="cuda"))
     a, b = dropout(torch.ones(1000, device="cuda")).clone(), dropout(torch.ones(1000, device="cuda")).clone()
-    print(f"two replays of a graphed dropout: masks differ in {(a != b).sum().item()} of 1000 positions")
+    masks_differ = (a != b).sum().item()
+    print(f"two replays of a graphed dropout: masks differ in {masks_differ} of 1000 positions")
     same_as_eager = verify(dropout, lambda t: torch.nn.functional.dropout(t, 0.5), torch.ones(1000, device="cuda"))
-    print("graphed dropout vs eager dropout from the same RNG state:", same_as_eager)
-    detected = detected and bool((a != b).any()) and same_as_eager.ok
-pitfalls.record("random numbers: reseeding or another generator in the graph", "raises (capture fails)",
-                "check_capturable: RNG", "seed before capture; draw from the default CUDA generator", seen, detected,
-                still_works(gelu))
+outcome("rng", found=report_seed, own_generator=report_gen, error=error, masks_differ=masks_differ,
+        same_as_eager=same_as_eager)
 
 # %% [markdown]
 # ## 7. Will a graph help? `advise` before capturing, checked against measured speedups
 # A graph removes launch cost, not GPU work. `advise(fn, *args)` runs the eager function alone, before anything is
 # captured: it times a call, counts its kernels and measures how long the GPU is busy with them, then, with what a
 # replay costs on this GPU (`measure_replay_cost()`), predicts the speedup a graph should reach and says whether
-# a graph would be faster, about as fast, or slower (Going further G has its formula).
+# a graph would be faster, about as fast, or slower. A call whose GPU work is much shorter than its eager time is
+# [launch-bound](../docs/GLOSSARY.md): a graph should help. `print(advise(fn, *args))` gives the whole reading;
+# Going further G has the formula.
 #
 # The cases are the GELU of notebook 01 (a small and a large tensor) and the training steps of notebook 02 (two
-# sizes, SGD and Adam). For each, `advise` runs first; only then is the graph captured, and eager and graph are
-# timed against each other in `WINDOWS` windows a pause apart (`measure`: the median speedup and its 90% prediction
-# interval, where one more window should land). Each case makes two claims: the whole measured interval lies within
-# 1.5x of the prediction, and it lies on the side advise's words named.
+# sizes, SGD and Adam). For each, `advise` runs first; only then is the graph captured.
 
 # %%
 from cudagraph_kit.course.lessons.workloads import advise_workloads
+from cudagraph_kit.course.measuring.predictions import show_advise, show_predictions
 
 cost, predicted, timed, claim_ids = None, {}, {}, {}  # per case: advise's prediction, what measure() times, its id
 if CUDA:
@@ -345,42 +330,46 @@ if CUDA:
         predicted[case] = advise(eager, *args, cost=cost, samples=ADVISE_SAMPLES)  # first: nothing captured yet
         timed[case] = ({"eager": eager, **capture_graph()}, args)                  # only then the capture
         claim_ids[case] = claim_id
-        print(f"{case}: {predicted[case]}")
+show_predictions(predicted, STEM)  # without a GPU: the recorded GPU run's predictions
+
+# %% [markdown]
+# Then eager and graph are timed against each other in `WINDOWS` [windows](../docs/GLOSSARY.md) a pause apart
+# (`measure`: the median speedup and its 90% [prediction interval](../docs/GLOSSARY.md), where one more window
+# should land). Each case makes two claims, each a [verdict](../docs/GLOSSARY.md) from its interval: the whole
+# measured interval lies within 1.5x of the prediction, and it lies on the side advise's words named. Below: the
+# verdict over all cases and the two GELU cases'; Going further I lists every one.
 
 # %%
-from cudagraph_kit.course.measuring.predictions import show_advise
 from cudagraph_kit.course.measuring.verdicts import advise_overall_claim, advise_vs_measured
 
 m_advise = measure(timed, windows=WINDOWS, samples=SAMPLES, pause_s=WINDOW_PAUSE_S) if timed else None
 honest, case_claims = advise_vs_measured(predicted, m_advise, claim_ids)
-claims += [*case_claims, advise_overall_claim(case_claims)] if case_claims else []
-show_advise(honest, claims, STEM)  # without a GPU: the recorded GPU run's predictions and verdicts
+claims = [*case_claims, advise_overall_claim(case_claims)] if case_claims else []  # this run's verdicts
+show_advise(honest, claims, STEM, headlines=["advise_within_1_5x_all", "advise_within_1_5x_gelu_small",
+                                             "advise_within_1_5x_gelu_large"])  # without a GPU: the recorded run's
 
 # %% [markdown]
 # ## Takeaways
-# The pitfalls in plain words, and `advise`'s record from this run on a GPU, or without one from the recorded GPU
+# What the demos above showed, and `advise`'s record from this run on a GPU, or without one from the recorded GPU
 # run (named above them).
 
 # %%
 TAKEAWAYS = [
-    "Some mistakes raise at capture: a value read on the CPU (`.item()`, `print`), an output whose "
-    "shape depends on the data, reseeding or another generator. `check_capturable` finds them before any capture, "
-    "with the line that causes each; a failed capture becomes a `CaptureError` that names the cause and the fix, and "
-    "the process keeps working.",
-    "Others capture fine and then compute the wrong thing, silently: a static input rebound instead of copied into, "
-    "an output kept across replays, a Python counter frozen at capture. `verify` runs the graph beside eager: it "
-    "shows the rebound input diverging and the counter's eager calls disagreeing with each other, and it reminds you "
-    "that every call returns the same output memory; an output you keep across replays is yours to clone.",
-    "A graph removes launch cost, not GPU work, and `advise` predicts the gain from the eager function alone, "
-    "before any capture. {advise_within_1_5x_gelu_small:statement}; {advise_within_1_5x_gelu_large:statement}.",
-    "Over all its cases: {advise_within_1_5x_all:statement}.",
+    "Some mistakes break a capture: a value read on the CPU (`.item()`, `print`), an output whose shape depends on "
+    "the data (`x[mask]`), reseeding. `check_capturable` names the line of each before you capture, and a capture "
+    "that fails raises a `CaptureError` with its cause and fix.",
+    "Others capture fine and compute the wrong thing. `verify` compares the graph with eager on NaN-poisoned inputs: "
+    "it caught the rebound static input and the frozen counter. A kept output passed that comparison; verify's note "
+    "that every call returns the same output memory is the warning to clone it.",
+    "A graph removes launch cost, not GPU work. `advise` predicts the gain from the eager function alone, before any "
+    "capture; treat its number as an estimate and time the graph: {advise_within_1_5x_all:statement}.",
 ]
 results.show_takeaways(STEM, claims, TAKEAWAYS);
 
 # %% [markdown]
 # ## Going further (optional)
 # A. a learning rate frozen into the graph; B. warm-up not on a side stream; C. a background thread during capture;
-# D. memory: a private pool per graph vs one shared pool; E. `torch.compile(mode="reduce-overhead")`; F. two
+# D. memory: a private [pool](../docs/GLOSSARY.md) per graph vs one shared pool; E. `torch.compile(mode="reduce-overhead")`; F. two
 # hand-written captures and "an illegal memory access"; G. how `advise` predicts; H. the pitfalls at a glance;
 # I. every verdict of this run; J. saving the results; K. side by side with the published figures; L. the recorded
 # GPU results. The exercises follow.
@@ -401,6 +390,7 @@ from IPython.display import display
 from cudagraph_kit import shared_pool
 from cudagraph_kit.course.lessons.models import detached_eager_step as eager_step
 from cudagraph_kit.course.lessons.pitfall_scripts import docs_recipe_capture, run_isolated
+from cudagraph_kit.course.lessons.pitfalls import PITFALLS, still_works
 from cudagraph_kit.course.measuring.claims import save_claims, summary
 from cudagraph_kit.course.measuring.figures import show_figure
 
@@ -480,7 +470,7 @@ if CUDA:
     print("lr as a Python float:", lr_float)
     print("lr as a GPU tensor updated in place:", lr_tensor)
     seen, detected = first_line(lr_float), detected and not lr_float.ok and lr_tensor.ok
-pitfalls.record("a learning rate frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
+PITFALLS.record("a learning rate frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
                 "lr as a GPU tensor updated in place (Adam/AdamW with capturable=True)", seen, detected)
 
 # %% [markdown]
@@ -509,7 +499,7 @@ if CUDA:
     detected = bool((bad.get("AccumulateGrad warning") or bad.get("capture") != "ok")
                     and good.get("capture") == "ok" and not good.get("AccumulateGrad warning"))
     seen = f"default stream: capture {short_cause(bad.get('capture'))}, warning={bad.get('AccumulateGrad warning')}"
-pitfalls.record("warm-up not on a side stream", "warns; the capture can fail", "PyTorch's AccumulateGrad warning",
+PITFALLS.record("warm-up not on a side stream", "warns; the capture can fail", "PyTorch's AccumulateGrad warning",
                 "warm up on a side stream and drop the warm-up's autograd graph (del loss); the kit does both",
                 seen, detected)
 
@@ -536,7 +526,7 @@ if CUDA:
     detected = bool((strict.get("thread") != "ok" or strict.get("capture") != "ok")
                     and local.get("thread") == "ok" and local.get("capture") == "ok" and local.get("correct"))
     seen = f"global: thread {short_cause(strict.get('thread'))}; capture {short_cause(strict.get('capture'))}"
-pitfalls.record("another thread allocating during capture", "raises (in that thread, or at capture end)",
+PITFALLS.record("another thread allocating during capture", "raises (in that thread, or at capture end)",
                 "the error; capture_error_mode", "capture_error_mode='thread_local', or keep other threads off the GPU "
                 "while capturing", seen, detected)
 
@@ -586,7 +576,7 @@ if CUDA:
     show_figure(fig_mem)
     seen = f"private {private / 2**20:.0f} MiB vs shared {shared / 2**20:.0f} MiB"
     detected = memory_claim.verdict == "holds"
-pitfalls.record("memory held by one private pool per graph", "wastes memory (can run out)",
+PITFALLS.record("memory held by one private pool per graph", "wastes memory (can run out)",
                 "torch.cuda.memory_reserved()", "capture into one shared pool: pool=shared_pool()", seen, detected)
 
 # %% [markdown]
@@ -620,7 +610,7 @@ from cudagraph_kit.course.lessons.pitfalls import show_reduce_overhead
 
 ro = run_isolated(reduce_overhead_pitfalls, timeout=300) if CUDA else None
 seen, detected, found_old = show_reduce_overhead(ro, torch.__version__)
-pitfalls.record("reduce-overhead: skipped graphs, overwritten outputs",
+PITFALLS.record("reduce-overhead: skipped graphs, overwritten outputs",
                 "silently slower; a kept output raises or silently holds the next call's values",
                 f"TORCH_LOGS=cudagraphs (perf_hints), the cudagraph_skips counter; for a kept output: {found_old}",
                 "keep compiled regions on the GPU without input mutation; clone outputs you keep", seen, detected,
@@ -670,7 +660,7 @@ if CUDA:
     detected, seen = two_captures_verdict(summary_two)
 else:
     print("skipped: needs an NVIDIA GPU (the recorded run is shown in L)")
-pitfalls.record("a graph replayed after what it reads was freed", "silently wrong, or crashes the process",
+PITFALLS.record("a graph replayed after what it reads was freed", "silently wrong, or crashes the process",
                 "nothing before the crash: keep references", "keep model, optimizer and static tensors alive as long "
                 "as the graph (the kit's objects hold them)", seen, detected)
 
@@ -710,7 +700,7 @@ pitfalls.record("a graph replayed after what it reads was freed", "silently wron
 # The predicted speedup divides `advise`'s own eager time by its predicted graph time. The host's speed drifts
 # between `advise`'s measurement and the timing windows, and the eager time moves with it, so part of a miss can
 # come from the eager side; to judge the graph alone, compare `predicted_graph_us` with `measured_graph_us` in
-# section 7's table. Appendix B checks the same formula on the rows notebooks 01-04 recorded (fitted after the
+# the table below. Appendix B checks the same formula on the rows notebooks 01-04 recorded (fitted after the
 # fact, since their floor is the timed graph's own).
 
 # %%
@@ -718,6 +708,8 @@ if cost is not None:
     print(f"replay cost on this GPU: the host spends {cost.launch_us:.2f} µs per replay; a tiny node takes "
           f"{cost.graph_node_us:.2f} µs of GPU time in a graph and {cost.eager_node_us:.2f} µs launched eagerly "
           f"(gap saved {cost.gap_saved_us:.2f} µs per kernel)")
+    display(honest[["case", "nodes", "predicted_graph_us", "measured_graph_us", "predicted_speedup",
+                    "measured_speedup"]].round(2))
     display(m_advise.short())
 else:
     print("skipped: advise measures on an NVIDIA GPU (the recorded run's timings are in L)")
@@ -730,7 +722,7 @@ else:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-pitfalls.table().style.hide(axis="index").set_properties(**{"text-align": "left"})   # long text wraps
+PITFALLS.table().style.hide(axis="index").set_properties(**{"text-align": "left"})   # long text wraps
 
 # %% [markdown]
 # ### I. Every verdict of this run
@@ -753,7 +745,7 @@ from cudagraph_kit.course.lessons.pitfalls import result_table
 
 
 def save_all(advice, figures=None):
-    table = result_table(pitfalls, memory_rows, m_advise, advice, cost, two_rows, CUDA)
+    table = result_table(PITFALLS, memory_rows, m_advise, advice, cost, two_rows, CUDA)
     figs = {k: f for k, f in {"pool_memory": fig_mem, **(figures or {})}.items() if f is not None}
     folder = results.save(STEM, table, figures=figs,
                           extra_env={"tries": TRIES, "pool_batches": POOL_BATCHES, "windows": WINDOWS,
@@ -916,7 +908,7 @@ for kind in ("object in a closure", "dict item", "class attribute", "through a h
 ordinary = check_capturable(lambda x: bn(x.view(-1, 16)), X)  # running stats change in place: not Python state
 print(pd.DataFrame(reached).to_string(index=False))
 print("BatchNorm in training mode:", "looks capturable" if ordinary.ok else ordinary)
-pitfalls.record("Python state reached through an object, a container, a class or a helper", "silently wrong",
+PITFALLS.record("Python state reached through an object, a container, a class or a helper", "silently wrong",
                 "check_capturable: Python state; verify (eager twice)", "keep it in a GPU tensor updated in place",
                 "; ".join(f"{r['state']}: {r['check_capturable']}" for r in reached),
                 all(r["check_capturable"] != "not found" and r["verify"] != "not found" for r in reached) and ordinary.ok)

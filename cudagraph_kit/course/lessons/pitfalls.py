@@ -1,15 +1,18 @@
 """What notebook 05's pitfall experiments found, read for its tables.
 
-The pitfall table (what happens without a fix, what finds it, the fix, what this run saw), the check that the
+The pitfall table (what happens without a fix, what finds it, the fix, what this run saw), the reading of each
+core demo (``outcome``: it records the demo's row and, without a GPU, prints what the recorded GPU run saw in that
+demo), short forms of a ``check_capturable`` report and of a capture error for the lesson's cells, the check that the
 process still works after a failure, short causes for tables of errors, the runs of experiments made in a process of
 their own (``pitfall_scripts.py``), the reading of the reduce-overhead and two-captures experiments, and the
 notebook's results table.
 
 Example::
 
-    from cudagraph_kit.course.lessons.pitfalls import PitfallTable, short_cause
-    pitfalls = PitfallTable()
-    pitfalls.record("a changing shape", "raises", "check_capturable", "fixed shapes", "seen", True)
+    from cudagraph_kit.course.lessons.pitfalls import PITFALLS, outcome, brief, short_cause
+    print(brief(check_capturable(fn, x)))      # one line per finding: its kind, where, and the line of code
+    outcome("shape", found=report, fixed=report_fixed, refused=None)   # recorded in PITFALLS
+    PITFALLS.record("a changing shape", "raises", "check_capturable", "fixed shapes", "seen", True)
     short_cause("RuntimeError: CUDA error: operation not permitted when stream is capturing")
     # 'RuntimeError: operation not permitted when stream is capturing'
 """
@@ -19,8 +22,8 @@ import re
 
 from ..measuring.predictions import advice_rows
 
-__all__ = ["PitfallTable", "still_works", "first_line", "short_cause", "show_isolated", "show_reduce_overhead",
-           "two_captures_table", "two_captures_verdict", "result_table"]
+__all__ = ["PitfallTable", "PITFALLS", "outcome", "brief", "brief_error", "still_works", "first_line", "short_cause",
+           "show_isolated", "show_reduce_overhead", "two_captures_table", "two_captures_verdict", "result_table"]
 
 
 def first_line(text, n=160):
@@ -92,11 +95,16 @@ class PitfallTable:
     run detected it (None: not run here) and whether the process still worked after the failure."""
 
     def __init__(self):
-        self.rows = []
+        self._rows = {}
+
+    @property
+    def rows(self) -> list:
+        return list(self._rows.values())
 
     def record(self, pitfall, without_fix, found_by, fix, seen, detected, still_works=None):
-        self.rows.append({"pitfall": pitfall, "without a fix": without_fix, "found by": found_by, "fix": fix,
-                          "this run saw": seen, "detected": detected, "process still works": still_works})
+        """Record (or, for a cell run again, replace) the row of ``pitfall``."""
+        self._rows[pitfall] = {"pitfall": pitfall, "without a fix": without_fix, "found by": found_by, "fix": fix,
+                               "this run saw": seen, "detected": detected, "process still works": still_works}
 
     def table(self):
         import pandas as pd
@@ -111,6 +119,157 @@ class PitfallTable:
                  "found_by": p["found by"], "fix": p["fix"], "seen": p["this run saw"], "detected": p["detected"],
                  "process_still_works": p["process still works"]} for p in self.rows]
 
+
+
+PITFALLS = PitfallTable()  # notebook 05's table: ``outcome`` records the core's demos here, Going further the rest
+
+# The core's demos (notebook 05, sections 1-6): key -> (pitfall, what happens without a fix, what finds it, the fix,
+# whether the process is checked with ``still_works`` after the demo on a GPU).
+DEMOS = {
+    "host sync": (".item() / print of a GPU tensor in the graph", "raises (capture fails)",
+                  "check_capturable: host sync", "keep values on the GPU; read them after the replay", True),
+    "rebinding": ("rebinding a static input instead of copy_", "silently wrong", "verify",
+                  "static_input.copy_(new) (the kit's g(x) copies for you)", True),
+    "kept output": ("keeping an output across replays", "silently wrong", "verify (outputs reused)",
+                    "clone what you keep, or capture(..., clone_outputs=True)", False),
+    "shape": ("a changing shape", "raises (kit) / silently wrong (plain copy_ broadcasts)",
+              "check_capturable: data-dependent shape; the kit's shape check",
+              "fixed shapes (pad, torch.where) or one graph per size", True),
+    "counter": ("a Python counter frozen into the graph", "silently wrong", "check_capturable: Python state; verify",
+                "keep it in a GPU tensor updated in place", False),
+    "rng": ("random numbers: reseeding or another generator in the graph", "raises (capture fails)",
+            "check_capturable: RNG", "seed before capture; draw from the default CUDA generator", True),
+}
+
+
+def _gelu(x):
+    import torch
+
+    return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def brief(report) -> str:
+    """A ``check_capturable`` report in a few lines: its verdict, then per finding (one per kind and line of code)
+    its kind, where, and the line of your code it points at. ``print(report)`` has each finding's full text and fix.
+
+    Example::
+
+        print(brief(check_capturable(scale_by_mean, x)))
+        # check_capturable(scale_by_mean): not capturable as it is
+        #   host sync at cell:2 (scale_by_mean): m = x.mean().item()
+    """
+    if report.ok:
+        return f"check_capturable({report.name}): looks capturable (nothing found)"
+    seen, lines = set(), [f"check_capturable({report.name}): not capturable as it is"]
+    for f in report.findings:
+        if (f.kind, f.code or f.what) in seen:
+            continue
+        seen.add((f.kind, f.code or f.what))
+        lines.append(f"  {f.kind} at {f.where}: {(f.code or first_line(f.what, 100)).strip()}")
+    return "\n".join(lines)
+
+
+def brief_error(exc) -> str:
+    """A failed capture in three lines: the kit's cause, what CUDA or PyTorch said first (the error the capture
+    failed on, not the ones that followed from it), and the fix (``explain``'s cause and fix)."""
+    from ...graphed import explain
+
+    e = explain(exc)
+    original = str(e.original or "")
+    first = original.rpartition("(while handling ")[2] if "(while handling " in original else original
+    return f"cause: {e.cause}\nthe error: {short_cause(first, 120)}\nfix: {e.fix}"
+
+
+def _read_host_sync(found=(), fixed=None, error=None):
+    if error is not None:
+        from ...graphed import explain
+        seen = f"CaptureError: {explain(error).cause}"
+    else:
+        seen = "captured without error (unexpected)" if _cuda() else "not captured (no GPU)"
+    return seen, all("host sync" in r.kinds() for r in found) and bool(found) and fixed is not None and fixed.ok
+
+
+def _read_rebinding(bad=None, good=None):
+    if bad is None:
+        return "needs a GPU", None
+    return first_line(bad), (not bad.ok) and good.ok
+
+
+def _read_kept_output(kept=None, eager=None, report=None, fixed=None):
+    if report is None:
+        return "needs a GPU", None
+    return (f"three calls, three kept outputs: {kept}; eager: {eager}",
+            report.outputs_reused and not fixed.outputs_reused)
+
+
+def _read_shape(found=None, fixed=None, refused=None):
+    seen = "check_capturable: data-dependent shape" + (f"; g(other shape): {first_line(refused, 120)}"
+                                                       if refused is not None else "")
+    return seen, "data-dependent shape" in found.kinds() and fixed.ok
+
+
+def _read_counter(found=None, frozen=None):
+    detected = "Python state" in found.kinds()
+    if frozen is None:
+        return "needs a GPU", detected
+    state = frozen.frozen_state
+    seen = f"verify: {state['what']}; {state['cause']}" if state else first_line(frozen)
+    return first_line(seen, 220), detected and not frozen.ok
+
+
+def _read_rng(found=None, own_generator=None, error=None, masks_differ=None, same_as_eager=None):
+    seen, detected = "check_capturable: RNG (reseeding)", "RNG" in found.kinds()
+    if own_generator is None:
+        return seen, detected
+    if error is None:
+        return seen + "; own generator captured without error", False
+    seen += (f"; own generator: CaptureError; two replays of a graphed dropout: masks differ in {masks_differ} of "
+             f"1000 positions")
+    return seen, (detected and "RNG" in own_generator.kinds() and bool(masks_differ)
+                  and same_as_eager is not None and same_as_eager.ok)
+
+
+_READINGS = {"host sync": _read_host_sync, "rebinding": _read_rebinding, "kept output": _read_kept_output,
+             "shape": _read_shape, "counter": _read_counter, "rng": _read_rng}
+
+
+def recorded_outcome(key: str, stem: str = "05_pitfalls") -> str:
+    """What the recorded GPU run (``figures/<stem>/``) saw in the demo ``key``, in one line labelled with its GPU
+    and date; a line saying so where nothing is recorded."""
+    from ..measuring.results import load
+
+    rec = load(stem)
+    pitfall = DEMOS[key][0]
+    rows = rec.df[rec.df.case.astype(str) == f"pitfall: {pitfall}"] if rec is not None else []
+    if not len(rows):
+        return "No GPU here, and no recorded GPU run of this demo was found: run it on an NVIDIA GPU to see it."
+    seen = str(rows.seen.iloc[0])
+    return f"Needs an NVIDIA GPU. Recorded on {rec.env.get('gpu') or 'a GPU'}, {str(rec.env.get('date'))[:10]}: {seen}"
+
+
+def outcome(key: str, **found) -> None:
+    """The end of one of notebook 05's core demos: read what it found (``found``: the demo's reports and errors,
+    None for the parts that need a GPU), record its row in ``PITFALLS`` (what happens without the fix, what finds
+    it, the fix, what this run saw, whether it was detected, and on a GPU whether eager work and a fresh capture
+    still work afterwards), and, without a GPU, print what the recorded GPU run saw in this demo, labelled with its
+    GPU and date. On a GPU it prints nothing: the demo printed what it found.
+
+    Example::
+
+        outcome("rebinding", bad=verify(replay_rebinding, gelu, x), good=verify(replay_copying, gelu, x))
+    """
+    pitfall, without_fix, found_by, fix, check_after = DEMOS[key]
+    seen, detected = _READINGS[key](**found)
+    recovered = still_works(_gelu) if check_after and _cuda() else None
+    PITFALLS.record(pitfall, without_fix, found_by, fix, seen, detected, recovered)
+    if not _cuda():
+        print(recorded_outcome(key))
 
 def show_reduce_overhead(ro, torch_version):
     """Print what the reduce-overhead experiment (``pitfall_scripts.reduce_overhead_pitfalls``, its dict ``ro`` from

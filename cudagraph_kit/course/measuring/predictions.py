@@ -14,22 +14,36 @@ Example::
 """
 from __future__ import annotations
 
-__all__ = ["show_advise", "recorded_headlines", "fitted_row", "advice_summary", "advice_from_saved", "advice_rows"]
+__all__ = ["show_advise", "show_predictions", "recorded_headlines", "fitted_row", "advice_summary", "advice_from_saved",
+           "advice_rows"]
 
 
-def show_advise(table, claims, stem):
-    """Print section 7's reading: per case, advise's prediction beside the measured speedup (``table``, from
-    ``advise_vs_measured``), then the sentences of the advise claims in ``claims``. Without a GPU (``table`` empty)
-    the recorded GPU run's predictions and sentences instead, under a line naming that run."""
+def _advise_sentences(pairs, headlines):
+    """The sentences of the advise claims among ``pairs`` ((id, sentence)): all of them, or only ``headlines`` (ids,
+    in that order) with a last line counting the others."""
+    pairs = [(c, st) for c, st in pairs if str(c).startswith("advise_")]
+    if headlines is None:
+        return [st for _, st in pairs]
+    shown = [st for h in headlines for c, st in pairs if c == h]
+    rest = len(pairs) - len(shown)
+    return shown + ([f"{rest} more verdict{'s' * (rest > 1)} of this experiment: \"Going further\" lists "
+                     f"{'them' if rest > 1 else 'it'}."] if rest else [])
+
+
+def show_advise(table, claims, stem, headlines=None):
+    """Print section 7's reading: per case, advise's prediction beside the measured speedup and its interval
+    (``table``, from ``advise_vs_measured``), then the sentences of the advise claims in ``claims``: all of them, or
+    with ``headlines`` (claim ids) only those, in that order, and a line counting the others. Without a GPU
+    (``table`` empty) the recorded GPU run's predictions and sentences instead, under a line naming that run."""
     import pandas as pd
 
     from .claims import load_claims
     from .results import load
 
     if len(table):
-        print(table[["case", "nodes", "predicted_graph_us", "measured_graph_us", "predicted_speedup",
-                     "measured_speedup", "measured_lo", "measured_hi"]].round(2).to_string(index=False))
-        print("\n".join(c.statement for c in claims if c.claim.startswith("advise_")))
+        print(table[["case", "predicted_speedup", "measured_speedup", "measured_lo", "measured_hi"]].round(2)
+              .to_string(index=False))
+        print("\n".join(_advise_sentences([(c.claim, c.statement) for c in claims], headlines)))
         return
     rec = load(stem)
     if rec is None:
@@ -37,12 +51,42 @@ def show_advise(table, claims, stem):
         return
     rows = rec.df[rec.df.case.astype(str).str.startswith("advise: ")]
     shown = pd.DataFrame({"case": rows.case.str.removeprefix("advise: "), "predicted_speedup": rows.speedup,
-                          "measured_lo": rows.measured_speedup_lo, "measured_hi": rows.measured_speedup_hi})
+                          "measured_speedup": rows.measured_speedup, "measured_lo": rows.measured_speedup_lo,
+                          "measured_hi": rows.measured_speedup_hi})
     said = load_claims(rec.dir)
-    print(f"No GPU here: advise measures on an NVIDIA GPU. The recorded GPU run's predictions: {rec.caption}.")
+    print(f"No GPU here: advise measures on an NVIDIA GPU. Recorded on {rec.env.get('gpu')}, "
+          f"{str(rec.env.get('date'))[:10]}:")
     print(shown.round(2).to_string(index=False))
     if said is not None:
-        print("\n".join(s for c, s in zip(said.claim, said.statement) if str(c).startswith("advise_")))
+        print("\n".join(_advise_sentences(list(zip(said.claim, said.statement)), headlines)))
+
+
+def show_predictions(predicted, stem, cost=None):
+    """Print advise's predictions, one short line per case (``predicted``: {case: ``Advice``}): the eager time, the
+    GPU time of the calls back to back, the predicted speedup and advise's words for it; first, with ``cost``
+    (``measure_replay_cost()``), what a replay costs the host here. Without a GPU (``predicted`` empty) the recorded
+    GPU run's predictions, from its results, under a line naming its GPU and date."""
+    from ...advice import _verdict
+    from .results import load
+
+    def line(case, eager_us, floor_us, speedup):
+        words = _verdict(speedup).split(":")[0].rstrip(".")   # "Launch-bound", "GPU-bound", ...
+        words = words if words.startswith("GPU") else words[:1].lower() + words[1:]
+        return f"{case}: eager {eager_us:.0f} µs, GPU busy {floor_us:.0f} µs: {speedup:.2f}x predicted, {words}"
+
+    if predicted:
+        if cost is not None:
+            print(f"a replay costs the host {cost.launch_us:.1f} µs on this GPU")
+        print("\n".join(line(c, a.eager_us, a.floor_us, a.speedup) for c, a in predicted.items()))
+        return
+    rec = load(stem)
+    rows = rec.df[rec.df.case.astype(str).str.startswith("advise: ")] if rec is not None else []
+    if not len(rows):
+        print("No GPU here: advise measures on an NVIDIA GPU, and no recorded GPU run was found.")
+        return
+    print(f"Needs an NVIDIA GPU. Recorded on {rec.env.get('gpu')}, {str(rec.env.get('date'))[:10]}, advise predicted:")
+    print("\n".join(line(r.case.removeprefix("advise: "), r.eager_us, r.floor_us, r.speedup)
+                    for r in rows.itertuples()))
 
 
 def recorded_headlines(results) -> dict:
