@@ -224,13 +224,10 @@ for opt_name, dropout in [("SGD", False), ("Adam(capturable)", False), ("SGD", T
     case = f"parity MLP {N}x{D_IN}x{H}x{D_OUT}, {opt_name}, {'dropout' if dropout else 'no dropout'}"
     parity_rows.append(parity_row(case, ref, test, base, ref_losses, losses, step, dropout))
     curves[case] = (ref_losses, losses, step.mode)
-    if opt_name.startswith("Adam"):
-        adam_runs = (base, ref, test, step)  # "Going further" looks at Adam's last bits
+    adam_runs = (base, ref, test, step) if opt_name.startswith("Adam") else adam_runs  # "Going further" F
     if not dropout:  # correct before fast: without dropout the graph must train like eager
         assert parity_rows[-1]["max_abs_param_diff"] < 1e-5, parity_rows[-1]
 parity = pd.DataFrame(parity_rows)
-if not CUDA:
-    print("No GPU here: every step ran eagerly, so these runs compare eager with eager; the recorded GPU run's rows:")
 rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's parity rows
 shown = parity if CUDA else rec.df[rec.df.case.isin(parity.case)] if rec else parity.iloc[0:0]
 display(shown[["case", "max_abs_param_diff", "params_bitwise_equal", "steps_with_different_loss",
@@ -329,6 +326,8 @@ for label, dtype, use_scaler in AMP_CASES:
         losses = torch.stack([step(xb, yb) for xb, yb in batches[:AMP_STEPS]]).float().cpu()
         case = f"parity MLP {N}x{D_IN}x{H}x{D_OUT}, {opt_name}, AMP {label}, no dropout"
         amp_parity_rows.append(parity_row(case, ref, test, base, ref_losses, losses, step, False))
+        print(f"AMP parity, {label}, {opt_name}: max |param diff| graph vs eager = "
+              f"{amp_parity_rows[-1]['max_abs_param_diff']:.3g}")
         assert amp_parity_rows[-1]["max_abs_param_diff"] < 1e-4, "the graphed AMP step must train like eager"
     base = make_model(D_IN, H, D_OUT, dropout=False)
     variants = {"eager": amp_pair(base, "SGD", dtype, use_scaler, (x, y))[1]}  # the eager step of a pair
@@ -338,10 +337,6 @@ for label, dtype, use_scaler in AMP_CASES:
             fn(x, y)
     amp_cases[f"MLP {N}x{D_IN}x{H}x{D_OUT}, SGD, AMP {label}"] = (variants, (x, y), WARM)
 amp_parity = pd.DataFrame(amp_parity_rows)
-if amp_parity_rows:
-    print("AMP parity, graph vs eager, max |param diff|: " + "; ".join(   # case: "parity MLP ..., SGD, AMP bf16, ..."
-        f"{r['case'].split(', ', 1)[1].removesuffix(', no dropout')}: {r['max_abs_param_diff']:.3g}"
-        for r in amp_parity_rows))
 amp = measure(amp_cases, **TIMING, verdicts=verdicts.amp_step) if amp_cases else None
 amp_timing = amp.table if amp else timing.iloc[0:0]  # the exercises read it
 results.show(amp, STEM, verdicts.amp_step)   # without a GPU: the recorded AMP rows and verdicts
@@ -379,8 +374,7 @@ rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run
 now = m.short() if CUDA else Measured(rec.df).short(cuda=True) if rec else None
 if now is not None:
     print("This run:" if CUDA else f"{rec.caption}:")
-    sgd = REFERENCE[REFERENCE.case.str.endswith(", SGD")]   # the rows of section 5's table; the rest: "Going further" C
-    display(sgd[["case", "variant", "K80 speedup", "H100 ref speedup"]].merge(
+    display(REFERENCE[REFERENCE.case.str.endswith("SGD")][["case", "variant", "K80 speedup", "H100 ref speedup"]].merge(
         now[["case", "variant", "time (µs)", "speedup", "90% interval"]], on=["case", "variant"]).round(2))
 
 # %% [markdown]

@@ -151,8 +151,7 @@ cuda_cleanup()
 inference = m_infer.table.merge(pd.DataFrame(checks), on="case")
 inference.loc[inference.variant == "eager", "max_abs_diff"] = 0.0  # the reference itself
 inference["section"], inference["images_per_s"] = "inference", inference.batch / (inference.median_us * 1e-6)
-results.show(m_infer.part(cases=r" bs(1|32|128)$", claims=r"_bs(1|32|128)_graph_pays$|_pays_at_large_batches$"),
-             STEM)   # without a GPU: the recorded GPU run's rows and verdicts
+results.show(m_infer.part(r" bs(1|32|128)$", r"_bs(1|32|128)_graph_pays$|_pays_at_large_batches$"), STEM)  # or recorded
 curve = breakdowns.inference_curves(inference, PAYS)
 fig_infer = figures.shown(figures.plot_inference(
     curve, INFER_BATCHES, PAYS, cuda=CUDA, title=f"{ARCH} inference, {IMAGE}x{IMAGE}, channels_last, eager vs CUDA "
@@ -230,8 +229,7 @@ for group in ([TRAIN_CASES] if roomy else [[c] for c in TRAIN_CASES]):
     del cases, x, y   # a smaller GPU frees this group's models before the next group's are built
     cuda_cleanup()
 print(f"{len(train_checks)} cases: eager and graphed losses agree within "
-      f"{100 * max(c['max_rel_loss_diff'] for c in train_checks):.2f}% over {CHECK_STEPS} steps (every case: "
-      "\"Going further\" C)")
+      f"{100 * max(c['max_rel_loss_diff'] for c in train_checks):.2f}% over {CHECK_STEPS} steps (each: Going further C)")
 m_train = joined(measured, verdicts.resnet_training(PAYS, vision.OPTIMIZERS))   # one table, its verdicts
 training = m_train.table.merge(pd.DataFrame(train_checks), on="case")
 training.loc[training.variant == "eager", "max_rel_loss_diff"] = float("nan")  # compared on the graph's row
@@ -311,9 +309,8 @@ g_step = runs["graphed"]["step"]
 graph_label = "graphed" if g_step.mode == "graph" else "kit, eager fallback (no CUDA)"
 assert runs["eager"]["lrs"] == runs["graphed"]["lrs"], "the LR schedules differ"
 diff, bitwise = correctness.compare_params(runs["eager"]["model"], runs["graphed"]["model"])
-print(f"graphed run: {g_step.replays} replays, {g_step.eager_steps} eager steps (warm-up, short batches). LR schedule "
-      f"identical in both runs; final parameters, graphed vs eager: max |diff| {diff:.3g}, bitwise equal: {bitwise}"
-      + ("" if CUDA else " (no GPU: both runs were eager)"))
+print(f"graphed run: {g_step.replays} replays, {g_step.eager_steps} eager steps. LR schedule identical in both runs; "
+      f"final parameters, graphed vs eager: max |diff| {diff:.3g}, bitwise equal: {bitwise}{'' if CUDA else ' (no GPU)'}")
 labels = {name: graph_label if name == "graphed" else name for name in runs}
 parity_acc = pd.DataFrame({"epoch": range(1, PARITY_EPOCHS + 1), **{labels[k]: r["accs"] for k, r in runs.items()}})
 fig_parity = figures.plot_parity({labels[k]: runs[k]["losses"].numpy() for k in ("eager", "graphed")},
