@@ -55,6 +55,28 @@ WITHIN_BUDGET = ["01_gelu", "02_train_step", "03_jit_compile", "04_resnet50", "0
 
 
 @pytest.mark.parametrize("stem", WITHIN_BUDGET)
-def test_a_notebook_cut_to_its_budget_stays_within_it(stem):
-    b = notebook_budget.budget(PROJECT_ROOT / "notebooks" / f"{stem}.py")
+def test_a_notebook_cut_to_its_budget_stays_within_it(stem, tmp_path):
+    """Prose, code and cells of the source; printed output of the committed GPU run where it ran this source (a
+    notebook awaiting its GPU run is counted without printed output: its committed outputs are of older code)."""
+    from test_notebook_sources import AWAITING_GPU_RUN
+    source = PROJECT_ROOT / "notebooks" / f"{stem}.py"
+    b = notebook_budget.budget(source, executed=tmp_path if stem in AWAITING_GPU_RUN else None)
     assert not b["over"], b
+
+
+def test_printed_output_counts_words_and_tables_of_the_core_only(tmp_path):
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("setup", outputs=[nbformat.v4.new_output("stream", text="not counted\n")]),
+                nbformat.v4.new_code_cell("p", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_markdown_cell("## 1. Core"),
+                nbformat.v4.new_code_cell("a", outputs=[
+                    nbformat.v4.new_output("stream", text="three words here\n"),
+                    nbformat.v4.new_output("display_data", data={"text/html": "<table></table>",
+                                                                 "text/plain": "a b"}),
+                    nbformat.v4.new_output("display_data", data={"image/png": "", "text/plain": "<Figure>"})]),
+                nbformat.v4.new_markdown_cell("## Going further"),
+                nbformat.v4.new_code_cell("b", outputs=[nbformat.v4.new_output("stream", text="later words\n")])]
+    path = tmp_path / "99_demo.ipynb"
+    nbformat.write(nb, path)
+    assert notebook_budget.printed(path) == {"words": 3 + 2, "tables": 1}
