@@ -16,7 +16,7 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/03_jit_compile.ipynb)
 #
 # **What this adds to the picture of notebook 01:** a graph removed the *launches* but replayed all five kernels.
-# A compiler that *fuses* them removes *kernels*. This notebook measures each alone and both together: the 2021
+# A compiler that [*fuses*](../docs/GLOSSARY.md) them removes *kernels*. This notebook measures each alone and both together: the 2021
 # blog's GELU compiled with `torch.jit.script`, with and without a graph, then the modern path: `torch.compile`,
 # a graph of the compiled function, and `torch.compile(mode="reduce-overhead")`, which builds graphs for you.
 #
@@ -155,7 +155,8 @@ if scripted is not None:
 
 # %% [markdown]
 # ## 3. The modern path: `torch.compile`, and a graph of the compiled function
-# `torch.compile` (default mode) traces the function with Dynamo and generates one fused kernel with Inductor.
+# `torch.compile` (default mode) traces the function with [Dynamo](../docs/GLOSSARY.md) and generates one fused kernel with
+# [Inductor](../docs/GLOSSARY.md).
 # Each call still goes through Python: Dynamo checks its *guards* (still a float32 tensor of that shape?), then a
 # runtime wrapper, then the launch. Capturing the compiled function with `capture()` removes all that Python
 # from the replay: the graph holds only the fused kernel. (`dynamic=False`: one kernel per shape, as a graph.)
@@ -219,7 +220,9 @@ else:
 # Every variant above agreed with eager on new data (`add` checked it). `measure` times the variants of each
 # tensor round-robin in `WINDOWS` [windows](../docs/GLOSSARY.md), each speedup with its 90% prediction interval;
 # the profiler, in the last window, reads the [floor](../docs/GLOSSARY.md), the kernels per call and what each
-# variant ran as. "Fusion alone" is `jit.script` where TorchScript works, else `torch.compile`.
+# variant ran as. "Fusion alone" is `jit.script` where TorchScript works, else `torch.compile`. Below: each
+# variant's median time, a chart of its speedup with its interval, and four verdicts; "Going further" C lists every
+# verdict, with the floors.
 
 # %%
 PHASE_1, PHASE_2 = "1: before mark_step_begin", "2: after mark_step_begin"
@@ -236,7 +239,9 @@ def timed(cases, phase, builds):
 
 
 m1 = timed({case: (variants[case], (inputs[case],)) for case in SHAPES}, PHASE_1, verdicts.fusion_and_graphs(FUSED))
-results.show(m1, STEM)   # without a GPU: the recorded GPU run's rows and verdicts
+results.show(m1, STEM, figure=True, table="times",   # without a GPU: the recorded GPU run's rows and verdicts
+             headlines=["graph_beats_eager_small", "fusion_adds_to_graph_large", "graph_adds_to_fusion_small",
+                        "ro_naive_beats_eager_small"])
 
 # %% [markdown]
 # Default `torch.compile` launches one fused kernel but spends tens of µs in Python before it. `reduce-overhead`
@@ -276,7 +281,7 @@ print("phase 2 GELU cases:", list(late) or "none (needs an NVIDIA GPU)")
 # of `MLP_BATCH` rows (inference): short kernels, launch-bound. Timed in phase 2: eager, default `torch.compile`,
 # `reduce-overhead` (with marks), the kit's graph of the eager model, and a graph of the compiled model.
 #
-# **One pitfall first: the cuBLAS workspace.** cuBLAS keeps a scratch *workspace* per stream, and a graph
+# **One pitfall first: the cuBLAS workspace.** cuBLAS keeps a scratch [*workspace*](../docs/GLOSSARY.md) per stream, and a graph
 # captured after it exists bakes its address in. `reduce-overhead` frees those workspaces when it warms up or
 # records, so a graph the kit captured earlier could then write into memory other tensors own. This process mixes
 # both, so each function the kit captures is wrapped in `fresh_cublas_workspace`: the capture then allocates its
@@ -362,7 +367,8 @@ phase_2_cases = {**{case: (fns, (inputs[case.split(",")[0]],)) for case, fns in 
 if train_steps:
     phase_2_cases[TRAIN_CASE] = (train_steps, (x_train, y_train))
 m2 = timed(phase_2_cases, PHASE_2, verdicts.reduce_overhead_in_use)
-results.show(m2, STEM)
+results.show(m2, STEM, figure=True, table="times", headlines=["ro_static_beats_eager_small", "ro_beats_compile_mlp",
+                                                               "ro_beats_eager_training", "kit_beats_ro_training"])
 
 # %% [markdown]
 # ## 7. Fusion vs graphs, and the published figures
@@ -381,17 +387,17 @@ PUBLISHED = pd.DataFrame([  # case, variant, K80 blog (µs), H100 reference (µs
     ("large", "eager", 1320.0, 72.4), ("large", "cuda graph" + IP, 1340.0, 66.8), ("large", "jit.script", 425.0, None),
     ("large", "jit.script + graph" + IP, 374.0, 18.5), ("large", "torch.compile + graph" + IP, None, 11.4),
 ], columns=["case", "variant", "K80 blog (µs)", "H100 reference (µs)"])
-for col in ["K80 blog (µs)", "H100 reference (µs)"]:
-    PUBLISHED[col.replace("(µs)", "speedup")] = PUBLISHED.groupby("case")[col].transform("first") / PUBLISHED[col]
-print(PUBLISHED.to_string(index=False, na_rep="-", float_format="%.2f"))
+for col in ["K80 blog (µs)", "H100 reference (µs)"]:   # a speedup over the case's eager row (x)
+    PUBLISHED[col.replace("(µs)", "(x)")] = PUBLISHED.groupby("case")[col].transform("first") / PUBLISHED[col]
 
 # %%
 rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's rows
 now = m1.short() if CUDA else Measured(rec.df[rec.df.phase == PHASE_1]).short(cuda=True) if rec else None
-if now is not None:
+if now is not None:   # speedups over eager (x); this run's with its 90% interval
+    now["this run (x)"] = now.speedup.where(now["90% interval"] == "", now.speedup + " (" + now["90% interval"] + ")")
     print("This run:" if CUDA else f"{rec.caption}:")
-    display(PUBLISHED[["case", "variant", "K80 blog speedup", "H100 reference speedup"]].merge(
-        now[["case", "variant", "time (µs)", "speedup", "90% interval"]], on=["case", "variant"], how="left").round(2))
+    display(PUBLISHED[["case", "variant", "K80 blog (x)", "H100 reference (x)"]].merge(
+        now[["case", "variant", "this run (x)"]], on=["case", "variant"], how="left").round(2).fillna("-"))
 
 # %% [markdown]
 # **Why the ratios differ.** On the K80 the GPU was the bottleneck for both tensors (each kernel ran longer than
@@ -407,10 +413,10 @@ if now is not None:
 TAKEAWAYS = [
     "A graph removes launches: on the small GELU, a graph of eager's five kernels, its input already in place, was "
     "{graph_beats_eager_small} faster than eager.",
-    "Fusion removes kernels: on the large GELU, bound by memory bandwidth, a graph of torch.compile's one fused "
-    "kernel was {fusion_adds_to_graph_large} faster than a graph of eager's five.",
-    "They stack: on the small GELU, the fused kernel in a graph, its input already in place, was "
-    "{graph_adds_to_fusion_small} faster than the fused kernel alone.",
+    "Fusion removes kernels: on the large GELU, a graph of torch.compile's one fused kernel was "
+    "{fusion_adds_to_graph_large} faster than a graph of eager's five.",
+    "Fusion and a graph stack when the input is already in place (`g(x)` adds a copy per call): on the small GELU, "
+    "the fused kernel in a graph was {graph_adds_to_fusion_small} faster than the fused kernel alone.",
     "`reduce-overhead` pays a fixed cost per call, so it wins where a region has many kernels: on the deeper MLP "
     "it was {ro_beats_compile_mlp} faster than default torch.compile, and in training the kit's whole-step graph, "
     "optimizer included, was {kit_beats_ro_training} faster than it.",

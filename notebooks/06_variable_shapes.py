@@ -16,8 +16,8 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/cudagraph-kit/cudagraph-kit/blob/main/notebooks/06_variable_shapes.ipynb)
 #
 # A CUDA graph replays fixed shapes, but an inference server sees a new batch size with almost every request.
-# Serving engines (vLLM, SGLang) capture one graph per batch size from a fixed list of *buckets*, let them share
-# one memory pool, and pad each batch up to the nearest captured size. `torch.compile(mode="reduce-overhead")`
+# Serving engines (vLLM, SGLang) capture one graph per batch size from a fixed list of [*buckets*](../docs/GLOSSARY.md), let them share
+# one [memory pool](../docs/GLOSSARY.md), and pad each batch up to the nearest captured size. `torch.compile(mode="reduce-overhead")`
 # instead records a new graph for every new shape. This notebook compares the two on a seeded stream of requests
 # with random batch sizes, through an MLP and a small transformer block.
 #
@@ -235,8 +235,10 @@ lab = Strategies(MODELS, data, MAX_ROWS, CUDA)
 lab.build_ladders(FIXED)                                   # exact sizes, FIXED, and the one-pool-per-graph ladder
 lab.plan(history_sizes, DEFAULT, rounds=3 if small else 5)  # "planned": measured costs, then plan_buckets
 built, info = lab.built, lab.info                          # built[model][strategy]: a BucketedGraphs
-print(lab.memory()[["model", "strategy", "graphs", "setup_s", "held_mib"]].to_string(
-    index=False, float_format=lambda v: f"{v:.2f}"))
+memory = lab.memory()   # one row per model and strategy (the setup times are in "Going further" A)
+held = memory.pivot_table(index="strategy", columns="model", values="held_mib", sort=False).rename(
+    columns=lambda name: f"{name}: held (MiB)")
+print(held.assign(graphs=memory.groupby("strategy", sort=False).graphs.first()).to_string(float_format=lambda v: f"{v:.2f}"))
 evidence = lab.sharing(DEFAULT)
 print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:.2f}") if evidence else
       "Memory held by graphs needs a GPU: on a CPU nothing is captured (the recorded results follow in section 8).")
@@ -254,7 +256,7 @@ print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:
 # dimension dynamic), and `dynamic=True` (dynamic from the start). The compiled code is then shared across sizes,
 # but a graph is not: each new batch size records one more. The first two passes over the stream compile and
 # record; their time is the setup cost. The recorded graphs live in one memory pool shared by every compiled
-# function ("Going further" C). Compiling prints Inductor's warning that TensorFloat32 tensor cores are "available
+# function ("Going further" C). Compiling prints [Inductor](../docs/GLOSSARY.md)'s warning that TensorFloat32 tensor cores are "available
 # but not enabled": the course keeps PyTorch's default, full float32 matrix multiplies, so that every variant
 # compares with eager at float32 rounding.
 
@@ -302,7 +304,8 @@ assert (err_table < 1e-3).all().all(), "a variant disagrees with eager: do not t
 # **Latency**: one pass in which each request runs alone through every variant, timed up to a
 # `torch.cuda.synchronize()` after it: its median (p50) and 99th percentile (p99). One slow moment of the host
 # moves a p99, and one pass has no interval, so no verdict rests on them. The same pass counts padding and
-# overflows.
+# overflows. The results table at the start of "Going further" gives them per request, with what each strategy
+# built, holds and padded.
 
 # %%
 latency, pad_stats = buckets.latency_pass(variants, streams, SYNC)
@@ -311,17 +314,12 @@ passes = {name: {label: (lambda fn=fn, reqs=streams[name]: run_stream(fn, reqs))
 timing = measure(passes, windows=WINDOWS, samples=SAMPLES, calls=1, pause_s=WINDOW_PAUSE_S, floor=CUDA,
                  verdicts=verdicts.stream_verdicts)
 claims += timing.claims
-results.show(timing, STEM)   # without a GPU: the recorded GPU run's rows and verdicts
-
-# %% [markdown]
-# The results table: time per request (the median pass / requests), p50 and p99 of the latency pass, and what
-# each strategy built, how long that took, what it holds, and the share of computed rows that were padding.
-# `held_mib` is empty for eager (no graphs) and for `reduce-overhead` (one shared pool, "Going further" C).
-
-# %%
-results_df = buckets.results_table(timing, latency, pad_stats, lab, errors, REQUESTS,
+results.show(timing, STEM, figure=True, table="times",   # without a GPU: the recorded GPU run's rows and verdicts
+             headlines=["mlp_default_ladder_beats_eager", "block_default_ladder_beats_eager",
+                        "mlp_default_ladder_beats_reduce_overhead", "block_default_ladder_beats_reduce_overhead",
+                        "block_planned_beats_default_ladder"])
+results_df = buckets.results_table(timing, latency, pad_stats, lab, errors, REQUESTS,   # shown in "Going further"
                                    torch.cuda.get_device_name(0) if CUDA else "CPU (no CUDA)")
-buckets.show_results(results_df, STEM, CUDA)   # without a GPU: the recorded GPU run's table
 
 # %% [markdown]
 # ## 9. Takeaways
@@ -330,8 +328,9 @@ buckets.show_results(results_df, STEM, CUDA)   # without a GPU: the recorded GPU
 # %%
 TAKEAWAYS = [
     "A few buckets serve every batch size: pad up to the nearest bucket, replay, slice the real rows out. It is "
-    "correct only where rows never see each other, so run the poison test first. On the MLP the default ladder "
-    "was {mlp_default_ladder_beats_eager} faster than eager.",
+    "correct only where rows never see each other, so run the poison test first. The default ladder was "
+    "{mlp_default_ladder_beats_eager} faster than eager on the MLP and {block_default_ladder_beats_eager} on the "
+    "transformer block.",
     "Give all buckets one shared pool and capture the largest first: each smaller bucket reuses the memory the "
     "larger ones freed, while one pool per graph adds up (section 5).",
     "A planner fed with the sizes you saw puts the buckets where the requests are, and weighs padding against GPU "
@@ -345,6 +344,14 @@ results.show_takeaways(STEM, claims, TAKEAWAYS, missing="skip");
 # %% [markdown]
 # ## Going further (optional)
 #
+# **The results table**: time per request (the median pass / requests), p50 and p99 of the latency pass, and what
+# each strategy built, how long that took, what it holds, and the share of computed rows that were padding.
+# `held_mib` is empty for eager (no graphs) and for `reduce-overhead` (one shared pool, C).
+
+# %%
+buckets.show_results(results_df, STEM, CUDA)   # without a GPU: the recorded GPU run's table
+
+# %% [markdown]
 # ### A. The memory ledger, per pool
 # The ledger per strategy, from `torch.cuda.memory_snapshot()` grouped by pool: reserved and allocated bytes of
 # the pools and the static buffers. Each strategy gets pools of its own, so what it holds does not depend on what

@@ -17,7 +17,7 @@
 #
 # A language model generates text one token at a time, and each token runs the whole model on one position per
 # sequence: many small kernels, each launched from Python, for very little GPU work. A CUDA graph removes those
-# launches, but it replays fixed shapes, while a KV cache that grows by one position per token changes shape at
+# launches, but it replays fixed shapes, while a [KV cache](../docs/GLOSSARY.md) that grows by one position per token changes shape at
 # every step. A **static KV cache**, allocated once for a maximum length and masked, keeps every shape fixed; then
 # one graph per batch size replays every decode step. This notebook builds a small LLaMA-style model with random
 # weights (nothing is downloaded), captures its decode step once per batch bucket with the kit, and sets it beside
@@ -26,7 +26,7 @@
 # **What you'll learn**
 # - How a static KV cache makes the decode step capturable, and how to check it first: the same greedy tokens as
 #   decoding without any cache.
-# - Why decoding can be host-bound, and what a graph buys a decode step next to prefill (the prompt).
+# - Why [decoding](../docs/GLOSSARY.md) can be host-bound, and what a graph buys a decode step next to [prefill](../docs/GLOSSARY.md) (the prompt).
 # - How a few graphs in one shared memory pool serve every batch size.
 # - What the kit's graphs, `reduce-overhead` and `transformers`' static-cache `generate` each cost and buy.
 #
@@ -207,7 +207,7 @@ else:
 # graphs. `MemoryLedger.record` reads it: the shared pool plus the static buffers ("Going further" A compares
 # three sets of buckets by it).
 #
-# **One pitfall first.** A matrix multiply runs in cuBLAS, with a *workspace* that PyTorch allocates once per
+# **One pitfall first.** A matrix multiply runs in cuBLAS, with a [*workspace*](../docs/GLOSSARY.md) that PyTorch allocates once per
 # stream and keeps; a graph bakes its address in. `reduce-overhead` (section 5) frees those workspaces whenever it
 # warms up or records a graph (`clear_cublass_cache` in PyTorch's `torch/_inductor/cudagraph_trees.py`), and a
 # graph captured earlier then writes into memory that now belongs to other tensors. `fresh_cublas_workspace(fn)`
@@ -237,15 +237,17 @@ assert padded_err < 1e-3
 # %% [markdown]
 # ## 5. What people use today
 #
-# - **`torch.compile(mode="reduce-overhead")`** of the same decode step: Inductor fuses the small kernels and
+# - **`torch.compile(mode="reduce-overhead")`** of the same decode step: [Inductor](../docs/GLOSSARY.md) [fuses](../docs/GLOSSARY.md) the small kernels and
 #   records a CUDA graph per batch size it meets. The cache buffers are marked as static addresses
 #   (`torch._dynamo.mark_static_address`), as `transformers` does, so the graphs may write them in place. A batch
 #   size it has not seen costs a compile or a recording.
 # - **`transformers`' `generate`** on a `LlamaForCausalLM` with a copy of the same weights:
 #   `cache_implementation="static"` allocates a static cache, and on a GPU `generate` then compiles the decoding
-#   forward with `reduce-overhead` by itself. Its default dynamic cache (eager) is timed too. In the run committed on
-#   2026-11-27 the compiled `generate` rows ran eagerly (their `executed_as` says so): a kit bug, fixed since, made
-#   Dynamo recompile on every call until its limit. Until this notebook is recorded again, read them as eager.
+#   forward with `reduce-overhead` by itself. It compiles twice: at the first batch size, and at the second with
+#   the batch dimension marked dynamic ([Dynamo](../docs/GLOSSARY.md)'s automatic dynamic shapes); later sizes
+#   reuse that code and record one more graph each. Section 8 profiles one call and labels the rows by what ran:
+#   "(compiled: CUDA graphs)", or "(ran eagerly)" where no graph was launched. Its default dynamic cache (eager)
+#   is timed too.
 # - **compile + kit graphs**: the decode step compiled in the default mode (fused kernels, no graphs), then
 #   captured per bucket by `capture_buckets`, as the eager step was. It must be compiled on the kind of input the
 #   capture passes, or the capture compiles again ("Going further" B says why).
@@ -280,7 +282,7 @@ elif not HF:
 # %%
 KIT_STEP, KIT_GEN = "kit graph (bucket)", "kit graph per bucket"
 FUSED_GEN, FUSED_STEP = "compile + kit graph per bucket", "compile + kit graph (bucket)"
-HF_STATIC = "transformers generate, static cache" + (" (compiled)" if CUDA else "")
+HF_STATIC = "transformers generate, static cache"   # section 8 adds what it ran as, once profiled
 HF_DYNAMIC = "transformers generate, dynamic cache"
 STEPS = {"eager": None, KIT_GEN: graphs, "reduce-overhead": compiled_step, FUSED_GEN: fused_graphs}
 VARIANTS = [v for v, s in STEPS.items() if v in ("eager", KIT_GEN) or s is not None]
@@ -318,9 +320,12 @@ check_rows, setup, pool_growth = first_calls(
     VARIANTS, BATCHES, generate, eager_ref, variant_errors, ledger,
     skip=lambda label, b: (label in NEEDS_COMPILE and elapsed() > TIME_BUDGET_S and f"skipped: the notebook had "
                            f"run {elapsed():.0f} s before its compile at batch {b} (TIME_BUDGET_S={TIME_BUDGET_S})"))
-checks = pd.DataFrame(check_rows)
-print(checks.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+checks = pd.DataFrame(check_rows)   # every column is saved with the results (case "correctness")
 unexplained = checks[~checks.tokens_equal & ~checks.near_tie]
+print("eager's greedy tokens, or a near tie:", "NOT every variant (below)" if len(unexplained) else "every variant, "
+      "every batch size", "\nfirst call of each variant, a compile or a recording included:")
+print(checks.pivot_table(index="variant", columns="batch", values="first_call_s", sort=False).rename(
+    columns=lambda b: f"batch {b} (s)").to_string(float_format=lambda v: f"{v:.2f}"))
 if len(unexplained):
     print("\n>>> NOT a near tie: these variants decode differently from eager; their timings below are not comparable:")
     print(unexplained[["variant", "batch", "first_step", "margin", "logit_diff"]].to_string(index=False))
@@ -344,6 +349,8 @@ for v, e in variant_errors.items():
 # (host-bound); the graph on prefill (the aim: more than 10% faster); and whether a graph buys a decode step more
 # than it buys prefill.
 #
+# Below: each variant's median time per case, a chart of the speedups with their intervals, and five verdicts.
+#
 # Where a step at batch 16 keeps the GPU busier than one at batch 64 (compare their floors), the cause is the
 # matrix-multiply kernel that cuBLAS picks for each shape, not the graph: the appendix lists the kernels.
 
@@ -355,7 +362,7 @@ prefill_graph = capture(fresh_cublas_workspace(lambda x: model.prefill(x, cache)
 err = (prefill_graph(long_prompt).float() - model.prefill(long_prompt, cache).float()).abs().max().item()
 print(f"prefill graph == eager: max |logit diff| {err:.1e}")
 
-STEP_CASE = {b: f"decode step, batch {b}" for b in BATCHES}
+STEP_CASE, B1 = {b: f"decode step, batch {b}" for b in BATCHES}, BATCHES[0]
 step_cases = {}
 for b in BATCHES:
     timed = {"eager": decode_step, KIT_STEP: graphs}   # the BucketedGraphs itself: compare reads its mode
@@ -368,12 +375,15 @@ step_cases[PREFILL_CASE] = ({"eager": lambda x: model.prefill(x, cache), "graph"
 m_step = measure(step_cases, **TIMING)
 floors = {b: gpu_time(graphs.graphs[b].replay, calls=20).busy_us for b in BATCHES if CUDA and b in graphs.graphs}
 print("floors (µs, GPU busy per replay of the kit's graph):", {b: round(f, 1) for b, f in floors.items()} or "need a GPU")
-claims = step_claims(m_step, STEP_CASE, step_cases, floors, PREFILL_CASE, KIT_STEP, FUSED_STEP, eager_fallback=not CUDA)
+claims = m_step.claims = step_claims(m_step, STEP_CASE, step_cases, floors, PREFILL_CASE, KIT_STEP, FUSED_STEP,
+                                     not CUDA)
 step_df = per_batch(m_step, STEP_CASE)             # the rows of the decode steps: tokens_per_s = batch / step time
 prefill_df = step_df[step_df.case == PREFILL_CASE].assign(batch=MAX_BATCH)
 step_df = step_df[step_df.case != PREFILL_CASE].assign(us_per_step=lambda d: d.median_us)
 step_df["floor_step_us"] = step_df.batch.map(floors).astype(float)   # NaN where no floor was measured
-m_step.short()
+results.show(m_step, STEM, step_claims, figure=True, table="times",   # without a GPU: the recorded GPU run's
+             headlines=[f"step_graph_beats_eager_b{B1}", f"step_eager_host_bound_b{B1}", "decode_gains_more_than_prefill",
+                        f"step_reduce_overhead_beats_graph_b{B1}", f"step_fused_graph_beats_reduce_overhead_b{B1}"])
 
 # %% [markdown]
 # ## 8. Whole generations, side by side
@@ -386,17 +396,21 @@ m_step.short()
 # %%
 GEN_CASE = {b: f"generate, batch {b}" for b in GEN_BATCHES}
 HF_STATIC_MODE = profiled_mode(lambda: generate(HF_STATIC, BATCHES[0])) if (HF_STATIC, BATCHES[0]) in setup else "eager"
+HF_STATIC_RAN = HF_STATIC + ((" (compiled: CUDA graphs)" if HF_STATIC_MODE == "graph" else " (ran eagerly)") if CUDA else "")
 gen_modes = {b: {"eager": "eager", HF_DYNAMIC: "eager", HF_STATIC: HF_STATIC_MODE, KIT_GEN: graphs,
                  FUSED_GEN: fused_graphs, "reduce-overhead": step_mode(m_step, STEP_CASE[b], "reduce-overhead")}
              for b in GEN_BATCHES}
-gen_cases = {GEN_CASE[b]: ({v: Runs(lambda v=v, b=b: generate(v, b), gen_modes[b][v]) for v in VARIANTS
-                            if (v, b) in setup}, (), {"calls": 1}) for b in GEN_BATCHES}
+gen_cases = {GEN_CASE[b]: ({HF_STATIC_RAN if v == HF_STATIC else v: Runs(lambda v=v, b=b: generate(v, b), gen_modes[b][v])
+                            for v in VARIANTS if (v, b) in setup}, (), {"calls": 1}) for b in GEN_BATCHES}
 m_gen = measure(gen_cases, **GEN_TIMING)   # "ran as": the step's profiled rows (section 7), not a profiler here
-claims += generation_claims(m_gen, GEN_CASE, gen_cases, KIT_GEN, HF_STATIC, HF_DYNAMIC)
+claims = claims + generation_claims(m_gen, GEN_CASE, gen_cases, KIT_GEN, HF_STATIC_RAN, HF_DYNAMIC)
+m_gen.claims = claims[len(m_step.claims):]
 gen_df = per_batch(m_gen, GEN_CASE, NEW_TOKENS).assign(us_per_token=lambda d: d.median_us / NEW_TOKENS)
-gen_df["first_call_s"] = [setup.get((v.replace(" (eager fallback)", ""), b), float("nan"))
-                          for v, b in zip(gen_df.variant, gen_df.batch)]
-m_gen.short()
+gen_df["first_call_s"] = [setup.get((HF_STATIC if v == HF_STATIC_RAN else v.replace(" (eager fallback)", ""), b),
+                                    float("nan")) for v, b in zip(gen_df.variant, gen_df.batch)]
+results.show(m_gen, STEM, generation_claims, figure=True, table="times",
+             headlines=[f"generate_graphs_beat_eager_b{B1}", f"generate_reduce_overhead_beats_graphs_b{B1}",
+                        f"generate_graphs_beat_hf_static_b{B1}", f"generate_hf_static_beats_hf_dynamic_b{B1}"])
 
 # %% [markdown]
 # ## 9. Takeaways
@@ -575,8 +589,10 @@ if ("reduce-overhead", BATCHES[0]) in setup:
 setup_df = setup_table(setup_rows)
 graphed = step_df[step_df.variant.isin([KIT_STEP, FUSED_STEP, "reduce-overhead"])]
 if CUDA and len(graphed):
-    print(graphed[["batch", "variant", "median_us", "kernels_per_call", "floor_us", "vs_floor"]].to_string(
-        index=False, float_format=lambda v: f"{v:.1f}"))
+    units = {"batch": "batch (sequences)", "median_us": "time (µs/step)", "kernels_per_call": "kernels (count/step)",
+             "floor_us": "floor (µs/step)", "vs_floor": "time / floor (x)"}   # every column with its unit
+    print(graphed[list(units)[:1] + ["variant"] + list(units)[1:]].astype({"batch": int})
+          .rename(columns=units).to_string(index=False, float_format=lambda v: f"{v:.1f}"))
 else:
     print("no graphed variant was timed here (they need a CUDA GPU): see the recorded results in F below.")
 
@@ -738,14 +754,14 @@ for r in hf_checks:
         g = hf_graphs[r["variant"]]
         hf_timed[r["variant"]] = Runs(lambda g=g: hf_dec.generate(hx, NEW_TOKENS, step=g), g)
 if hf_dec is not None and (HF_STATIC, BATCHES[0]) in setup:
-    hf_timed[HF_STATIC] = Runs(lambda: hf_generate(hf_model, hx, NEW_TOKENS, cache_implementation="static"),
-                               HF_STATIC_MODE)
+    hf_timed[HF_STATIC_RAN] = Runs(lambda: hf_generate(hf_model, hx, NEW_TOKENS, cache_implementation="static"),
+                                   HF_STATIC_MODE)
 hf_df = pd.DataFrame()
 if len(hf_timed) > 1:
     m_hf = measure({HF_CASE: (hf_timed, (), {"calls": 1})}, **GEN_TIMING)   # ran as: each runner's mode
     if HF_KIT in hf_timed:
         claims.append(speedup(m_hf, "hf_kit_graph_beats_eager", HF_CASE, HF_KIT))
-    for cid, slow in (("hf_fused_graph_beats_kit_graph", HF_KIT), ("hf_fused_graph_beats_hf_static_generate", HF_STATIC)):
+    for cid, slow in (("hf_fused_graph_beats_kit_graph", HF_KIT), ("hf_fused_graph_beats_hf_static_generate", HF_STATIC_RAN)):
         if {HF_FUSED, slow} <= set(hf_timed):
             claims.append(versus(m_hf, cid, (HF_CASE, HF_FUSED), (HF_CASE, slow)))
     hf_df = per_batch(m_hf, {BATCHES[0]: HF_CASE}, NEW_TOKENS).assign(us_per_token=lambda d: d.median_us / NEW_TOKENS)
