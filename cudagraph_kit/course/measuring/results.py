@@ -198,23 +198,38 @@ def show_figure(stem: str, name: str, root=None) -> Path | None:
     return png
 
 
-def show(m, stem: str | None = None, verdicts=None) -> None:
+def show(m, stem: str | None = None, verdicts=None, *, figure: bool = False, headlines=None,
+         table: str = "short") -> None:
     """Show an experiment's result (``m``, from ``measure``) in a notebook: the short table, then one sentence per
     verdict. Where no graph ran (no GPU, or ``m`` is None: the experiment needs one) CPU times say nothing about
     graphs, so none are shown: with ``stem``, the recorded GPU run's rows and verdicts of the whole experiment
     follow instead (the cases and claims its ``verdicts`` function covers, ``verdicts.covers``), under a
     caption naming that run.
 
+    ``figure``: also draw the speedups with their intervals (``figures.speedups``) from the same rows, titled with
+    the GPU and date they were measured on (never a CPU timing). ``headlines``: the ids of the verdicts to state
+    here, in that order (a notebook's core states at most five per experiment); a last line counts the others,
+    which ``claims.summary`` lists. ``table``: ``"short"`` (``Measured.short``), ``"times"`` (the median time of
+    each variant, one column per case: the speedups are in the figure) or None.
+
     Example::
 
         m = measure(cases, verdicts=verdicts.gelu_headline)
         show(m, "01_gelu")
+        show(m, "03_jit_compile", figure=True, headlines=["graph_beats_eager_small"], table="times")
     """
     from .claims import load_claims
     from .measure import Measured, _cuda
 
     if m is not None and _cuda():
-        _display(m.short(), [c.statement for c in m.claims])
+        import datetime
+
+        import torch
+
+        pairs = [(c.claim, c.statement) for c in m.claims]
+        where = (f"This run, on {torch.cuda.get_device_name(0)}, "
+                 f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+        _show_parts(m, None, table, pairs, headlines, figure, where, cuda=None, stem=stem)
         return
     rec = load(stem) if stem else None
     if rec is None:
@@ -229,14 +244,68 @@ def show(m, stem: str | None = None, verdicts=None) -> None:
     said = load_claims(rec.dir)
     ids = getattr(builder, "claims", None)
     if said is None:
-        sentences = []
+        pairs = []
     elif ids is not None:
-        sentences = [s for c, s in zip(said.claim, said.statement) if ids.search(str(c))]
+        pairs = [(c, s) for c, s in zip(said.claim, said.statement) if ids.search(str(c))]
     else:
-        sentences = [s for c in (m.claims if m is not None else []) for s in said[said.claim == c.claim].statement]
-    _display(recorded.short(cuda=True), sentences,
-             f"No GPU here: no graph ran, so this run's CPU times are not shown (they say nothing about graphs). "
-             f"The recorded GPU run's rows and verdicts: {rec.caption}.")
+        pairs = [(c.claim, s) for c in (m.claims if m is not None else []) for s in said[said.claim == c.claim].statement]
+    pairs = _named_as_ran(recorded, pairs)
+    caption = (f"No GPU here: no graph ran, so this run's CPU times are not shown (they say nothing about graphs). "
+               f"The recorded GPU run's rows and verdicts: {rec.caption}.")
+    where = f"Recorded on {rec.env.get('gpu') or 'a GPU'}, {rec.env.get('date')} (not this run)"
+    _show_parts(recorded, caption, table, pairs, headlines, figure, where, cuda=True, stem=stem)
+
+
+def _named_as_ran(m, pairs):
+    """A recorded run's rows and sentences with every label true to what ran (``verdicts.as_ran_label``): a row
+    labelled compiled whose ``executed_as`` says it ran eagerly is renamed in the table and in the sentences."""
+    from .verdicts import as_ran_label
+
+    if "executed_as" not in m.table:
+        return pairs
+    renamed = {str(v): as_ran_label(v, r) for v, r in zip(m.table.variant, m.table.executed_as)}
+    renamed = {old: new for old, new in renamed.items() if old != new}
+    if renamed:
+        m.table = m.table.assign(variant=[renamed.get(str(v), v) for v in m.table.variant])
+        for old, new in renamed.items():
+            pairs = [(c, s.replace(old, new)) for c, s in pairs]
+    return pairs
+
+
+def _show_parts(m, caption, table, pairs, headlines, figure, where, cuda, stem) -> None:
+    """``show``'s output: the caption and table, the speedups figure, then the verdict sentences (``pairs``: (claim
+    id, sentence)), the ``headlines`` alone where given, with a line counting the others."""
+    shown = pairs if headlines is None else [(c, s) for h in headlines for c, s in pairs if c == h]
+    sentences = [s for _, s in shown]
+    rest = len(pairs) - len(shown)
+    if rest:
+        sentences.append(f"{rest} more verdict{'s' * (rest > 1)} of this experiment, saved with the results in "
+                         "`claims.csv`.")
+    rows = (m.short(cuda=cuda) if table == "short" else _times(m.table, cuda) if table == "times" else None)
+    if not figure:
+        _display(rows, sentences, caption)
+        return
+    from .figures import show_figure, speedups
+
+    _display(rows, [], caption)
+    show_figure(speedups(m.table, f"{stem + ': ' if stem else ''}speedup over eager. {where}", cuda=cuda))
+    _display(None, sentences)
+
+
+def _times(t, cuda=None):
+    """The median time of one timed call of each variant (rows) in each case (columns, "<case> (µs)"), "-" where a
+    case has no such variant; a graph that ran eagerly says so in its row's name."""
+    import pandas as pd
+
+    from .measure import ran_eagerly
+
+    names = [str(v).replace(" (eager fallback)", "") + (" (ran eagerly)" if e and ("graph" in str(v).lower() or
+             "reduce-overhead" in str(v) or "(eager fallback)" in str(v)) else "")
+             for v, e in zip(t.variant, ran_eagerly(t, cuda))]
+    cases, variants = list(dict.fromkeys(map(str, t.case))), list(dict.fromkeys(names))
+    cell = {(str(c), n): f"{us:.1f}" for c, n, us in zip(t.case, names, t.median_us)}
+    return pd.DataFrame([[v] + [cell.get((c, v), "-") for c in cases] for v in variants],
+                        columns=["variant"] + [f"{c} (µs)" for c in cases])
 
 
 def show_takeaways(stem: str, claims, lines, root=None, missing: str = "raise") -> list[str]:
