@@ -209,7 +209,7 @@ def show(m, stem: str | None = None, verdicts=None, *, figure: bool = False, hea
     ``figure``: also draw the speedups with their intervals (``figures.speedups``) from the same rows, titled with
     the GPU and date they were measured on (never a CPU timing). ``headlines``: the ids of the verdicts to state
     here, in that order (a notebook's core states at most five per experiment); a last line counts the others,
-    which ``claims.summary`` lists. ``table``: ``"short"`` (``Measured.short``), ``"times"`` (the median time of
+    which are saved in ``claims.csv`` (``claims.summary`` lists them). ``table``: ``"short"`` (``Measured.short``), ``"times"`` (the median time of
     each variant, one column per case: the speedups are in the figure) or None.
 
     Example::
