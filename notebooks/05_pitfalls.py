@@ -33,7 +33,8 @@
 #
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs the checks that are honest on a CPU (Python state, values read on the CPU, data-dependent shapes,
-# optimizers, seeding), says plainly that CUDA graphs need an NVIDIA GPU, and shows the recorded GPU results.
+# optimizers, seeding), says plainly that CUDA graphs need an NVIDIA GPU, and shows in each demo what the recorded
+# GPU run saw there.
 #
 # **How long**: 3.0 min on an NVIDIA H100 80GB HBM3 (measured by `reproduce`, 2026-11-27); a T4 has not been timed yet; under
 # a minute on a CPU.

@@ -234,7 +234,7 @@ for mode in modes:
     port = free_port()
     cmd = ddp_train.torchrun_command(NPROC, args, port)  # [python, -m, torch.distributed.run, ...] = torchrun ...
     print("torchrun", " ".join(str(a).replace(str(SCRIPT.parent.parent) + os.sep, "") for a in cmd[3:]))
-    ddp_train.launch(NPROC, args, timeout_s=900, port=port)
+    ddp_train.launch(NPROC, args, timeout_s=900, port=port, quiet=True)  # its numbers: the table below
     run_dirs.append(RUNS / mode)
 local, local_per_rank, local_steps, local_meta = ddp_train.collect(run_dirs)
 local[["variant", "executed_as", "median_us", "p99_us", "images_per_s", "host_median_us", "parity_ok"]].round(1)
@@ -242,10 +242,6 @@ local[["variant", "executed_as", "median_us", "p99_us", "images_per_s", "host_me
 # %%
 where = f"{NPROC} x {torch.cuda.get_device_name(0)}" if CUDA else f"{NPROC} CPU processes (gloo, eager only, no graphs)"
 fig_local = ddp_train.plot_step_times(local_steps, f"Per-rank step time on {where}")
-for row in local.itertuples():
-    print(f"{row.variant}: median step {row.median_us:,.0f} µs, p99 {row.p99_us:,.0f} µs "
-          f"({row.jitter_p99_over_median:.2f}x the median), {row.images_per_s:,.0f} samples/s over {row.ranks} rank(s), "
-          f"executed as {row.executed_as}")
 if not CUDA:
     print("These are CPU timings of the eager path: they show that the measurement works, not how a GPU behaves.")
     print(recorded_outcome(results.load(STEM), "local"))

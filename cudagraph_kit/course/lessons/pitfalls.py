@@ -156,7 +156,8 @@ def _cuda() -> bool:
 
 def brief(report) -> str:
     """A ``check_capturable`` report in a few lines: its verdict, then per finding (one per kind and line of code)
-    its kind, where, and the line of your code it points at. ``print(report)`` has each finding's full text and fix.
+    its kind(s), where, and the line of your code it points at (a comment at the end of that line left out).
+    ``print(report)`` has each finding's full text and fix.
 
     Example::
 
@@ -166,13 +167,13 @@ def brief(report) -> str:
     """
     if report.ok:
         return f"check_capturable({report.name}): looks capturable (nothing found)"
-    seen, lines = set(), [f"check_capturable({report.name}): not capturable as it is"]
+    places = {}  # (where, line of code) -> the kinds found there, in order
     for f in report.findings:
-        if (f.kind, f.code or f.what) in seen:
-            continue
-        seen.add((f.kind, f.code or f.what))
-        lines.append(f"  {f.kind} at {f.where}: {(f.code or first_line(f.what, 100)).strip()}")
-    return "\n".join(lines)
+        code = re.split(r"\s{2,}#", f.code)[0].strip() if f.code else first_line(f.what, 100)  # its comment aside
+        kinds = places.setdefault((f.where, code), [])
+        kinds += [f.kind] if f.kind not in kinds else []
+    return "\n".join([f"check_capturable({report.name}): not capturable as it is"]
+                     + [f"  {', '.join(kinds)} at {where}: {code}" for (where, code), kinds in places.items()])
 
 
 def brief_error(exc) -> str:
