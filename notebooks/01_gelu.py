@@ -206,7 +206,7 @@ sweep, crossover = verdicts.sweep_points(ms)
 results.show(ms.part(cases=r"\^(12|22|25)$"), STEM)   # the smallest size, the crossover's region, the largest
 
 # %%
-fig_sweep = figures.shown(figures.size_sweep(sweep, crossover, f"GELU eager vs CUDA graph on {WHERE}"), STEM,
+fig_sweep = results.shown(figures.size_sweep(sweep, crossover, f"GELU eager vs CUDA graph on {WHERE}"), STEM,
                           "size_sweep")   # without a GPU: the recorded run's figure
 
 # %% [markdown]
@@ -234,7 +234,7 @@ per_graph["calls_per_graph"] = [float("nan")] + [float(k) for k in CALLS_PER_GRA
 results.show(mk, STEM)
 
 # %%
-fig_k = figures.shown(figures.calls_per_graph(per_graph, f"Small GELU on {WHERE}"), STEM, "calls_per_graph")
+fig_k = results.shown(figures.calls_per_graph(per_graph, f"Small GELU on {WHERE}"), STEM, "calls_per_graph")
 
 # %% [markdown]
 # ## 7. Side by side with the published K80 figures

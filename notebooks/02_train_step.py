@@ -282,7 +282,7 @@ results.show(m.part(cases=r", SGD$", claims=[  # SGD's rows; the Adam rows and e
     "graph_beats_eager_docs_sgd", "graph_within_floor_docs_sgd"]), STEM)   # no GPU: the recorded GPU run's
 
 # %%
-fig_time = figures.shown(figures.step_times(timing, f"Training step time on {WHERE}",
+fig_time = results.shown(figures.step_times(timing, f"Training step time on {WHERE}",
                                             {"eager": "C0", GRAPH: "C1", MODEL_ONLY: "C2", ADAM_DEFAULT: "C4"}),
                          STEM, "step_time")   # without a GPU: the recorded run's figure
 

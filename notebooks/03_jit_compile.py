@@ -508,7 +508,8 @@ results.show_recorded(STEM, columns=["case", "variant", "executed_as", "median_u
 # *towards* it. Saved in `build/figures/03_jit_compile/` by default, never over the recorded run in `figures/`.
 
 # %%
-from cudagraph_kit.course.measuring.figures import plot_times, shown  # noqa: E402
+from cudagraph_kit.course.measuring.figures import plot_times  # noqa: E402
+from cudagraph_kit.course.measuring.results import shown  # noqa: E402
 
 shape_of = {case: "x".join(map(str, SHAPES[case.split(",")[0]])) for case in [*SHAPES, *late]}
 errors_of = {**{(c.split(",")[0], v): e for c in [*SHAPES, *late] for v, e in errors[c.split(",")[0]].items()},

@@ -153,7 +153,7 @@ inference.loc[inference.variant == "eager", "max_abs_diff"] = 0.0  # the referen
 inference["section"], inference["images_per_s"] = "inference", inference.batch / (inference.median_us * 1e-6)
 results.show(m_infer.part(r" bs(1|32|128)$", r"_bs(1|32|128)_graph_pays$|_pays_at_large_batches$"), STEM)  # or recorded
 curve = breakdowns.inference_curves(inference, PAYS)
-fig_infer = figures.shown(figures.plot_inference(
+fig_infer = results.shown(figures.plot_inference(
     curve, INFER_BATCHES, PAYS, cuda=CUDA, title=f"{ARCH} inference, {IMAGE}x{IMAGE}, channels_last, eager vs CUDA "
                                                  f"graph on {WHERE}"), STEM, "inference_sweep")
 
@@ -236,7 +236,7 @@ training.loc[training.variant == "eager", "max_rel_loss_diff"] = float("nan")  #
 training["section"], training["ms_per_step"] = "training", training.median_us / 1e3
 training["images_per_s"] = training.batch / (training.median_us * 1e-6)
 results.show(m_train.part(cases="SGD momentum", claims="sgdmomentum_graph_pays$"), STEM)   # AdamW: "Going further" D
-fig_train = figures.shown(figures.plot_training(
+fig_train = results.shown(figures.plot_training(
     training, GRAPH_TRAIN, footnote="Optimizers: " + "; ".join(vision.OPTIMIZERS.values()),
     title=f"{ARCH} training step, eager vs whole-step graph, on {WHERE}\n(graph rows: speedup, 90% interval)"),
     STEM, "training_throughput")

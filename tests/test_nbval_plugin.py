@@ -248,10 +248,16 @@ def test_the_count_of_compared_cells_is_the_one_nbval_collects():
     assert done.returncode == 0, done.stdout + done.stderr
     m = SUMMARY.search(done.stdout)
     assert m, done.stdout
-    assert (int(m[1]), int(m[2])) == (sum(len(c) for c, _ in counted.values()), sum(t for _, t in counted.values()))
+    # a notebook awaiting its GPU recording (tests/awaiting_gpu_run.py) runs without comparisons: its outputs are of
+    # older code (the root conftest.py)
+    from awaiting_gpu_run import AWAITING_GPU_RUN
+    total = sum(t for _, t in counted.values())
+    marked = sum(len(c) for c, _ in counted.values())
+    now = sum(len(c) for name, (c, _) in counted.items() if Path(name).stem not in AWAITING_GPU_RUN)
+    assert (int(m[1]), int(m[2])) == (now, total)
     script = subprocess.run([sys.executable, "-m", PLUGIN, *map(str, notebooks)], cwd=PROJECT_ROOT,
                             capture_output=True, text=True, timeout=300)
-    assert script.returncode == 0 and f"total: {m[1]} of {m[2]} code cells compared" in script.stdout, script
+    assert script.returncode == 0 and f"total: {marked} of {total} code cells compared" in script.stdout, script
 
 
 def test_compared_cells_reads_tags_comments_and_unrun_cells_as_nbval_does(tmp_path):

@@ -58,7 +58,7 @@ WITHIN_BUDGET = ["01_gelu", "02_train_step", "03_jit_compile", "04_resnet50", "0
 def test_a_notebook_cut_to_its_budget_stays_within_it(stem, tmp_path):
     """Prose, code and cells of the source; printed output of the committed GPU run where it ran this source (a
     notebook awaiting its GPU run is counted without printed output: its committed outputs are of older code)."""
-    from test_notebook_sources import AWAITING_GPU_RUN
+    from awaiting_gpu_run import AWAITING_GPU_RUN
     source = PROJECT_ROOT / "notebooks" / f"{stem}.py"
     b = notebook_budget.budget(source, executed=tmp_path if stem in AWAITING_GPU_RUN else None)
     assert not b["over"], b

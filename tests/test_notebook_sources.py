@@ -107,14 +107,7 @@ PUBLISHED_SOURCES = {("shu65", "blog-pytorch-notebooks"),  # the 2021 K80 blog's
                      ("pytorch", "pytorch")}       # 06: a PyTorch issue it quotes
 
 
-# Notebooks whose GPU execution is still owed, with the reason. The test below is an expected failure for them
-# (strict: once the executed notebook is committed it passes, the xfail turns into a failure, and the entry must go).
-AWAITING_GPU_RUN: dict = {stem: reason for stem, reason in (
-    (stem, "cut to the printed-output budget (at most about 800 words and 4 tables, five verdicts per experiment in the "
-           "core), takeaways true to their demos, recorded GPU outcomes in the lesson cells on a CPU; the committed "
-           "notebook is the 2026-11-27 H100 run of the earlier text until reproduce records it on the H200")
-    for stem in ("01_gelu", "02_train_step", "03_jit_compile", "04_resnet50", "05_pitfalls", "06_variable_shapes",
-                 "07_data_parallel", "08_llm_decode"))}
+from awaiting_gpu_run import AWAITING_GPU_RUN  # noqa: E402  (the notebooks whose GPU run is owed)
 
 
 @pytest.mark.parametrize("source", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=AWAITING_GPU_RUN[s.stem]))

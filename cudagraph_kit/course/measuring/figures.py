@@ -16,31 +16,9 @@ from .claims import WITHIN
 from .measure import ran_eagerly
 from .verdicts import strategy
 
-__all__ = ["shown", "show_figure", "size_sweep", "calls_per_graph", "loss_curves", "step_times", "plot_times",
+__all__ = ["show_figure", "size_sweep", "calls_per_graph", "loss_curves", "step_times", "plot_times",
            "plot_inference", "plot_training", "plot_parity", "plot_memory", "plot_advise", "plot_tradeoff",
            "plot_decode", "speedups"]
-
-
-def shown(fig, stem: str, name: str):
-    """Return ``fig`` to be shown where a graph ran. Where none ran (no GPU) this run's figure only shows CPU times,
-    which say nothing about graphs: it is closed (``results.save`` still writes it) and the recorded GPU run's
-    figure ``name`` of ``stem`` is shown instead, under a caption naming that run.
-
-    Example::
-
-        fig_sweep = shown(size_sweep(sweep, crossover, "GELU"), "01_gelu", "size_sweep")
-    """
-    import torch
-
-    if torch.cuda.is_available():
-        return fig
-    import matplotlib.pyplot as plt
-
-    from .results import show_figure as show_recorded_figure
-
-    plt.close(fig)
-    show_recorded_figure(stem, name)
-    return fig
 
 
 def show_figure(fig):

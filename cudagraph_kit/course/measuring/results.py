@@ -26,7 +26,7 @@ from pathlib import Path
 from ...env import describe, has_cuda
 from ..running.files import interrupts_deferred, replace_folder
 
-__all__ = ["save", "load", "show_recorded", "show_figure", "show", "show_takeaways", "beside_recorded", "results_root",
+__all__ = ["save", "load", "show_recorded", "show_figure", "shown", "show", "show_takeaways", "beside_recorded", "results_root",
            "recorded_root", "checkout_root", "Recorded",
            "REQUIRED_COLUMNS"]
 
@@ -172,6 +172,26 @@ def show_recorded(stem: str, root=None, columns=None, digits: int | None = None)
     for png in rec.pngs:
         nb.display(nb.Image(filename=str(png)))
     return rec
+
+
+def shown(fig, stem: str, name: str):
+    """Return ``fig`` to be shown where a graph ran. Where none ran (no GPU) this run's figure only shows CPU times,
+    which say nothing about graphs: it is closed (``results.save`` still writes it) and the recorded GPU run's
+    figure ``name`` of ``stem`` is shown instead, under a caption naming that run.
+
+    Example::
+
+        fig_sweep = shown(figures.size_sweep(sweep, crossover, "GELU"), "01_gelu", "size_sweep")
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return fig
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    show_figure(stem, name)
+    return fig
 
 
 def show_figure(stem: str, name: str, root=None) -> Path | None:
