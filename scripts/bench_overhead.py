@@ -3,12 +3,14 @@
 Host time per call, without synchronization: each sample is a burst of calls timed on the host with a synchronize
 before and after the burst, never inside it (what a training or decode loop pays to issue a call). The variants of a
 case are timed round-robin, the order rotated each round, so drift hits them alike; reported per variant: the median
-per-call time over the rounds, its quartiles, and the median of the per-round differences to the hand-written
-``static.copy_(x); graph.replay()`` (the kit's cost over the raw graph).
+per-call time over the rounds, its quartiles, and the median and the mean of the per-round differences to the
+hand-written ``static.copy_(x); graph.replay()`` (the kit's cost over the raw graph; the mean carries the guard's
+scheduled full checks, which fall in some bursts only). Each kit variant has its own guard (its own schedule).
 
 Cases (every graphed or compiled result is compared with eager first):
   mlp48   48 ``Linear(64, 64)`` layers (96 tensors), batch 8: on one graph, hand-written, the kit with its guard
-          (default), the kit inside ``weights_fixed`` (one block per burst of calls) and the kit without a guard;
+          (default), the kit inside ``weights_fixed`` (one block per burst of calls; a guard of its own over the same
+          reads) and the kit without a guard;
           then the kit before this change (``--baseline``) and ``torch.compile(mode="reduce-overhead")``.
   llama   a transformers ``LlamaForCausalLM`` decode step with a ``StaticCache`` (12 layers, hidden 768, random
           weights, bf16, batch 1): the same variants, ``reduce-overhead`` compiling the same step function with the
@@ -161,7 +163,7 @@ def summarize(rows: list, failures: dict, cases: list) -> list:
         for variant in names:
             if variant not in by:
                 out.append({"case": case, "variant": variant, "median_us": nan, "q1_us": nan, "q3_us": nan,
-                            "minus_hand_written_median_us": nan, "rounds": 0,
+                            "minus_hand_written_median_us": nan, "minus_hand_written_mean_us": nan, "rounds": 0,
                             "status": "failed: " + why.get(variant, "no samples")})
                 continue
             samples = by[variant]
@@ -175,8 +177,13 @@ def summarize(rows: list, failures: dict, cases: list) -> list:
             else:  # bursts: the median of the per-round differences
                 diffs = [samples[k] - hand[k] for k in samples if k in hand]
                 diff = statistics.median(diffs) if diffs else nan
+            # the mean carries what a schedule spreads over calls (a full check every full_check_every calls lands
+            # in some bursts only, which a median over bursts leaves out)
+            mean = (statistics.fmean([samples[k] - hand[k] for k in samples if k in hand])
+                    if hand is not None and not case.startswith("after_module") and any(k in hand for k in samples)
+                    else nan)
             out.append({"case": case, "variant": variant, "median_us": med, "q1_us": q[0], "q3_us": q[2],
-                        "minus_hand_written_median_us": diff, "rounds": len(xs),
+                        "minus_hand_written_median_us": diff, "minus_hand_written_mean_us": mean, "rounds": len(xs),
                         "status": "; ".join(["ok"] + ([NOTES[(case, variant)]] if (case, variant) in NOTES else []))})
     return out
 
@@ -257,9 +264,15 @@ def kit_variants(kit, case: str, make_graph, old_capture, args_now: tuple, check
             graph.replay()
         g_off = GraphedCallable(g_on.fn, statics, g_on.static_outputs, graph, "graph", g_on.calls_per_graph,
                                 g_on.clone_outputs, g_on.pool, no_grad=g_on.no_grad, guard=None)
+        # weights_fixed gets a guard of its own over the same reads: two variants sharing one guard would share its
+        # schedule, and its full checks would fall in whichever variant's burst crossed the count
+        from cudagraph_kit.guard import Guard
+        own = Guard(g_on.guard.roots, [t for t in g_on.guard.tensors if t is not None]) if g_on.guard else None
+        g_wf = GraphedCallable(g_on.fn, statics, g_on.static_outputs, graph, "graph", g_on.calls_per_graph,
+                               g_on.clone_outputs, g_on.pool, no_grad=g_on.no_grad, guard=own)
         variants["hand_written"] = (hand, None)
         variants["kit"] = (lambda: g_on(*args_now), None)
-        variants["kit_weights_fixed"] = (lambda: g_on(*args_now), lambda: weights_fixed(g_on))
+        variants["kit_weights_fixed"] = (lambda: g_wf(*args_now), lambda: weights_fixed(g_wf))
         variants["kit_check_off"] = (lambda: g_off(*args_now), None)
     else:
         for v in ("hand_written", "kit_weights_fixed", "kit_check_off"):
