@@ -9,6 +9,7 @@
 """
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -696,14 +697,27 @@ def _duration(seconds):
 
 
 REHEARSAL = ROOT / "figures" / "colab_rehearsal" / "rehearsal.csv"
-REHEARSAL_NOTE = (
-    "The rehearsal column ran each notebook at full size on an H100 under a Colab runtime's limits: 2 CPU cores, 15 GiB "
-    "of GPU memory, no bf16, Inductor's compile threads as on 2 cores (`bash scripts/colab_rehearsal.sh`; "
-    "`figures/colab_rehearsal/`). It is H100 compute with Colab's constraints, not a T4 time. \"host memory\" flags a "
-    "notebook whose kernel and child processes together held more than Colab's 12.7 GiB. The recorded rehearsal "
-    "added up their resident sizes, which count the pages a forked child shares with the kernel (04's six DataLoader "
-    "workers) once per child, so that figure overstates; the rehearsal now adds proportional sizes, which count a "
-    "shared page once.")
+def rehearsal_note() -> str:
+    """How the recorded rehearsal ran (GPU, cap), read from figures/colab_rehearsal/rehearsal.json."""
+    path = REHEARSAL.with_name("rehearsal.json")
+    runs = json.loads(path.read_text()).get("runs", []) if path.is_file() else []
+    gpus = sorted({(r.get("gpu") or {}).get("gpu") for r in runs} - {None}) or ["a GPU"]
+    caps = sorted({re.search(r"gpu memory ([\d.]+) GiB", r.get("constraints", "")).group(1) for r in runs
+                   if re.search(r"gpu memory ([\d.]+) GiB", r.get("constraints", ""))})
+    contexts = sorted({(r.get("gpu") or {}).get("context_mib") for r in runs} - {None})
+    cap = (f"PyTorch's allocator capped at {' and '.join(caps)} GiB"
+           + (f" (a T4's 15,360 MiB less the CUDA context measured there, {', '.join(map(str, contexts))} MiB)"
+              if contexts else "") if caps else "PyTorch's allocator capped")
+    gpu = " and ".join(gpus)
+    return (f"The rehearsal column ran each notebook at full size on an {gpu} under a Colab runtime's limits: 2 CPU "
+            f"cores, {cap}, no bf16, Inductor's compile threads as on 2 cores (`bash scripts/colab_rehearsal.sh`; "
+            f"`figures/colab_rehearsal/`). It is {gpu} compute with Colab's constraints, not a T4 time. \"host "
+            "memory\" flags a notebook whose kernel and child processes together held more than Colab's 12.7 GiB. "
+            + ("The recorded rehearsal added up their resident sizes, which count the pages a forked child shares "
+               "with the kernel (04's six DataLoader workers) once per child, so that figure overstates; the "
+               "rehearsal now adds proportional sizes, which count a shared page once."
+               if "resident sizes (RSS)" in (json.loads(path.read_text()).get("note", "") if path.is_file() else "")
+               else "It adds proportional sizes, which count a page a forked child shares with the kernel once."))
 
 
 def rehearsal_rows() -> dict:
@@ -745,7 +759,7 @@ def start_here_block():
     lines += ["", f"Together about {total / 60:.0f} min on the {' and '.join(sorted(gpus))} GPUs named above (times "
               "measured by `reproduce`, read from `figures/reproduce_times*.json`); a Colab T4 has not been timed."]
     if rehearsal:
-        lines += ["", REHEARSAL_NOTE]
+        lines += ["", rehearsal_note()]
     return "\n".join(lines)
 
 
