@@ -38,7 +38,7 @@ How it knows what to watch, without guessing from source code:
      held weakly by the guard, so replacing it there frees it.
    - *a full check*: every recorded holder re-read by identity (no new search), the address, strides, shape and
      dtype of every read tensor, the mode of every module on the paths. It runs every ``FULL_CHECK_EVERY`` calls
-     (128; ``guard.full_check_every`` per guard; inside a :func:`weights_fixed` block, at its end when one fell due)
+     (256; ``guard.full_check_every`` per guard; inside a :func:`weights_fixed` block, at its end when one fell due)
      and with ``check(full=True)``. A holder replaced by one that leads to the same read tensors
      (``optimizer.load_state_dict`` of the same state) is no change: the guard then records the new holders.
 
@@ -522,9 +522,9 @@ _LIVE_GUARDS = [0]
 _data_ptr = torch.Tensor.data_ptr
 _stride = torch.Tensor.stride
 _shape_dtype = operator.attrgetter("shape", "dtype")
-# calls between two full checks (see the module docstring). A full check costs about 100 µs of host time on 96
-# tensors (an H200's host, figures/00_overhead/checks.csv): every 128 calls that is under 1 µs per call
-FULL_CHECK_EVERY = 128
+# calls between two full checks (see the module docstring). A full check costs 100-180 µs of host time on 96 tensors
+# (an H200's host, figures/00_overhead/checks.csv: about 1.9 µs a tensor): every 256 calls that is under 1 µs a call
+FULL_CHECK_EVERY = 256
 
 
 def _event(module, name, _value):

@@ -391,7 +391,12 @@ def overhead_section():
              f"every {checks[c].full_check_every:.0f} calls" for c in OVERHEAD_CASES if c in checks
              and getattr(checks[c], "per_call_part_us", float("nan")) == getattr(checks[c], "per_call_part_us", 0)]
     if parts:
-        lines += ["", "The guard's check alone, nothing launched: " + "; ".join(parts) + "."]
+        from cudagraph_kit.guard import FULL_CHECK_EVERY
+        recorded = {int(checks[c].full_check_every) for c in OVERHEAD_CASES if c in checks
+                    and checks[c].full_check_every == checks[c].full_check_every}
+        lines += ["", "The guard's check alone, nothing launched: " + "; ".join(parts) + "."
+                  + (f" The kit now runs a full check every {FULL_CHECK_EVERY} calls; this run predates that change."
+                     if recorded and recorded != {FULL_CHECK_EVERY} else "")]
     if "minus_hand_written_mean_us" in df.columns:
         means = "; ".join(f"{OVERHEAD_CASES[c]}: kit {r.minus_hand_written_mean_us:+.1f} µs" for c in ("mlp48", "llama")
                           for r in df[(df.case == c) & (df.variant == "kit")].itertuples())
