@@ -3,7 +3,8 @@
 Read by ``tests/test_notebook_sources.py`` (its check of the committed notebook is an expected failure for them;
 strict: once the executed notebook is committed it passes, the xfail turns into a failure, and the entry must go), by
 ``tests/test_notebook_budget.py`` (their printed output is not counted from an older run) and by the ``conftest.py`` at
-the checkout's root (nbval runs their committed cells without comparing outputs that older code printed)."""
+the checkout's root (nbval skips their committed notebooks, which hold older code; tests/test_nb_NN.py runs the
+sources)."""
 
 AWAITING_GPU_RUN: dict = {stem: reason for stem, reason in (
     (stem, "cut to the printed-output budget (at most about 800 words and 4 tables, five verdicts per experiment in the "

@@ -248,8 +248,8 @@ def test_the_count_of_compared_cells_is_the_one_nbval_collects():
     assert done.returncode == 0, done.stdout + done.stderr
     m = SUMMARY.search(done.stdout)
     assert m, done.stdout
-    # a notebook awaiting its GPU recording (tests/awaiting_gpu_run.py) runs without comparisons: its outputs are of
-    # older code (the root conftest.py)
+    # a notebook awaiting its GPU recording (tests/awaiting_gpu_run.py) is skipped: it holds older code (the root
+    # conftest.py)
     from awaiting_gpu_run import AWAITING_GPU_RUN
     total = sum(t for _, t in counted.values())
     marked = sum(len(c) for c, _ in counted.values())
