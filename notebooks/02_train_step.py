@@ -180,28 +180,30 @@ else:
 # batch in and replay. A batch of another shape (the short last batch) runs an **eager** step on the same
 # parameters. The returned loss is a GPU tensor: read it with `.item()` only when you log, since every `.item()`
 # waits for the GPU. `capturable=True` keeps Adam's step count on the GPU, so that its update can be captured.
-# Without CUDA, `eager_fallback=True` runs plain eager steps (`mode == "eager"`; the state stays `warmup`).
+# Without CUDA, `eager_fallback=True` runs plain eager steps (`mode == "eager"`; the state stays `warmup`). The
+# cell prints a line wherever what a call ran changes, read from the step's counters (`replays`, `eager_steps`).
 
 # %%
 model = make_model(D_IN, H, D_OUT)
-opt = make_opt("SGD", model.parameters())
-step = capture_train_step(model, opt, loss_fn, batches[0], eager_fallback=True)
-seen = None
+step = capture_train_step(model, make_opt("SGD", model.parameters()), loss_fn, batches[0], eager_fallback=True)
+counts, seen = lambda: (step.replays, step.eager_steps, step.warmup_steps), None   # what the step reports
 for i, (x, y) in enumerate(batches[:12]):
-    loss = step(x, y)
-    if (len(x), step.state) != seen:   # a line where something changes: warm-up, capture, a short batch
-        print(f"call {i + 1:2d}: batch {len(x):2d} rows, mode={step.mode}, state={step.state:8s} loss={loss.item():.4f}")
-    seen = (len(x), step.state)
-print(step)
-del model, opt, step
+    before, loss = counts(), step(x, y)
+    grew = [now > then for now, then in zip(counts(), before)]
+    ran = "replayed" if grew[0] else "eager: other shape" if grew[1] else "eager: warm-up" if grew[2] else "eager"
+    if (len(x), ran) != seen:   # a line where something changes: warm-up, capture, a short batch
+        print(f"call {i + 1:2d}: batch {len(x):2d} rows, {ran:18s} state={step.state:8s} loss={loss.item():.4f}")
+    seen = (len(x), ran)
+del model, step
 
 # %% [markdown]
 # ## 4. Training parity: eager vs whole-step graph
 # Same seed, same batches (short ones included), `PARITY_STEPS` steps, trained once eagerly and once with
 # `capture_train_step`. Without dropout the graph replays the same kernels on the same numbers, so the parameters
-# should match (the cell asserts a difference below 1e-5). With dropout, each replay draws new masks from the
-# same generator ("Going further" D explains how), so the loss statistics match. Without a GPU the kit ran every
-# step eagerly: these runs then compare eager with eager, and the recorded GPU run's parity rows follow.
+# should match (the cell asserts a difference below 1e-5). With dropout, both runs start from the same seed, and
+# each replay draws new masks from the same generator in the same order as eager ("Going further" D explains how):
+# the table shows whether the parameters and the per-step losses still match. Without a GPU the kit ran every step
+# eagerly: these runs then compare eager with eager, so the recorded GPU run's parity rows are shown instead.
 
 # %%
 def train_eager(model, opt, batches):
@@ -225,13 +227,13 @@ for opt_name, dropout in [("SGD", False), ("Adam(capturable)", False), ("SGD", T
     parity_rows.append(parity_row(case, ref, test, base, ref_losses, losses, step, dropout))
     curves[case] = (ref_losses, losses, step.mode)
     adam_runs = (base, ref, test, step) if opt_name.startswith("Adam") else adam_runs  # "Going further" F
-    if not dropout:  # correct before fast: without dropout the graph must train like eager
-        assert parity_rows[-1]["max_abs_param_diff"] < 1e-5, parity_rows[-1]
+    assert dropout or parity_rows[-1]["max_abs_param_diff"] < 1e-5, parity_rows[-1]  # without dropout: like eager
 parity = pd.DataFrame(parity_rows)
 rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's parity rows
 shown = parity if CUDA else rec.df[rec.df.case.isin(parity.case)] if rec else parity.iloc[0:0]
+print(f"{'This run, on ' + WHERE if CUDA else getattr(rec, 'caption', 'No recorded run')}: {shown.steps.max():.0f} steps")
 display(shown[["case", "max_abs_param_diff", "params_bitwise_equal", "steps_with_different_loss",
-               "mean_loss_last_quarter_eager", "mean_loss_last_quarter_variant"]])
+               "mean_loss_last_quarter_eager", "mean_loss_last_quarter_variant"]].style.hide(axis="index"))
 
 # %% tags=["nbval-check-output"]
 fig_loss = figures.loss_curves(curves, f"Same seed, same batches: eager vs graphed training on {WHERE}")
@@ -257,7 +259,7 @@ fig_loss = figures.loss_curves(curves, f"Same seed, same batches: eager vs graph
 
 # %%
 step_cases = {}  # case -> (variants, (x, y), options), as measure() takes them
-stream_note = StreamWarningNote()   # autograd's AccumulateGrad stream warning: noted, not shown ("Going further" H)
+stream_note = StreamWarningNote()   # a warning autograd gives once: gradients met on two streams ("Going further" H)
 with stream_note.watch("section 5's make_graphed_callables rows", f"MLP {next(iter(SIZES))}, SGD"):
     for size, (n, d_in, h, d_out) in SIZES.items():
         x, y = torch.randn(n, d_in, device=DEVICE), torch.randn(n, d_out, device=DEVICE)
@@ -394,9 +396,9 @@ TAKEAWAYS = [
     "`zero_grad(set_to_none=True)` before capture, then `copy_` + `replay()` per batch.",
     "It trains like the eager loop: the same parameters where the arithmetic is the same; dropout draws fresh "
     "masks on every replay.",
-    "Graphing the whole step removes far more launches than graphing the model only: on the small network the "
-    "whole-step graph was {graph_beats_eager_small_sgd} faster than eager and {graph_beats_model_only_small_sgd} "
-    "faster than `make_graphed_callables`.",
+    "Graph the whole step, not only the model: on the small network the whole-step graph was "
+    "{graph_beats_eager_small_sgd} faster than eager and {graph_beats_model_only_small_sgd} faster than "
+    "`make_graphed_callables`.",
     "Where the GPU's work fills the step (the docs size), a graph can only remove the gaps between kernels: "
     "{graph_beats_eager_docs_sgd:statement}.",
     "AMP works the same way: bf16 on compute capability 8.0 or newer, else fp16 with the scaler's step after "
