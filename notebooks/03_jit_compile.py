@@ -58,6 +58,8 @@ MLP_BATCH = 8      # section 6: rows per call (small: launch-bound)
 MATMUL_PRECISION = "high"  # float32 matmuls on a GPU, eager and compiled alike ("high": TF32; see section 6)
 
 # %%
+import logging
+
 import pandas as pd
 import torch
 from IPython.display import display
@@ -162,6 +164,8 @@ if scripted is not None:
 # from the replay: the graph holds only the fused kernel. (`dynamic=False`: one kernel per shape, as a graph.)
 
 # %%
+if not CUDA:   # Inductor imports torch.utils.cpp_extension, which logs "No CUDA runtime is found, using CUDA_HOME=..."
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)   # on a machine without a GPU: expected
 compiled = torch.compile(fresh(gelu), dynamic=False) if COMPILE_CASES else None
 for case in COMPILE_CASES:
     add(case, "torch.compile", compiled)          # the first call compiles (slow, once per shape)
@@ -175,7 +179,7 @@ print("torch.compile ran on:", COMPILE_CASES or "nothing (COMPILE=False)")
 # to stay at one address into the graph's static buffer; and bookkeeping of the outputs it handed out, which live
 # in the graph's memory pool and are reused by a later run. `torch.compiler.cudagraph_mark_step_begin()` marks
 # where an iteration starts; the first call to it changes how the process counts iterations, so the marked
-# variants are timed later (section 5). Without a GPU there is no `reduce-overhead` graph, so these rows are GPU-only.
+# variants are timed later, in phase 2. Without a GPU there is no `reduce-overhead` graph, so these rows are GPU-only.
 
 # %%
 ro = None
@@ -212,16 +216,20 @@ if ro is not None:
     torch.testing.assert_close(y2, gelu(x2))
     print("with y1 = f(x1).clone(): y1 survives the next call and matches eager.")
     del y1, y2, ro_first
-else:
-    print("skipped: needs an NVIDIA GPU and torch.compile.")
+else:   # no reduce-overhead graph here: say so, then the recorded GPU run's outcome, labelled
+    rec = results.load(STEM)
+    print("No NVIDIA GPU here (or COMPILE=False): reduce-overhead built no graph, so no output was read after a call.")
+    if rec is not None and rec.env.get("reduce_overhead_stale_output"):
+        print(f"{rec.caption}:\n  y1 from a replay, read after the next call: {rec.env['reduce_overhead_stale_output']}"
+              f"\n  y1 from a first call (a warm-up run): {rec.env['reduce_overhead_stale_output_first_call']}")
 
 # %% [markdown]
-# ### Timing phase 1: everything before the first `mark_step_begin`
+# ## 5. Timing phase 1: everything before the first `mark_step_begin`
 # Every variant above agreed with eager on new data (`add` checked it). `measure` times the variants of each
 # tensor round-robin in `WINDOWS` [windows](../docs/GLOSSARY.md), each speedup with its 90% prediction interval;
 # the profiler, in the last window, reads the [floor](../docs/GLOSSARY.md), the kernels per call and what each
 # variant ran as. "Fusion alone" is `jit.script` where TorchScript works, else `torch.compile`. Below: each
-# variant's median time, a chart of its speedup with its interval, and four verdicts; "Going further" C lists every
+# variant's median time, a chart of its speedup with its interval, and four verdicts; "Going further" D lists every
 # verdict, with the floors.
 
 # %%
@@ -244,35 +252,12 @@ results.show(m1, STEM, figure=True, table="times",   # without a GPU: the record
                         "ro_naive_beats_eager_small"])
 
 # %% [markdown]
-# Default `torch.compile` launches one fused kernel but spends tens of µs in Python before it. `reduce-overhead`
-# keeps that Python, adds its bookkeeping, and launches two things instead of one: the input copy (a kernel,
-# `torch._foreach_copy_`) and the graph. On one fused kernel its graph has almost nothing left to save. A graph of
+# Default `torch.compile` launches one fused kernel, after its Python (guards and a runtime wrapper).
+# `reduce-overhead` keeps that Python, adds its bookkeeping, and per call also copies the input into the graph's
+# buffer (`torch._foreach_copy_`) before the replay. On one fused kernel its graph saves at most that one launch,
+# and what it adds can cost more: compare its rows with `torch.compile`'s above, and read its verdict. A graph of
 # the compiled function skips all the Python: one `copy_` and one `replay()`, or only `replay()` with the input
-# in place. ("Going further" A shows where the CPU time of one call goes.)
-#
-# ## 5. Using `reduce-overhead` as documented
-# The documentation recommends `torch.compiler.cudagraph_mark_step_begin()` before each call, and, where your
-# data is produced into the same tensor every iteration, `torch._dynamo.mark_static_address(buf, guard=True)`, so
-# that the graph reads it in place instead of copying it. These variants are timed in **phase 2**, as cases of
-# their own (`small, phase 2`, ...) with eager and the graph of the compiled function timed again beside them.
-
-# %%
-late = {}   # phase 2's GELU cases: {case: {name: fn}}
-if ro is not None:
-    ro_static = torch.compile(fresh(gelu), mode="reduce-overhead", dynamic=False)
-    for case in COMPILE_CASES:
-        add(case, RO_MARK, with_mark_step(ro))
-        buf = inputs[case].clone()                 # the buffer your pipeline writes each new input into
-        # before the first call, so the graph is built for it; guard=True: a new address recompiles
-        torch._dynamo.mark_static_address(buf, guard=True)
-        in_place = with_mark_step(ro_static)
-        for _ in range(3):
-            in_place(buf)
-        # timed: the data is already in `buf` (the argument is ignored); checked: new data written into `buf` first
-        add(case, "reduce-overhead, static input", lambda _x, f=in_place, b=buf: f(b), prepare=buf.copy_)
-        late[f"{case}, phase 2"] = {n: variants[case][n] for n in ("eager", "torch.compile + graph" + IP,
-                                    RO_MARK, "reduce-overhead, static input")}
-print("phase 2 GELU cases:", list(late) or "none (needs an NVIDIA GPU)")
+# in place. ("Going further" B shows where the CPU time of one call goes.)
 
 # %% [markdown]
 # ## 6. A deeper model: many kernels per call
@@ -281,12 +266,10 @@ print("phase 2 GELU cases:", list(late) or "none (needs an NVIDIA GPU)")
 # of `MLP_BATCH` rows (inference): short kernels, launch-bound. Timed in phase 2: eager, default `torch.compile`,
 # `reduce-overhead` (with marks), the kit's graph of the eager model, and a graph of the compiled model.
 #
-# **One pitfall first: the cuBLAS workspace.** cuBLAS keeps a scratch [*workspace*](../docs/GLOSSARY.md) per stream, and a graph
-# captured after it exists bakes its address in. `reduce-overhead` frees those workspaces when it warms up or
-# records, so a graph the kit captured earlier could then write into memory other tensors own. This process mixes
-# both, so each function the kit captures is wrapped in `fresh_cublas_workspace`: the capture then allocates its
-# own workspace inside the graph's pool. (Both sides use one float32 matmul precision, `MATMUL_PRECISION`, so that
-# the comparison measures launches, not a different matmul kernel: "Going further" B.)
+# **One pitfall: the cuBLAS [*workspace*](../docs/GLOSSARY.md).** A graph bakes in the address of cuBLAS's scratch
+# workspace, which `reduce-overhead` frees when it records, so each function the kit captures here is wrapped in
+# `fresh_cublas_workspace`: the capture gets its own workspace in the graph's pool. (One float32 matmul precision,
+# `MATMUL_PRECISION`, on both sides: "Going further" C.)
 
 # %%
 mlp = mlp_stack(MLP_LAYERS, MLP_WIDTH, seed=0, device=DEVICE).requires_grad_(False)
@@ -357,18 +340,17 @@ else:
     print("skipped: needs an NVIDIA GPU (and torch.compile).")
 
 # %% [markdown]
-# ### Timing phase 2: sections 5, 6 and 6b together
-# Every window times the section-5 GELU cases, the MLP forward and the training step, so the windows of each case
-# are spread over the whole phase. ("Going further" B says whether `mark_static_address` removed the input copy.)
+# ### Timing phase 2: sections 6 and 6b together
+# Every window times the MLP forward and the training step, so the windows of each case are spread over the whole
+# phase. ("Going further" A times `reduce-overhead` on the GELU as the documentation recommends.)
 
 # %%
-phase_2_cases = {**{case: (fns, (inputs[case.split(",")[0]],)) for case, fns in late.items()},
-                 MLP_CASE: (mlp_variants, (x_mlp,))}
+phase_2_cases = {MLP_CASE: (mlp_variants, (x_mlp,))}
 if train_steps:
     phase_2_cases[TRAIN_CASE] = (train_steps, (x_train, y_train))
 m2 = timed(phase_2_cases, PHASE_2, verdicts.reduce_overhead_in_use)
-results.show(m2, STEM, figure=True, table="times", headlines=["ro_static_beats_eager_small", "ro_beats_compile_mlp",
-                                                               "ro_beats_eager_training", "kit_beats_ro_training"])
+results.show(m2.part(cases=r"^MLP ", claims=r"_(mlp|training)$"), STEM, figure=True, table="times",
+             headlines=["ro_beats_compile_mlp", "ro_beats_eager_training", "kit_beats_ro_training"])
 
 # %% [markdown]
 # ## 7. Fusion vs graphs, and the published figures
@@ -397,7 +379,7 @@ if now is not None:   # speedups over eager (x); this run's with its 90% interva
     now["this run (x)"] = now.speedup.where(now["90% interval"] == "", now.speedup + " (" + now["90% interval"] + ")")
     print("This run:" if CUDA else f"{rec.caption}:")
     display(PUBLISHED[["case", "variant", "K80 blog (x)", "H100 reference (x)"]].merge(
-        now[["case", "variant", "this run (x)"]], on=["case", "variant"], how="left").round(2).fillna("-"))
+        now[["case", "variant", "this run (x)"]], on=["case", "variant"], how="left").round(2).astype(object).fillna("-"))
 
 # %% [markdown]
 # **Why the ratios differ.** On the K80 the GPU was the bottleneck for both tensors (each kernel ran longer than
@@ -428,10 +410,48 @@ results.show_takeaways(STEM, claims, TAKEAWAYS);
 
 # %% [markdown]
 # ## Going further (optional)
-# Where the time of one call goes, a fair comparison on the MLP, every verdict of this run, and saving the
-# results. The exercises follow.
+# `reduce-overhead` as documented, where the time of one call goes, a fair comparison on the MLP, every verdict of
+# this run, and saving the results. The exercises follow.
 #
-# ### A. Where the time of a call goes
+# ### A. `reduce-overhead` as documented: marks and a static input
+# The documentation recommends `torch.compiler.cudagraph_mark_step_begin()` before each call, and, where your
+# data is produced into the same tensor every iteration, `torch._dynamo.mark_static_address(buf, guard=True)`, so
+# that the graph reads it in place instead of copying it. These variants are timed here, after the first
+# `mark_step_begin` (phase 2) and before any profiler runs, as cases of their own (`small, phase 2`, ...) with eager
+# and the graph of the compiled function timed again beside them. The kernels per call of section 4's variant
+# against this one's then say whether `mark_static_address` removed the input copy on this PyTorch.
+
+# %%
+late = {}   # phase 2's GELU cases: {case: {name: fn}}
+if ro is not None:
+    ro_static = torch.compile(fresh(gelu), mode="reduce-overhead", dynamic=False)
+    for case in COMPILE_CASES:
+        add(case, RO_MARK, with_mark_step(ro))
+        buf = inputs[case].clone()                 # the buffer your pipeline writes each new input into
+        # before the first call, so the graph is built for it; guard=True: a new address recompiles
+        torch._dynamo.mark_static_address(buf, guard=True)
+        in_place = with_mark_step(ro_static)
+        for _ in range(3):
+            in_place(buf)
+        # timed: the data is already in `buf` (the argument is ignored); checked: new data written into `buf` first
+        add(case, "reduce-overhead, static input", lambda _x, f=in_place, b=buf: f(b), prepare=buf.copy_)
+        late[f"{case}, phase 2"] = {n: variants[case][n] for n in ("eager", "torch.compile + graph" + IP,
+                                    RO_MARK, "reduce-overhead, static input")}
+print("phase 2 GELU cases:", list(late) or "none (needs an NVIDIA GPU)")
+m3 = timed({case: (fns, (inputs[case.split(",")[0]],)) for case, fns in late.items()}, PHASE_2,
+           verdicts.reduce_overhead_in_use) if late else None
+claims = claims + (m3.claims if m3 else [])
+if m3 is not None:
+    results.show(m3, STEM, table="times")
+for case in late:
+    base = case.split(",")[0]
+    before, after = (m1.row(base, "reduce-overhead, output dropped").kernels_per_call,
+                     m3.row(case, "reduce-overhead, static input").kernels_per_call)
+    print(f"{base}: mark_static_address {'removed' if after < before else 'did not remove'} the input copy on "
+          f"PyTorch {torch.__version__} ({before:g} -> {after:g} kernels per call).")
+
+# %% [markdown]
+# ### B. Where the time of a call goes
 # Two measurements, made after all timings (a profiler session slows every later kernel launch in the process).
 # First, what the GPU does per call and which CUDA runtime calls the CPU makes: each kernel launch
 # (`cudaLaunchKernel`, or a variant such as `cuLaunchKernel` for Triton's kernels) and each `cudaMemcpyAsync`
@@ -458,20 +478,7 @@ else:
     print("skipped: needs an NVIDIA GPU.")
 
 # %% [markdown]
-# ### B. The static input, and a fair comparison on the MLP
-# Did `mark_static_address` remove `reduce-overhead`'s input copy on this PyTorch? The kernels per call of section
-# 4's variant against section 5's say so.
-
-# %%
-for case in late:
-    base = case.split(",")[0]
-    before, after = (m1.row(base, "reduce-overhead, output dropped").kernels_per_call,
-                     m2.row(case, "reduce-overhead, static input").kernels_per_call)
-    print(f"{base}: mark_static_address {'removed' if after < before else 'did not remove'} the input copy on "
-          f"PyTorch {torch.__version__} ({before:g} -> {after:g} kernels per call).")
-
-# %% [markdown]
-# **A fair comparison needs comparable GPU work.**
+# ### C. A fair comparison on the MLP: comparable GPU work
 # A graph removes launches, not slow kernels: it cannot run faster than the kernels it replays (the floor). Eager
 # `nn.Linear` and the compiled forward call cuBLAS through different operators (eager: one `addmm` with the bias;
 # Inductor: a plain `mm` plus a fused bias + ReLU kernel), so cuBLAS may pick different matrix-multiply kernels
@@ -491,7 +498,7 @@ else:
     print("The floors come from the GPU; the recorded run has them (figures/03_jit_compile).")
 
 # %% [markdown]
-# ### C. Every verdict of this run, and the recorded run beside it
+# ### D. Every verdict of this run, and the recorded run beside it
 # The takeaways quote a few verdicts; here is each one this run computed (without a GPU, the graph comparisons
 # say they compared eager with eager), and the GPU run recorded in `figures/`.
 
@@ -502,7 +509,7 @@ results.show_recorded(STEM, columns=["case", "variant", "executed_as", "median_u
                                      "speedup_hi", "floor_us", "kernels_per_call"]);
 
 # %% [markdown]
-# ### D. Save the results
+# ### E. Save the results
 # `speedup` is relative to eager in the same case (phase 2's GELU rows are cases of their own). `floor_us` is the
 # GPU-busy time per call: fusion lowers it (fewer passes over memory); a graph brings the time per call down
 # *towards* it. Saved in `build/figures/03_jit_compile/` by default, never over the recorded run in `figures/`.
@@ -514,7 +521,7 @@ from cudagraph_kit.course.measuring.results import shown  # noqa: E402
 shape_of = {case: "x".join(map(str, SHAPES[case.split(",")[0]])) for case in [*SHAPES, *late]}
 errors_of = {**{(c.split(",")[0], v): e for c in [*SHAPES, *late] for v, e in errors[c.split(",")[0]].items()},
              **{(MLP_CASE, v): e for v, e in mlp_errors.items()}, **{(TRAIN_CASE, v): e for v, e in train_errors.items()}}
-df = pd.concat([m1.table, m2.table], ignore_index=True)
+df = pd.concat([m1.table, m2.table] + ([m3.table] if m3 else []), ignore_index=True)
 df.insert(1, "shape", [shape_of.get(c, f"{MLP_BATCH}x{MLP_WIDTH}") for c in df.case])
 df["max_abs_err"] = [errors_of[(c if c in (MLP_CASE, TRAIN_CASE) else c.split(",")[0], v.replace(" (eager fallback)", ""))]
                      for c, v in zip(df.case, df.variant)]
