@@ -116,6 +116,9 @@ def test_the_times_table_names_a_graph_that_ran_eagerly():
     assert list(times.columns) == ["variant", "small (µs)", "large (µs)"]
     assert list(times.variant) == ["eager", "cuda graph (ran eagerly)", "torch.compile", "cuda graph"]
     assert times.loc[2, "large (µs)"] == "-" and times.loc[1, "small (µs)"] == "10.0"
+    # per= names what one timed call is in every column
+    assert list(results._times(t, cuda=True, per="pass").columns) == ["variant", "small (µs per pass)",
+                                                                      "large (µs per pass)"]
 
 
 def test_a_recorded_row_labelled_compiled_that_ran_eagerly_is_named_as_it_ran(monkeypatch, capsys, tmp_path):

@@ -219,7 +219,7 @@ def show_figure(stem: str, name: str, root=None) -> Path | None:
 
 
 def show(m, stem: str | None = None, verdicts=None, *, figure: bool = False, headlines=None,
-         table: str = "short") -> None:
+         table: str = "short", per: str | None = None) -> None:
     """Show an experiment's result (``m``, from ``measure``) in a notebook: the short table, then one sentence per
     verdict. Where no graph ran (no GPU, or ``m`` is None: the experiment needs one) CPU times say nothing about
     graphs, so none are shown: with ``stem``, the recorded GPU run's rows and verdicts of the whole experiment
@@ -230,7 +230,8 @@ def show(m, stem: str | None = None, verdicts=None, *, figure: bool = False, hea
     the GPU and date they were measured on (never a CPU timing). ``headlines``: the ids of the verdicts to state
     here, in that order (a notebook's core states at most five per experiment); a last line counts the others,
     which are saved in ``claims.csv`` (``claims.summary`` lists them). ``table``: ``"short"`` (``Measured.short``), ``"times"`` (the median time of
-    each variant, one column per case: the speedups are in the figure) or None.
+    each variant, one column per case: the speedups are in the figure) or None. ``per``: what one timed call is,
+    named in the times table's columns ("<case> (µs per <per>)"), e.g. ``per="pass"``.
 
     Example::
 
@@ -249,7 +250,7 @@ def show(m, stem: str | None = None, verdicts=None, *, figure: bool = False, hea
         pairs = [(c.claim, c.statement) for c in m.claims]
         where = (f"This run, on {torch.cuda.get_device_name(0)}, "
                  f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
-        _show_parts(m, None, table, pairs, headlines, figure, where, cuda=None, stem=stem)
+        _show_parts(m, None, table, pairs, headlines, figure, where, cuda=None, stem=stem, per=per)
         return
     rec = load(stem) if stem else None
     if rec is None:
@@ -273,7 +274,7 @@ def show(m, stem: str | None = None, verdicts=None, *, figure: bool = False, hea
     caption = (f"No GPU here: no graph ran, so this run's CPU times are not shown (they say nothing about graphs). "
                f"The recorded GPU run's rows and verdicts: {rec.caption}.")
     where = f"Recorded on {rec.env.get('gpu') or 'a GPU'}, {rec.env.get('date')} (not this run)"
-    _show_parts(recorded, caption, table, pairs, headlines, figure, where, cuda=True, stem=stem)
+    _show_parts(recorded, caption, table, pairs, headlines, figure, where, cuda=True, stem=stem, per=per)
 
 
 def _named_as_ran(m, pairs):
@@ -292,7 +293,7 @@ def _named_as_ran(m, pairs):
     return pairs
 
 
-def _show_parts(m, caption, table, pairs, headlines, figure, where, cuda, stem) -> None:
+def _show_parts(m, caption, table, pairs, headlines, figure, where, cuda, stem, per=None) -> None:
     """``show``'s output: the caption and table, the speedups figure, then the verdict sentences (``pairs``: (claim
     id, sentence)), the ``headlines`` alone where given, with a line counting the others."""
     shown = pairs if headlines is None else [(c, s) for h in headlines for c, s in pairs if c == h]
@@ -301,7 +302,7 @@ def _show_parts(m, caption, table, pairs, headlines, figure, where, cuda, stem) 
     if rest:
         sentences.append(f"{rest} more verdict{'s' * (rest > 1)} of this experiment, saved with the results in "
                          "`claims.csv`.")
-    rows = (m.short(cuda=cuda) if table == "short" else _times(m.table, cuda) if table == "times" else None)
+    rows = (m.short(cuda=cuda) if table == "short" else _times(m.table, cuda, per) if table == "times" else None)
     if not figure:
         _display(rows, sentences, caption)
         return
@@ -312,7 +313,7 @@ def _show_parts(m, caption, table, pairs, headlines, figure, where, cuda, stem) 
     _display(None, sentences)
 
 
-def _times(t, cuda=None):
+def _times(t, cuda=None, per=None):
     """The median time of one timed call of each variant (rows) in each case (columns, "<case> (µs)"), "-" where a
     case has no such variant; a graph that ran eagerly says so in its row's name."""
     import pandas as pd
@@ -325,7 +326,7 @@ def _times(t, cuda=None):
     cases, variants = list(dict.fromkeys(map(str, t.case))), list(dict.fromkeys(names))
     cell = {(str(c), n): f"{us:.1f}" for c, n, us in zip(t.case, names, t.median_us)}
     return pd.DataFrame([[v] + [cell.get((c, v), "-") for c in cases] for v in variants],
-                        columns=["variant"] + [f"{c} (µs)" for c in cases])
+                        columns=["variant"] + [f"{c} (µs{' per ' + per if per else ''})" for c in cases])
 
 
 def show_takeaways(stem: str, claims, lines, root=None, missing: str = "raise") -> list[str]:
