@@ -17,11 +17,13 @@
 #
 # A language model generates text one token at a time, and each token runs the whole model on one position per
 # sequence: many small kernels, each launched from Python, for very little GPU work. A CUDA graph removes those
-# launches, but it replays fixed shapes, while a [KV cache](../docs/GLOSSARY.md) that grows by one position per token changes shape at
-# every step. A **static KV cache**, allocated once for a maximum length and masked, keeps every shape fixed; then
-# one graph per batch size replays every decode step. This notebook builds a small LLaMA-style model with random
-# weights (nothing is downloaded), captures its decode step once per batch bucket with the kit, and sets it beside
-# eager decoding, `torch.compile(mode="reduce-overhead")` and `transformers`' `generate` on the same weights.
+# launches, but it replays fixed shapes, while a [KV cache](../docs/GLOSSARY.md) (each layer's keys and values of
+# the positions so far, kept so that a new token attends to them without recomputing them) grows by one position per
+# token and so changes shape at every step. A **static KV cache**, allocated once for a maximum length and masked,
+# keeps every shape fixed; then one graph per batch size replays every decode step. This notebook builds a small
+# LLaMA-style model with random weights (nothing is downloaded), captures its decode step once per batch bucket with
+# the kit, and sets it beside eager decoding, `torch.compile(mode="reduce-overhead")` and `transformers`' `generate`
+# on the same weights.
 #
 # **What you'll learn**
 # - How a static KV cache makes the decode step capturable, and how to check it first: the same greedy tokens as
@@ -77,11 +79,11 @@ from functools import partial
 import pandas as pd
 import torch
 
-from cudagraph_kit import MemoryLedger, capture_buckets, env_table, gpu_time, has_cuda, ladder
-from cudagraph_kit import capture
+from cudagraph_kit import MemoryLedger, capture, capture_buckets, env_table, gpu_time, has_cuda, ladder
 from cudagraph_kit.graphed import fresh_cublas_workspace
 from cudagraph_kit.course.lessons.decode import (attempt, check_row, compile_then_capture, first_calls,
-                                                 positions_needed, reduce_overhead_step)
+                                                 positions_needed, recorded_reading, reduce_overhead_step,
+                                                 report_checks, show_floors)
 from cudagraph_kit.course.lessons.hf_decode import hf_status
 from cudagraph_kit.course.lessons.tiny_llm import (StaticKVCache, TinyConfig, TinyLLM, greedy_generate,
                                                    greedy_generate_no_cache, hf_generate, to_hf_llama)
@@ -159,7 +161,8 @@ def decode_step(tokens, pos):
 #
 # The reference recomputes the whole sequence for every new token, with no cache. Greedy decoding with the static
 # cache (prefill the prompt, then one decode step per token) must pick the same tokens, with logits equal up to
-# rounding; a token may differ only at a near tie (`near_tie`, explained in section 6).
+# rounding. A token may differ only at a near tie (`near_tie`): eager's two best logits were so close that
+# rounding could swap them.
 
 # %%
 parity = []
@@ -178,19 +181,18 @@ assert (parity.tokens_equal | parity.near_tie).all(), "the static cache decodes 
 #
 # A decode step launches many small kernels, about as many at every batch size. As long as the GPU finishes each
 # kernel sooner than the CPU issues the next (Python, PyTorch's dispatcher, the launch itself), the CPU sets the
-# time per token. The profiler counts the kernels (GPU only); section 7 sets eager's time per step against the
-# GPU's busy time.
+# time per token. The profiler counts the kernels (without a GPU, the cell shows the recorded run's count);
+# section 7 sets eager's time per step against the GPU's busy time.
 
 # %%
 step_inputs = {b: (torch.randint(0, CFG.vocab_size, (b,), generator=gen).to(DEVICE),
                    torch.full((b,), PROMPT_LEN, dtype=torch.long, device=DEVICE)) for b in BATCHES}
 eager_profile = gpu_time(decode_step, *step_inputs[BATCHES[0]], calls=5) if CUDA else None
 if eager_profile is not None:
-    print(f"one eager decode step at batch {BATCHES[0]}: {eager_profile.kernels:.0f} kernels and "
-          f"{eager_profile.copies:.0f} copies/fills launched one by one; top kernels by GPU time: "
-          + ", ".join(f"{name[:40]} {us:.1f} µs" for name, us in eager_profile.top[:3]))
-else:
-    print("kernel counts need a GPU (torch.profiler's CUDA activity); see the recorded results at the end.")
+    print(f"one eager decode step at batch {BATCHES[0]} launched {eager_profile.kernels:.0f} kernels and "
+          f"{eager_profile.copies:.0f} copies/fills, one by one")
+else:   # the profiler's CUDA activity needs a GPU: the recorded GPU run's count, labelled
+    print("No GPU here: nothing to count.", recorded_reading(STEM, "kernels", batch=BATCHES[0]))
 
 # %% [markdown]
 # ## 4. One graph per batch bucket, in one shared pool
@@ -199,19 +201,13 @@ else:
 # copies the tokens and positions into static buffers, pads them up to the bucket (the padding rows write into
 # cache rows no sequence uses), replays, and returns the real rows' logits. The cache lives outside the graphs,
 # which read and write it in place: it must never be reallocated. The sizes are `ladder(MAX_BATCH)`: 1, 2, 4,
-# then steps of 8, the pattern vLLM captures by default.
+# then steps of 8, the pattern vLLM captures by default. The buckets share one memory pool, captured largest
+# first, so every smaller graph reuses the largest one's memory ("Going further" A measures what a set holds).
 #
-# **What the graphs hold (`held_mib`).** The buckets share one memory pool, captured largest bucket first: every
-# smaller graph reuses the blocks of the largest one, and the static input and output buffers are sized for the
-# largest bucket too. So a set of buckets holds the memory of its largest bucket alone, whatever its number of
-# graphs. `MemoryLedger.record` reads it: the shared pool plus the static buffers ("Going further" A compares
-# three sets of buckets by it).
-#
-# **One pitfall first.** A matrix multiply runs in cuBLAS, with a [*workspace*](../docs/GLOSSARY.md) that PyTorch allocates once per
-# stream and keeps; a graph bakes its address in. `reduce-overhead` (section 5) frees those workspaces whenever it
-# warms up or records a graph (`clear_cublass_cache` in PyTorch's `torch/_inductor/cudagraph_trees.py`), and a
-# graph captured earlier then writes into memory that now belongs to other tensors. `fresh_cublas_workspace(fn)`
-# frees them at the start of a capture of `fn`, so the capture allocates its own inside the graph's pool.
+# **One pitfall.** A matrix multiply runs in cuBLAS, with a [*workspace*](../docs/GLOSSARY.md) that PyTorch
+# allocates once per stream; a graph bakes its address in. `reduce-overhead` (section 5) frees those workspaces
+# whenever it records a graph, and a graph captured earlier would then write into memory that other tensors now
+# use. `fresh_cublas_workspace(fn)` gives each capture of `fn` a workspace of its own, inside the graph's pool.
 
 # %%
 graph_step = fresh_cublas_workspace(decode_step)
@@ -225,8 +221,9 @@ print(graphs)
 if CUDA:
     print(f"{len(LADDER)} graphs captured in {graphs.capture_seconds:.2f} s; they hold {kit_held:.1f} MiB (shared "
           "pool + static buffers)")
-else:
-    print("no CUDA: nothing captured; every bucket runs eagerly, padded and sliced exactly as the graphs would.")
+else:   # the recorded GPU run's capture, labelled
+    print("No GPU here: nothing captured; every bucket runs eagerly, padded and sliced exactly as the graphs would.\n"
+          + recorded_reading(STEM, "capture"))
 
 # a padded request: 3 rows served by the 4-row bucket give the same logits as eager
 t3, p3 = step_inputs[MAX_BATCH][0][:3], step_inputs[MAX_BATCH][1][:3]
@@ -243,14 +240,11 @@ assert padded_err < 1e-3
 #   size it has not seen costs a compile or a recording.
 # - **`transformers`' `generate`** on a `LlamaForCausalLM` with a copy of the same weights:
 #   `cache_implementation="static"` allocates a static cache, and on a GPU `generate` then compiles the decoding
-#   forward with `reduce-overhead` by itself. It compiles twice: at the first batch size, and at the second with
-#   the batch dimension marked dynamic ([Dynamo](../docs/GLOSSARY.md)'s automatic dynamic shapes); later sizes
-#   reuse that code and record one more graph each. Section 8 profiles one call and labels the rows by what ran:
-#   "(compiled: CUDA graphs)", or "(ran eagerly)" where no graph was launched. Its default dynamic cache (eager)
-#   is timed too.
+#   forward with `reduce-overhead` by itself ("Going further" D says when). Its default dynamic cache (eager) is
+#   timed too.
 # - **compile + kit graphs**: the decode step compiled in the default mode (fused kernels, no graphs), then
-#   captured per bucket by `capture_buckets`, as the eager step was. It must be compiled on the kind of input the
-#   capture passes, or the capture compiles again ("Going further" B says why).
+#   captured per bucket by `capture_buckets`, as the eager step was ("Going further" B says how to compile it so
+#   that the capture compiles nothing more).
 #
 # Each variant is tried on its own; one that fails becomes a row with its error, and the others go on. Inductor's
 # warning that TensorFloat32 tensor cores are "available but not enabled" is expected: the course keeps PyTorch's
@@ -298,16 +292,14 @@ def generate(label, b, logits_out=None):
     return greedy_generate(model, cache, prompts[b], NEW_TOKENS, step=STEPS[label], logits_out=logits_out)
 
 
-print("variants:", VARIANTS)
-
 # %% [markdown]
 # ## 6. Correctness of every variant, against eager
 #
 # Each variant generates `NEW_TOKENS` greedy tokens for the same prompts at every batch size; its first call at a
-# batch size also pays for its compile or recording (`first_call_s`). Identical tokens pass. Where they differ,
-# the table gives the first differing step, eager's gap between its two best logits there (`margin`) and how far
-# the variant's logits were from eager's (`logit_diff`): at a near tie (`logit_diff >= margin`) the difference is
-# rounding (other kernels sum in another order), after which the two texts part; anything else is a bug.
+# batch size also pays for its compile or recording (`first_call_s`, printed below). Identical tokens pass, and so
+# do tokens that part at a near tie: the variant's logits moved by `logit_diff`, at least eager's gap between its
+# two best logits there (`margin`), because other kernels sum in another order. Anything else is a bug, and the
+# cell lists it.
 
 # %%
 eager_ref = {}
@@ -321,16 +313,8 @@ check_rows, setup, pool_growth = first_calls(
     skip=lambda label, b: (label in NEEDS_COMPILE and elapsed() > TIME_BUDGET_S and f"skipped: the notebook had "
                            f"run {elapsed():.0f} s before its compile at batch {b} (TIME_BUDGET_S={TIME_BUDGET_S})"))
 checks = pd.DataFrame(check_rows)   # every column is saved with the results (case "correctness")
-unexplained = checks[~checks.tokens_equal & ~checks.near_tie]
-print("eager's greedy tokens, or a near tie:", "NOT every variant (below)" if len(unexplained) else "every variant, "
-      "every batch size", "\nfirst call of each variant, a compile or a recording included:")
-print(checks.pivot_table(index="variant", columns="batch", values="first_call_s", sort=False).rename(
-    columns=lambda b: f"batch {b} (s)").to_string(float_format=lambda v: f"{v:.2f}"))
-if len(unexplained):
-    print("\n>>> NOT a near tie: these variants decode differently from eager; their timings below are not comparable:")
-    print(unexplained[["variant", "batch", "first_step", "margin", "logit_diff"]].to_string(index=False))
-for v, e in variant_errors.items():
-    print(f"{v}: {e}")
+unexplained = checks[~checks.tokens_equal & ~checks.near_tie]   # other tokens than eager's, not at a near tie: a bug
+report_checks(checks, unexplained, variant_errors)   # the verdict, each first call (s), any bug, any error
 
 # %% [markdown]
 # ## 7. Time per decode step, and what a graph buys prefill
@@ -338,21 +322,22 @@ for v, e in variant_errors.items():
 # The decode step alone at each batch size: eager, the kit's graph for that bucket, `reduce-overhead`, and
 # compile + kit graph. A step makes one token per sequence, so its time is the time per token each sequence sees.
 # **Prefill** runs the whole prompt at once: about as many kernels, each with `batch x prompt` rows of work, so
-# launches weigh less. One case times it at the largest batch with a longer prompt (its name gives the size),
-# eager against a graph of the prefill.
+# launches weigh less. One case times it at the largest batch with a longer prompt (its name gives the size):
+# eager against a graph of the prefill, the row named `graph`.
 #
 # `measure` times every case in `WINDOWS` windows, the variants of a case taking turns in each, and quotes each
 # speedup with a 90% **prediction interval**: where one more window should land. The **floor** of a batch size is
 # the GPU-busy time of one replay of the kit's graph (`gpu_time`): how fast a step could go if the host cost
-# nothing. The verdicts, all in `claims.csv`: the graph against eager; `reduce-overhead` against the graph;
-# compile + kit graph against `reduce-overhead` (the aim: more than 5% faster); eager against twice the floor
-# (host-bound); the graph on prefill (the aim: more than 10% faster); and whether a graph buys a decode step more
-# than it buys prefill.
+# nothing. Eager is host-bound where its step takes more than twice the floor.
 #
-# Below: each variant's median time per case, a chart of the speedups with their intervals, and five verdicts.
+# Below: the floors, each variant's median time per case, a chart of the speedups with their intervals, and five
+# verdicts. At batch 1: the graph against eager, eager against its floor, `reduce-overhead` against the graph, and
+# compile + kit graph against `reduce-overhead` (the aim: more than 5% faster). At the largest batch: does a graph
+# buy a decode step more than it buys prefill? The other verdicts (other batch sizes, prefill alone) are in
+# `claims.csv`.
 #
-# Where a step at batch 16 keeps the GPU busier than one at batch 64 (compare their floors), the cause is the
-# matrix-multiply kernel that cuBLAS picks for each shape, not the graph: the appendix lists the kernels.
+# If batch 16's floor is above batch 64's, the cause is the matrix-multiply kernel that cuBLAS picks for each
+# shape, not the graph: the appendix lists the kernels.
 
 # %%
 PREFILL_LEN = min(8 * PROMPT_LEN, MAX_LEN)
@@ -374,24 +359,25 @@ for b in BATCHES:
 step_cases[PREFILL_CASE] = ({"eager": lambda x: model.prefill(x, cache), "graph": prefill_graph}, (long_prompt,))
 m_step = measure(step_cases, **TIMING)
 floors = {b: gpu_time(graphs.graphs[b].replay, calls=20).busy_us for b in BATCHES if CUDA and b in graphs.graphs}
-print("floors (µs, GPU busy per replay of the kit's graph):", {b: round(f, 1) for b, f in floors.items()} or "need a GPU")
+show_floors(floors, STEM)   # without a GPU: the recorded GPU run's floors, labelled
 claims = m_step.claims = step_claims(m_step, STEP_CASE, step_cases, floors, PREFILL_CASE, KIT_STEP, FUSED_STEP,
                                      not CUDA)
 step_df = per_batch(m_step, STEP_CASE)             # the rows of the decode steps: tokens_per_s = batch / step time
-prefill_df = step_df[step_df.case == PREFILL_CASE].assign(batch=MAX_BATCH)
 step_df = step_df[step_df.case != PREFILL_CASE].assign(us_per_step=lambda d: d.median_us)
-step_df["floor_step_us"] = step_df.batch.map(floors).astype(float)   # NaN where no floor was measured
 results.show(m_step, STEM, step_claims, figure=True, table="times",   # without a GPU: the recorded GPU run's
-             headlines=[f"step_graph_beats_eager_b{B1}", f"step_eager_host_bound_b{B1}", "decode_gains_more_than_prefill",
-                        f"step_reduce_overhead_beats_graph_b{B1}", f"step_fused_graph_beats_reduce_overhead_b{B1}"])
+             headlines=[f"step_graph_beats_eager_b{B1}", f"step_eager_host_bound_b{B1}",
+                        f"step_reduce_overhead_beats_graph_b{B1}", f"step_fused_graph_beats_reduce_overhead_b{B1}",
+                        "decode_gains_more_than_prefill"])
 
 # %% [markdown]
 # ## 8. Whole generations, side by side
 #
 # Whole greedy generations (prefill and `NEW_TOKENS` tokens) of every variant, `transformers`' included, at the
-# smallest and the largest batch size; the table gives the time of one generation. The verdicts: do the kit's
-# graphs beat eager; does `reduce-overhead` beat them; do they beat `transformers`' static-cache `generate`; and
-# does that static cache beat `transformers`' default dynamic cache?
+# smallest and the largest batch size; the table gives the time of one generation. A profiled call labels the
+# static-cache `generate` by what it ran: "(compiled: CUDA graphs)", or "(ran eagerly)" where it launched no graph.
+# The verdicts: do the kit's graphs beat eager (at both batch sizes); then, at the smallest, does `reduce-overhead`
+# beat them, do they beat `transformers`' static-cache `generate`, and does that static cache beat `transformers`'
+# default dynamic cache?
 
 # %%
 GEN_CASE = {b: f"generate, batch {b}" for b in GEN_BATCHES}
@@ -406,10 +392,10 @@ m_gen = measure(gen_cases, **GEN_TIMING)   # "ran as": the step's profiled rows 
 claims = claims + generation_claims(m_gen, GEN_CASE, gen_cases, KIT_GEN, HF_STATIC_RAN, HF_DYNAMIC)
 m_gen.claims = claims[len(m_step.claims):]
 gen_df = per_batch(m_gen, GEN_CASE, NEW_TOKENS).assign(us_per_token=lambda d: d.median_us / NEW_TOKENS)
-gen_df["first_call_s"] = [setup.get((HF_STATIC if v == HF_STATIC_RAN else v.replace(" (eager fallback)", ""), b),
-                                    float("nan")) for v, b in zip(gen_df.variant, gen_df.batch)]
+# without a GPU the rows and verdicts shown are the recorded GPU run's, whose largest batch is 64
 results.show(m_gen, STEM, generation_claims, figure=True, table="times",
-             headlines=[f"generate_graphs_beat_eager_b{B1}", f"generate_reduce_overhead_beats_graphs_b{B1}",
+             headlines=[f"generate_graphs_beat_eager_b{B1}", f"generate_graphs_beat_eager_b{MAX_BATCH if CUDA else 64}",
+                        f"generate_reduce_overhead_beats_graphs_b{B1}",
                         f"generate_graphs_beat_hf_static_b{B1}", f"generate_hf_static_beats_hf_dynamic_b{B1}"])
 
 # %% [markdown]
@@ -422,10 +408,10 @@ TAKEAWAYS = [
     "A decode step is many tiny kernels, so eager decoding is host-bound: at batch 1 an eager step took "
     "{step_eager_host_bound_b1} the GPU's busy time, and the kit's graph of it was {step_graph_beats_eager_b1} "
     "faster than eager.",
-    "A static KV cache fixes every shape, so one graph per batch bucket, all in one shared pool, serves every batch "
-    "size: whole generations at batch 64 ran {generate_graphs_beat_eager_b64} faster than eager.",
-    "`reduce-overhead` fuses the kernels and graphs them: at batch 1 its step was "
-    "{step_reduce_overhead_beats_graph_b1} faster than the kit's graph of the unfused step.",
+    "A static KV cache fixes every shape, so a few graphs, one per batch bucket, serve every batch size: whole "
+    "generations at batch 64 ran {generate_graphs_beat_eager_b64} faster than eager.",
+    "`reduce-overhead` graphs a compiled step, whose kernels Inductor fused: at batch 1 its step was "
+    "{step_reduce_overhead_beats_graph_b1} faster than the kit's graph of the eager step.",
     "A graph buys a decode step more than it buys prefill, whose kernels each have far more work: "
     "{decode_gains_more_than_prefill:statement}.",
 ]
@@ -509,9 +495,11 @@ serve_df[["variant", "executed_as", "us_per_step", "speedup", "speedup_lo", "spe
           "held_mib", "pad_fraction", "same_tokens_as_eager"]].round(3)
 
 # %% [markdown]
-# `held_mib` is the memory each set of graphs holds (section 4 says what it reads): all three sets end at the same
-# largest batch size, so they hold the same memory, whatever their number of graphs; what grows with that number
-# is the capture time (`setup_s`).
+# `held_mib` is the memory each set of graphs holds, as `MemoryLedger.record` reads it: the shared pool plus the
+# static buffers. A set's buckets are captured largest first into one pool, so every smaller graph reuses the
+# blocks of the largest one, and the static input and output buffers are sized for the largest bucket too: a set
+# holds the memory of its largest bucket alone. All three sets end at the same largest batch size, so they hold
+# the same memory, whatever their number of graphs; what grows with that number is the capture time (`setup_s`).
 #
 # ### B. Fusion and graphs are separate tools
 #
@@ -533,7 +521,8 @@ serve_df[["variant", "executed_as", "us_per_step", "speedup", "speedup_lo", "spe
 # arguments in Python, copies the inputs and replays: it has no guards to run, no tree of graphs to walk and no
 # outputs to rebuild. All of that is host work: it adds to the time per step only where the host, not the GPU, sets
 # the pace. Section 7's verdicts on the compiled step captured by the kit against `reduce-overhead` say whether it
-# did here (G has batch 1; `claims.csv` every batch size).
+# did here (G has batch 1; `claims.csv` every batch size). The same file frees cuBLAS's workspaces before and after
+# every warm-up or recording (`clear_cublass_cache`): section 4's pitfall.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -709,7 +698,10 @@ print(decode_loop_reading((results.recorded_root() or Path("figures")) / "08_dec
 # and after capturing, and checks the write position after every prefill. The table checks, at the first batch size,
 # two graphed variants of the step against the eager step's tokens: the kit's graph, and the step compiled without
 # graphs then captured by the kit.
-# `transformers`' own `generate(cache_implementation="static")` was checked in section 6 and is timed below.
+# `transformers`' own `generate(cache_implementation="static")` was checked in section 6 and is timed below. On a
+# GPU it compiles twice: at the first batch size, and at the second with the batch dimension marked dynamic
+# ([Dynamo](../docs/GLOSSARY.md)'s automatic dynamic shapes); later sizes reuse that code and record one more
+# graph each.
 
 
 # %%
@@ -779,6 +771,7 @@ import matplotlib.pyplot as plt
 from cudagraph_kit.course.measuring.figures import plot_decode
 
 where = torch.cuda.get_device_name(0) if CUDA else "CPU (eager only: not a GPU result)"
+step_df["floor_step_us"] = step_df.batch.map(floors).astype(float)   # section 7's floors; NaN where none was measured
 fig = plot_decode(step_df, gen_df, serve_df, f"LLM decoding with a static KV cache: {where}, PyTorch "
                                              f"{torch.__version__}, {DT}")
 plt.show()
@@ -797,6 +790,9 @@ plt.show()
 # %%
 from cudagraph_kit.course.measuring.claims import save_claims
 
+prefill_df = per_batch(m_step, STEP_CASE).query("case == @PREFILL_CASE").assign(batch=MAX_BATCH)
+gen_df["first_call_s"] = [setup.get((HF_STATIC if v == HF_STATIC_RAN else v.replace(" (eager fallback)", ""), b),
+                                    float("nan")) for v, b in zip(gen_df.variant, gen_df.batch)]   # section 6's
 error_rows = pd.DataFrame([{"case": "errors", "variant": v, "error": e} for v, e in variant_errors.items()])
 capture_rows = pd.DataFrame([{"case": "capture", "variant": f"kit bucket {e['size']}", "batch": e["size"],
                               "setup_s": e["seconds"]} for e in graphs.capture_log])

@@ -1,4 +1,5 @@
-"""Decoding for notebook 08: K tokens per replay, the compiled decode steps, each variant's first calls.
+"""Decoding for notebook 08: K tokens per replay, the compiled decode steps, each variant's first calls, and
+what the recorded GPU run saw where a cell needs a GPU.
 
 Several greedy tokens per replay (K decode steps in one function, and so in one CUDA graph), the compiled
 decode-step variants (reduce-overhead; compiled, then captured per bucket by the kit), and each variant's first
@@ -280,3 +281,71 @@ def attempt(label: str, fn, errors: dict):
         print(f"{label}: failed, {errors[label]}\n"
               + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4)[-6:-1]))
         return None
+
+
+def report_checks(checks, unexplained, errors: dict) -> None:
+    """Print section 6 of notebook 08 from its correctness table ``checks`` (``check_row`` rows with
+    ``first_call_s``): whether every variant decoded eager's greedy tokens or parted from them at a near tie; each
+    variant's first call per batch size (seconds, a compile or a recording included); the ``unexplained`` rows
+    (tokens that differ, not at a near tie); and each variant's error or reason for being skipped (``errors``)."""
+    print("eager's greedy tokens, or a near tie:", "NOT every variant (below)" if len(unexplained) else
+          "every variant, every batch size", "\nfirst call of each variant, a compile or a recording included:")
+    print(checks.pivot_table(index="variant", columns="batch", values="first_call_s", sort=False).rename(
+        columns=lambda b: f"batch {b} (s)").to_string(float_format=lambda v: f"{v:.2f}"))
+    if len(unexplained):
+        print("\n>>> NOT a near tie: these variants decode differently from eager; their timings below are not "
+              "comparable:")
+        print(unexplained[["variant", "batch", "first_step", "margin", "logit_diff"]].to_string(index=False))
+    for label, error in errors.items():
+        print(f"{label}: {error}")
+
+
+def recorded_reading(stem: str, what: str, batch: int = 1) -> str:
+    """Without a GPU: what notebook 08 measures at this point on a GPU, read from its recorded GPU run
+    (``results.load``) and labelled with that run (GPU, date). ``what``: "kernels" (what one eager decode step at
+    ``batch`` launched), "capture" (the kit's buckets: how many graphs, their capture time, the memory they hold) or
+    "floors" (the GPU-busy time of one replay of the kit's graph at each batch size). Says so where no recorded run
+    is found.
+
+    Example::
+
+        print(recorded_reading("08_llm_decode", "kernels", batch=1))
+        # Recorded on NVIDIA H100 80GB HBM3 (...), 2026-11-27 16:21 UTC, ...:
+        #   one eager decode step at batch 1 launched 175 kernels and 4 copies/fills, one by one
+    """
+    from ..measuring import results
+
+    rec = results.load(stem)
+    if rec is None:
+        return f"No recorded GPU run of {stem} was found (the repository's figures/ folder has it)."
+    df = rec.df
+    steps = df[df.case.astype(str).str.startswith("decode step, batch ")]
+    if what == "kernels":
+        rows = steps[(steps.case == f"decode step, batch {batch}") & (steps.variant == "eager")]
+        if not len(rows):
+            return f"{rec.caption}: no eager decode step at batch {batch}."
+        r = rows.iloc[0]
+        found = (f"one eager decode step at batch {batch} launched {r.kernels_per_call:.0f} kernels and "
+                 f"{r.copies_per_call:.0f} copies/fills, one by one")
+    elif what == "capture":
+        kit = df[(df.case == "setup") & (df.variant == "kit graph per bucket")]
+        if not len(kit):
+            return f"{rec.caption}: no capture of the kit's buckets."
+        found = (f"{int((df.case == 'capture').sum())} graphs captured in {kit.capture_s.iloc[0]:.2f} s; they hold "
+                 f"{kit.graph_mib.iloc[0]:.1f} MiB (shared pool + static buffers)")
+    elif what == "floors":
+        kit = steps[(steps.variant == "kit graph (bucket)") & steps.floor_step_us.notna()]
+        found = "floors (µs, GPU busy per replay of the kit's graph): " + str(
+            {int(b): round(float(f), 1) for b, f in zip(kit.batch, kit.floor_step_us)})
+    else:
+        raise ValueError(f"what must be 'kernels', 'capture' or 'floors', not {what!r}")
+    return f"{rec.caption}:\n  {found}"
+
+
+def show_floors(floors: dict, stem: str) -> None:
+    """Print section 7's floors of notebook 08 ({batch: GPU-busy µs per replay of the kit's graph}); without any
+    (no GPU), the recorded GPU run's, labelled (``recorded_reading``)."""
+    if floors:
+        print("floors (µs, GPU busy per replay of the kit's graph):", {b: round(f, 1) for b, f in floors.items()})
+    else:
+        print("No GPU here: no floors measured.", recorded_reading(stem, "floors"))
