@@ -227,7 +227,7 @@ del mixes_rows
 # All buckets of one strategy share one pool of their own. A `MemoryLedger` reads the bytes each strategy's pools
 # reserve (from `torch.cuda.memory_snapshot()`) and adds its static input and output buffers: that is what the
 # strategy *holds*. The default ladder is also captured with one pool per graph, PyTorch's default, to see what
-# sharing saves.
+# sharing saves. Without a GPU nothing is captured, and the cell shows the recorded GPU run's memory instead.
 
 # %%
 FIXED, DEFAULT = buckets.fixed_ladders(MAX_ROWS, SPACINGS)   # {label: spacing}; DEFAULT: the kit's ladder(MAX_ROWS)
@@ -236,12 +236,8 @@ lab.build_ladders(FIXED)                                   # exact sizes, FIXED,
 lab.plan(history_sizes, DEFAULT, rounds=3 if small else 5)  # "planned": measured costs, then plan_buckets
 built, info = lab.built, lab.info                          # built[model][strategy]: a BucketedGraphs
 memory = lab.memory()   # one row per model and strategy (the setup times are in "Going further" A)
-held = memory.pivot_table(index="strategy", columns="model", values="held_mib", sort=False).rename(
-    columns=lambda name: f"{name}: held (MiB)")
-print(held.assign(graphs=memory.groupby("strategy", sort=False).graphs.first()).to_string(float_format=lambda v: f"{v:.2f}"))
-evidence = lab.sharing(DEFAULT)
-print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:.2f}") if evidence else
-      "Memory held by graphs needs a GPU: on a CPU nothing is captured (the recorded results follow in section 8).")
+evidence = lab.sharing(DEFAULT)                            # the checks below the table ([] without a GPU)
+buckets.show_memory(memory, evidence, STEM, CUDA)          # without a GPU: the recorded GPU run's tables
 
 # %% [markdown]
 # In a shared pool each smaller bucket reuses the memory the larger ones freed, so the pool should hold about
@@ -256,9 +252,7 @@ print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:
 # dimension dynamic), and `dynamic=True` (dynamic from the start). The compiled code is then shared across sizes,
 # but a graph is not: each new batch size records one more. The first two passes over the stream compile and
 # record; their time is the setup cost. The recorded graphs live in one memory pool shared by every compiled
-# function ("Going further" C). Compiling prints [Inductor](../docs/GLOSSARY.md)'s warning that TensorFloat32 tensor cores are "available
-# but not enabled": the course keeps PyTorch's default, full float32 matrix multiplies, so that every variant
-# compares with eager at float32 rounding.
+# function ("Going further" C).
 
 # %%
 compiled, TREES_POOL_MIB = buckets.compile_variants(MODELS, streams, info, COMPILE)   # {model: {label: fn}}
@@ -294,18 +288,19 @@ print(err_table.to_string(float_format=lambda v: f"{v:.1e}"))
 assert (err_table < 1e-3).all().all(), "a variant disagrees with eager: do not time it"
 
 # %% [markdown]
-# ## 8. Time per request and throughput
+# ## 8. Time per pass over the stream
 #
-# **Throughput**: `measure` times whole passes over the stream (requests back to back, synchronised at the end),
-# all variants of a model taking turns, in `WINDOWS` windows a pause apart. Each speedup over eager comes with its
-# 90% prediction interval, the range one more window should land in; two variants are compared by the ratio of
-# their passes, window by window. The verdicts below say which comparisons clear 1x.
+# `measure` times whole passes over the stream (its `REQUESTS` requests back to back, synchronised at the end),
+# all variants of a model taking turns, in `WINDOWS` windows a pause apart. The table gives each variant's median
+# time per pass. Each speedup over eager comes with its 90% prediction interval, the range one more window should
+# land in; two variants are compared by the ratio of their passes, window by window. The verdicts below say which
+# comparisons clear 1x.
 #
-# **Latency**: one pass in which each request runs alone through every variant, timed up to a
-# `torch.cuda.synchronize()` after it: its median (p50) and 99th percentile (p99). One slow moment of the host
-# moves a p99, and one pass has no interval, so no verdict rests on them. The same pass counts padding and
-# overflows. The results table at the start of "Going further" gives them per request, with what each strategy
-# built, holds and padded.
+# Before the timing, one more pass runs each request alone through every variant, timed up to a
+# `torch.cuda.synchronize()` after it (latency), and counts padding and overflows. The results table at the start
+# of "Going further" divides each pass by the number of requests (time per request) and adds that latency pass's
+# median (p50) and 99th percentile (p99), with what each strategy built, holds and padded. One slow moment of the
+# host moves a p99, and one pass has no interval, so no verdict rests on them.
 
 # %%
 latency, pad_stats = buckets.latency_pass(variants, streams, SYNC)
@@ -314,7 +309,7 @@ passes = {name: {label: (lambda fn=fn, reqs=streams[name]: run_stream(fn, reqs))
 timing = measure(passes, windows=WINDOWS, samples=SAMPLES, calls=1, pause_s=WINDOW_PAUSE_S, floor=CUDA,
                  verdicts=verdicts.stream_verdicts)
 claims += timing.claims
-results.show(timing, STEM, figure=True, table="times",   # without a GPU: the recorded GPU run's rows and verdicts
+results.show(timing, STEM, figure=True, table="times", per="pass",   # no GPU: the recorded run's rows and verdicts
              headlines=["mlp_default_ladder_beats_eager", "block_default_ladder_beats_eager",
                         "mlp_default_ladder_beats_reduce_overhead", "block_default_ladder_beats_reduce_overhead",
                         "block_planned_beats_default_ladder"])
@@ -335,7 +330,8 @@ TAKEAWAYS = [
     "larger ones freed, while one pool per graph adds up (section 5).",
     "A planner fed with the sizes you saw puts the buckets where the requests are, and weighs padding against GPU "
     "time: {block_planned_beats_default_ladder:statement}; {mlp_planned_beats_default_ladder:statement}.",
-    "`torch.compile(mode=\"reduce-overhead\")` records one graph per new size: "
+    "Time `torch.compile(mode=\"reduce-overhead\")` only after its first passes, which compile and record its "
+    "graphs (section 6), and compare it with buckets on the same stream: "
     "{mlp_default_ladder_beats_reduce_overhead:statement}; {block_default_ladder_beats_reduce_overhead:statement}.",
     "Requests above the largest bucket still run, eagerly, and the kit counts them: watch `stats.eager_overflows`.",
 ]
@@ -426,6 +422,9 @@ for k, p in curve[:: max(1, K_MAX // 8)]:
 # A batch of one row is specialised either way, so it gets a compile of its own. PyTorch warns once more sizes
 # than `torch._inductor.config.triton.cudagraph_dynamic_shape_warn_limit` have been recorded and suggests padding
 # inputs to a few fixed shapes; this notebook switches that warning off and counts graph launches itself (D).
+# Compiling may also warn that TensorFloat32 tensor cores are "available but not enabled" (newer PyTorch logs it
+# as a performance hint instead). The course keeps PyTorch's default, full float32 matrix multiplies, so that every
+# variant compares with eager at float32 rounding; section 6 silences that warning.
 
 # %%
 if COMPILE:

@@ -21,7 +21,7 @@ from .compilers import fresh, graph_trees_pool_bytes
 from .workloads import run_stream
 
 __all__ = ["MiB", "fixed_ladders", "Strategies", "compile_variants", "latency_pass", "results_table", "show_results",
-           "launches_per_request", "RESULT_COLUMNS"]
+           "show_memory", "launches_per_request", "RESULT_COLUMNS"]
 
 MiB = 2 ** 20
 
@@ -169,8 +169,11 @@ def compile_variants(models, streams, info, enabled):
     """``torch.compile(mode="reduce-overhead")`` of each model, with ``dynamic=None`` and ``dynamic=True``, run
     twice over the stream (a new size runs once to warm up, then is recorded on its next call); the time of those
     passes is the setup. Returns ``({model: {label: fn}}, MiB reserved by the graph trees' one pool or NaN)``.
-    PyTorch's warning about many recorded sizes is switched off: the notebook counts the launches itself."""
+    PyTorch's warning about many recorded sizes is switched off: the notebook counts the launches itself. So is
+    Inductor's warning that TensorFloat32 tensor cores are available but not enabled: the course keeps PyTorch's
+    default, full float32 matrix multiplies, so that every variant compares with eager at float32 rounding."""
     import time
+    import warnings
 
     import torch
 
@@ -187,16 +190,18 @@ def compile_variants(models, streams, info, enabled):
                 return model(x)
             fn = torch.compile(fresh(call_model), mode="reduce-overhead", dynamic=dynamic)
             t0 = time.perf_counter()
-            for _ in range(2):
-                run_stream(fn, streams[name])
+            with warnings.catch_warnings():   # the compile runs here, in the first pass
+                warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores", category=UserWarning)
+                for _ in range(2):
+                    run_stream(fn, streams[name])
             torch.cuda.synchronize()
             compiled[name][label] = fn
             info[name][label] = {"graphs": float("nan"), "setup_s": time.perf_counter() - t0,
                                  "held_mib": float("nan"), "pool_mib": float("nan"), "device_used_mib": float("nan"),
                                  "memory_note": "not measurable here: one graph-trees pool shared by all compiled "
                                                 "variants"}
-            print(f"{name}, {label}: first two passes over the stream (compile + record) "
-                  f"{info[name][label]['setup_s']:.1f} s")
+        print(f"{name}: first two passes over the stream (compile + record): "
+              + "; ".join(f"{label} {info[name][label]['setup_s']:.1f} s" for label in compiled[name]))
     trees_pool = graph_trees_pool_bytes()
     return compiled, trees_pool / MiB if trees_pool is not None else float("nan")
 
@@ -280,6 +285,36 @@ def show_results(df, stem, cuda):
     recorded = rec.df[rec.df.case.isin(set(df.case))]
     results._display(recorded[[c for c in RESULT_COLUMNS if c in recorded]].round(3), [],
                      f"No GPU here: the recorded GPU run's results table. {rec.caption}.")
+
+
+def show_memory(memory, evidence, stem, cuda):
+    """Section 5's two tables: the memory each strategy holds per model (with its number of graphs), and the
+    sharing checks (``Strategies.sharing``). This run's on a GPU; without one nothing was captured, so the recorded
+    GPU run's (its ``<model>: memory`` rows of the section's strategies and the sharing checks saved in
+    ``env.json``), under a caption naming that run."""
+    import pandas as pd
+
+    from ..measuring import results
+
+    if not cuda:
+        rec = results.load(stem)
+        if rec is None:
+            print("No NVIDIA GPU here: nothing was captured, so no memory is held, and no recorded GPU run was found.")
+            return
+        df = rec.df
+        rows = df[df.case.str.endswith(": memory") & df.held_mib.notna() & df.graphs.notna()  # bucketed strategies
+                  & ~df.variant.str.startswith("planned at")]                   # Appendix C's plan is not built here
+        memory = pd.DataFrame({"model": rows.case.str.removesuffix(": memory"), "strategy": rows.variant,
+                               "graphs": rows.graphs, "held_mib": rows.held_mib})
+        evidence = [e for e in rec.env.get("evidence") or [] if "expandable" not in e["check"]]  # Appendix A's
+        print(f"No NVIDIA GPU here: nothing was captured, so no memory is held. Below: the recorded GPU run's "
+              f"memory. {rec.caption}.")
+    held = memory.pivot_table(index="strategy", columns="model", values="held_mib", sort=False).rename(
+        columns=lambda name: f"{name}: held (MiB)").rename_axis(columns=None)
+    held["graphs"] = memory.groupby("strategy", sort=False).graphs.first().astype(int)
+    print(held.to_string(float_format=lambda v: f"{v:.2f}"))
+    if evidence:
+        print(pd.DataFrame(evidence).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
 
 def launches_per_request(variants, streams, requests, cuda):
