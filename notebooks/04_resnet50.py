@@ -117,7 +117,8 @@ def image_batch(n, dtype, seed=1):
 # fresh input. Then `measure` times eager and graph at every batch size in `WINDOWS`
 # [windows](../docs/GLOSSARY.md); the [verdicts](../docs/GLOSSARY.md) say at which batches the graph **pays** (its
 # speedup interval lies above `PAYS`, more than 10% faster) and from which batch on it stops paying. The table shows
-# batches 1, 32 and 128; the figure shows every batch, and "Going further" D every row and verdict.
+# batches 1, 32 and 128; the figure shows every batch, and "Going further" D every row and verdict. The table's
+# [floor](../docs/GLOSSARY.md) is the GPU's own time for the call's kernels: no call can be faster.
 
 # %%
 INFER_DTYPES = {"fp16": torch.float16} if CUDA else {"fp32 (CPU)": torch.float32}  # fp16 convolutions: GPU only
@@ -229,7 +230,9 @@ for group in ([TRAIN_CASES] if roomy else [[c] for c in TRAIN_CASES]):
     del cases, x, y   # a smaller GPU frees this group's models before the next group's are built
     cuda_cleanup()
 print(f"{len(train_checks)} cases: eager and graphed losses agree within "
-      f"{100 * max(c['max_rel_loss_diff'] for c in train_checks):.2f}% over {CHECK_STEPS} steps (each: Going further C)")
+      f"{100 * max(c['max_rel_loss_diff'] for c in train_checks):.2f}% over {CHECK_STEPS} steps (each: Going further C)"
+      if CUDA else "No GPU: the kit ran eagerly, so there is no graph to check. " + vision.recorded_checks(
+          results.load(STEM), "losses"))
 m_train = joined(measured, verdicts.resnet_training(PAYS, vision.OPTIMIZERS))   # one table, its verdicts
 training = m_train.table.merge(pd.DataFrame(train_checks), on="case")
 training.loc[training.variant == "eager", "max_rel_loss_diff"] = float("nan")  # compared on the graph's row
@@ -255,26 +258,15 @@ fig_train = results.shown(figures.plot_training(
 X_train, X_val, Y_train, Y_val = vision.digits_split(DEVICE)
 DIGITS_BATCH, MAX_NORM = 32, 1.0
 steps_per_epoch = math.ceil(len(X_train) / DIGITS_BATCH)
-warmup_cosine = vision.warmup_cosine
-
-
-def small_cnn():
-    return vision.small_cnn(DEVICE, SEED)
-
-
-def digits_loader(seed):
-    return vision.digits_loader(X_train, Y_train, DIGITS_BATCH, seed, pin_memory=CUDA)
-
-
 # %% tags=["nbval-check-output"]
 def train_digits(graphed, epochs=PARITY_EPOCHS, accumulate=1):
     """The training loop; `graphed` switches the three lines shown in section 2."""
-    model = small_cnn()
+    model = vision.small_cnn(DEVICE, SEED)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=CUDA)
     total = epochs * steps_per_epoch // accumulate
-    sched = warmup_cosine(opt, total, warmup=max(1, total // 10))
+    sched = vision.warmup_cosine(opt, total, warmup=max(1, total // 10))
     step, calls, losses, lrs, accs = None, 0, [], [], []
-    loader = digits_loader(seed=1)
+    loader = vision.digits_loader(X_train, Y_train, DIGITS_BATCH, seed=1, pin_memory=CUDA)
     for epoch in range(epochs):
         for x, y in loader:
             x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)
@@ -310,7 +302,8 @@ graph_label = "graphed" if g_step.mode == "graph" else "kit, eager fallback (no 
 assert runs["eager"]["lrs"] == runs["graphed"]["lrs"], "the LR schedules differ"
 diff, bitwise = correctness.compare_params(runs["eager"]["model"], runs["graphed"]["model"])
 print(f"graphed run: {g_step.replays} replays, {g_step.eager_steps} eager steps. LR schedule identical in both runs; "
-      f"final parameters, graphed vs eager: max |diff| {diff:.3g}, bitwise equal: {bitwise}{'' if CUDA else ' (no GPU)'}")
+      f"final parameters, graphed vs eager: max |diff| {diff:.3g}, bitwise equal: {bitwise}" if CUDA else
+      "No GPU: the 'graphed' run ran eagerly. " + vision.recorded_checks(results.load(STEM), "parity"))
 labels = {name: graph_label if name == "graphed" else name for name in runs}
 parity_acc = pd.DataFrame({"epoch": range(1, PARITY_EPOCHS + 1), **{labels[k]: r["accs"] for k, r in runs.items()}})
 fig_parity = figures.plot_parity({labels[k]: runs[k]["losses"].numpy() for k in ("eager", "graphed")},
@@ -319,9 +312,9 @@ fig_parity = figures.plot_parity({labels[k]: runs[k]["losses"].numpy() for k in 
 parity_acc
 
 # %% [markdown]
-# Where the graphed run differs from the eager one in the last bits while the two eager runs agree, look first at
-# the one thing the two loops do differently: the eager fused step receives the LR as a Python float, the graph
-# reads it from a float32 tensor (notebook 02's "Going further" F tests the same explanation for Adam).
+# The line above the table compares the final parameters of the graphed and the eager run. Should they ever differ
+# slightly, look first at the one thing the two loops do differently: the eager fused step receives the LR as a
+# Python float, the graph reads it from a float32 tensor (notebook 02's "Going further" F tests this for Adam).
 #
 # ## 4. Side by side with the published figures
 # [MXNet PR #19142](https://github.com/apache/mxnet/pull/19142) (V100 16 GB, GluonCV ResNet50_v2, fp16
@@ -352,36 +345,23 @@ PUBLISHED["published speedup"] = PUBLISHED["published eager ms"] / PUBLISHED["pu
 # %%
 rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's rows
 table = pd.concat([m_infer.table, m_train.table]) if CUDA else rec.df if rec is not None else m_infer.table.iloc[0:0]
-inf = table.case.str.extract(r"^inference (.+) bs(\d+)$").dropna()    # the dtype and batches of the sweep
-trn = table.case.str.extract(r"^train (.+?) bs(\d+), ").dropna()       # the main AMP path first, and its batches
-
-
-def this_run(experiment, batch):
-    """The graph speedup with its interval at the same batch (the sweep's dtype; the main AMP path's SGD)."""
-    case, variant = ((f"inference {inf[0].iloc[0]} bs{batch}", GRAPH_INFER) if experiment == "inference" else
-                     (f"train {trn[0].iloc[0]} bs{batch}, {vision.OPTIMIZERS['SGD momentum']}", GRAPH_TRAIN))
-    rows = table[(table.case == case) & (table.variant == variant)]
-    return ("not measured" if rows.empty else
-            f"{rows.speedup.iloc[0]:.2f}x ({rows.speedup_pi_lo.iloc[0]:.2f}-{rows.speedup_pi_hi.iloc[0]:.2f})")
-
-
 print("This run:" if CUDA else f"{rec.caption}:" if rec is not None else "No recorded GPU run found.")
 PUBLISHED.round(2).assign(
-    **{"speedup (90% interval)": [this_run(e, b) for e, b in zip(PUBLISHED.experiment, PUBLISHED.batch)]})
+    **{"speedup (90% interval)": vision.this_run_speedups(table, PUBLISHED, GRAPH_INFER, GRAPH_TRAIN)})
 
 # %% [markdown]
 # **Why they differ.** The gain is the host time a graph removes, over the time the GPU needs anyway. On the V100
-# of the MXNet run the graph still took 2.32 of the eager 2.82 ms at batch 1, so launches were at most 17% of the
-# eager time; a Hopper GPU finishes the same kernels several times faster while the host time per op stays, so the
-# eager forward is [host-bound](../docs/GLOSSARY.md) up to larger batches and the graph gains far more. The shape
+# of the MXNet run the graph saved only a small part of the eager time at batch 1 (the table's first row): the GPU
+# itself was slow. A Hopper GPU finishes the same kernels several times faster while the host time per op stays, so
+# the eager forward is [host-bound](../docs/GLOSSARY.md) up to larger batches and the graph gains far more. The shape
 # is the same everywhere: the gain shrinks as the batch grows and fades once the GPU is busy.
 #
 # ## 5. Takeaways
 # Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).
 
 # %%
-DT, B0, AMP0, T0 = (verdicts.tag(inf[0].iloc[0]), inf[1].astype(int).min(),   # from this run, or the recorded one
-                    verdicts.tag(trn[0].iloc[0]), trn[1].astype(int).min())
+dtype0, B0, amp0, T0 = vision.first_cases(table)   # from this run, or the recorded one
+DT, AMP0 = verdicts.tag(dtype0), verdicts.tag(amp0)
 TAKEAWAYS = [
     f"At batch {B0} a CUDA graph made ResNet-50 inference {{infer_{DT}_bs{B0}_graph_pays}} faster than eager: "
     "an eager forward of hundreds of small kernels is bound by the host's launches.",
@@ -645,7 +625,19 @@ check_batch_prediction(new_batch, predicted_speedup, new_graph, new_table, bound
 # the gradient norm before clipping at every step: in the eager loop the value that
 # `torch.nn.utils.clip_grad_norm_` returns, in the graphed loop `step.grad_norm` after each call. Do the two agree?
 # On what share of the steps did clipping act (norm above `MAX_NORM`)? Careful: a graph writes the norm of every
-# replay into the same tensor, as it does with every output (notebook 01, section 2).
+# replay into the same tensor, as it does with every output (notebook 01, section 2). Section 3's pieces, by name:
+
+# %% tags=["nbval-check-output"]
+warmup_cosine = vision.warmup_cosine   # warmup_cosine(opt, total, warmup)
+
+
+def small_cnn():
+    return vision.small_cnn(DEVICE, SEED)
+
+
+def digits_loader(seed):
+    return vision.digits_loader(X_train, Y_train, DIGITS_BATCH, seed, pin_memory=CUDA)
+
 
 # %% tags=["nbval-check-output"]
 norms_eager = ...       # one norm per step of the eager epoch

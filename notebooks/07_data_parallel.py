@@ -203,14 +203,16 @@ else:
 # it sat idle waiting for its CPU to launch work, or inside the all-reduce waiting for the other rank. The
 # host time between step returns (`host_us`) is kept beside it; it includes the time the CPU waits, so it does
 # not show how busy the CPU is (section 5). One synchronize at each end of the timed
-# window gives the throughput (images, or MLP samples, per second over all ranks).
+# window gives the throughput: ResNet-50 images or MLP samples per second, over all ranks (the column is
+# named `images_per_s` for both).
 #
 # Why not `torch.cuda.synchronize()` after every step? It makes the CPU wait for the GPU, so the CPU can no longer
 # run ahead and queue the next step, and that queue is what hides the CPU's hiccups in a graphed loop. Any loop
 # that calls `loss.item()` every step synchronizes; the sweep runs the MLP both ways.
 #
-# On the GPU the spread is reported per rank (median, IQR, p99, max) and across ranks: the difference
-# between the slowest and the fastest rank's median, and, step by step, between the ranks' step times.
+# On the GPU the spread is reported per rank (median; IQR, the width of the middle half of the step times; p99;
+# max) and across ranks: the difference between the slowest and the fastest rank's median, and, step by step,
+# between the ranks' step times.
 #
 # ## 4. A short run on this machine
 # `torchrun` starts one process per rank (on the CPU: two processes with the gloo backend, eager only). The

@@ -62,6 +62,11 @@ def sweep_pairs(df, issue) -> dict:
     return pairs
 
 
+def _unit(label: str) -> str:
+    """What one sample of the model is: an image for ResNet-50, a row of features for the MLP."""
+    return "images/s" if label == "ResNet-50" else "samples/s"
+
+
 def _bound(i) -> str:
     return "CPU-bound" if i.cpu_bound else "the CPU gets ahead"
 
@@ -76,7 +81,7 @@ def sweep_sentences(pairs, df) -> str:
         waited = (f" The eager GPU waited for a CPU about {1 - g.median_us / e.median_us:.0%} of the eager step."
                   if not ig.cpu_bound and g.median_us < e.median_us else "")
         out.append(textwrap.fill(
-            f"{label}: {e.images_per_s:,.0f} -> {g.images_per_s:,.0f} images/s ({g.throughput_speedup:.2f}x). "
+            f"{label}: {e.images_per_s:,.0f} -> {g.images_per_s:,.0f} {_unit(label)} ({g.throughput_speedup:.2f}x). "
             f"Issuing a step took the slowest rank's CPU {ie.issue_us:,.0f} µs eager ({ie.issue_share:.0%} of the "
             f"step: {_bound(ie)}) and {ig.issue_us:,.0f} µs graphed ({ig.issue_share:.0%}: {_bound(ig)}).{waited} "
             f"Step time, eager -> graph: median {e.median_us:,.0f} -> {g.median_us:,.0f} µs, p99 {e.p99_us:,.0f} -> "
@@ -94,10 +99,14 @@ def sweep_takeaways(pairs, df) -> list[str]:
     """Notebook 07's takeaways from the recorded sweep, each a lesson with the numbers that show it."""
     lines = []
     if pairs:
-        lines.append("A whole-step graph took the throughput, eager -> graph: " + "; ".join(
-            f"{label} {e.images_per_s:,.0f} -> {g.images_per_s:,.0f} images/s ({g.throughput_speedup:.2f}x), issuing "
-            f"a step took the CPU {ie.issue_share:.0%} of the step eagerly and {ig.issue_share:.0%} graphed"
-            for label, (e, g, ie, ig) in pairs.items()) + ".")
+        lines.append("Throughput with a whole-step graph, eager -> graph: " + "; ".join(
+            f"{label} {e.images_per_s:,.0f} -> {g.images_per_s:,.0f} {_unit(label)} ({g.throughput_speedup:.2f}x), "
+            f"while issuing a step took the CPU {ie.issue_share:.0%} of the step eagerly and {ig.issue_share:.0%} "
+            "graphed" for label, (e, g, ie, ig) in pairs.items()) + ".")
+        lines.append("A data-parallel step waits for its slowest rank, so jitter costs every rank. Per step, the slowest "
+                     "rank trailed the fastest at the p99 by: " + "; ".join(
+                         f"{label} {e.step_rank_diff_p99_us:,.0f} µs eager, {g.step_rank_diff_p99_us:,.0f} µs graphed"
+                         for label, (e, g, ie, ig) in pairs.items()) + ".")
     synced = df[df.variant.str.contains("sync")]
     graph = df[(df.model == "mlp") & (df.variant == "whole-step graph")]
     if len(synced) and len(graph):

@@ -153,3 +153,56 @@ def deterministic_runs(train, runs, **kw) -> dict:
         return {name: train(graphed, **kw) for name, graphed in runs}
     finally:
         torch.backends.cudnn.deterministic = before
+
+
+def recorded_checks(rec, which: str) -> str:
+    """Without a GPU: what notebook 04's recorded GPU run (``rec``: ``results.load("04_resnet50")``, None if absent)
+    checked before timing, labelled with its GPU and date. ``which``: ``"losses"`` (section 2: eager and graphed
+    training losses) or ``"parity"`` (section 3: the final parameters of the digits runs).
+
+    >>> recorded_checks(None, "losses")
+    'No recorded GPU run of this notebook was found.'
+    """
+    if rec is None or rec.env.get("executed_as") != "cuda":
+        return "No recorded GPU run of this notebook was found."
+    df, head = rec.df, f"Recorded on {rec.env.get('gpu')}, {rec.env.get('date')}:"
+    if which == "losses":
+        rel = df[df.section == "training"].max_rel_loss_diff.dropna()
+        return (f"{head} {len(rel)} cases, eager and graphed losses agree within {100 * rel.max():.2f}%."
+                if len(rel) else f"{head} no loss check was recorded.")
+    if which == "parity":
+        rows = df[(df.section == "accuracy parity") & df.max_abs_param_diff.notna()]
+        return "\n".join([head] + [f"  {r.case.removeprefix('parity digits CNN final parameters, ')}: max |diff| "
+                                   f"{r.max_abs_param_diff:.3g}, bitwise equal: {r.params_bitwise_equal}"
+                                   for r in rows.itertuples()])
+    raise ValueError(f"unknown check {which!r}: 'losses' or 'parity'")
+
+
+def _sweeps(table):
+    """The inference cases' (dtype, batch) and the training cases' (AMP path, batch) of notebook 04's results."""
+    return (table.case.str.extract(r"^inference (.+) bs(\d+)$").dropna(),    # the dtype and batches of the sweep
+            table.case.str.extract(r"^train (.+?) bs(\d+), ").dropna())      # the main AMP path first
+
+
+def first_cases(table) -> tuple:
+    """(inference dtype, its smallest batch, training AMP path, its smallest batch) of notebook 04's results (this
+    run's or the recorded run's): what its takeaways name."""
+    inf, trn = _sweeps(table)
+    return inf[0].iloc[0], inf[1].astype(int).min(), trn[0].iloc[0], trn[1].astype(int).min()
+
+
+def this_run_speedups(table, published, graph_infer: str, graph_train: str) -> list[str]:
+    """For each row of notebook 04's published figures (columns ``experiment``, ``batch``), this run's graph speedup
+    with its 90% interval at the same batch ("1.23x (1.20-1.26)"; the sweep's dtype, the main AMP path's SGD), or
+    "not measured"; ``table``: the run's (or the recorded run's) results."""
+    inf, trn = _sweeps(table)
+
+    def one(experiment, batch):
+        if (inf if experiment == "inference" else trn).empty:
+            return "not measured"
+        case, variant = ((f"inference {inf[0].iloc[0]} bs{batch}", graph_infer) if experiment == "inference" else
+                         (f"train {trn[0].iloc[0]} bs{batch}, {OPTIMIZERS['SGD momentum']}", graph_train))
+        rows = table[(table.case == case) & (table.variant == variant)]
+        return ("not measured" if rows.empty else
+                f"{rows.speedup.iloc[0]:.2f}x ({rows.speedup_pi_lo.iloc[0]:.2f}-{rows.speedup_pi_hi.iloc[0]:.2f})")
+    return [one(e, b) for e, b in zip(published.experiment, published.batch)]
