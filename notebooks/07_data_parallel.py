@@ -269,7 +269,8 @@ else:
 # filled the launch queue, so a step returns once per step time whatever the CPU did. What can say is the CPU's
 # time to *issue* a step, read from the first steps after the synchronize that opens the timed window: if issuing
 # takes 80% of the step or more, the step is **CPU-bound**. ("Going further" A explains the reading.) The next
-# cell prints both readings for each model, and how the spread across steps and ranks changed from eager to graph.
+# cell prints both readings for each model, and how the spread across ranks changed from eager to graph (the
+# table above gives the spread across steps: `iqr_us`, `p99_us`).
 
 # %% tags=["nbval-check-output"]
 pairs = {}   # model -> (eager row, graph row, their issue times), for the takeaways
@@ -351,9 +352,9 @@ results.show_takeaways(SWEEP_STEM, [], TAKEAWAYS);
 # the step time is what the GPUs need, the wait for the other rank included. A whole-step graph runs the same
 # kernels and all-reduce with one launch, so where the graphed step is not CPU-bound, the eager step's extra
 # time over it is time the eager GPU spent waiting for a CPU, its own or, through the all-reduce, the other
-# rank's. Section 5's table of the recorded run gives both readings for each model, and how the spread across steps (IQR, p99) and
-# across ranks changed from eager to graph. (The runs with a synchronize per step wait from the first step on,
-# so they have no issue time.)
+# rank's. Section 5 gives both readings for each model of the recorded run, and how the spread across steps
+# (IQR, p99) and across ranks changed from eager to graph. (The runs with a synchronize per step wait from the
+# first step on, so they have no issue time.)
 
 
 # %% [markdown]

@@ -108,8 +108,8 @@ def _bound(i) -> str:
 def sweep_sentences(pairs, df, env: dict | None = None) -> str:
     """The recorded sweep in a few sentences per model (``pairs`` from ``sweep_pairs``): throughput, the slowest
     rank's CPU time to issue a step against the step (CPU-bound at 80% or more), how long the eager GPU waited for
-    a CPU where the graphed step is not CPU-bound, and the spread of step times across steps and ranks; then the
-    runs that synchronize each step. ``env``: the recorded run's, to name its GPUs and date first."""
+    a CPU where the graphed step is not CPU-bound, and the spread of step times across ranks (the table gives it
+    across steps); then the runs that synchronize each step. ``env``: the recorded run's, to name its GPUs and date first."""
     out = []
     for label, (e, g, ie, ig) in pairs.items():
         waited = (f" The eager GPU waited for a CPU about {1 - g.median_us / e.median_us:.0%} of the eager step."
@@ -118,9 +118,8 @@ def sweep_sentences(pairs, df, env: dict | None = None) -> str:
             f"{label}: {e.images_per_s:,.0f} -> {g.images_per_s:,.0f} {_unit(label)} ({g.throughput_speedup:.2f}x). "
             f"Issuing a step took the slowest rank's CPU {ie.issue_us:,.0f} µs eager ({ie.issue_share:.0%} of the "
             f"step: {_bound(ie)}) and {ig.issue_us:,.0f} µs graphed ({ig.issue_share:.0%}: {_bound(ig)}).{waited} "
-            f"Step time, eager -> graph: median {e.median_us:,.0f} -> {g.median_us:,.0f} µs, p99 {e.p99_us:,.0f} -> "
-            f"{g.p99_us:,.0f} µs; per step the slowest rank trailed the fastest by {e.step_rank_diff_p99_us:,.0f} -> "
-            f"{g.step_rank_diff_p99_us:,.0f} µs at the p99.", 110))
+            f"Across ranks, eager -> graph: in 99% of the steps the slowest rank trailed the fastest by at most "
+            f"{e.step_rank_diff_p99_us:,.0f} -> {g.step_rank_diff_p99_us:,.0f} µs.", 110))
     synced = df[df.variant.str.contains("sync")]
     if len(synced):
         out.append(f"MLP with a synchronize per step: {_synced_rates(synced)} the throughput of eager without one.")
