@@ -6,11 +6,4 @@ strict: once the executed notebook is committed it passes, the xfail turns into 
 the checkout's root (nbval skips their committed notebooks, which hold older code; tests/test_nb_NN.py runs the
 sources)."""
 
-AWAITING_GPU_RUN: dict = {stem: reason for stem, reason in (
-    (stem, "cut to the printed-output budget (at most about 800 words and 4 tables, five verdicts per experiment in the "
-           "core), takeaways true to their demos, recorded GPU outcomes in the lesson cells on a CPU; the committed "
-           "notebook is the 2026-11-27 H100 run of the earlier text until reproduce records it on the H200")
-    for stem in ("01_gelu", "02_train_step", "03_jit_compile", "04_resnet50", "05_pitfalls", "06_variable_shapes",
-                 "07_data_parallel", "08_llm_decode"))}
-
-
+AWAITING_GPU_RUN: dict = {}   # every notebook was recorded on the H200 on 2026-11-28 (run 20261128T225329Z)
