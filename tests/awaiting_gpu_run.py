@@ -6,4 +6,9 @@ strict: once the executed notebook is committed it passes, the xfail turns into 
 the checkout's root (nbval skips their committed notebooks, which hold older code; tests/test_nb_NN.py runs the
 sources)."""
 
-AWAITING_GPU_RUN: dict = {}   # every notebook was recorded on the H200 on 2026-11-28 (run 20261128T225329Z)
+# Every notebook was recorded on the H200 on 2026-11-28 (run 20261128T225329Z). Since then:
+AWAITING_GPU_RUN: dict = {
+    "06_variable_shapes": "section 7 prints one line per model instead of the error table, to bring the core's printed "
+                          "output within its budget (the H200 run printed 857 words); the committed notebook is that "
+                          "run until reproduce records it again",
+}
