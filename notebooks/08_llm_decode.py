@@ -181,7 +181,8 @@ assert (parity.tokens_equal | parity.near_tie).all(), "the static cache decodes 
 #
 # A decode step launches many small kernels, about as many at every batch size. As long as the GPU finishes each
 # kernel sooner than the CPU issues the next (Python, PyTorch's dispatcher, the launch itself), the CPU sets the
-# time per token. The profiler counts the kernels (without a GPU, the cell shows the recorded run's count);
+# time per token. The profiler counts the kernels at batch 1 ("Going further" B's setup table gives every batch
+# size; without a GPU, the cell shows the recorded run's count);
 # section 7 sets eager's time per step against the GPU's busy time.
 
 # %%
