@@ -245,6 +245,9 @@ fig_train = results.shown(figures.plot_training(
     STEM, "training_throughput")
 
 # %% [markdown]
+# Where the losses differ by more than rounding, look at AdamW: its eager side runs with `capturable=False` and its
+# graph with `capturable=True`, two implementations ("Going further" C lists every case).
+#
 # ## 3. Accuracy parity: the same training, eager and graphed
 # The point of the timm table was that graphs change the speed, not the result. Here on a real data set that
 # ships with scikit-learn (8×8 handwritten digits, 1,797 images; nothing is downloaded): a small CNN trained with
