@@ -239,7 +239,8 @@ display(shown[["case", "max_abs_param_diff", "params_bitwise_equal", "steps_with
 fig_loss = figures.loss_curves(curves, f"Same seed, same batches: eager vs graphed training on {WHERE}")
 
 # %% [markdown]
-# Where Adam's parameters differ in the last bit (the output above says whether they do), the cause is that the
+# Where Adam's parameters differ in the last bit (`params_bitwise_equal` says whether they do; the table's
+# `max_abs_param_diff` is rounded, so a difference in the last bit can show as 0.000000), the cause is that the
 # graphed step reads its learning rate from a GPU tensor (so a scheduler can change it between replays) while the
 # eager loop passes a Python number; "Going further" F tests that.
 #
