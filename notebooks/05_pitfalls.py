@@ -23,8 +23,8 @@
 # - Which mistakes *raise* (and how to read the error) and which are *silently wrong*.
 # - `check_capturable(fn, *args)`: run a function eagerly under inspection, **before** capturing, and get
 #   each problem with the line of your code that causes it.
-# - `verify(graphed, reference, *args)`: replay a graph against eager on fresh inputs and get the first
-#   divergence: the tool for the silent failures.
+# - `verify(graphed, reference, *args)`: replay a graph against eager on fresh and poisoned inputs and get
+#   the first divergence: the tool for the silent failures.
 # - `advise(fn, *args)`: will a graph help at all? Its predictions, made before capturing, checked against speedups
 #   measured right after.
 #
@@ -67,7 +67,7 @@ import torch
 
 from cudagraph_kit import CaptureError, capture, check_capturable, env_table, has_cuda, verify
 from cudagraph_kit.advice import advise, measure_replay_cost
-from cudagraph_kit.course.lessons.pitfalls import brief, brief_error, first_line, first_sentence, outcome
+from cudagraph_kit.course.lessons.pitfalls import brief, brief_error, first_line, outcome
 from cudagraph_kit.course.measuring import results
 from cudagraph_kit.course.measuring.measure import measure
 
@@ -106,10 +106,9 @@ X = torch.randn(256, device=DEVICE) + 2.0
 # ## 1. A value read on the CPU: `.item()`, `print`
 # Reading a GPU value into Python (`.item()`, `print` of a GPU tensor, `if tensor:`) makes the CPU wait for the GPU (a [*host synchronization*](../docs/GLOSSARY.md)). During
 # capture nothing has run yet, so there is no value to read: CUDA refuses with *"operation not
-# permitted when stream is capturing"*. `check_capturable` runs the function eagerly with checks switched on and
-# finds every such line before you capture (PyTorch's sync debug mode, `torch.cuda.set_sync_debug_mode`, is one of
-# the things it uses). It calls the function twice (section 5 says why), so `log_while_computing` prints its sum
-# twice below.
+# permitted when stream is capturing"*. `check_capturable` runs the function eagerly under inspection and finds
+# every such line before you capture (PyTorch's sync debug mode, `torch.cuda.set_sync_debug_mode`, is one of the
+# things it uses).
 
 # %%
 def scale_by_mean(x):
@@ -155,9 +154,7 @@ outcome("host sync", found=[report_item, report_print], fixed=report_fixed, erro
 # `static_input = new_batch` only gives the name a new tensor; the graph still reads the old one and returns the
 # result for the old data. Nothing raises. The fix is `static_input.copy_(new_batch)` (the kit's `GraphedCallable`
 # does it for you). `verify` catches the mistake: it fills the graph's input buffers with NaN before each call and
-# compares the graph with eager on new inputs. A graph that reads its old buffer then returns NaN: that is the
-# `max |graph - eager| = nan` below. The demo captures by hand, with a [warm-up](../docs/GLOSSARY.md) on a side
-# stream.
+# compares the graph with eager. The demo captures by hand, with a [warm-up](../docs/GLOSSARY.md) on a side stream.
 
 # %%
 bad = good = None
@@ -212,12 +209,11 @@ outcome("kept output", kept=kept, eager=eager, report=report, fixed=fixed)
 
 # %% [markdown]
 # ## 4. A changing shape
-# A graph replays the shapes it captured. The kit refuses an input of another shape before touching the graph.
-# A plain `static.copy_(x)` raises for most other shapes, but it silently broadcasts one that fits, such as a single
-# row into a whole batch. Code whose *output* shape depends on the data (`x[mask]`, `nonzero`, `unique`) cannot be
-# captured at all. On a GPU `check_capturable` also reports a host sync there: `x[mask]` reads on the CPU how many
-# values it keeps, to size its output. The fixes: fixed-size forms (`torch.where`, masks multiplied in), or one
-# graph per size (notebook 06).
+# A graph replays the shapes it captured. The kit refuses an input of another shape before touching the graph
+# (a plain `static.copy_(x)` raises for most other shapes, but silently broadcasts one that fits, such as a single
+# row into a whole batch); code whose *output* shape depends on the data (`x[mask]`, `nonzero`, `unique`) cannot be
+# captured at all. Fixed-size forms (`torch.where`, masks multiplied in) or one graph per size (notebook 06) are
+# the fixes.
 
 # %%
 def positives(x):
@@ -238,7 +234,7 @@ if CUDA:
         g(torch.randn(5, 64, device="cuda"))
     except ValueError as e:
         refused = e
-        print("the kit refuses:", first_sentence(e))
+        print("the kit refuses:", first_line(e, 130))
 outcome("shape", found=report_shape, fixed=report_shape_fixed, refused=refused)
 
 # %% [markdown]
@@ -246,9 +242,8 @@ outcome("shape", found=report_shape, fixed=report_shape_fixed, refused=refused)
 # Python code does not run when a graph replays. A counter incremented in `forward`, a flag, a learning
 # rate that a scheduler changes: the graph keeps the value it saw at capture. `check_capturable` calls the
 # function twice and reports Python values that changed, with the line that changed them. With a GPU, `verify`
-# first calls eager twice on identical inputs: here even eager disagrees with itself. It names the value that
-# changed, with its value before and after those two calls (earlier calls, the capture's among them, had already
-# counted up). The fix keeps the value in a GPU tensor updated in place: exercise 1 asks you to write it for this
+# first calls eager twice on identical inputs: here even eager disagrees with itself, and it names the value that
+# changed. The fix keeps the value in a GPU tensor updated in place: exercise 1 asks you to write it for this
 # counter, and Going further A shows it for a learning rate.
 
 # %%
@@ -259,8 +254,7 @@ class ScaledByStep(torch.nn.Module):
         self.step = 0
 
     def forward(self, x):
-        # Python state: frozen in a graph
-        self.step += 1
+        self.step += 1             # Python state: frozen in a graph
         return self.lin(x) / self.step
 
 
@@ -276,10 +270,9 @@ outcome("counter", found=report_counter, frozen=frozen)
 
 # %% [markdown]
 # ## 6. Random numbers
-# Random numbers from PyTorch's **default** CUDA generator are fine in a graph: PyTorch moves that generator on
-# before every replay, so each replay draws new numbers (notebook 02 explains how). Two replays of a graphed
-# dropout (p = 0.5) should then give two independent masks, which differ in about half of their positions. What
-# breaks is drawing from another `torch.Generator`
+# Random numbers from PyTorch's **default** CUDA generator are fine in a graph: PyTorch records each random
+# kernel's offset relative to a per-graph base and moves the generator on before every replay, so each replay
+# draws new numbers (notebook 02 explains the mechanism). What breaks is drawing from another `torch.Generator`
 # (capture fails unless it is registered with the graph) and reseeding inside the captured function
 # (`torch.manual_seed` cannot run during capture, and replays would never reseed).
 
@@ -312,18 +305,16 @@ if CUDA:
     masks_differ = (a != b).sum().item()
     print(f"two replays of a graphed dropout: masks differ in {masks_differ} of 1000 positions")
     same_as_eager = verify(dropout, lambda t: torch.nn.functional.dropout(t, 0.5), torch.ones(1000, device="cuda"))
-    print("graph vs eager from the same RNG state:", first_line(same_as_eager))
 outcome("rng", found=report_seed, own_generator=report_gen, error=error, masks_differ=masks_differ,
         same_as_eager=same_as_eager)
 
 # %% [markdown]
 # ## 7. Will a graph help? `advise` before capturing, checked against measured speedups
 # A graph removes launch cost, not GPU work. `advise(fn, *args)` runs the eager function alone, before anything is
-# captured. It times a call, counts its kernels and measures how long the GPU is busy with them. With what a
-# replay costs on this GPU (`measure_replay_cost()`), it predicts the speedup a graph should reach. A call whose
-# GPU work is much shorter than its eager time is [launch-bound](../docs/GLOSSARY.md). advise's words for its
-# prediction: "launch-bound" (a graph should help: 1.5x or more), "partly launch-bound" (a little: 1.1x-1.5x),
-# "GPU-bound" (about as fast as eager), or slower than eager. `print(advise(fn, *args))` gives the whole reading;
+# captured: it times a call, counts its kernels and measures how long the GPU is busy with them, then, with what a
+# replay costs on this GPU (`measure_replay_cost()`), predicts the speedup a graph should reach and says whether
+# a graph would be faster, about as fast, or slower. A call whose GPU work is much shorter than its eager time is
+# [launch-bound](../docs/GLOSSARY.md): a graph should help. `print(advise(fn, *args))` gives the whole reading;
 # Going further G has the formula.
 #
 # The cases are the GELU of notebook 01 (a small and a large tensor) and the training steps of notebook 02 (two
@@ -343,12 +334,11 @@ if CUDA:
 show_predictions(predicted, STEM)  # without a GPU: the recorded GPU run's predictions
 
 # %% [markdown]
-# Then eager and graph are timed against each other in several [windows](../docs/GLOSSARY.md) a pause apart
-# (`WINDOWS`, in the parameters cell). `measure` gives the median speedup and its 90%
-# [prediction interval](../docs/GLOSSARY.md), where one more window should land. Each case makes two claims, each a
-# [verdict](../docs/GLOSSARY.md) from that interval. First: the measured speedup lies within 1.5x of the prediction.
-# Second: it went the way advise's words said (faster, about as fast, or slower than eager). Below: the first
-# claim over all cases and for the two GELU cases; Going further I lists every verdict.
+# Then eager and graph are timed against each other in `WINDOWS` [windows](../docs/GLOSSARY.md) a pause apart
+# (`measure`: the median speedup and its 90% [prediction interval](../docs/GLOSSARY.md), where one more window
+# should land). Each case makes two claims, each a [verdict](../docs/GLOSSARY.md) from its interval: the whole
+# measured interval lies within 1.5x of the prediction, and it lies on the side advise's words named. Below: the
+# verdict over all cases and the two GELU cases'; Going further I lists every one.
 
 # %%
 from cudagraph_kit.course.measuring.verdicts import advise_overall_claim, advise_vs_measured
@@ -366,12 +356,12 @@ show_advise(honest, claims, STEM, headlines=["advise_within_1_5x_all", "advise_w
 
 # %%
 TAKEAWAYS = [
-    "Some code cannot be captured: a value read on the CPU (`.item()`, `print`), an output whose shape depends on "
-    "the data (`x[mask]`), reseeding. `check_capturable` names the line of each before you capture. The two "
-    "captures tried here (`.item()`, another generator) failed with a `CaptureError` that gave the cause and fix.",
-    "Other mistakes capture fine and compute the wrong thing. `verify` fills the graph's input buffers with NaN and "
-    "compares the graph with eager: it caught the rebound static input and the frozen counter. A kept output passed "
-    "that comparison; verify's note that every call returns the same output memory is the warning to clone it.",
+    "Some mistakes break a capture: a value read on the CPU (`.item()`, `print`), an output whose shape depends on "
+    "the data (`x[mask]`), reseeding. `check_capturable` names the line of each before you capture, and a capture "
+    "that fails raises a `CaptureError` with its cause and fix.",
+    "Others capture fine and compute the wrong thing. `verify` compares the graph with eager on NaN-poisoned inputs: "
+    "it caught the rebound static input and the frozen counter. A kept output passed that comparison; verify's note "
+    "that every call returns the same output memory is the warning to clone it.",
     "A graph removes launch cost, not GPU work. `advise` predicts the gain from the eager function alone, before any "
     "capture; treat its number as an estimate and time the graph: {advise_within_1_5x_all:statement}.",
 ]
