@@ -21,10 +21,10 @@
 #
 # **What you'll learn**
 # - Which mistakes *raise* (and how to read the error) and which are *silently wrong*.
-# - `check_capturable(fn, *args)`: run a function eagerly under inspection, **before** capturing, and get
+# - `check_capturable(fn, *args)`: run a function eagerly with checks switched on, **before** capturing, and get
 #   each problem with the line of your code that causes it.
-# - `verify(graphed, reference, *args)`: replay a graph against eager on fresh and poisoned inputs and get
-#   the first divergence: the tool for the silent failures.
+# - `verify(graphed, reference, *args)`: replay a graph against eager on fresh inputs and get the first
+#   divergence: the tool for the silent failures.
 # - `advise(fn, *args)`: will a graph help at all? Its predictions, made before capturing, checked against speedups
 #   measured right after.
 #
@@ -106,9 +106,10 @@ X = torch.randn(256, device=DEVICE) + 2.0
 # ## 1. A value read on the CPU: `.item()`, `print`
 # Reading a GPU value into Python (`.item()`, `print` of a GPU tensor, `if tensor:`) makes the CPU wait for the GPU (a [*host synchronization*](../docs/GLOSSARY.md)). During
 # capture nothing has run yet, so there is no value to read: CUDA refuses with *"operation not
-# permitted when stream is capturing"*. `check_capturable` runs the function eagerly under inspection and finds
-# every such line before you capture (PyTorch's sync debug mode, `torch.cuda.set_sync_debug_mode`, is one of the
-# things it uses).
+# permitted when stream is capturing"*. `check_capturable` runs the function eagerly with checks switched on and
+# finds every such line before you capture (PyTorch's sync debug mode, `torch.cuda.set_sync_debug_mode`, is one of
+# the things it uses). It calls the function twice (section 5 says why), so `log_while_computing` prints its sum
+# twice below.
 
 # %%
 def scale_by_mean(x):
@@ -152,9 +153,11 @@ outcome("host sync", found=[report_item, report_print], fixed=report_fixed, erro
 # ## 2. Rebinding a static input instead of copying into it
 # A graph reads the *memory* it was captured with (its [static inputs](../docs/GLOSSARY.md)).
 # `static_input = new_batch` only gives the name a new tensor; the graph still reads the old one and returns the
-# result for the old data. Nothing raises. The fix is `static_input.copy_(new_batch)` (the kit's `GraphedCallable`
-# does it for you). `verify` catches the mistake: it fills the graph's input buffers with NaN before each call and
-# compares the graph with eager. The demo captures by hand, with a [warm-up](../docs/GLOSSARY.md) on a side stream.
+# result for the old data. Nothing raises. The fix is `static_input.copy_(new_batch)` (the callable that the kit's
+# `capture` returns does it for you). `verify` catches the mistake: it fills the graph's input buffers with NaN
+# before each call and compares the graph with eager on new inputs. A graph that reads its old buffer then returns
+# NaN: that is the `max |graph - eager| = nan` below. The demo captures by hand, with a
+# [warm-up](../docs/GLOSSARY.md) on a side stream.
 
 # %%
 bad = good = None
@@ -209,11 +212,12 @@ outcome("kept output", kept=kept, eager=eager, report=report, fixed=fixed)
 
 # %% [markdown]
 # ## 4. A changing shape
-# A graph replays the shapes it captured. The kit refuses an input of another shape before touching the graph
-# (a plain `static.copy_(x)` raises for most other shapes, but silently broadcasts one that fits, such as a single
-# row into a whole batch); code whose *output* shape depends on the data (`x[mask]`, `nonzero`, `unique`) cannot be
-# captured at all. Fixed-size forms (`torch.where`, masks multiplied in) or one graph per size (notebook 06) are
-# the fixes.
+# A graph replays the shapes it captured. The kit refuses an input of another shape before touching the graph.
+# A plain `static.copy_(x)` raises for most other shapes, but it silently broadcasts one that fits, such as a single
+# row into a whole batch. Code whose *output* shape depends on the data (`x[mask]`, `nonzero`, `unique`) cannot be
+# captured at all. On a GPU `check_capturable` also reports a host sync there: `x[mask]` reads on the CPU how many
+# values it keeps, to size its output. The fixes: fixed-size forms (`torch.where`, masks multiplied in), or one
+# graph per size (notebook 06).
 
 # %%
 def positives(x):
@@ -242,8 +246,9 @@ outcome("shape", found=report_shape, fixed=report_shape_fixed, refused=refused)
 # Python code does not run when a graph replays. A counter incremented in `forward`, a flag, a learning
 # rate that a scheduler changes: the graph keeps the value it saw at capture. `check_capturable` calls the
 # function twice and reports Python values that changed, with the line that changed them. With a GPU, `verify`
-# first calls eager twice on identical inputs: here even eager disagrees with itself, and it names the value that
-# changed. The fix keeps the value in a GPU tensor updated in place: exercise 1 asks you to write it for this
+# first calls eager twice on identical inputs: here even eager disagrees with itself. It names the value that
+# changed, with its value before and after those two calls (earlier calls, the capture's among them, had already
+# counted up). The fix keeps the value in a GPU tensor updated in place: exercise 1 asks you to write it for this
 # counter, and Going further A shows it for a learning rate.
 
 # %%
@@ -270,9 +275,10 @@ outcome("counter", found=report_counter, frozen=frozen)
 
 # %% [markdown]
 # ## 6. Random numbers
-# Random numbers from PyTorch's **default** CUDA generator are fine in a graph: PyTorch records each random
-# kernel's offset relative to a per-graph base and moves the generator on before every replay, so each replay
-# draws new numbers (notebook 02 explains the mechanism). What breaks is drawing from another `torch.Generator`
+# Random numbers from PyTorch's **default** CUDA generator are fine in a graph: PyTorch moves that generator on
+# before every replay, so each replay draws new numbers (notebook 02 explains how). Two replays of a graphed
+# dropout (p = 0.5) should then give two independent masks, which differ in about half of their positions. What
+# breaks is drawing from another `torch.Generator`
 # (capture fails unless it is registered with the graph) and reseeding inside the captured function
 # (`torch.manual_seed` cannot run during capture, and replays would never reseed).
 
@@ -311,10 +317,11 @@ outcome("rng", found=report_seed, own_generator=report_gen, error=error, masks_d
 # %% [markdown]
 # ## 7. Will a graph help? `advise` before capturing, checked against measured speedups
 # A graph removes launch cost, not GPU work. `advise(fn, *args)` runs the eager function alone, before anything is
-# captured: it times a call, counts its kernels and measures how long the GPU is busy with them, then, with what a
-# replay costs on this GPU (`measure_replay_cost()`), predicts the speedup a graph should reach and says whether
-# a graph would be faster, about as fast, or slower. A call whose GPU work is much shorter than its eager time is
-# [launch-bound](../docs/GLOSSARY.md): a graph should help. `print(advise(fn, *args))` gives the whole reading;
+# captured. It times a call, counts its kernels and measures how long the GPU is busy with them. With what a
+# replay costs on this GPU (`measure_replay_cost()`), it predicts the speedup a graph should reach. A call whose
+# GPU work is much shorter than its eager time is [launch-bound](../docs/GLOSSARY.md). advise's words for its
+# prediction: "launch-bound" (a graph should help: 1.5x or more), "partly launch-bound" (a little: 1.1x-1.5x),
+# "GPU-bound" (about as fast as eager), or slower than eager. `print(advise(fn, *args))` gives the whole reading;
 # Going further G has the formula.
 #
 # The cases are the GELU of notebook 01 (a small and a large tensor) and the training steps of notebook 02 (two
@@ -334,11 +341,13 @@ if CUDA:
 show_predictions(predicted, STEM)  # without a GPU: the recorded GPU run's predictions
 
 # %% [markdown]
-# Then eager and graph are timed against each other in `WINDOWS` [windows](../docs/GLOSSARY.md) a pause apart
-# (`measure`: the median speedup and its 90% [prediction interval](../docs/GLOSSARY.md), where one more window
-# should land). Each case makes two claims, each a [verdict](../docs/GLOSSARY.md) from its interval: the whole
-# measured interval lies within 1.5x of the prediction, and it lies on the side advise's words named. Below: the
-# verdict over all cases and the two GELU cases'; Going further I lists every one.
+# Then eager and graph are timed against each other in several [windows](../docs/GLOSSARY.md) a pause apart
+# (`WINDOWS`, in the parameters cell). `measure` gives the median speedup and its 90%
+# [prediction interval](../docs/GLOSSARY.md), where one more window should land. Each case makes two claims, each a
+# [verdict](../docs/GLOSSARY.md) from that interval. First: the measured speedup lies within 1.5x of the prediction.
+# Second: it went the way advise's words said (faster, about as fast, or slower than eager). Where the interval
+# lies partly within 1.5x and partly beyond, the verdict says so: this run cannot decide that claim. Below: the
+# first claim over all cases and for the two GELU cases; Going further I lists every verdict.
 
 # %%
 from cudagraph_kit.course.measuring.verdicts import advise_overall_claim, advise_vs_measured
