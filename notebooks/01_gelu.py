@@ -192,8 +192,8 @@ results.show(m.part(claims=["replay_beats_eager_small", "copy_replay_beats_eager
 
 # %% [markdown]
 # On a fast GPU the small tensor is [**launch-bound**](../docs/GLOSSARY.md): its five kernels finish long
-# before the CPU has launched the next one, so removing launches pays. On the large tensor the GPU's own work
-# (the floor) takes most of eager's time, so a graph has less to remove: the verdict above says how much.
+# before the CPU has launched the next one, so removing launches pays. On the large tensor a graph still removes
+# only the launches; whether that pays there, the verdict above says.
 #
 # ## 5. Size sweep: where do launches stop mattering?
 # From 4 K to 33 M elements: while the GPU work per call is shorter than the CPU's launch cost, eager time is
