@@ -354,8 +354,8 @@ PUBLISHED.round(2).assign(
 
 # %% [markdown]
 # **Why they differ.** The gain is the host time a graph removes, over the time the GPU needs anyway. On the V100
-# of the MXNet run the graph saved only a small part of the eager time at batch 1 (the table's first row): the GPU
-# itself was slow. A Hopper GPU finishes the same kernels several times faster while the host time per op stays, so
+# of the MXNet run the graph saved only a small part of the eager time at batch 1 (the table's first row, as
+# published). A Hopper GPU finishes the same kernels several times faster while the host time per op stays, so
 # the eager forward is [host-bound](../docs/GLOSSARY.md) up to larger batches and the graph gains far more. The shape
 # is the same everywhere: the gain shrinks as the batch grows and fades once the GPU is busy.
 #
