@@ -315,17 +315,16 @@ fig_parity = figures.plot_parity({labels[k]: runs[k]["losses"].numpy() for k in 
 parity_acc
 
 # %% [markdown]
-# The line above the table compares the final parameters of the graphed and the eager run. Should they ever differ
-# slightly, look first at the one thing the two loops do differently: the eager fused step receives the LR as a
-# Python float, the graph reads it from a float32 tensor (notebook 02's "Going further" F tests this for Adam).
+# The line above the table compares the graphed run's final parameters with the eager run's, value by value: the
+# largest difference, and whether every bit is equal.
 #
 # ## 4. Side by side with the published figures
 # [MXNet PR #19142](https://github.com/apache/mxnet/pull/19142) (V100 16 GB, GluonCV ResNet50_v2, fp16
 # inference); [pytorch/benchmark issue #706](https://github.com/pytorch/benchmark/issues/706) (V100, torchvision
 # ResNet-50, fp32 training); TorchAcc (Alibaba's ResNet-50 guide; A100 80 GB, synthetic images, batch 64, AdamW);
 # [timm PR #1271](https://github.com/huggingface/pytorch-image-models/pull/1271) (8 GPUs, AMP + channels_last; on
-# an A100 eval top-1 59.30 eager and 59.20 graphed, on a V100 43.13 and 42.66); and the project's own plain
-# PyTorch run on an H100 (no kit code, 2026-11-22). Per batch or per step, as published:
+# an A100 eval top-1 59.30 eager and 59.20 graphed, on a V100 43.13 and 42.66). Each published speedup beside this
+# run's at the same batch (the published times, and a plain PyTorch run without the kit, are in "Going further" D):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -344,13 +343,14 @@ PUBLISHED = pd.DataFrame([
     ("training", "plain PyTorch, H100, bf16, SGD (reference)", 128, 34.1, 33.0),
 ], columns=["experiment", "published setup", "batch", "published eager ms", "published graph ms"])
 PUBLISHED["published speedup"] = PUBLISHED["published eager ms"] / PUBLISHED["published graph ms"]
+PUBLISHED["reference"] = PUBLISHED["published setup"].str.endswith("(reference)")   # no kit code: Going further D
 
 # %%
 rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's rows
 table = pd.concat([m_infer.table, m_train.table]) if CUDA else rec.df if rec is not None else m_infer.table.iloc[0:0]
 print("This run:" if CUDA else f"{rec.caption}:" if rec is not None else "No recorded GPU run found.")
-PUBLISHED.round(2).assign(
-    **{"speedup (90% interval)": vision.this_run_speedups(table, PUBLISHED, GRAPH_INFER, GRAPH_TRAIN)})
+PUBLISHED["speedup (90% interval)"] = vision.this_run_speedups(table, PUBLISHED, GRAPH_INFER, GRAPH_TRAIN)
+PUBLISHED[~PUBLISHED.reference].drop(columns=["reference", "published eager ms", "published graph ms"]).round(2)
 
 # %% [markdown]
 # **Why they differ.** The gain is the host time a graph removes, over the time the GPU needs anyway. On the V100
@@ -512,7 +512,8 @@ for c in train_checks:
 # One table in `results.csv` (`build/figures/04_resnet50/` by default; only `reproduce` on a GPU publishes to
 # `figures/`): the inference sweep (`section == "inference"`), the training steps (`"training"`) and the
 # accuracy-parity runs (`"accuracy parity"`); E adds its data-feeding rows and saves again. The verdicts go to
-# `claims.csv`.
+# `claims.csv`. Then section 4's table in full: the published times, and the project's own plain PyTorch run on an
+# H100 (no kit code, 2026-11-22) as a reference for the kit's speedups.
 
 # %%
 FIGURES = {"inference_sweep": fig_infer, "training_throughput": fig_train, "accuracy_parity": fig_parity}
@@ -523,6 +524,7 @@ save_claims(folder, claims)
 print("saved to", folder)
 for experiment in (m_infer, m_train):   # every row and verdict of sections 1 and 2 (without a GPU: the recorded run's)
     results.show(experiment, STEM)
+display(PUBLISHED.drop(columns="reference").round(2))   # every published row, with times
 if CUDA:  # this GPU's times beside the recorded run's, case by case
     recorded = results.beside_recorded(STEM, pd.concat([m_infer.table, m_train.table], ignore_index=True))
 else:  # this run's tiny CPU cases have no recorded twin: the recorded GPU table as it is

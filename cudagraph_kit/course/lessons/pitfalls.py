@@ -23,13 +23,34 @@ import re
 from ..measuring.predictions import advice_rows
 
 __all__ = ["PitfallTable", "PITFALLS", "outcome", "brief", "brief_error", "still_works", "first_line", "short_cause",
-           "show_isolated", "show_reduce_overhead", "two_captures_table", "two_captures_verdict", "result_table"]
+           "first_sentence", "show_isolated", "show_reduce_overhead", "two_captures_table", "two_captures_verdict", "result_table"]
 
 
 def first_line(text, n=160):
     """The first line of ``text``, cut to ``n`` characters."""
     text = str(text).strip().splitlines()[0] if str(text).strip() else ""
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def first_sentence(text) -> str:
+    """The first sentence of ``text``'s first line (up to its first ". "), whole: never cut mid-word.
+
+    Example::
+
+        first_sentence("argument 0: the graph was captured for shape (8, 64). A graph replays fixed shapes.")
+        # 'argument 0: the graph was captured for shape (8, 64).'
+    """
+    line = first_line(text, n=10**6)
+    return line.split(". ")[0].rstrip(".") + "." if line else line
+
+
+def _tidy(text) -> str:
+    """A recorded reading made readable: a code comment quoted in it dropped (``code   # comment.``), and a reading
+    cut short (ending in "…") taken back to its last whole sentence."""
+    text = re.sub(r"\s{2,}#[^.]*", "", str(text))
+    if text.endswith("…") and ". " in text:
+        text = text[: text.rindex(". ") + 1]
+    return text
 
 
 def short_cause(text, n=80):
@@ -210,7 +231,7 @@ def _read_kept_output(kept=None, eager=None, report=None, fixed=None):
 
 
 def _read_shape(found=None, fixed=None, refused=None):
-    seen = "check_capturable: data-dependent shape" + (f"; g(other shape): {first_line(refused, 120)}"
+    seen = "check_capturable: data-dependent shape" + (f"; the kit refused another shape: {first_sentence(refused)}"
                                                        if refused is not None else "")
     return seen, "data-dependent shape" in found.kinds() and fixed.ok
 
@@ -221,7 +242,7 @@ def _read_counter(found=None, frozen=None):
         return "needs a GPU", detected
     state = frozen.frozen_state
     seen = f"verify: {state['what']}; {state['cause']}" if state else first_line(frozen)
-    return first_line(seen, 220), detected and not frozen.ok
+    return _tidy(first_line(seen, 220)), detected and not frozen.ok
 
 
 def _read_rng(found=None, own_generator=None, error=None, masks_differ=None, same_as_eager=None):
@@ -231,7 +252,8 @@ def _read_rng(found=None, own_generator=None, error=None, masks_differ=None, sam
     if error is None:
         return seen + "; own generator captured without error", False
     seen += (f"; own generator: CaptureError; two replays of a graphed dropout: masks differ in {masks_differ} of "
-             f"1000 positions")
+             f"1000 positions; graph vs eager from the same RNG state: "
+             f"{'same numbers' if same_as_eager is not None and same_as_eager.ok else 'differ'}")
     return seen, (detected and "RNG" in own_generator.kinds() and bool(masks_differ)
                   and same_as_eager is not None and same_as_eager.ok)
 
@@ -250,7 +272,7 @@ def recorded_outcome(key: str, stem: str = "05_pitfalls") -> str:
     rows = rec.df[rec.df.case.astype(str) == f"pitfall: {pitfall}"] if rec is not None else []
     if not len(rows):
         return "No GPU here, and no recorded GPU run of this demo was found: run it on an NVIDIA GPU to see it."
-    seen = str(rows.seen.iloc[0])
+    seen = _tidy(rows.seen.iloc[0])
     return f"Needs an NVIDIA GPU. Recorded on {rec.env.get('gpu') or 'a GPU'}, {str(rec.env.get('date'))[:10]}: {seen}"
 
 
