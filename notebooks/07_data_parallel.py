@@ -86,7 +86,8 @@ pd.set_option("display.width", 200)
 print(env_table())
 if not CUDA:
     print("\n>>> No CUDA GPU here. CUDA graphs need an NVIDIA GPU: this run trains eagerly on the CPU with the gloo\n"
-          ">>> backend (everything is labelled 'eager'); the two-GPU results recorded in figures/ are shown below.")
+          ">>> backend (everything is labelled 'eager'); the GPU runs recorded in figures/ are shown below,\n"
+          ">>> each labelled with its GPU and date.")
 
 # %% [markdown]
 # ## 1. PyTorch's three rules for DDP under a CUDA graph
@@ -192,8 +193,7 @@ if CUDA:
     assert rule1_error and "TORCH_NCCL_ASYNC_ERROR_HANDLING" in rule1_error
 else:
     rule1_error = None
-    print("Rule 1 is about NCCL, which needs NVIDIA GPUs (gloo on the CPU has no such setting).")
-    print(recorded_outcome(results.load(STEM), "rule 1"))
+    print(recorded_outcome(results.load(STEM), "rule 1"))  # the recorded message, else the kit's check's
 
 # %% [markdown]
 # ## 3. What the script measures
@@ -203,16 +203,15 @@ else:
 # it sat idle waiting for its CPU to launch work, or inside the all-reduce waiting for the other rank. The
 # host time between step returns (`host_us`) is kept beside it; it includes the time the CPU waits, so it does
 # not show how busy the CPU is (section 5). One synchronize at each end of the timed
-# window gives the throughput: ResNet-50 images or MLP samples per second, over all ranks (the column is
-# named `images_per_s` for both).
+# window gives the throughput over all ranks: MLP samples or ResNet-50 images per second.
 #
 # Why not `torch.cuda.synchronize()` after every step? It makes the CPU wait for the GPU, so the CPU can no longer
 # run ahead and queue the next step, and that queue is what hides the CPU's hiccups in a graphed loop. Any loop
 # that calls `loss.item()` every step synchronizes; the sweep runs the MLP both ways.
 #
-# On the GPU the spread is reported per rank (median; IQR, the width of the middle half of the step times; p99;
-# max) and across ranks: the difference between the slowest and the fastest rank's median, and, step by step,
-# between the ranks' step times.
+# On the GPU the spread is reported per rank (median; IQR, the width of the middle half of the step times; p99,
+# the time 99% of the steps stay under; max) and across ranks: the difference between the slowest and the
+# fastest rank's median, and, step by step, between the ranks' step times.
 #
 # ## 4. A short run on this machine
 # `torchrun` starts one process per rank (on the CPU: two processes with the gloo backend, eager only). The
@@ -239,7 +238,8 @@ for mode in modes:
     ddp_train.launch(NPROC, args, timeout_s=900, port=port, quiet=True)  # its numbers: the table below
     run_dirs.append(RUNS / mode)
 local, local_per_rank, local_steps, local_meta = ddp_train.collect(run_dirs)
-local[["variant", "executed_as", "median_us", "p99_us", "images_per_s", "host_median_us", "parity_ok"]].round(1)
+local[["variant", "executed_as", "median_us", "p99_us", "images_per_s", "host_median_us", "parity_ok"]].rename(
+    columns={"images_per_s": "samples_per_s"}).round(1)  # the MLP's samples per second, over all ranks
 
 # %%
 where = f"{NPROC} x {torch.cuda.get_device_name(0)}" if CUDA else f"{NPROC} CPU processes (gloo, eager only, no graphs)"
@@ -258,8 +258,7 @@ if not CUDA:
 
 # %%
 rec = results.show_recorded(SWEEP_STEM, columns=[
-    "model", "variant", "executed_as", "median_us", "images_per_s", "throughput_speedup", "iqr_us", "p99_us",
-    "parity_ok"], digits=1)
+    "model", "variant", "executed_as", "median_us", "throughput_speedup", "iqr_us", "p99_us", "parity_ok"], digits=1)
 if rec is None:
     print("Make them on a machine with two NVIDIA GPUs: python scripts/ddp_train.py --sweep --nproc 2 --out figures")
 else:
@@ -270,13 +269,14 @@ else:
 # filled the launch queue, so a step returns once per step time whatever the CPU did. What can say is the CPU's
 # time to *issue* a step, read from the first steps after the synchronize that opens the timed window: if issuing
 # takes 80% of the step or more, the step is **CPU-bound**. ("Going further" A explains the reading.) The next
-# cell prints both readings for each model, and how the spread across steps and ranks changed from eager to graph.
+# cell prints both readings for each model, and how the spread across ranks changed from eager to graph (the
+# table above gives the spread across steps: `iqr_us`, `p99_us`).
 
 # %% tags=["nbval-check-output"]
 pairs = {}   # model -> (eager row, graph row, their issue times), for the takeaways
 if rec is not None:
     pairs = sweep_pairs(rec.df, ddp_train.issue_times(pd.read_csv(rec.dir / "steps.csv.gz")))
-    print(sweep_sentences(pairs, rec.df))
+    print(sweep_sentences(pairs, rec.df, rec.env))  # headed by the recorded run's GPUs and date
 
 # %% [markdown]
 # ## 6. Side by side with the published figures
@@ -352,9 +352,9 @@ results.show_takeaways(SWEEP_STEM, [], TAKEAWAYS);
 # the step time is what the GPUs need, the wait for the other rank included. A whole-step graph runs the same
 # kernels and all-reduce with one launch, so where the graphed step is not CPU-bound, the eager step's extra
 # time over it is time the eager GPU spent waiting for a CPU, its own or, through the all-reduce, the other
-# rank's. Section 5's table of the recorded run gives both readings for each model, and how the spread across steps (IQR, p99) and
-# across ranks changed from eager to graph. (The runs with a synchronize per step wait from the first step on,
-# so they have no issue time.)
+# rank's. Section 5 gives both readings for each model of the recorded run, and how the spread across steps
+# (IQR, p99) and across ranks changed from eager to graph. (The runs with a synchronize per step wait from the
+# first step on, so they have no issue time.)
 
 
 # %% [markdown]

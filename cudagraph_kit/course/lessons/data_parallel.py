@@ -16,13 +16,37 @@ from __future__ import annotations
 
 import textwrap
 
-__all__ = ["recorded_outcome", "sweep_pairs", "sweep_sentences", "sweep_takeaways"]
+__all__ = ["kit_rule1_message", "recorded_outcome", "sweep_pairs", "sweep_sentences", "sweep_takeaways"]
 
 
-def _label(rec) -> str:
-    ranks = rec.env.get("world_size")
-    gpus = f"{ranks} x {rec.env.get('gpu')}" if ranks and ranks > 1 else rec.env.get("gpu")
-    return f"Recorded on {gpus or 'a GPU'}, {str(rec.env.get('date'))[:10]}"
+def _label(env: dict) -> str:
+    """"Recorded on <ranks> x <GPU>, <date>" from a recorded run's ``env``."""
+    ranks = env.get("world_size")
+    gpus = f"{ranks} x {env.get('gpu')}" if ranks and ranks > 1 else env.get("gpu")
+    return f"Recorded on {gpus or 'a GPU'}, {str(env.get('date'))[:10]}"
+
+
+def kit_rule1_message() -> str:
+    """The kit's own refusal of a DDP model whose NCCL process group was made with async error handling on (rule 1),
+    produced without a GPU: ``capture_train_step``'s DDP check runs on a stand-in DDP model whose process group
+    reports the NCCL backend, with ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``. Nothing else runs."""
+    import os
+    from unittest import mock
+
+    import torch
+
+    from cudagraph_kit import train_step
+
+    model = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
+    torch.nn.Module.__init__(model)  # no parameters and no process group: only the check's inputs
+    model.process_group = None
+    with mock.patch.object(train_step.torch.distributed, "get_backend", return_value="nccl"), \
+            mock.patch.dict(os.environ, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}):
+        try:
+            train_step._check_ddp(model, 3)
+        except RuntimeError as exc:
+            return str(exc)
+    raise AssertionError("the kit's DDP check accepted async error handling on")
 
 
 def recorded_outcome(rec, cell: str) -> str:
@@ -30,17 +54,21 @@ def recorded_outcome(rec, cell: str) -> str:
     in ``cell``: ``"demo"`` (graphed DDP against eager DDP in one process), ``"rule 1"`` (the kit's refusal of a
     process group made with NCCL's async error handling on) or ``"local"`` (the local torchrun run), in a few lines
     labelled with its GPU and date."""
-    if rec is None or rec.env.get("executed_as") != "cuda":
+    recorded = rec is not None and rec.env.get("executed_as") == "cuda"
+    if cell == "rule 1":  # the kit's message, recorded on a GPU or else from its check (no GPU needed)
+        said = rec.env.get("rule1_error") if recorded else None
+        head = ("Rule 1 is about NCCL, which needs an NVIDIA GPU (gloo, on the CPU, has no such setting). "
+                + (f"{_label(rec.env)}, the kit refused with:" if said else
+                   "The kit's check, given a DDP model whose NCCL process group was made with "
+                   "TORCH_NCCL_ASYNC_ERROR_HANDLING=1, refuses with:"))
+        return textwrap.fill(head, 110) + "\n" + textwrap.fill(said or kit_rule1_message(), 110)
+    if not recorded:
         return "Needs an NVIDIA GPU, and no recorded GPU run of this notebook was found."
-    head = f"Needs an NVIDIA GPU. {_label(rec)}:"
+    head = f"Needs an NVIDIA GPU. {_label(rec.env)}:"
     if cell == "demo":
         diff, mode = rec.env.get("demo_max_param_diff"), rec.env.get("demo_mode")
         return (f"{head} the kit's step ran as a {'CUDA graph' if mode == 'graph' else mode}; max |param diff| "
                 f"against eager DDP = {diff:.3g}" if diff is not None else f"{head} the check was not recorded.")
-    if cell == "rule 1":
-        said = rec.env.get("rule1_error")
-        return (f"{head} the kit refused with: {textwrap.shorten(said, 400)}" if said else
-                f"{head} this run kept no copy of the kit's message (runs from now on save it).")
     if cell == "local":
         lines = [f"{r.variant}: median step {r.median_us:,.0f} µs, p99 {r.p99_us:,.0f} µs, {r.images_per_s:,.0f} "
                  f"samples/s over {r.ranks} rank(s), executed as {r.executed_as}" for r in rec.df.itertuples()]
@@ -67,15 +95,21 @@ def _unit(label: str) -> str:
     return "images/s" if label == "ResNet-50" else "samples/s"
 
 
+def _synced_rates(synced) -> str:
+    """"eager ran at 0.85x and the graph at 7.46x" for the runs that synchronize each step."""
+    return " and ".join(f"{'eager ran' if r.variant.startswith('eager') else 'the graph'} at "
+                        f"{r.throughput_speedup:.2f}x" for r in synced.itertuples())
+
+
 def _bound(i) -> str:
     return "CPU-bound" if i.cpu_bound else "the CPU gets ahead"
 
 
-def sweep_sentences(pairs, df) -> str:
+def sweep_sentences(pairs, df, env: dict | None = None) -> str:
     """The recorded sweep in a few sentences per model (``pairs`` from ``sweep_pairs``): throughput, the slowest
     rank's CPU time to issue a step against the step (CPU-bound at 80% or more), how long the eager GPU waited for
-    a CPU where the graphed step is not CPU-bound, and the spread of step times across steps and ranks; then the
-    runs that synchronize each step."""
+    a CPU where the graphed step is not CPU-bound, and the spread of step times across ranks (the table gives it
+    across steps); then the runs that synchronize each step. ``env``: the recorded run's, to name its GPUs and date first."""
     out = []
     for label, (e, g, ie, ig) in pairs.items():
         waited = (f" The eager GPU waited for a CPU about {1 - g.median_us / e.median_us:.0%} of the eager step."
@@ -84,36 +118,34 @@ def sweep_sentences(pairs, df) -> str:
             f"{label}: {e.images_per_s:,.0f} -> {g.images_per_s:,.0f} {_unit(label)} ({g.throughput_speedup:.2f}x). "
             f"Issuing a step took the slowest rank's CPU {ie.issue_us:,.0f} µs eager ({ie.issue_share:.0%} of the "
             f"step: {_bound(ie)}) and {ig.issue_us:,.0f} µs graphed ({ig.issue_share:.0%}: {_bound(ig)}).{waited} "
-            f"Step time, eager -> graph: median {e.median_us:,.0f} -> {g.median_us:,.0f} µs, p99 {e.p99_us:,.0f} -> "
-            f"{g.p99_us:,.0f} µs; per step the slowest rank trailed the fastest by {e.step_rank_diff_p99_us:,.0f} -> "
-            f"{g.step_rank_diff_p99_us:,.0f} µs at the p99.", 110))
+            f"Across ranks, eager -> graph: in 99% of the steps the slowest rank trailed the fastest by at most "
+            f"{e.step_rank_diff_p99_us:,.0f} -> {g.step_rank_diff_p99_us:,.0f} µs.", 110))
     synced = df[df.variant.str.contains("sync")]
     if len(synced):
-        out.append("MLP with a synchronize per step: " + ", ".join(
-            f"{r.variant.split(',')[0]} {r.throughput_speedup:.2f}x" for r in synced.itertuples())
-            + " of the throughput of eager without one.")
-    return "\n\n".join(out)
+        out.append(f"MLP with a synchronize per step: {_synced_rates(synced)} the throughput of eager without one.")
+    return (f"{_label(env)}:\n" if env is not None else "") + "\n\n".join(out)
 
 
 def sweep_takeaways(pairs, df) -> list[str]:
     """Notebook 07's takeaways from the recorded sweep, each a lesson with the numbers that show it."""
     lines = []
     if pairs:
-        lines.append("Throughput with a whole-step graph, eager -> graph: " + "; ".join(
-            f"{label} {e.images_per_s:,.0f} -> {g.images_per_s:,.0f} {_unit(label)} ({g.throughput_speedup:.2f}x), "
-            f"while issuing a step took the CPU {ie.issue_share:.0%} of the step eagerly and {ig.issue_share:.0%} "
-            "graphed" for label, (e, g, ie, ig) in pairs.items()) + ".")
-        lines.append("A data-parallel step waits for its slowest rank, so jitter costs every rank. Per step, the slowest "
-                     "rank trailed the fastest at the p99 by: " + "; ".join(
+        models = pairs.values()
+        lines.append("A whole-step graph multiplied the throughput by " + " and ".join(
+            f"{g.throughput_speedup:.2f}x ({label}, {g.images_per_s:,.0f} {_unit(label)})"
+            for label, (e, g, ie, ig) in pairs.items()) + ". Issuing a step took the CPU "
+            + " and ".join(f"{ie.issue_share:.0%}" for e, g, ie, ig in models) + " of the step eagerly, "
+            + " and ".join(f"{ig.issue_share:.0%}" for e, g, ie, ig in models) + " graphed.")
+        lines.append("A data-parallel step waits for its slowest rank, so jitter costs every rank. In 99% of the "
+                     "steps, the slowest rank trailed the fastest by at most: " + "; ".join(
                          f"{label} {e.step_rank_diff_p99_us:,.0f} µs eager, {g.step_rank_diff_p99_us:,.0f} µs graphed"
                          for label, (e, g, ie, ig) in pairs.items()) + ".")
     synced = df[df.variant.str.contains("sync")]
     graph = df[(df.model == "mlp") & (df.variant == "whole-step graph")]
     if len(synced) and len(graph):
-        rates = ", ".join(f"{r.variant.split(',')[0]} {r.throughput_speedup:.2f}x" for r in synced.itertuples())
-        lines.append("Time each rank with CUDA events, not a synchronize per step, which keeps the CPU from queueing "
-                     f"ahead: on the MLP, with a synchronize per step, {rates} of the eager throughput without one "
-                     f"(the graph without one: {graph.throughput_speedup.iloc[0]:.2f}x).")
+        lines.append("Time each rank with CUDA events, not a synchronize per step: a synchronize keeps the CPU from "
+                     f"queueing ahead. On the MLP with a synchronize per step, {_synced_rates(synced)} the throughput "
+                     f"of eager without one (the graph without one: {graph.throughput_speedup.iloc[0]:.2f}x).")
     graphed = df[df.variant.str.startswith("whole-step graph")]
     if len(graphed):
         lines.append(f"Correct before fast: {int(graphed.parity_ok.sum())} of {len(graphed)} graphed runs trained "
