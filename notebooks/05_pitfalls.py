@@ -67,7 +67,7 @@ import torch
 
 from cudagraph_kit import CaptureError, capture, check_capturable, env_table, has_cuda, verify
 from cudagraph_kit.advice import advise, measure_replay_cost
-from cudagraph_kit.course.lessons.pitfalls import brief, brief_error, first_line, outcome
+from cudagraph_kit.course.lessons.pitfalls import brief, brief_error, first_line, first_sentence, outcome
 from cudagraph_kit.course.measuring import results
 from cudagraph_kit.course.measuring.measure import measure
 
@@ -238,7 +238,7 @@ if CUDA:
         g(torch.randn(5, 64, device="cuda"))
     except ValueError as e:
         refused = e
-        print("the kit refuses:", first_line(e, 130))
+        print("the kit refuses:", first_sentence(e))
 outcome("shape", found=report_shape, fixed=report_shape_fixed, refused=refused)
 
 # %% [markdown]
@@ -259,7 +259,8 @@ class ScaledByStep(torch.nn.Module):
         self.step = 0
 
     def forward(self, x):
-        self.step += 1             # Python state: frozen in a graph
+        # Python state: frozen in a graph
+        self.step += 1
         return self.lin(x) / self.step
 
 
@@ -311,6 +312,7 @@ if CUDA:
     masks_differ = (a != b).sum().item()
     print(f"two replays of a graphed dropout: masks differ in {masks_differ} of 1000 positions")
     same_as_eager = verify(dropout, lambda t: torch.nn.functional.dropout(t, 0.5), torch.ones(1000, device="cuda"))
+    print("graph vs eager from the same RNG state:", first_line(same_as_eager))
 outcome("rng", found=report_seed, own_generator=report_gen, error=error, masks_differ=masks_differ,
         same_as_eager=same_as_eager)
 
@@ -365,12 +367,12 @@ show_advise(honest, claims, STEM, headlines=["advise_within_1_5x_all", "advise_w
 
 # %%
 TAKEAWAYS = [
-    "Some mistakes break a capture: a value read on the CPU (`.item()`, `print`), an output whose shape depends on "
-    "the data (`x[mask]`), reseeding. `check_capturable` names the line of each before you capture, and a capture "
-    "that fails raises a `CaptureError` with its cause and fix.",
-    "Others capture fine and compute the wrong thing. `verify` compares the graph with eager on NaN-poisoned inputs: "
-    "it caught the rebound static input and the frozen counter. A kept output passed that comparison; verify's note "
-    "that every call returns the same output memory is the warning to clone it.",
+    "Some code cannot be captured: a value read on the CPU (`.item()`, `print`), an output whose shape depends on "
+    "the data (`x[mask]`), reseeding. `check_capturable` names the line of each before you capture. The two "
+    "captures tried here (`.item()`, another generator) failed with a `CaptureError` that gave the cause and fix.",
+    "Other mistakes capture fine and compute the wrong thing. `verify` fills the graph's input buffers with NaN and "
+    "compares the graph with eager: it caught the rebound static input and the frozen counter. A kept output passed "
+    "that comparison; verify's note that every call returns the same output memory is the warning to clone it.",
     "A graph removes launch cost, not GPU work. `advise` predicts the gain from the eager function alone, before any "
     "capture; treat its number as an estimate and time the graph: {advise_within_1_5x_all:statement}.",
 ]

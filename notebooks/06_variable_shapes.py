@@ -238,6 +238,7 @@ built, info = lab.built, lab.info                          # built[model][strate
 memory = lab.memory()   # one row per model and strategy (the setup times are in "Going further" A)
 evidence = lab.sharing(DEFAULT)                            # the checks below the table ([] without a GPU)
 buckets.show_memory(memory, evidence, STEM, CUDA)          # without a GPU: the recorded GPU run's tables
+claims += buckets.sharing_claims(evidence, DEFAULT)       # one verdict per model (GPU only)
 
 # %% [markdown]
 # In a shared pool each smaller bucket reuses the memory the larger ones freed, so the pool should hold about
@@ -328,7 +329,8 @@ TAKEAWAYS = [
     "{mlp_default_ladder_beats_eager} faster than eager on the MLP and {block_default_ladder_beats_eager} on the "
     "transformer block.",
     "Give all buckets one shared pool and capture the largest first: each smaller bucket reuses the memory the "
-    "larger ones freed, while one pool per graph adds up (section 5).",
+    "larger ones freed, while one pool per graph adds up (section 5). {mlp_shared_pool_within_target:statement}; "
+    "{block_shared_pool_within_target:statement}.",
     "A planner fed with the sizes you saw puts the buckets where the requests are, and weighs padding against GPU "
     "time: {block_planned_beats_default_ladder:statement}; {mlp_planned_beats_default_ladder:statement}.",
     "Time `torch.compile(mode=\"reduce-overhead\")` after the passes that compile and record its graphs "

@@ -193,7 +193,7 @@ if CUDA:
     assert rule1_error and "TORCH_NCCL_ASYNC_ERROR_HANDLING" in rule1_error
 else:
     rule1_error = None
-    print(recorded_outcome(results.load(STEM), "rule 1"))  # the recorded message, else the kit's check's
+    print(recorded_outcome(results.load(STEM), "rule 1"))  # the recorded GPU run's message
 
 # %% [markdown]
 # ## 3. What the script measures

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import textwrap
 
-__all__ = ["kit_rule1_message", "recorded_outcome", "sweep_pairs", "sweep_sentences", "sweep_takeaways"]
+__all__ = ["recorded_outcome", "sweep_pairs", "sweep_sentences", "sweep_takeaways"]
 
 
 def _label(env: dict) -> str:
@@ -24,29 +24,6 @@ def _label(env: dict) -> str:
     ranks = env.get("world_size")
     gpus = f"{ranks} x {env.get('gpu')}" if ranks and ranks > 1 else env.get("gpu")
     return f"Recorded on {gpus or 'a GPU'}, {str(env.get('date'))[:10]}"
-
-
-def kit_rule1_message() -> str:
-    """The kit's own refusal of a DDP model whose NCCL process group was made with async error handling on (rule 1),
-    produced without a GPU: ``capture_train_step``'s DDP check runs on a stand-in DDP model whose process group
-    reports the NCCL backend, with ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``. Nothing else runs."""
-    import os
-    from unittest import mock
-
-    import torch
-
-    from cudagraph_kit import train_step
-
-    model = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
-    torch.nn.Module.__init__(model)  # no parameters and no process group: only the check's inputs
-    model.process_group = None
-    with mock.patch.object(train_step.torch.distributed, "get_backend", return_value="nccl"), \
-            mock.patch.dict(os.environ, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}):
-        try:
-            train_step._check_ddp(model, 3)
-        except RuntimeError as exc:
-            return str(exc)
-    raise AssertionError("the kit's DDP check accepted async error handling on")
 
 
 def recorded_outcome(rec, cell: str) -> str:
@@ -57,11 +34,11 @@ def recorded_outcome(rec, cell: str) -> str:
     recorded = rec is not None and rec.env.get("executed_as") == "cuda"
     if cell == "rule 1":  # the kit's message, recorded on a GPU or else from its check (no GPU needed)
         said = rec.env.get("rule1_error") if recorded else None
-        head = ("Rule 1 is about NCCL, which needs an NVIDIA GPU (gloo, on the CPU, has no such setting). "
-                + (f"{_label(rec.env)}, the kit refused with:" if said else
-                   "The kit's check, given a DDP model whose NCCL process group was made with "
-                   "TORCH_NCCL_ASYNC_ERROR_HANDLING=1, refuses with:"))
-        return textwrap.fill(head, 110) + "\n" + textwrap.fill(said or kit_rule1_message(), 110)
+        head = "Rule 1 is about NCCL, which needs an NVIDIA GPU (gloo, on the CPU, has no such setting). "
+        if not said:
+            return textwrap.fill(head + "No recorded GPU run of this cell was found: on a GPU it prints the kit's "
+                                 "refusal.", 110)
+        return textwrap.fill(head + f"{_label(rec.env)}, the kit refused with:", 110) + "\n" + textwrap.fill(said, 110)
     if not recorded:
         return "Needs an NVIDIA GPU, and no recorded GPU run of this notebook was found."
     head = f"Needs an NVIDIA GPU. {_label(rec.env)}:"

@@ -252,8 +252,11 @@ def best_of(m, claim_id: str, case: str, variants=None, above: float = 1.0) -> C
 def host_bound(m, claim_id: str, case: str, floor_us: float):
     """The claim "eager is host-bound in ``case``": eager's time interval over the GPU-busy ``floor_us`` of the
     step is above 2x, so the GPU sits idle most of each eager step."""
-    eager, times = m.row(case, "eager"), "an eager step takes {lo:.1f}-{hi:.1f}x the GPU's busy time"
-    return Claim(claim_id, lo=eager.median_pi_lo / floor_us, hi=eager.median_pi_hi / floor_us, above=2.0,
+    eager = m.row(case, "eager")
+    lo, hi = eager.median_pi_lo / floor_us, eager.median_pi_hi / floor_us
+    span = f"{_x(lo)}-{_x(hi)}x" if lo == lo and hi == hi else "?"   # as a takeaway quotes it: one rounding
+    times = f"an eager step takes {span} the GPU's busy time"
+    return Claim(claim_id, lo=lo, hi=hi, above=2.0,
                  subject=f"{case}: eager against the floor",
                  holds=f"{case}: {times}: host-bound, the GPU sits idle most of each step",
                  fails=f"{case}: {times}: at most 2x, so not host-bound by this test",
