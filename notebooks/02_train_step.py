@@ -200,7 +200,8 @@ del model, step
 # ## 4. Training parity: eager vs whole-step graph
 # Same seed, same batches (short ones included), `PARITY_STEPS` steps, trained once eagerly and once with
 # `capture_train_step`. Without dropout the graph replays the same kernels on the same numbers, so the parameters
-# should match (the cell asserts a difference below 1e-5). With dropout, both runs start from the same seed, and
+# should match to float32 rounding (the cell asserts a difference below 1e-5; with Adam the last bits can differ,
+# and "Going further" F shows why). With dropout, both runs start from the same seed, and
 # each replay draws new masks from the same generator in the same order as eager ("Going further" D explains how):
 # the table shows whether the parameters and the per-step losses still match. Without a GPU the kit ran every step
 # eagerly: these runs then compare eager with eager, so the recorded GPU run's parity rows are shown instead.
@@ -252,7 +253,7 @@ fig_loss = figures.loss_curves(curves, f"Same seed, same batches: eager vs graph
 #   `torch.cuda.make_graphed_callables`, which captures the model's forward and backward as two graphs; the
 #   loss, `zero_grad` and the optimizer step stay eager. ("Going further" A shows the plain PyTorch call.)
 #
-# In the Adam cases every variant uses `Adam(capturable=True)`, so both sides run the same math; one more row
+# In the Adam cases every variant uses `Adam(capturable=True)`, so both sides run the same algorithm; one more row
 # times the default eager `Adam()` ("Going further" B says why). The table below shows the SGD rows and five
 # verdicts; "Going further" C has the Adam rows and every verdict. As in notebook 01, `measure` times
 # [windows](../docs/GLOSSARY.md) a pause apart and quotes each speedup with its 90% prediction interval; the
@@ -402,8 +403,8 @@ TAKEAWAYS = [
     "`make_graphed_callables`.",
     "Where the GPU's work fills the step (the docs size), a graph can only remove the gaps between kernels: "
     "{graph_beats_eager_docs_sgd:statement}.",
-    "AMP works the same way: bf16 on compute capability 8.0 or newer, else fp16 with the scaler's step after "
-    "each replay.",
+    "AMP is captured the same way: bf16 on compute capability 8.0 or newer, else fp16 with the scaler's step after "
+    "each replay; how much of the gain each keeps is in section 6's table.",
 ]
 claims = m.claims + (amp.claims if amp else [])
 results.show_takeaways(STEM, claims, TAKEAWAYS);

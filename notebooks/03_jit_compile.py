@@ -22,8 +22,8 @@
 #
 # **What you'll learn**
 # - Fusion cuts kernels (GPU time), a graph cuts launches (CPU time), and where each pays.
-# - What `mode="reduce-overhead"` costs per call, and where it wins: one elementwise function, a deeper model,
-#   a training step.
+# - What `mode="reduce-overhead"` costs per call, and where it wins and loses: one elementwise function, a deeper
+#   model, a training step.
 # - What happens to a `reduce-overhead` output you still hold when the next call runs.
 #
 # **What you need**: an NVIDIA GPU for the graph parts (Colab: Runtime → Change runtime type → T4 GPU).
@@ -385,8 +385,9 @@ if now is not None:   # speedups over eager (x); this run's with its 90% interva
 # **Why the ratios differ.** On the K80 the GPU was the bottleneck for both tensors (each kernel ran longer than
 # its launch took), so a graph gained almost nothing and only fusion helped. A Hopper GPU runs each of the small
 # tensor's kernels in much less time than a launch takes, so eager GELU on the small tensor is mostly launch
-# overhead, which a graph removes. On the large tensor the five kernels are bound by memory bandwidth: fusion cuts
-# the passes over memory, and a graph pays on top of it only where the fused kernel is shorter than its launch.
+# overhead, which a graph removes. On the large tensor the five kernels take longer, bound by memory bandwidth:
+# fusion cuts the passes over memory, and a graph removes whatever launch time is left; the table shows how much
+# that is on this GPU.
 #
 # ## 8. Takeaways
 # Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).

@@ -367,12 +367,12 @@ dtype0, B0, amp0, T0 = vision.first_cases(table)   # from this run, or the recor
 DT, AMP0 = verdicts.tag(dtype0), verdicts.tag(amp0)
 TAKEAWAYS = [
     f"At batch {B0} a CUDA graph made ResNet-50 inference {{infer_{DT}_bs{B0}_graph_pays}} faster than eager: "
-    "an eager forward of hundreds of small kernels is bound by the host's launches.",
+    "an eager forward of many small kernels is bound by the host's launches (\"Going further\" A counts them).",
     f"The gain shrinks as the batch grows, because the GPU's work grows and the host's does not: "
     f"{{infer_{DT}_pays_at_large_batches:statement}}.",
-    f"A whole training step, optimizer, clipping and LR schedule included, is one graph with `capture_train_step`: "
-    f"at batch {T0} with SGD momentum it was {{train_{AMP0}_bs{T0}_sgdmomentum_graph_pays}} faster than eager, "
-    "and the loop changed by three lines.",
+    f"A whole training step, optimizer included, is one graph with `capture_train_step` (clipping and an LR "
+    f"schedule can go in too, as section 2's snippet shows): at batch {T0} with SGD momentum it was "
+    f"{{train_{AMP0}_bs{T0}_sgdmomentum_graph_pays}} faster than eager, and the loop changed by three lines.",
     "A graph should change the speed, not the result: train one loop eagerly and graphed from the same seed and "
     "compare them epoch by epoch, as section 3 does.",
 ]

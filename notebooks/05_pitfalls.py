@@ -370,9 +370,10 @@ TAKEAWAYS = [
     "Some code cannot be captured: a value read on the CPU (`.item()`, `print`), an output whose shape depends on "
     "the data (`x[mask]`), reseeding. `check_capturable` names the line of each before you capture. The two "
     "captures tried here (`.item()`, another generator) failed with a `CaptureError` that gave the cause and fix.",
-    "Other mistakes capture fine and compute the wrong thing. `verify` fills the graph's input buffers with NaN and "
-    "compares the graph with eager: it caught the rebound static input and the frozen counter. A kept output passed "
-    "that comparison; verify's note that every call returns the same output memory is the warning to clone it.",
+    "Other mistakes capture fine and compute the wrong thing. `verify` compares the graph with eager over several "
+    "calls, its input buffers filled with NaN before each so that a stale read shows: it caught the rebound static "
+    "input and the frozen counter. A kept output passed that comparison; verify's note that every call returns the "
+    "same output memory is the warning to clone it.",
     "A graph removes launch cost, not GPU work. `advise` predicts the gain from the eager function alone, before any "
     "capture; treat its number as an estimate and time the graph: {advise_within_1_5x_all:statement}.",
 ]

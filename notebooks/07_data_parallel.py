@@ -201,7 +201,7 @@ else:
 # step has been issued, **without** synchronizing. After the run, the interval between consecutive events
 # is the step time on the GPU's own timeline: how often a step completes on that GPU, including any time
 # it sat idle waiting for its CPU to launch work, or inside the all-reduce waiting for the other rank. The
-# host time between step returns (`host_us`) is kept beside it; it includes the time the CPU waits, so it does
+# host time between step returns (`host_median_us`, its median) is kept beside it; it includes the time the CPU waits, so it does
 # not show how busy the CPU is (section 5). One synchronize at each end of the timed
 # window gives the throughput over all ranks: MLP samples or ResNet-50 images per second.
 #
@@ -209,13 +209,13 @@ else:
 # run ahead and queue the next step, and that queue is what hides the CPU's hiccups in a graphed loop. Any loop
 # that calls `loss.item()` every step synchronizes; the sweep runs the MLP both ways.
 #
-# On the GPU the spread is reported per rank (median; IQR, the width of the middle half of the step times; p99,
+# The two-GPU sweep reports the spread per rank (median; IQR, the width of the middle half of the step times; p99,
 # the time 99% of the steps stay under; max) and across ranks: the difference between the slowest and the
 # fastest rank's median, and, step by step, between the ranks' step times.
 #
 # ## 4. A short run on this machine
 # `torchrun` starts one process per rank (on the CPU: two processes with the gloo backend, eager only). The
-# command, exactly as the notebook runs it:
+# command, exactly as the notebook runs it (`torchrun` is `python -m torch.distributed.run`):
 
 # %%
 SCRIPT = (checkout or Path.cwd().parent) / "scripts" / "ddp_train.py"  # `checkout`: found by the setup cell
@@ -266,7 +266,8 @@ else:
 
 # %% [markdown]
 # Is a step CPU-bound? The host time between step returns cannot say: in a steady loop the CPU waits once it has
-# filled the launch queue, so a step returns once per step time whatever the CPU did. What can say is the CPU's
+# filled the launch queue, so a step returns once per step time whatever the CPU did (in a run long enough to
+# fill the queue: the short local run above is not, "Going further" A). What can say is the CPU's
 # time to *issue* a step, read from the first steps after the synchronize that opens the timed window: if issuing
 # takes 80% of the step or more, the step is **CPU-bound**. ("Going further" A explains the reading.) The next
 # cell prints both readings for each model, and how the spread across ranks changed from eager to graph (the

@@ -174,10 +174,10 @@ def sharing_claims(evidence, default):
     for e in evidence:
         if e["check"] != f"{default} (shared pool) / largest bucket alone":
             continue
-        said = f"{e['model']}: the default ladder's shared pool held {{hi:.2f}}x the memory of its largest bucket alone"
+        said = f"{e['model']}: the shared pool held {{hi:.2f}}x the memory of the largest bucket alone"
         out.append(Claim(f"{SHORT[e['model']]}_shared_pool_within_target", lo=e["value"], hi=e["value"], above=1.2,
-                         below=True, holds=said + ", within the 1.2x target",
-                         fails=said + ", above the 1.2x target (the cause, fragmentation, is measured in Appendix A)",
+                         below=True, holds=said + " (target: 1.2x or less)",
+                         fails=said + ", over the 1.2x target (fragmentation: Appendix A)",
                          unclear=said + ", at the 1.2x target"))
     return out
 
