@@ -82,16 +82,16 @@ def describe_frame(frame) -> tuple:
 
 
 def location(filename: str, lineno: int, func: str = "") -> tuple:
-    name = filename
+    name, sep = filename, ":"
     if "ipykernel_" in filename or filename.startswith("<ipython-input"):
-        name = "cell"  # a notebook cell (the line number is the cell's)
+        name, sep = "cell", ", line "  # a notebook cell: "cell, line 2" (the line number is the cell's)
     elif not filename.startswith("<"):
         try:
             rel = os.path.relpath(filename)
             name = rel if not rel.startswith("..") else os.path.basename(filename)
         except ValueError:
             name = os.path.basename(filename)
-    where = f"{name}:{lineno}" + (f" ({func})" if func and func != "<module>" else "")
+    where = f"{name}{sep}{lineno}" + (f" ({func})" if func and func != "<module>" else "")
     return where, linecache.getline(filename, lineno).strip()
 
 

@@ -230,18 +230,21 @@ for opt_name, dropout in [("SGD", False), ("Adam(capturable)", False), ("SGD", T
     adam_runs = (base, ref, test, step) if opt_name.startswith("Adam") else adam_runs  # "Going further" F
     assert dropout or parity_rows[-1]["max_abs_param_diff"] < 1e-5, parity_rows[-1]  # without dropout: like eager
 parity = pd.DataFrame(parity_rows)
+PARITY_COLUMNS = {"case": "case", "max_abs_param_diff": "largest parameter difference", "params_bitwise_equal": "bitwise "
+                  "equal", "steps_with_different_loss": "steps with another loss", "mean_loss_last_quarter_eager":
+                  "last-quarter loss, eager", "mean_loss_last_quarter_variant": "last-quarter loss, graph"}
 rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's parity rows
 shown = parity if CUDA else rec.df[rec.df.case.isin(parity.case)] if rec else parity.iloc[0:0]
 print(f"{'This run, on ' + WHERE if CUDA else getattr(rec, 'caption', 'No recorded run')}: {shown.steps.max():.0f} steps")
-display(shown[["case", "max_abs_param_diff", "params_bitwise_equal", "steps_with_different_loss",
-               "mean_loss_last_quarter_eager", "mean_loss_last_quarter_variant"]].style.hide(axis="index"))
+display(shown[list(PARITY_COLUMNS)].rename(columns=PARITY_COLUMNS).style.hide(axis="index").format(
+    {"largest parameter difference": "{:.1e}"}, precision=4))
 
 # %% tags=["nbval-check-output"]
 fig_loss = figures.loss_curves(curves, f"Same seed, same batches: eager vs graphed training on {WHERE}")
 
 # %% [markdown]
-# Where Adam's parameters differ in the last bit (`params_bitwise_equal` says whether they do; the table's
-# `max_abs_param_diff` is rounded, so a difference in the last bit can show as 0.000000), the cause is that the
+# Where Adam's parameters differ in the last bits ("bitwise equal" says whether they do, "largest parameter
+# difference" by how much), the cause is that the
 # graphed step reads its learning rate from a GPU tensor (so a scheduler can change it between replays) while the
 # eager loop passes a Python number; "Going further" F tests that.
 #
@@ -379,7 +382,7 @@ now = m.short() if CUDA else Measured(rec.df).short(cuda=True) if rec else None
 if now is not None:
     print("This run:" if CUDA else f"{rec.caption}:")
     display(REFERENCE[REFERENCE.case.str.endswith("SGD")][["case", "variant", "K80 speedup", "H100 ref speedup"]].merge(
-        now[["case", "variant", "time (µs)", "speedup", "90% interval"]], on=["case", "variant"]).round(2))
+        now[["case", "variant", "median (µs)", "speedup", "90% interval"]], on=["case", "variant"]).round(2))
 
 # %% [markdown]
 # **Why the numbers differ.** An eager step of the small network is mostly the CPU's cost of launching its

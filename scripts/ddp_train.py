@@ -456,9 +456,11 @@ def issue_times(steps, first: int = ISSUE_STEPS[0], last: int = ISSUE_STEPS[1]):
 
 def plot_step_times(steps, title: str = ""):
     """Per-rank step-time distributions (right) and step time against step (left), one row per case."""
+    import textwrap
+
     import matplotlib.pyplot as plt
     import numpy as np
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FormatStrFormatter, LogLocator
 
     cases = list(dict.fromkeys(steps.case))
     fig, axes = plt.subplots(len(cases), 2, figsize=(13, 3.6 * len(cases)), squeeze=False,
@@ -471,7 +473,7 @@ def plot_step_times(steps, title: str = ""):
                 s = g[(g.variant == variant) & (g["rank"] == rank)].sort_values("step")
                 ax_t.plot(s.step, s.step_us / 1e3, lw=0.7, alpha=0.8, color=f"C{ci}",
                           ls="-" if rank == 0 else "--", label=f"{variant}, rank {rank}")
-                labels.append(f"{variant}\nrank {rank}")
+                labels.append(textwrap.fill(f"{variant}, rank {rank}", 18))   # long variant names: wrapped
                 data.append(s.step_us.to_numpy() / 1e3)
         ax_t.set(yscale="log", xlabel="timed step", ylabel="step time (ms)", title=case)
         ax_t.legend(fontsize=7, loc="upper right")
@@ -480,10 +482,11 @@ def plot_step_times(steps, title: str = ""):
             body.set_alpha(0.5)
         for i, d in enumerate(data, 1):
             ax_d.scatter([i], [np.percentile(d, 99)], marker="_", s=200, color="k", zorder=3)
-        ax_d.set_xticks(range(1, len(labels) + 1), labels, fontsize=7)
+        ax_d.set_xticks(range(1, len(labels) + 1), labels, fontsize=7, rotation=30, ha="right")
         ax_d.set(yscale="log", ylabel="step time (ms)", title="distribution per rank (black tick: p99)")
         for ax in (ax_t, ax_d):
             ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_locator(LogLocator(subs=(2, 5)))   # 0.2, 0.5, 2, 5, ...: labelled, never crowded
             ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
             ax.tick_params(axis="y", which="minor", labelsize=7)
     fig.suptitle(title or "Per-rank step time")

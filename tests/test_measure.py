@@ -47,7 +47,7 @@ def test_measure_times_every_case_in_every_window_and_combines_them(cpu_clock, m
     assert m.interval("large", "graph") == pytest.approx((1 / 0.9, 1 / 0.9))
     short = m.short()
     # no column that is empty in every row: without a GPU no floor was measured
-    assert list(short.columns) == ["case", "variant", "ran as", "time (µs)", "speedup", "90% interval"]
+    assert list(short.columns) == ["case", "variant", "ran as", "median (µs)", "speedup", "90% interval"]
     assert (short.loc[1, "speedup"], short.loc[1, "90% interval"]) == ("-", "ran eagerly")   # no GPU: eager vs eager
     assert (short.loc[0, "speedup"], short.loc[0, "90% interval"]) == ("baseline", "")      # not "1.00-1.00x"
     m.table["floor_us"] = [float("nan"), 12.0, float("nan"), 30.0]    # a floor in some rows: the column stays

@@ -49,7 +49,10 @@ EAGER_FALLBACK = "eager fallback"  # the verdict of a claim about a graph that r
 
 
 def _x(v: float) -> str:
-    """A ratio for a sentence: 2 decimals below 10, 1 below 100, none above."""
+    """A ratio for a sentence: 2 decimals below 10, 1 below 100, none above; 3 within 0.5% of 1 (but not 1 itself),
+    so that an interval that clears 1 never reads "1.00-": ``_x(1.004)`` is "1.004"."""
+    if 0.995 <= v < 1.005 and v != 1:
+        return f"{v:.3f}"
     return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
 
 

@@ -36,7 +36,7 @@ from ...timing import compare
 __all__ = ["measure", "Measured", "SHORT_COLUMNS", "is_eager_fallback", "ran_eagerly", "window_medians", "Runs",
            "step_mode", "profiled_mode", "with_window_medians", "per_batch", "joined", "cuda_cleanup"]
 
-SHORT_COLUMNS = ["case", "variant", "ran as", "time (µs)", "speedup", "90% interval", "floor (µs)"]
+SHORT_COLUMNS = ["case", "variant", "ran as", "median (µs)", "speedup", "90% interval", "floor (µs)"]
 
 
 def _cuda() -> bool:

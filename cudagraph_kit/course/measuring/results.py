@@ -396,7 +396,7 @@ def _speedups(df, now: bool = False):
                                     eager)]
     return pd.DataFrame({"case": df.case.values, "variant": df.variant.str.replace(" (eager fallback)", "",
                                                                                  regex=False).values,
-                         "time (µs)": df.median_us.round(1).values, "speedup (90% interval)": span})
+                         "median (µs)": df.median_us.round(1).values, "speedup (90% interval)": span})
 
 
 def beside_recorded(stem: str, table, root=None):
