@@ -69,7 +69,7 @@ from cudagraph_kit.course.lessons.models import SEED, StreamWarningNote, amp_pai
     loss_fn, make_batches, make_model, make_opt
 from cudagraph_kit.course.measuring import figures, results, verdicts
 from cudagraph_kit.course.measuring.claims import save_claims, summary
-from cudagraph_kit.course.measuring.correctness import param_diff, parity_row
+from cudagraph_kit.course.measuring.correctness import PARITY_COLUMNS, param_diff, parity_row
 from cudagraph_kit.course.measuring.measure import Measured, measure
 from cudagraph_kit.course.measuring.verdicts import ADAM_DEFAULT, GRAPH, GRAPH_FUSED, MODEL_ONLY
 
@@ -230,9 +230,6 @@ for opt_name, dropout in [("SGD", False), ("Adam(capturable)", False), ("SGD", T
     adam_runs = (base, ref, test, step) if opt_name.startswith("Adam") else adam_runs  # "Going further" F
     assert dropout or parity_rows[-1]["max_abs_param_diff"] < 1e-5, parity_rows[-1]  # without dropout: like eager
 parity = pd.DataFrame(parity_rows)
-PARITY_COLUMNS = {"case": "case", "max_abs_param_diff": "largest parameter difference", "params_bitwise_equal": "bitwise "
-                  "equal", "steps_with_different_loss": "steps with another loss", "mean_loss_last_quarter_eager":
-                  "last-quarter loss, eager", "mean_loss_last_quarter_variant": "last-quarter loss, graph"}
 rec = None if CUDA else results.load(STEM)        # no GPU: the recorded GPU run's parity rows
 shown = parity if CUDA else rec.df[rec.df.case.isin(parity.case)] if rec else parity.iloc[0:0]
 print(f"{'This run, on ' + WHERE if CUDA else getattr(rec, 'caption', 'No recorded run')}: {shown.steps.max():.0f} steps")

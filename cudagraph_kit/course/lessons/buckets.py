@@ -149,7 +149,7 @@ class Strategies:
         for name, facts in self.info.items():
             held = {k: v["held_mib"] for k, v in facts.items()}
             for label in ["exact sizes", default]:
-                rows.append({"model": name, "check": f"{label} (shared pool) / largest bucket alone",
+                rows.append({"model": name, "check": _shared_pool_check(label),
                              "value": held[label] / held["single bucket"], "target": "<= 1.2"})
             rows.append({"model": name, "check": "default ladder: one pool per graph / shared pool",
                          "value": held["default ladder, one pool per graph"] / held[default],
@@ -166,13 +166,18 @@ class Strategies:
         return out
 
 
+def _shared_pool_check(label: str) -> str:
+    """The name of the sharing check of strategy ``label``'s shared pool (a row of ``Strategies.sharing``)."""
+    return f"{label} (shared pool) / largest bucket alone"
+
+
 def sharing_claims(evidence, default):
     """Section 5's verdict per model: the default ladder's shared pool holds at most 1.2x the memory of its largest
     bucket alone. Allocator bytes, one reading: the interval is the reading itself. ``evidence``: the rows of
     ``Strategies.sharing`` ([] without a GPU, so no claim)."""
     out = []
     for e in evidence:
-        if e["check"] != f"{default} (shared pool) / largest bucket alone":
+        if e["check"] != _shared_pool_check(default):
             continue
         said = f"{e['model']}: the shared pool held {{hi:.2f}}x the memory of the largest bucket alone"
         out.append(Claim(f"{SHORT[e['model']]}_shared_pool_within_target", lo=e["value"], hi=e["value"], above=1.2,

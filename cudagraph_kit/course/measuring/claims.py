@@ -56,6 +56,11 @@ def _x(v: float) -> str:
     return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
 
 
+def _span(lo: float, hi: float) -> str:
+    """An interval for a sentence, "1.23-4.56x" (each end as :func:`_x` writes it), or "?" where it is not measured."""
+    return f"{_x(lo)}-{_x(hi)}x" if lo == lo and hi == hi else "?"
+
+
 @dataclass(frozen=True)
 class Claim:
     """One comparative sentence. ``lo``/``hi``: the interval (e.g. a speedup's prediction interval); ``above``: the
@@ -130,7 +135,7 @@ def faster(claim_id: str, lo: float, hi: float, subject: str, than: str = "eager
     if eager_fallback:
         return Claim(claim_id, lo=lo, hi=hi, holds="", fails="", above=above, eager_fallback=True,
                      subject=f"{subject} against {than}{aim}")
-    span = f"{_x(lo)}-{_x(hi)}x" if lo == lo and hi == hi and lo > 0 else "?"
+    span = _span(lo, hi) if lo > 0 else "?"
     slower = f"{_x(1 / hi)}-{_x(1 / lo)}x" if lo == lo and hi == hi and lo > 0 else "?"
     if above == 1.0:
         holds = f"{subject} is {span} faster than {than}"
@@ -197,7 +202,7 @@ def within_floor(m, claim_id: str, case: str, variant: str, factor: float, subje
     floor = float(r.floor_us) if "floor_us" in r.index and r.floor_us == r.floor_us else float("nan")
     lo, hi = float(r.median_pi_lo) / floor, float(r.median_pi_hi) / floor
     subject = subject or f"{case}: {variant}"
-    span = f"{_x(lo)}-{_x(hi)}x" if lo == lo else "?"
+    span = _span(lo, hi)
     return Claim(claim_id, lo=lo, hi=hi, above=factor, below=True, subject=subject,
                  eager_fallback=_fallback(str(r.variant)),
                  holds=f"{subject} runs within {factor:g}x of its GPU floor ({span} the floor)",
@@ -224,7 +229,7 @@ def stops_paying(claim_id: str, points, above: float, subject: str, unit: str = 
     at = found["from"]
     x, lo, hi = next(p for p in pts if p[0] == float(at)) if at is not None else pts[-1]
     shown = lambda v: f"{int(v):,}" if float(v).is_integer() else f"{v:g}"  # noqa: E731
-    span = f"{_x(lo)}-{_x(hi)}x" if lo == lo else "?"
+    span = _span(lo, hi)
     # one verdict per sentence: the point just below x, where the interval may straddle ``above``, is not named here
     # verdict: holds when the sweep's interval at x lies at or below ``above`` (checked with below=True)
     return Claim(claim_id, lo=lo, hi=hi, above=above * (1 + 1e-12), below=True, subject=subject,
@@ -257,8 +262,7 @@ def host_bound(m, claim_id: str, case: str, floor_us: float):
     step is above 2x, so the GPU sits idle most of each eager step."""
     eager = m.row(case, "eager")
     lo, hi = eager.median_pi_lo / floor_us, eager.median_pi_hi / floor_us
-    span = f"{_x(lo)}-{_x(hi)}x" if lo == lo and hi == hi else "?"   # as a takeaway quotes it: one rounding
-    times = f"an eager step takes {span} the GPU's busy time"
+    times = f"an eager step takes {_span(lo, hi)} the GPU's busy time"   # as a takeaway quotes it: one rounding
     return Claim(claim_id, lo=lo, hi=hi, above=2.0,
                  subject=f"{case}: eager against the floor",
                  holds=f"{case}: {times}: host-bound, the GPU sits idle most of each step",
@@ -386,7 +390,7 @@ def takeaways(lines, claims, missing: str = "raise") -> list[str]:
         if absent:
             raise KeyError(f"takeaway quotes claim(s) {absent} that this run has not made; it has {sorted(rows)}.")
         if all(rows[i]["verdict"] == "holds" for i in ids):
-            span = lambda r: _SAME_ENDS.sub(r"\1", f"{_x(r['lo'])}-{_x(r['hi'])}x")  # noqa: E731
+            span = lambda r: _SAME_ENDS.sub(r"\1", _span(r["lo"], r["hi"]))  # noqa: E731
             out.append(_TAKEAWAY_QUOTE.sub(lambda m: str(rows[m.group(1)]["statement"]) if m.group(2)
                                            else span(rows[m.group(1)]), line))
         else:

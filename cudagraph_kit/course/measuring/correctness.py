@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["param_diff", "parity_row", "check_losses", "compare_params", "parity_rows"]
+__all__ = ["param_diff", "parity_row", "PARITY_COLUMNS", "check_losses", "compare_params", "parity_rows"]
 
 
 def param_diff(a, b) -> float:
     """The largest absolute difference between the parameters of two copies of a network."""
     return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+PARITY_COLUMNS = {"case": "case", "max_abs_param_diff": "largest parameter difference",   # parity_row's columns as
+                  "params_bitwise_equal": "bitwise equal", "steps_with_different_loss": "steps with another loss",
+                  "mean_loss_last_quarter_eager": "last-quarter loss, eager",             # a table shows them
+                  "mean_loss_last_quarter_variant": "last-quarter loss, graph"}
 
 
 def parity_row(case, ref, test, base, ref_losses, losses, step, dropout, variant="whole-step graph") -> dict:
