@@ -31,7 +31,7 @@
 # cores, so the notebook trains in fp16 + `GradScaler` there). Without a GPU the notebook runs a tiny eager version
 # on the CPU (ResNet-18 at 32×32, clearly labelled), says so, and shows the recorded GPU results.
 #
-# **How long**: 2.3 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-28); a T4 has not been timed yet; about
+# **How long**: 2.3 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-29); a T4 has not been timed yet; about
 # a minute on a CPU (tiny sizes).
 
 # %% tags=["nbval-check-output"]

@@ -39,7 +39,7 @@
 # (skipped, with a message, when it is missing). Without a GPU the notebook runs its CPU part small (the
 # correctness checks, everything eager, labelled so) and shows the recorded GPU results.
 #
-# **How long**: 2.7 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-28), much of it compiling
+# **How long**: 3.1 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-29), much of it compiling
 # (section 6's `first_call_s` column and the setup table of "Going further" B give the compile times). A T4 has
 # not been timed yet; under a minute on a CPU (small sizes).
 

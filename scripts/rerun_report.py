@@ -1,7 +1,7 @@
 """How well a second `reproduce` run lands on the first: speedups inside the first run's published intervals,
 and claims that keep their verdict. Both runs must be of the same notebooks on the same GPU kind.
 
-    python scripts/rerun_report.py figures figures/rerun/h200-run-b      # first run, second run
+    python scripts/rerun_report.py figures figures/rerun/h200-2026-11-29-run-b   # first run, second run
 
 Per notebook: how many of B's speedups (graphed rows, baseline rows excluded) lie inside A's
 speedup_lo..speedup_hi, the median factor by which eager and graph times moved (B / A), and how many claims in

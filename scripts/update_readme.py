@@ -209,7 +209,7 @@ def rerun_paragraph():
     sys.path.insert(0, str(ROOT / "scripts"))
     import rerun_report
 
-    second = ROOT / "figures" / "rerun" / "h100-run-f"
+    second = ROOT / "figures" / "rerun" / "h200-2026-11-29-run-b"
     df = rerun_report.compare_runs(ROOT / "figures", second)
     if df.empty:
         return ""
