@@ -255,7 +255,7 @@ results.show(m1, STEM, figure=True, table="times",   # without a GPU: the record
 # Default `torch.compile` launches one fused kernel, after its Python (guards and a runtime wrapper).
 # `reduce-overhead` keeps that Python, adds its bookkeeping, and per call also copies the input into the graph's
 # buffer (`torch._foreach_copy_`) before the replay. On one fused kernel its graph saves at most that one launch,
-# and what it adds can cost more: compare its rows with `torch.compile`'s above, and read its verdict. A graph of
+# and what it adds can cost more: compare its rows with `torch.compile`'s above, and read its verdict against eager. A graph of
 # the compiled function skips all the Python: one `copy_` and one `replay()`, or only `replay()` with the input
 # in place. ("Going further" B shows where the CPU time of one call goes.)
 
@@ -386,8 +386,10 @@ if now is not None:   # speedups over eager (x); this run's with its 90% interva
 # its launch took), so a graph gained almost nothing and only fusion helped. A Hopper GPU runs each of the small
 # tensor's kernels in much less time than a launch takes, so eager GELU on the small tensor is mostly launch
 # overhead, which a graph removes. On the large tensor the five kernels take longer, bound by memory bandwidth:
-# fusion cuts the passes over memory, and a graph removes whatever launch time is left; the table shows how much
-# that is on this GPU.
+# fusion cuts the passes over memory, and a graph removes whatever launch time is left (with the input copied in,
+# the copy is one more kernel, which can cost what the graph saves); the table shows how much that is on this GPU.
+# A ratio also moves with its eager time: where this GPU's eager call is faster than the reference's, every ratio
+# over it shrinks with it, even when the graphed times are alike.
 #
 # ## 8. Takeaways
 # Numbered from this run on a GPU; without one, from the recorded GPU run (named above them).

@@ -183,8 +183,8 @@ fig_infer = results.shown(figures.plot_inference(
 # graph logic made "a mess of the train loop" and asked for a wrapper. `capture_train_step` is that wrapper. The
 # LR schedule works because the step keeps each group's LR in a GPU tensor that the captured optimizer reads;
 # "Going further" B says how each piece (schedule, clipping, bf16, fp16 with a `GradScaler`, accumulation, the
-# short last batch) fits into a graph. Timed here: synthetic data as TorchAcc used, SGD momentum and AdamW, each
-# eager against the whole-step graph, their losses compared first.
+# short last batch) fits into a graph. Timed here: the bare AMP step (no clipping, no schedule) on synthetic data as
+# TorchAcc used, SGD momentum and AdamW, each eager against the whole-step graph, their losses compared first.
 
 # %% tags=["nbval-check-output"]
 MAIN_AMP = ("bf16" if BF16 else "fp16+GradScaler") if CUDA else "fp32 (CPU)"
@@ -324,7 +324,8 @@ parity_acc
 # ResNet-50, fp32 training); TorchAcc (Alibaba's ResNet-50 guide; A100 80 GB, synthetic images, batch 64, AdamW);
 # [timm PR #1271](https://github.com/huggingface/pytorch-image-models/pull/1271) (8 GPUs, AMP + channels_last; on
 # an A100 eval top-1 59.30 eager and 59.20 graphed, on a V100 43.13 and 42.66). Each published speedup beside this
-# run's at the same batch (the published times, and a plain PyTorch run without the kit, are in "Going further" D):
+# run's at the same batch, on one GPU; "not measured" where this run timed no such batch or optimizer (the
+# published times, and a plain PyTorch run without the kit, are in "Going further" D):
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -108,8 +108,8 @@ X = torch.randn(256, device=DEVICE) + 2.0
 # capture nothing has run yet, so there is no value to read: CUDA refuses with *"operation not
 # permitted when stream is capturing"*. `check_capturable` runs the function eagerly with checks switched on and
 # finds every such line before you capture (PyTorch's sync debug mode, `torch.cuda.set_sync_debug_mode`, is one of
-# the things it uses). It calls the function twice (section 5 says why), so `log_while_computing` prints its sum
-# twice below.
+# the things it uses). It calls the function twice, the second time on inputs with other values (section 5 says
+# why), so `log_while_computing` prints two different sums below.
 
 # %%
 def scale_by_mean(x):
@@ -319,12 +319,13 @@ outcome("rng", found=report_seed, own_generator=report_gen, error=error, masks_d
 # %% [markdown]
 # ## 7. Will a graph help? `advise` before capturing, checked against measured speedups
 # A graph removes launch cost, not GPU work. `advise(fn, *args)` runs the eager function alone, before anything is
-# captured. It times a call, counts its kernels and measures how long the GPU is busy with them. With what a
+# captured. It times a call, counts its kernels and measures how long the GPU is busy with them (busy time includes
+# the short gaps between kernels launched one by one, which a graph shortens, so a graph can take less). With what a
 # replay costs on this GPU (`measure_replay_cost()`), it predicts the speedup a graph should reach. A call whose
 # GPU work is much shorter than its eager time is [launch-bound](../docs/GLOSSARY.md). advise's words for its
 # prediction: "launch-bound" (a graph should help: 1.5x or more), "partly launch-bound" (a little: 1.1x-1.5x),
-# "GPU-bound" (about as fast as eager), or slower than eager. `print(advise(fn, *args))` gives the whole reading;
-# Going further G has the formula.
+# "GPU-bound" (about as fast as eager: a predicted speedup within 1.1x), or slower than eager.
+# `print(advise(fn, *args))` gives the whole reading; Going further G has the formula.
 #
 # The cases are the GELU of notebook 01 (a small and a large tensor) and the training steps of notebook 02 (two
 # sizes, SGD and Adam). For each, `advise` runs first; only then is the graph captured.
