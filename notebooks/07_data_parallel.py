@@ -270,8 +270,9 @@ else:
 # fill the queue: the short local run above is not, "Going further" A). What can say is the CPU's
 # time to *issue* a step, read from the first steps after the synchronize that opens the timed window: if issuing
 # takes 80% of the step or more, the step is **CPU-bound**. ("Going further" A explains the reading.) The next
-# cell prints both readings for each model, and how the spread across ranks changed from eager to graph (the
-# table above gives the spread across steps: `iqr_us`, `p99_us`).
+# cell prints, for each model, the issue time as a share of the step, how much of the eager step the GPU waited for
+# a CPU (the eager step less the graphed one, "Going further" A), and how the spread across ranks changed from
+# eager to graph (the table above gives the spread across steps: `iqr_us`, `p99_us`).
 
 # %% tags=["nbval-check-output"]
 pairs = {}   # model -> (eager row, graph row, their issue times), for the takeaways

@@ -39,8 +39,8 @@
 # (skipped, with a message, when it is missing). Without a GPU the notebook runs its CPU part small (the
 # correctness checks, everything eager, labelled so) and shows the recorded GPU results.
 #
-# **How long**: 3.1 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-29), much of it compiling
-# (section 6's `first_call_s` column and the setup table of "Going further" B give the compile times). A T4 has
+# **How long**: 3.1 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-29), part of it compiling
+# (section 6's first-call seconds and the setup table of "Going further" B give the compile times). A T4 has
 # not been timed yet; under a minute on a CPU (small sizes).
 
 # %% tags=["nbval-check-output"]
@@ -181,9 +181,9 @@ assert (parity.tokens_equal | parity.near_tie).all(), "the static cache decodes 
 #
 # A decode step launches many small kernels, about as many at every batch size. As long as the GPU finishes each
 # kernel sooner than the CPU issues the next (Python, PyTorch's dispatcher, the launch itself), the CPU sets the
-# time per token. The profiler counts the kernels at batch 1 ("Going further" B's setup table gives every batch
-# size; without a GPU, the cell shows the recorded run's count);
-# section 7 sets eager's time per step against the GPU's busy time.
+# time per token. The profiler counts the kernels at batch 1 (without a GPU, the recorded run's count; "Going
+# further" B counts the graphed variants at every batch size); section 7 sets eager's step against the GPU's busy
+# time.
 
 # %%
 step_inputs = {b: (torch.randint(0, CFG.vocab_size, (b,), generator=gen).to(DEVICE),
@@ -297,7 +297,7 @@ def generate(label, b, logits_out=None):
 # ## 6. Correctness of every variant, against eager
 #
 # Each variant generates `NEW_TOKENS` greedy tokens for the same prompts at every batch size; its first call at a
-# batch size also pays for its compile or recording (`first_call_s`, printed below). Identical tokens pass, and so
+# batch size also pays for its compile or recording (its first-call seconds, printed below). Identical tokens pass, and so
 # do tokens that part at a near tie: the variant's logits moved by `logit_diff`, at least eager's gap between its
 # two best logits there (`margin`), because other kernels sum in another order. Anything else is a bug, and the
 # cell lists it.
@@ -373,12 +373,12 @@ results.show(m_step, STEM, step_claims, figure=True, table="times",   # without 
 # %% [markdown]
 # ## 8. Whole generations, side by side
 #
-# Whole greedy generations (prefill and `NEW_TOKENS` tokens) of every variant, `transformers`' included, at the
-# smallest and the largest batch size; the table gives the time of one generation. A profiled call labels the
-# static-cache `generate` by what it ran: "(compiled: CUDA graphs)", or "(ran eagerly)" where it launched no graph.
-# The verdicts: do the kit's graphs beat eager (at both batch sizes); then, at the smallest, does `reduce-overhead`
-# beat them, do they beat `transformers`' static-cache `generate`, and does that static cache beat `transformers`'
-# default dynamic cache?
+# One greedy generation (prefill and `NEW_TOKENS` tokens) per variant, `transformers`' included, at the smallest
+# and the largest batch size. A profiled call labels the static-cache `generate` "(compiled: CUDA graphs)", or
+# "(ran eagerly)" where it launched no graph: `generate` graphs its decoding forward only; its prefill and its
+# Python loop run outside. The verdicts: do the kit's graphs beat eager; then, at the smallest batch, does
+# `reduce-overhead` beat them, do they beat the static-cache `generate`, and does that beat the default dynamic
+# cache?
 
 # %%
 GEN_CASE = {b: f"generate, batch {b}" for b in GEN_BATCHES}
@@ -547,7 +547,8 @@ print(TOOLS.to_string(index=False))
 # in `cudagraph_kit/course/lessons/decode.py`).
 #
 # The table below gives what each variant cost to set up: compile time (the compiled step's two compiles;
-# `reduce-overhead`'s first calls of section 6, compile and one recording per batch size), capture time (the kit),
+# `reduce-overhead`'s first calls of section 6: a compile at each of the first two batch sizes, the second with the
+# batch size dynamic, then one recording per new batch size), capture time (the kit),
 # the compiles Dynamo ran during the kit's capture (none, when the compile has seen the buckets' kind of input),
 # and `graph_mib`, the memory
 # the graphs hold: for the kit's buckets the ledger's reading of their pool plus their static buffers
@@ -564,8 +565,8 @@ print(TOOLS.to_string(index=False))
 # host while the GPU is still busy with kernels already queued, and the aim fails or is too close to call
 # (G has batch 1). Both run fewer kernels than the kit's graph of the eager step and so have a lower floor;
 # whether that makes `reduce-overhead` faster than the kit's graph at a given batch size is a verdict of section 7
-# (batch 1 in G; the other batch sizes are in `claims.csv`, and where the intervals overlap it is too close to
-# call).
+# (batch 1 in G; the other batch sizes are in `claims.csv`). A verdict compares two variants window by window, so
+# it can be firm where their intervals over eager overlap.
 
 # %%
 from cudagraph_kit.course.lessons.decode import setup_table
