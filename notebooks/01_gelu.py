@@ -172,9 +172,9 @@ if not CUDA:   # no graph ran here: the recorded GPU run's check, never this run
 # far more than replays do, so it times `WINDOWS` windows a pause apart and quotes each speedup with a 90%
 # [**prediction interval**](../docs/GLOSSARY.md): where one more window should land. In the last window the
 # profiler reads the [**floor**](../docs/GLOSSARY.md), the time the GPU was busy per call. A
-# [**verdict**](../docs/GLOSSARY.md) says "faster" only when the whole interval lies above its threshold, one verdict
-# per interval. The small tensor's bar is 1.0x: is the graph faster at all? The large tensor's test is 10%: does
-# the whole interval lie above 1.10x?
+# [**verdict**](../docs/GLOSSARY.md) says "faster" only when the whole interval lies above its threshold, and never
+# two verdicts for one interval. The small tensor's bar is 1.0x: is the graph faster at all? The large tensor's
+# test is 10%: does the whole interval lie above 1.10x?
 #
 # Two ways to call the graph: `graph replay` (`g.replay()` on data already in place) and `graph copy+replay`
 # (`g(x)`, which first copies new data into the static input: what a real caller pays).
@@ -230,9 +230,10 @@ fig_sweep = results.shown(figures.size_sweep(sweep, crossover, f"GELU eager vs C
 #
 # ## 6. Several calls per graph
 # A graph has a launch cost too: the gap between a replay and its floor. For tiny work that gap is a visible
-# share, so capture several calls in one graph: `capture(..., calls_per_graph=k)` records `k` calls, and the
+# share, which several calls in one graph can spread: `capture(..., calls_per_graph=k)` records `k` calls, and the
 # time per replay is divided by `k`. How close to the floor does the small case get? The test: does the whole
-# interval of the most calls per graph lie within 1.3x of its floor?
+# interval of the most calls per graph lie within 1.3x of its floor? A second verdict says whether it beat one call
+# per graph here.
 
 # %%
 x = inputs["small"]

@@ -357,7 +357,7 @@ results.show(amp, STEM, verdicts.amp_step)   # without a GPU: the recorded AMP r
 # 10 iterations timed with `time.time()` on a Tesla K80 (PyTorch 1.10, CUDA 11.1); its eager loop never zeroed
 # the gradients and its warm-up was not on a side stream (this notebook fixes both). The reference columns are
 # this project's own run of plain PyTorch (no kit code) on an NVIDIA H100 80GB HBM3 with PyTorch 2.11
-# (2026-11-22), median of 5 repeats.
+# (2026-11-22), median of 5 repeats; NaN marks a figure that was not published.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -383,9 +383,10 @@ if now is not None:
 
 # %% [markdown]
 # **Why the numbers differ.** An eager step of the small network is mostly the CPU's cost of launching its
-# kernels, and CPUs did not get much faster per launch, while GPUs did. On the K80 the small step kept the GPU
-# busy for much of the eager step, so the graph could only remove the gaps; on an H100 the same kernels take tens
-# of microseconds, so the graph removes most of the step. At the docs size the GPU's work (the floor) grows toward
+# kernels, and CPUs did not get much faster per launch, while GPUs did. On the K80 the graphed small step still took
+# about 40% of the eager step (the published times), so the graph could only remove the gaps; on an H100 the same
+# kernels take tens of microseconds, so the graph removes most of the step. The H100 reference ran on another host:
+# its eager step, and so its ratios, move with that host's CPU, and can sit outside this run's intervals. At the docs size the GPU's work (the floor) grows toward
 # the host's time to issue the step, and a graph can save at most the gap between the two; the takeaways below
 # give this run's verdict.
 #
