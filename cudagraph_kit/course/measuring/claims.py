@@ -48,18 +48,26 @@ _SAME_ENDS = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)-\1(?![\d.])")   # an interva
 EAGER_FALLBACK = "eager fallback"  # the verdict of a claim about a graph that ran eagerly (no GPU)
 
 
-def _x(v: float) -> str:
-    """A ratio for a sentence: 2 decimals below 10, 1 below 100, none above; 3 within 0.5% of 1 (but not 1 itself),
-    so that an interval that clears 1 never reads "1.00-": ``_x(1.004)`` is "1.004"."""
-    if 0.995 <= v < 1.005 and v != 1:
+def _x(v: float, near: float = 1.0) -> str:
+    """A ratio for a sentence: 2 decimals below 10, 1 below 100, none above; 3 within 0.5% of ``near`` (a verdict's
+    threshold, 1 by default) but not on it, so that an interval that clears its threshold never reads as if it sat on
+    it: ``_x(1.004)`` is "1.004", ``_x(1.1018, near=1.1)`` is "1.102"."""
+    if abs(v - near) < 0.005 * near and v != near and v < 10:
         return f"{v:.3f}"
     return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
 
 
-def _span(lo: float, hi: float) -> str:
-    """An interval for a sentence, "1.23-4.56x" (each end as :func:`_x` writes it), or "?" where it is not measured."""
-    return f"{_x(lo)}-{_x(hi)}x" if lo == lo and hi == hi else "?"
+def _span(lo: float, hi: float, near: float = 1.0) -> str:
+    """An interval for a sentence, "1.23-4.56x" (each end as :func:`_x` writes it, ``near`` the verdict's threshold),
+    or "?" where it is not measured."""
+    return f"{_x(lo, near)}-{_x(hi, near)}x" if lo == lo and hi == hi else "?"
 
+
+
+def _near(row) -> float:
+    """A recorded claim's threshold (its ``above`` column; 1 where an older claims.csv has none)."""
+    above = row.get("above", 1.0) if hasattr(row, "get") else 1.0
+    return float(above) if above == above else 1.0
 
 @dataclass(frozen=True)
 class Claim:
@@ -135,7 +143,7 @@ def faster(claim_id: str, lo: float, hi: float, subject: str, than: str = "eager
     if eager_fallback:
         return Claim(claim_id, lo=lo, hi=hi, holds="", fails="", above=above, eager_fallback=True,
                      subject=f"{subject} against {than}{aim}")
-    span = _span(lo, hi) if lo > 0 else "?"
+    span = _span(lo, hi, above) if lo > 0 else "?"
     slower = f"{_x(1 / hi)}-{_x(1 / lo)}x" if lo == lo and hi == hi and lo > 0 else "?"
     if above == 1.0:
         holds = f"{subject} is {span} faster than {than}"
@@ -202,7 +210,7 @@ def within_floor(m, claim_id: str, case: str, variant: str, factor: float, subje
     floor = float(r.floor_us) if "floor_us" in r.index and r.floor_us == r.floor_us else float("nan")
     lo, hi = float(r.median_pi_lo) / floor, float(r.median_pi_hi) / floor
     subject = subject or f"{case}: {variant}"
-    span = _span(lo, hi)
+    span = _span(lo, hi, factor)
     return Claim(claim_id, lo=lo, hi=hi, above=factor, below=True, subject=subject,
                  eager_fallback=_fallback(str(r.variant)),
                  holds=f"{subject} runs within {factor:g}x of its GPU floor ({span} the floor)",
@@ -229,7 +237,7 @@ def stops_paying(claim_id: str, points, above: float, subject: str, unit: str = 
     at = found["from"]
     x, lo, hi = next(p for p in pts if p[0] == float(at)) if at is not None else pts[-1]
     shown = lambda v: f"{int(v):,}" if float(v).is_integer() else f"{v:g}"  # noqa: E731
-    span = _span(lo, hi)
+    span = _span(lo, hi, above)
     # one verdict per sentence: the point just below x, where the interval may straddle ``above``, is not named here
     # verdict: holds when the sweep's interval at x lies at or below ``above`` (checked with below=True)
     return Claim(claim_id, lo=lo, hi=hi, above=above * (1 + 1e-12), below=True, subject=subject,
@@ -262,7 +270,7 @@ def host_bound(m, claim_id: str, case: str, floor_us: float):
     step is above 2x, so the GPU sits idle most of each eager step."""
     eager = m.row(case, "eager")
     lo, hi = eager.median_pi_lo / floor_us, eager.median_pi_hi / floor_us
-    times = f"an eager step takes {_span(lo, hi)} the GPU's busy time"   # as a takeaway quotes it: one rounding
+    times = f"an eager step takes {_span(lo, hi, 2.0)} the GPU's busy time"   # as a takeaway quotes it: one rounding
     return Claim(claim_id, lo=lo, hi=hi, above=2.0,
                  subject=f"{case}: eager against the floor",
                  holds=f"{case}: {times}: host-bound, the GPU sits idle most of each step",
@@ -390,7 +398,7 @@ def takeaways(lines, claims, missing: str = "raise") -> list[str]:
         if absent:
             raise KeyError(f"takeaway quotes claim(s) {absent} that this run has not made; it has {sorted(rows)}.")
         if all(rows[i]["verdict"] == "holds" for i in ids):
-            span = lambda r: _SAME_ENDS.sub(r"\1", _span(r["lo"], r["hi"]))  # noqa: E731
+            span = lambda r: _SAME_ENDS.sub(r"\1", _span(r["lo"], r["hi"], _near(r)))  # noqa: E731
             out.append(_TAKEAWAY_QUOTE.sub(lambda m: str(rows[m.group(1)]["statement"]) if m.group(2)
                                            else span(rows[m.group(1)]), line))
         else:
