@@ -463,26 +463,31 @@ def plot_step_times(steps, title: str = ""):
     from matplotlib.ticker import FormatStrFormatter, LogLocator
 
     cases = list(dict.fromkeys(steps.case))
-    fig, axes = plt.subplots(len(cases), 2, figsize=(13, 3.6 * len(cases)), squeeze=False,
-                             gridspec_kw={"width_ratios": [1.4, 1]})
+    fig, axes = plt.subplots(len(cases), 2, figsize=(15, 3.9 * len(cases)), squeeze=False,
+                             gridspec_kw={"width_ratios": [1.3, 1]})
     for (ax_t, ax_d), case in zip(axes, cases):
         g = steps[steps.case == case]
-        labels, data = [], []
+        ranks, data, groups = [], [], []   # one violin per (variant, rank); the variant named once under its ranks
         for ci, variant in enumerate(dict.fromkeys(g.variant)):
+            first = len(data) + 1
             for rank in sorted(g[g.variant == variant]["rank"].unique()):
                 s = g[(g.variant == variant) & (g["rank"] == rank)].sort_values("step")
                 ax_t.plot(s.step, s.step_us / 1e3, lw=0.7, alpha=0.8, color=f"C{ci}",
                           ls="-" if rank == 0 else "--", label=f"{variant}, rank {rank}")
-                labels.append(textwrap.fill(f"{variant}, rank {rank}", 18))   # long variant names: wrapped
+                ranks.append(f"rank {rank}")
                 data.append(s.step_us.to_numpy() / 1e3)
+            groups.append(((first + len(data)) / 2, textwrap.fill(variant, 16), f"C{ci}"))
         ax_t.set(yscale="log", xlabel="timed step", ylabel="step time (ms)", title=case)
-        ax_t.legend(fontsize=7, loc="upper right")
+        ax_t.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))   # beside the lines, not over them
         parts = ax_d.violinplot(data, showmedians=True, showextrema=True)
         for body in parts["bodies"]:
             body.set_alpha(0.5)
         for i, d in enumerate(data, 1):
             ax_d.scatter([i], [np.percentile(d, 99)], marker="_", s=200, color="k", zorder=3)
-        ax_d.set_xticks(range(1, len(labels) + 1), labels, fontsize=7, rotation=30, ha="right")
+        ax_d.set_xticks(range(1, len(ranks) + 1), ranks, fontsize=7)
+        for x, name, color in groups:
+            ax_d.annotate(name, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -22),
+                          textcoords="offset points", ha="center", va="top", fontsize=7, color=color)
         ax_d.set(yscale="log", ylabel="step time (ms)", title="distribution per rank (black tick: p99)")
         for ax in (ax_t, ax_d):
             ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
