@@ -383,22 +383,23 @@ def plot_decode(step_df, gen_df, serve_df, title: str):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5.6), layout="constrained")
     ax = axes[0]
     for v, d in step_df.groupby("variant", sort=False):
-        ax.plot(d.batch, d.us_per_step, "o-", label=f"{v} ({d.executed_as.iloc[0]})")
+        ran = str(d.executed_as.iloc[0])
+        ax.plot(d.batch, d.us_per_step, "o-", label=v if ran in v else f"{v} (ran as {ran})")
     f = step_df.drop_duplicates("batch")
     if f.floor_step_us.notna().any():
         ax.plot(f.batch, f.floor_step_us, "k--", label="floor (GPU busy, kit graph)")
     ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="µs per decode step (= per token of a sequence)",
            title="decode step")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)   # below: never over a line
     ax = axes[1]
     for v, d in gen_df.groupby("variant", sort=False):
         ax.plot(d.batch, d.tokens_per_s, "o-", label=v)
     ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="tokens / s (whole generation)",
            title="whole generations")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     ax = axes[2]
     y = np.arange(len(serve_df))
     ax.barh(y, serve_df.us_per_step, color="C0")
@@ -406,9 +407,9 @@ def plot_decode(step_df, gen_df, serve_df, title: str):
                   fontsize=7)
     for yi, (t, s) in enumerate(zip(serve_df.us_per_step, serve_df.speedup)):
         ax.text(t, yi, f" {t:.0f} µs, {s:.2f}x", va="center", fontsize=7)
+    ax.set_xlim(0, 1.3 * serve_df.us_per_step.max())   # room for the labels beside the longest bar
     ax.set(xlabel="µs per decode step (median pass / steps)", title="serving loop, batch size changing every step")
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
     return fig
 
 
