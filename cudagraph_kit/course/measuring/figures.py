@@ -383,7 +383,7 @@ def plot_decode(step_df, gen_df, serve_df, title: str):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, 3, figsize=(18, 5.6), layout="constrained")
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), layout="constrained")   # the size nbval compares
     ax = axes[0]
     for v, d in step_df.groupby("variant", sort=False):
         ran = str(d.executed_as.iloc[0])
