@@ -61,7 +61,6 @@ def test_faster_with_a_margin_names_it_and_reads_plainly():
         faster("x", 0.5, 0.7, "the graph", above=0.8)
 
 
-
 def test_an_end_next_to_its_threshold_shows_the_digit_that_decides_the_verdict():
     """An interval that clears 1.1x by a hair must not read "1.10-", as if it sat on the threshold (01's large GELU
     on the H200, 2026-11-29: lo 1.1018), nor one that misses it read "1.10" (lo 1.0985)."""
@@ -71,6 +70,7 @@ def test_an_end_next_to_its_threshold_shows_the_digit_that_decides_the_verdict()
     assert misses.statement == "the graph is 1.099-1.46x as fast as eager: too close to 1.1x to call"
     rendered = takeaways(["Graphs pay on large tensors too: {saves_10pct}."], [clears])
     assert rendered == ["Graphs pay on large tensors too: 1.102-1.46x."]     # the takeaway rounds as the verdict
+
 
 def test_a_claim_id_must_be_quotable():
     with pytest.raises(ValueError, match="lower-case"):

@@ -63,11 +63,11 @@ def _span(lo: float, hi: float, near: float = 1.0) -> str:
     return f"{_x(lo, near)}-{_x(hi, near)}x" if lo == lo and hi == hi else "?"
 
 
+def _near(row: dict) -> float:
+    """A claim row's threshold (its ``above``; 1 where an older claims.csv has none)."""
+    above = float(row.get("above", 1.0))
+    return above if above == above else 1.0
 
-def _near(row) -> float:
-    """A recorded claim's threshold (its ``above`` column; 1 where an older claims.csv has none)."""
-    above = row.get("above", 1.0) if hasattr(row, "get") else 1.0
-    return float(above) if above == above else 1.0
 
 @dataclass(frozen=True)
 class Claim:
