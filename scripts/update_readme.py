@@ -203,6 +203,12 @@ def _rerun_table(df):
     return markdown_table(header, ([cell(c, v) for c, v in zip(header, r)] for r in df[header].itertuples(index=False)))
 
 
+def _and(items):
+    """["01", "02", "08"] -> "01, 02 and 08"."""
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def rerun_paragraph():
     """How well a second full run landed on the recorded one, and two runs of 02 with the calibration fix against
     the same pair without it (scripts/rerun_report.py); rendered from the recorded folders."""
@@ -213,12 +219,16 @@ def rerun_paragraph():
     df = rerun_report.compare_runs(ROOT / "figures", second)
     if df.empty:
         return ""
-    env = results.load(df.notebook.iloc[0], root=second).env
-    run = env.get("run") or {}
+    envs = {n: results.load(n, root=second).env for n in df.notebook}
+    by_run = {}
+    for n, env in envs.items():
+        by_run.setdefault((env.get("run") or {}).get("id", "not recorded"), []).append(n[:2])
+    runs = "; ".join(f"run {rid}" + (f" for {_and(names)}" if len(by_run) > 1 else "") for rid, names in by_run.items())
+    gpu = next(iter(envs.values())).get("gpu")
     names = ", ".join(n[:2] for n in df.notebook)
     lines = [f"**Does a second run land inside the intervals below?** A second `reproduce` of notebooks {names} "
-             f"on the same GPU kind, right after the recorded one (run {run.get('id', 'not recorded')}, "
-             f"{env.get('gpu')}, in `{second.relative_to(ROOT)}`; `python scripts/rerun_report.py figures "
+             f"on the same GPU kind, after the recorded one ({runs}; {gpu}, in `{second.relative_to(ROOT)}`; "
+             f"`python scripts/rerun_report.py figures "
              f"{second.relative_to(ROOT)}`): {rerun_report.summary(df)}.", ""] + _rerun_table(df) + [
              "", "`inside`: the second run's speedups inside the first run's intervals; `kept`: claims with the same "
              "verdict in both runs; `definite_a`/`_b`: claims that hold or fail (not unclear) in each run; "
@@ -722,7 +732,32 @@ def rehearsal_note() -> str:
                "with the kernel (04's six DataLoader workers) once per child, so that figure overstates; the "
                "rehearsal now adds proportional sizes, which count a shared page once."
                if "resident sizes (RSS)" in (json.loads(path.read_text()).get("note", "") if path.is_file() else "")
-               else "It adds proportional sizes, which count a page a forked child shares with the kernel once."))
+               else "It adds proportional sizes, which count a page a forked child shares with the kernel once.")
+            + peak_memory_sentence())
+
+
+def peak_memory_sentence() -> str:
+    """" The most GPU memory: ..." rendered from the recorded rehearsal's table ("" without one)."""
+    if not REHEARSAL.is_file():
+        return ""
+    table = pd.read_csv(REHEARSAL)
+    done = table[table.status == "done"]
+    if done.empty:
+        return ""
+    top = done.loc[done.gpu_peak_reserved_gib.idxmax()]
+    finished = f"All {len(done)}" if len(done) == len(table) else f"{len(done)} of {len(table)}"
+    return (f" {finished} notebooks finished under the cap; the most GPU memory PyTorch held was "
+            f"{top.notebook[:2]}'s {top.gpu_peak_reserved_gib:.2f} GiB reserved ({top.gpu_cap} cap), for tensors "
+            f"that peaked at {top.gpu_peak_allocated_gib:.2f} GiB: its allocator kept freed blocks cached up to the "
+            "cap, and frees them for a new allocation when the cap is reached.")
+
+
+def rehearsal_gpu() -> str:
+    """The recorded rehearsal's GPU, short ("H200"), from figures/colab_rehearsal/rehearsal.json."""
+    path = REHEARSAL.with_name("rehearsal.json")
+    runs = json.loads(path.read_text()).get("runs", []) if path.is_file() else []
+    names = sorted({(r.get("gpu") or {}).get("gpu") for r in runs} - {None})
+    return " and ".join(n.replace("NVIDIA ", "").split()[0] for n in names) or "GPU"
 
 
 def rehearsal_rows() -> dict:
@@ -760,7 +795,7 @@ def start_here_block():
         title, what = NOTEBOOKS.get(stem, (stem[3:].replace("_", " "), ""))
         rows.append([stem[:2], f"[{title}](notebooks/{stem}.ipynb): {what}", when, rehearsal.get(stem, "-"), badge])
     lines = markdown_table(["#", "notebook: what you learn", "time (recorded run)",
-                            "under Colab's limits, H100 compute (rehearsal)", "Colab"], rows)
+                            f"under Colab's limits, {rehearsal_gpu()} compute (rehearsal)", "Colab"], rows)
     lines += ["", f"Together about {total / 60:.0f} min on the {' and '.join(sorted(gpus))} GPUs named above (times "
               "measured by `reproduce`, read from `figures/reproduce_times*.json`); a Colab T4 has not been timed."]
     if rehearsal:
