@@ -234,6 +234,9 @@ def rerun_paragraph():
              "verdict in both runs; `definite_a`/`_b`: claims that hold or fail (not unclear) in each run; "
              "`opposite`: holds in one run, fails in the other; `eager_moved` and `graph_moved`: the median factor "
              "by which the second run's eager and graph times differ from the first's.", ""]
+    note = dirty_note(envs.values())
+    if note:
+        lines[0] += " " + note
     fix = ROOT / "figures" / "rerun" / "02-calibration-fix-h200"
     pair = rerun_report.compare_runs(fix / "run-a", fix / "run-b", notebooks=["02_train_step"])
     if not pair.empty:
