@@ -57,7 +57,7 @@ else:  # this file copied beside guard.py, outside the package: that guard.py, n
 StaleGraphError = guard.StaleGraphError
 STALE_FIX = guard.STALE_FIX
 
-__all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "gc_paused",
+__all__ = ["capture", "GraphedCallable", "shared_pool", "capture_stream", "graph_capture", "after_capture", "gc_paused",
            "fresh_cublas_workspace", "NoCudaError",
            "CaptureError", "recover_from_failed_capture", "confirm_host_sync", "explain", "Explanation", "explain_capture_failure",
            "no_cuda_message", "graph_features", "register_generators", "StaleGraphError",
@@ -444,6 +444,29 @@ def fresh_cublas_workspace(fn):
     return wrapped
 
 
+def after_capture(capture_stream=None) -> None:
+    """Order the caller's stream after the work PyTorch ran on ``capture_stream`` outside the graph (the whole GPU when
+    the stream is unknown, as after ``make_graphed_callables``). Every helper of the kit calls it once per capture.
+
+    Why: before a capture begins, ``CUDAGraph.capture_begin`` writes each registered generator's seed and offset into
+    small device tensors (``CUDAGeneratorState::capture_prologue``, two ``fill_`` kernels) on the capture stream, and
+    nothing orders them before the first replay on another stream, whose own prologue writes the same tensors. If the
+    capture stream's write lands late, that first replay draws from the seed the generator had at capture (the
+    second replay matches eager again). One ``wait_stream`` (no host synchronization) closes it; the per-call path is
+    unchanged.
+
+    Example::
+
+        with torch.cuda.graph(g, stream=s):
+            y = model(static_x)
+        after_capture(s)      # now g.replay() on the current stream draws what eager draws
+    """
+    if capture_stream is None:
+        torch.cuda.synchronize()
+    else:
+        torch.cuda.current_stream(capture_stream.device).wait_stream(capture_stream)
+
+
 @contextlib.contextmanager
 def graph_capture(graph, pool=None, stream=None, collect_garbage: bool = False, **options):
     """``torch.cuda.graph(graph, pool=pool, stream=stream, **options)`` with Python's cyclic garbage collector paused
@@ -466,6 +489,9 @@ def graph_capture(graph, pool=None, stream=None, collect_garbage: bool = False, 
     reference cycles (old graphs and their pools) for the new graph to use, at the cost of a walk over every Python
     object. No helper of the kit asks for it.
 
+    After the capture, the caller's stream waits for the capture stream (``after_capture`` says why: the first
+    replay would otherwise race the random number generators' set-up).
+
     Example::
 
         g = torch.cuda.CUDAGraph()
@@ -474,8 +500,10 @@ def graph_capture(graph, pool=None, stream=None, collect_garbage: bool = False, 
     """
     if collect_garbage:
         gc.collect()
-    with gc_paused(), torch.cuda.graph(graph, pool=pool, stream=stream, **options):
+    capturing = torch.cuda.graph(graph, pool=pool, stream=stream, **options)
+    with gc_paused(), capturing:
         yield graph
+    after_capture(capturing.capture_stream)
 
 
 def _cupti_teardown_supported() -> bool:

@@ -181,6 +181,7 @@ def graph_modules(modules, sample_args, *, warmup: int = 3, pool=None, allow_unu
         with _graphed.gc_paused(), reseeding_calls() as reseeds, \
                 _graphed.guard.watch_reads(skip=_flat(args)[0], force_eager=False) as reads:
             graphed = torch.cuda.make_graphed_callables(mods, args, **kwargs)
+        _graphed.after_capture()  # its capture stream is its own: the whole GPU (graphed.after_capture says why)
     except Exception as exc:
         recover_from_failed_capture()
         if reseeds:

@@ -19,6 +19,7 @@ leg() { [[ "$legs" == *" $1 "* ]]; }
 rc1=0; rc2=0; rc3=0; rc4=0
 mkdir -p "$logdir"
 alone=(tests/test_timing.py tests/test_ddp.py tests/test_buckets.py tests/test_show.py tests/test_capture_stream.py
+       tests/test_first_replay_order.py
        "tests/test_pitfalls_gpu.py::test_advise_predicts_the_small_and_large_gelu")
 ignore=(); for f in "${alone[@]}"; do [[ "$f" == *::* ]] || ignore+=(--ignore "$f"); done
 if leg alone; then
