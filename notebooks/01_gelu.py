@@ -298,7 +298,8 @@ TAKEAWAYS = [
     "faster than eager, because its launches, not the GPU, were the bottleneck.",
     "Calling `g(x)`, which copies new data into the static input before it replays, still paid: it was "
     "{copy_replay_beats_eager_small} faster than eager.",
-    "Large work gains little, since the GPU's work dominates: {graph_stops_paying:statement}.",
+    "The gain shrinks as the work grows, because the GPU's work comes to dominate: "
+    "{graph_stops_paying:statement}.",
     "A graph has a launch cost too, and capturing several calls per graph spreads it: "
     "{many_calls_near_floor:statement}.",
     "Time honestly: variants round-robin, several windows, each speedup with its interval; correct before fast.",

@@ -400,11 +400,11 @@ TAKEAWAYS = [
     "{graph_beats_eager_small} faster than eager.",
     "Fusion removes kernels: on the large GELU, a graph of torch.compile's one fused kernel was "
     "{fusion_adds_to_graph_large} faster than a graph of eager's five.",
-    "Fusion and a graph stack when the input is already in place (`g(x)` adds a copy per call): on the small GELU, "
+    "On the small GELU, fusion and a graph add up when the input is already in place (`g(x)` adds a copy per call): "
     "the fused kernel in a graph was {graph_adds_to_fusion_small} faster than the fused kernel alone.",
-    "`reduce-overhead` pays a fixed cost per call, so it wins where a region has many kernels: on the deeper MLP "
-    "it was {ro_beats_compile_mlp} faster than default torch.compile, and in training the kit's whole-step graph, "
-    "optimizer included, was {kit_beats_ro_training} faster than it.",
+    "Against default torch.compile, `reduce-overhead` pays where a region has many kernels: on the deeper MLP it "
+    "was {ro_beats_compile_mlp} faster. In training, the kit's whole-step graph, optimizer included, was "
+    "{kit_beats_ro_training} faster than `reduce-overhead`.",
     "Clone a `reduce-overhead` output you keep across calls, and give your own captures a fresh cuBLAS workspace "
     "(`fresh_cublas_workspace`) in a process where `reduce-overhead` runs too.",
 ]

@@ -334,8 +334,9 @@ TAKEAWAYS = [
     "Give all buckets one shared pool and capture the largest first: each smaller bucket reuses the memory the "
     "larger ones freed, while one pool per graph adds up (section 5). {mlp_shared_pool_within_target:statement}; "
     "{block_shared_pool_within_target:statement}.",
-    "A planner fed with the sizes you saw puts the buckets where the requests are, and weighs padding against GPU "
-    "time: {block_planned_beats_default_ladder:statement}; {mlp_planned_beats_default_ladder:statement}.",
+    "A planner fed with the sizes you saw puts the buckets where the requests are and weighs padding against GPU "
+    "time; what that buys over a plain ladder depends on the traffic: "
+    "{block_planned_beats_default_ladder:statement}; {mlp_planned_beats_default_ladder:statement}.",
     "Time `torch.compile(mode=\"reduce-overhead\")` after the passes that compile and record its graphs "
     "(section 6), on the same stream as the buckets: "
     "{mlp_default_ladder_beats_reduce_overhead:statement}; {block_default_ladder_beats_reduce_overhead:statement}.",
