@@ -715,11 +715,22 @@ def _duration(seconds):
 
 
 REHEARSAL = ROOT / "figures" / "colab_rehearsal" / "rehearsal.csv"
+def _rehearsal_record() -> dict:
+    """figures/colab_rehearsal/rehearsal.json ({} where there is none)."""
+    path = REHEARSAL.with_name("rehearsal.json")
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _rehearsal_gpus(runs) -> list[str]:
+    """The GPUs the rehearsal's runs name, sorted ("NVIDIA H200")."""
+    return sorted({(r.get("gpu") or {}).get("gpu") for r in runs} - {None})
+
+
 def rehearsal_note() -> str:
     """How the recorded rehearsal ran (GPU, cap), read from figures/colab_rehearsal/rehearsal.json."""
-    path = REHEARSAL.with_name("rehearsal.json")
-    runs = json.loads(path.read_text()).get("runs", []) if path.is_file() else []
-    gpus = sorted({(r.get("gpu") or {}).get("gpu") for r in runs} - {None}) or ["a GPU"]
+    record = _rehearsal_record()
+    runs = record.get("runs", [])
+    gpus = _rehearsal_gpus(runs) or ["a GPU"]
     caps = sorted({re.search(r"gpu memory ([\d.]+) GiB", r.get("constraints", "")).group(1) for r in runs
                    if re.search(r"gpu memory ([\d.]+) GiB", r.get("constraints", ""))})
     contexts = sorted({(r.get("gpu") or {}).get("context_mib") for r in runs} - {None})
@@ -734,13 +745,14 @@ def rehearsal_note() -> str:
             + ("The recorded rehearsal added up their resident sizes, which count the pages a forked child shares "
                "with the kernel (04's six DataLoader workers) once per child, so that figure overstates; the "
                "rehearsal now adds proportional sizes, which count a shared page once."
-               if "resident sizes (RSS)" in (json.loads(path.read_text()).get("note", "") if path.is_file() else "")
+               if "resident sizes (RSS)" in record.get("note", "")
                else "It adds proportional sizes, which count a page a forked child shares with the kernel once.")
             + peak_memory_sentence())
 
 
 def peak_memory_sentence() -> str:
-    """" The most GPU memory: ..." rendered from the recorded rehearsal's table ("" without one)."""
+    """The sentence on the most GPU memory a notebook held under the cap, from the recorded rehearsal's table
+    ("" without one)."""
     if not REHEARSAL.is_file():
         return ""
     table = pd.read_csv(REHEARSAL)
@@ -757,9 +769,7 @@ def peak_memory_sentence() -> str:
 
 def rehearsal_gpu() -> str:
     """The recorded rehearsal's GPU, short ("H200"), from figures/colab_rehearsal/rehearsal.json."""
-    path = REHEARSAL.with_name("rehearsal.json")
-    runs = json.loads(path.read_text()).get("runs", []) if path.is_file() else []
-    names = sorted({(r.get("gpu") or {}).get("gpu") for r in runs} - {None})
+    names = _rehearsal_gpus(_rehearsal_record().get("runs", []))
     return " and ".join(n.replace("NVIDIA ", "").split()[0] for n in names) or "GPU"
 
 

@@ -37,6 +37,7 @@ def late_capture_stream(monkeypatch):
     """Every ``torch.cuda.CUDAGraph`` made in the test (the kit's and ``make_graphed_callables``') queues a sleep on
     the capture stream just before ``capture_begin``; returns a function that sleeps, then draws dropout."""
     late, draw_after = _cycles(LATE_MS), _cycles(DRAW_AFTER_MS)
+    QUEUED_AT.clear()   # this test's capture only: never an earlier test's clock
 
     class LateCaptureStream(torch.cuda.CUDAGraph):
         def capture_begin(self, *args, **kwargs):
