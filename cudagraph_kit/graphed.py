@@ -453,7 +453,8 @@ def after_capture(capture_stream=None) -> None:
     nothing orders them before the first replay on another stream, whose own prologue writes the same tensors. If the
     capture stream's write lands late, that first replay draws from the seed the generator had at capture (the
     second replay matches eager again). One ``wait_stream`` (no host synchronization) closes it; the per-call path is
-    unchanged. Read from PyTorch's source; ``tests/test_first_replay_order.py`` is the GPU check, not yet passed.
+    unchanged. ``tests/test_first_replay_order.py`` delays the capture stream on purpose: plain ``torch.cuda.graph``'s
+    first replay then differs from eager, and the kit's does not (an H200, PyTorch 2.11).
 
     Example::
 

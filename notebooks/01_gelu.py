@@ -30,7 +30,7 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs its CPU part small, says so, and shows the recorded GPU results.
 #
-# **How long**: 58 s on an NVIDIA H200 (measured by `reproduce`, 2026-11-29); a T4 has not been timed yet; under a
+# **How long**: 49 s on an NVIDIA H200 (measured by `reproduce`, 2026-11-29); a T4 has not been timed yet; under a
 # minute on a CPU (small sizes).
 
 # %% tags=["nbval-check-output"]

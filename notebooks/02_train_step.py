@@ -32,7 +32,7 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs the eager part small on the CPU, says so, and shows the recorded GPU results.
 #
-# **How long**: 62 s on an NVIDIA H200 (measured by `reproduce`, 2026-11-29); a T4 has not been timed yet; under a
+# **How long**: 56 s on an NVIDIA H200 (measured by `reproduce`, 2026-11-29); a T4 has not been timed yet; under a
 # minute on a CPU (small sizes).
 
 # %% tags=["nbval-check-output"]

@@ -29,7 +29,7 @@
 # **What you need**: an NVIDIA GPU for the graph parts (Colab: Runtime → Change runtime type → T4 GPU).
 # Without one the notebook runs the CPU-possible part small and shows recorded GPU results.
 #
-# **How long**: 65 s on an NVIDIA H200 (measured by `reproduce`, 2026-11-29); a T4 has not been timed yet; about 1
+# **How long**: 66 s on an NVIDIA H200 (measured by `reproduce`, 2026-11-29); a T4 has not been timed yet; about 1
 # minute on a CPU (small sizes).
 
 # %% tags=["nbval-check-output"]

@@ -36,7 +36,7 @@
 # optimizers, seeding), says plainly that CUDA graphs need an NVIDIA GPU, and shows in each demo what the recorded
 # GPU run saw there.
 #
-# **How long**: 3.0 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-29); a T4 has not been timed yet; under
+# **How long**: 2.7 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-29); a T4 has not been timed yet; under
 # a minute on a CPU.
 
 # %% tags=["nbval-check-output"]

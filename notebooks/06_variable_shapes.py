@@ -31,7 +31,7 @@
 # **What you need**: an NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU). Without one the notebook
 # runs its CPU part small (everything eager, labelled so), says so, and shows the recorded GPU results.
 #
-# **How long**: 3.1 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-29); a T4 has not been timed yet; one to
+# **How long**: 3.3 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-29); a T4 has not been timed yet; one to
 # two minutes on a CPU (small sizes).
 
 # %% tags=["nbval-check-output"]

@@ -32,7 +32,7 @@
 # one NVIDIA GPU (Colab: Runtime → Change runtime type → T4 GPU) or, eagerly, on the CPU; the local run uses
 # every GPU here (at most two), or two CPU processes with the gloo backend.
 #
-# **How long**: 45 s on an NVIDIA H200 (measured by `reproduce`, 2026-11-29): the local run is two short
+# **How long**: 42 s on an NVIDIA H200 (measured by `reproduce`, 2026-11-29): the local run is two short
 # `torchrun` jobs of a small MLP, one process per GPU (one process on a one-GPU machine). Under a minute on a CPU
 # (two gloo processes, eager, small).
 

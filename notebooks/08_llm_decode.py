@@ -39,7 +39,7 @@
 # (skipped, with a message, when it is missing). Without a GPU the notebook runs its CPU part small (the
 # correctness checks, everything eager, labelled so) and shows the recorded GPU results.
 #
-# **How long**: 3.1 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-29), part of it compiling
+# **How long**: 2.8 min on an NVIDIA H200 (measured by `reproduce`, 2026-11-29), part of it compiling
 # (section 6's first-call seconds and the setup table of "Going further" B give the compile times). A T4 has
 # not been timed yet; under a minute on a CPU (small sizes).
 

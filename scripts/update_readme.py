@@ -226,14 +226,26 @@ def rerun_paragraph():
     runs = "; ".join(f"run {rid}" + (f" for {_and(names)}" if len(by_run) > 1 else "") for rid, names in by_run.items())
     gpu = next(iter(envs.values())).get("gpu")
     names = ", ".join(n[:2] for n in df.notebook)
+    first = results.load(df.notebook.iloc[0], root=ROOT / "figures").env.get("run") or {}
+    ids = [str(i) for i in by_run]
+    when = ("before the recorded one" if all(i < str(first.get("id", "")) for i in ids)
+            else "after the recorded one" if all(i > str(first.get("id", "~")) for i in ids)
+            else "apart from the recorded one")
     lines = [f"**Does a second run land inside the intervals below?** A second `reproduce` of notebooks {names} "
-             f"on the same GPU kind, after the recorded one ({runs}; {gpu}, in `{second.relative_to(ROOT)}`; "
+             f"on the same GPU kind, in processes of its own {when} ({runs}; {gpu}, in "
+             f"`{second.relative_to(ROOT)}`; "
              f"`python scripts/rerun_report.py figures "
              f"{second.relative_to(ROOT)}`): {rerun_report.summary(df)}.", ""] + _rerun_table(df) + [
              "", "`inside`: the second run's speedups inside the first run's intervals; `kept`: claims with the same "
              "verdict in both runs; `definite_a`/`_b`: claims that hold or fail (not unclear) in each run; "
              "`opposite`: holds in one run, fails in the other; `eager_moved` and `graph_moved`: the median factor "
              "by which the second run's eager and graph times differ from the first's.", ""]
+    codes = {(env.get("run") or {}).get("code_sha") for env in envs.values()} - {first.get("code_sha")}
+    if codes:   # the runs of h200-2026-11-29-run-b: checked with git diff against the recorded run's commit
+        lines[0] += (f" The second run's code ({_and(sorted(map(str, codes)))}) differs from the recorded run's "
+                     f"({first.get('code_sha')}) only in what the notebooks print and draw (takeaway wording, verdict "
+                     "decimals, 08's figure legends) and in one wait for the capture stream after each capture; what is timed "
+                     "is the same.")
     note = dirty_note(envs.values())
     if note:
         lines[0] += " " + note
