@@ -596,8 +596,8 @@ PITFALLS.record("memory held by one private pool per graph", "wastes memory (can
 # %% [markdown]
 # ### E. `torch.compile(mode="reduce-overhead")`: skipped graphs and overwritten outputs
 # `reduce-overhead` builds CUDA graphs for you, and has two pitfalls of its own:
-# - When a compiled region cannot be graphed (a CPU tensor, an input it mutates, ...), it **silently runs
-#   without a graph** and only logs *"skipping cudagraphs due to ..."*. Turn the log on with
+# - When a compiled region cannot be graphed (an input it mutates, for one), it **silently runs without a
+#   graph** and only logs *"skipping cudagraphs due to ..."*. Turn the log on with
 #   `TORCH_LOGS="cudagraphs"` (older versions: `"perf_hints"`) or `torch._logging.set_logs(...)`; the count
 #   is in `torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]`.
 # - Its outputs live in the graph's memory, and the next call may write into it. Keep an output and call again,
@@ -610,9 +610,10 @@ PITFALLS.record("memory held by one private pool per graph", "wastes memory (can
 #   error. Do not rely on the error: clone what you keep (notebook 03 has the rest of the story:
 #   `cudagraph_mark_step_begin`).
 #
-# The experiment keeps an output of a replay (the fourth call), calls again with other data, and prints what this
-# PyTorch did, then the same with a `.clone()`. Compiling runs in a separate process with a time limit, so a slow
-# or stuck compile cannot stall the notebook.
+# The experiment compiles two regions, one that mutates an input and one that reads a CPU tensor, and prints the
+# skips this PyTorch logged. Then it keeps an output of a replay (the fourth call), calls again with other data,
+# and prints what this PyTorch did, then the same with a `.clone()`. Compiling runs in a separate process with a
+# time limit, so a slow or stuck compile cannot stall the notebook.
 
 # %% tags=["nbval-check-output"]
 from cudagraph_kit.course.lessons.pitfall_scripts import reduce_overhead_pitfalls
@@ -788,8 +789,8 @@ print(next((c.statement for c in claims if c.claim == "shared_pool_saves_memory"
 
 # %% [markdown]
 # **Why the two ratios can differ.** The saving depends on how much of each graph's memory is intermediates
-# (shareable) rather than outputs (each graph keeps its own) and on how many graphs there are: a detector's
-# activations are far larger than this MLP's, and more graphs share more.
+# (shareable) rather than outputs (each graph keeps its own), and on how many graphs there are. A detector at
+# eleven resolutions and this small MLP differ in both, so their ratios need not agree.
 
 # %% [markdown]
 # ### L. Recorded GPU results

@@ -539,9 +539,9 @@ print("\n".join(c.statement for c in claims if "reduce_overhead" in c.claim and 
       or "reduce-overhead needs a GPU: section 8 showed the recorded run's verdicts.")
 
 # %% [markdown]
-# **What sets these numbers.** How much sharing a pool saves grows with the number of graphs and with the memory
-# each private pool keeps: the detector's private pools each kept a whole forward pass's activations, so eleven
-# of them added up. The models here are small, but a private pool never reserves less than one allocator segment
+# **What sets these numbers.** How much sharing a pool saves depends on the number of graphs and on the memory
+# each private pool keeps: the detector's private pools each kept a whole forward pass's activations. The models
+# here are small, but a private pool never reserves less than one allocator segment
 # (2 MiB for small blocks, Appendix A), so for the MLP, whose activations fit in one segment, the ratio mostly
 # counts pools: the default ladder's graphs against one shared pool. `reduce-overhead` only replays a graph for
 # a size it has already recorded: on this stream the first passes paid for compiling and recording (the setup
