@@ -387,8 +387,8 @@ else:
 # %% [markdown]
 # ### C. Every row and verdict of this run, and the recorded run beside it
 # Sections 4-6 showed a part; here is every row and every verdict this run computed (without a GPU, the recorded
-# run's), then this run's table beside the GPU run recorded in `figures/` (its caption names that run's GPU, date
-# and id).
+# run's), then this run's table beside the GPU run that `figures/` held when this notebook started (its caption
+# names that run's GPU, date and id).
 
 # %%
 for experiment in (m, ms, mk):

@@ -387,7 +387,8 @@ if now is not None:   # speedups over eager (x); this run's with its 90% interva
 # tensor's kernels in much less time than a launch takes, so eager GELU on the small tensor is mostly launch
 # overhead, which a graph removes. On the large tensor the five kernels take longer, bound by memory bandwidth:
 # fusion cuts the passes over memory, and a graph removes whatever launch time is left (with the input copied in,
-# the copy is one more kernel, which can cost what the graph saves); the table shows how much that is on this GPU.
+# the copy is one more kernel, which can cost what the graph saves); section 5's table shows how much that is on
+# this GPU (its `cuda graph` rows copy the input in).
 # A ratio also moves with its eager time: where this GPU's eager call is faster than the reference's, every ratio
 # over it shrinks with it, even when the graphed times are alike.
 #
@@ -489,7 +490,7 @@ else:
 # notebook sets one precision for float32 matmuls, eager and compiled alike, before anything is compiled
 # (`MATMUL_PRECISION`, default `"high"`: TF32 tensor cores, which PyTorch's own warning suggests), and a verdict
 # checks that a graph of the compiled kernels is not far slower than a graph of eager's
-# (`compiled_graph_slower_mlp` in section 6's list). The cell below reads the floors of the two graphs.
+# (`compiled_graph_slower_mlp`, in D's list below). The cell below reads the floors of the two graphs.
 
 # %%
 if CUDA and COMPILE:
@@ -503,7 +504,8 @@ else:
 # %% [markdown]
 # ### D. Every verdict of this run, and the recorded run beside it
 # The takeaways quote a few verdicts; here is each one this run computed (without a GPU, the graph comparisons
-# say they compared eager with eager), and the GPU run recorded in `figures/`.
+# say they compared eager with eager), and the GPU run that `figures/` held when this notebook started (its
+# caption names it).
 
 # %%
 if CUDA:

@@ -452,17 +452,17 @@ for dname, c in curve.items():
 # - **fp16 + `GradScaler`** (the T4 path). What reads the GPU from the CPU, in PyTorch's `torch/amp/grad_scaler.py`:
 #   `scaler.scale` and `scaler.unscale_` do not (the inf check writes a GPU flag), nor does `scaler.update` (its
 #   `_amp_update_scale_` reads the flags on the GPU). `scaler.step` depends on the optimizer. One without fused
-#   scale handling (plain or `foreach` SGD and AdamW, the ones timed below) goes through `_maybe_opt_step`, which
+#   scale handling (plain or `foreach` SGD and AdamW, the ones section 2 timed) goes through `_maybe_opt_step`, which
 #   reads the found-inf flags with `.item()`: a host synchronization every step, which a capture cannot contain.
 #   One built with `fused=True` sets `_step_supports_amp_scaling`: `scaler.step` hands it the scale and the
 #   found-inf flag as GPU tensors and the fused kernel unscales and skips the update on the GPU, with no CPU read
 #   (PyTorch's test `test_graph_scaling_fused_optimizers` captures `scaler.step` and `scaler.update` this way).
 #   The kit keeps one design for every optimizer: its graph holds forward and `scaler.scale(loss).backward()`;
 #   `scaler.unscale_` (before clipping, so the clip sees true gradients), the clipping, `scaler.step` and
-#   `scaler.update` run eagerly after each replay. With the non-fused optimizers below that eager tail includes
+#   `scaler.update` run eagerly after each replay. With section 2's non-fused optimizers that eager tail includes
 #   the one synchronization of `_maybe_opt_step`; with a fused optimizer it is launches only.
 # - **Gradient accumulation**: with `accumulate=k` each call is one micro-batch and every k-th call steps, one
-#   graph per position in the window, in one memory pool. Section 3 checks it.
+#   graph per position in the window, in one memory pool. C below checks it.
 # - **The short last batch** of an epoch has another shape: it runs as an eager step on the same parameters and
 #   gradient buffers, and the graph continues afterwards.
 #
